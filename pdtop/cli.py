@@ -1,0 +1,69 @@
+"""The `pdtop` command line: one table of subcommands, each in its own module.
+
+Each module in `pdtop.commands` has `add_arguments(parser)` and `run(args) -> int`
+and keeps heavy imports (torch, textual) inside `run`, so `--help` stays fast.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+
+from pdtop import __version__
+
+# (name, module, one-line help). Order is the order `pdtop --help` lists them.
+COMMANDS: list[tuple[str, str, str]] = [
+    ("dashboard", "pdtop.commands.dashboard", "start the embedded engine and watch it in the dashboard (the default)"),
+    ("attach", "pdtop.commands.attach", "attach the dashboard to a running `pdtop serve`"),
+    ("replay", "pdtop.commands.replay", "play a recording in the dashboard"),
+    ("serve", "pdtop.commands.serve", "run the engine with its workload and a websocket telemetry/control server"),
+    ("record", "pdtop.commands.record", "record a running server's event stream to an NDJSON file"),
+    ("generate", "pdtop.commands.generate", "complete one prompt with the embedded model"),
+    ("bench", "pdtop.commands.bench", "compare scheduling policies on a fixed, seeded workload"),
+    ("levels", "pdtop.commands.levels", "print the split levels (stream groups) for a device"),
+    ("estimate", "pdtop.commands.estimate", "print the seed's roofline comparison of prefill-first, chunked and PD multiplexing"),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pdtop",
+        description="pdtop: `top` for PD multiplexing. Runs a small LLM engine that splits a device "
+        "between prefill and decode, streams every scheduler round over websockets, and shows it "
+        "live in a terminal dashboard. With no subcommand, starts the dashboard on the embedded engine.",
+    )
+    parser.add_argument("--version", action="version", version=f"pdtop {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, module_name, help_text in COMMANDS:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+            continue  # command not built yet
+        p = sub.add_parser(name, help=help_text, description=(module.__doc__ or help_text).strip())
+        module.add_arguments(p)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def _has_command(name: str) -> bool:
+    module_name = dict((n, m) for n, m, _ in COMMANDS)[name]
+    return importlib.util.find_spec(module_name) is not None
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    if (not argv or argv[0].startswith("-")) and not {"-h", "--help", "--version"} & set(argv):
+        if _has_command("dashboard"):
+            argv = ["dashboard", *argv]
+    args = parser.parse_args(argv)
+    if getattr(args, "_run", None) is None:
+        parser.print_help()
+        return 0 if not argv else 2
+    try:
+        return int(args._run(args) or 0)
+    except KeyboardInterrupt:
+        return 130

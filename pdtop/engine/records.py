@@ -1,0 +1,69 @@
+"""What the engine reports: plain dataclasses, one per round, request and config change.
+
+The engine hands these to its sinks (callables registered with `Engine.add_sink`);
+telemetry turns them into JSON with `dataclasses.asdict`. Times are seconds on the
+engine's clock (wall time for real devices, virtual time for `sim:` devices).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class PrefillProgress:
+    """One in-flight prefill batch (pdmux) or chunked prefill request."""
+
+    request_ids: list[int]
+    tokens: int  # prompt tokens in this prefill
+    layers_done: int  # layers (pdmux) or, for chunked, tokens done expressed as layers*tokens_done/tokens
+    layers_total: int
+    layers_per_round: int  # k = min(L, max(1, budget // tokens)); 0 for chunked/prefill-first
+
+
+@dataclass
+class RoundRecord:
+    """One scheduler round."""
+
+    index: int
+    time: float  # engine clock at the end of the round
+    policy: str  # "pdmux" | "chunked" | "prefill-first"
+    level: int  # index into the split levels
+    prefill_units: int  # SMs or cores given to prefill this round
+    decode_units: int
+    pinned: bool  # level pinned by an operator (else automatic)
+    decode_bs: int  # requests in the decode step this round
+    decode_step_s: float  # duration of the decode step (0 when none ran)
+    round_s: float  # whole round duration
+    prefills: list[PrefillProgress]
+    tokens_emitted: int  # tokens sampled this round (decode + first tokens)
+    waiting: int
+    running: int
+    kv_used_tokens: int
+    kv_capacity_tokens: int
+    bytes_moved: float  # estimated bytes read/written this round (weights + KV)
+    flops: float  # estimated FLOPs this round
+
+
+@dataclass
+class RequestRecord:
+    """A request event: kind is "arrival", "first_token" or "finish"."""
+
+    kind: str
+    request_id: int
+    time: float
+    prompt_tokens: int
+    output_tokens: int = 0
+    ttft_s: float | None = None  # set on first_token and finish
+    itls_s: list[float] = field(default_factory=list)  # set on finish: gaps between consecutive tokens
+    finish_reason: str | None = None  # "eos" | "length" | "aborted" on finish
+
+
+@dataclass
+class ConfigChange:
+    """An accepted control change, applied at a round boundary."""
+
+    time: float
+    round_index: int
+    changes: dict[str, dict[str, Any]]  # field -> {"old": ..., "new": ...}
+    client: str | None = None  # who asked (telemetry fills in the client id)
