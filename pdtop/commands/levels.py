@@ -1,0 +1,129 @@
+"""Print the split levels (SGLang's stream groups) of a device, and which level runs when.
+
+A level is (prefill units, decode units). Level 0 gives the whole device to prefill, the
+last level the whole device to decode; in between are the split levels, prefill-heaviest
+first. GPU splits follow SGLang's divide_sm: prefill at least half, decode at least 16 SMs,
+counts in steps of the green-context granularity (2 SMs on 7.x/8.x, 8 SMs on 9.0+).
+On the CPU device cores play SMs (steps of 1, decode at least 1 core). With a prefill
+running, the level is decode_bs * (n-2) // decode_bs_divisor clamped to the split levels,
+or the last manual division whose threshold <= decode_bs. Examples:
+  pdtop levels --gpu H20;  pdtop levels --sms 132 --cc 9.0 --json;  pdtop levels --device cpu
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+SAMPLE_BS = (1, 6, 12, 18, 24, 30, 36, 64)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sms", metavar="N", help="SM count of the GPU (with --cc)")
+    parser.add_argument("--cc", metavar="X.Y", help="compute capability of the GPU, e.g. 9.0 (with --sms)")
+    parser.add_argument("--gpu", metavar="NAME", help="a known GPU (H100, H200, A100, H20) or custom:sms=..,cc=..,bw=..,flops=..")
+    parser.add_argument("--device", metavar="DEV",
+                        help="cpu (this machine's cores), cuda (the current GPU, needs torch with CUDA), or sim:NAME")
+    parser.add_argument("--sm-group-num", metavar="K", help="levels in all, including the two whole-device ones (default 8)")
+    parser.add_argument("--config", metavar="FILE", help="SGLang pdmux YAML (sm_group_num, manual_divisions, decode_bs_divisor)")
+    parser.add_argument("--json", action="store_true", help="print the levels as one JSON object")
+    parser.epilog = "With no device option, the levels of an H100 (132 SMs, 9.0) are shown."
+
+
+def _fail(message: str) -> int:
+    print(f"pdtop levels: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _cuda_device() -> tuple[str, int, int, int]:
+    try:
+        import torch
+    except ImportError:
+        raise ValueError("--device cuda needs torch") from None
+    if not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available")
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return props.name, props.multi_processor_count, props.major, props.minor
+
+
+def _resolve(args: argparse.Namespace) -> tuple[str, int, int | None, int]:
+    """(device name, units, cc major or None for the CPU, cc minor)."""
+    from pdtop.engine.gpu_specs import parse_cc, parse_gpu
+
+    chosen = [o for o, v in (("--sms/--cc", args.sms or args.cc), ("--gpu", args.gpu), ("--device", args.device)) if v]
+    if len(chosen) > 1:
+        raise ValueError(f"give only one of {', '.join(chosen)}")
+    if args.sms or args.cc:
+        if not (args.sms and args.cc):
+            raise ValueError("--sms and --cc go together")
+        try:
+            sms = int(args.sms)
+        except ValueError:
+            raise ValueError(f"--sms: expected an integer, got {args.sms!r}") from None
+        if sms < 1:
+            raise ValueError(f"--sms: expected an integer >= 1, got {sms}")
+        major, minor = parse_cc(args.cc)
+        return "GPU", sms, major, minor
+    device = args.device or ""
+    if device == "cpu":
+        return "cpu", len(os.sched_getaffinity(0)), None, 0
+    if device == "cuda" or device.startswith("cuda:"):
+        return _cuda_device()
+    if device and not device.startswith("sim:"):
+        raise ValueError(f"--device: expected cpu, cuda or sim:NAME, got {device!r}")
+    spec = parse_gpu(args.gpu or device.removeprefix("sim:") or "H100")
+    return spec.name, spec.sms, spec.cc_major, spec.cc_minor
+
+
+def run(args: argparse.Namespace) -> int:
+    from pdtop.engine.pdmux_config import PdmuxConfig, load_pdmux_config
+    from pdtop.engine.splits import SplitTable
+
+    try:
+        name, units, major, minor = _resolve(args)
+        config = load_pdmux_config(args.config) if args.config else PdmuxConfig()
+        if args.sm_group_num is not None:
+            try:
+                k = int(args.sm_group_num)
+            except ValueError:
+                raise ValueError(f"--sm-group-num: expected an integer, got {args.sm_group_num!r}") from None
+            if config.manual_divisions and k != len(config.manual_divisions) + 2:
+                raise ValueError(f"--sm-group-num {k} conflicts with the {len(config.manual_divisions)} "
+                                 "manual divisions of --config")
+            config = config.replace(sm_group_num=k)
+        table = (SplitTable.for_cpu(units, config) if major is None
+                 else SplitTable.for_gpu(units, major, config))
+    except ValueError as exc:
+        return _fail(str(exc))
+
+    groups = [list(g) for g in table.groups]
+    if args.json:
+        out: dict = {"groups": groups}
+        if major is None:
+            out["cores"] = units
+        else:
+            out.update(sms=units, cc=f"{major}.{minor}")
+        out.update(sm_group_num=config.sm_group_num, unit_name=table.unit_name, manual=table.manual, device=name)
+        print(json.dumps(out))
+        return 0
+
+    unit = table.unit_name
+    arch = "" if major is None else f", compute capability {major}.{minor}"
+    how = "manual divisions" if table.manual else f"sm_group_num {config.sm_group_num}"
+    print(f"{name}: {units} {unit}{arch}, {len(groups)} levels ({how})")
+    pw, dw = len(f"prefill {unit}"), len(f"decode {unit}")
+    print(f"level  prefill {unit}  decode {unit}")
+    last = len(groups) - 1
+    for i, (p, d) in enumerate(groups):
+        note = "  whole device to prefill" if i == 0 else "  whole device to decode" if i == last else ""
+        if table.manual and 0 < i < last:
+            note = f"  from decode bs {table.thresholds[i - 1]}"
+        print(f"{i:5d}  {p:>{pw}}  {d:>{dw}}{note}")
+    rule = "manual thresholds" if table.manual else f"decode_bs_divisor {config.decode_bs_divisor}"
+    print(f"level picked while a prefill runs ({rule}):")
+    for bs in SAMPLE_BS:
+        level = table.choose(bs, True, config)
+        print(f"  decode bs {bs:3d} -> level {level} {tuple(groups[level])}")
+    print(f"decode only -> level {last} {tuple(groups[last])}; prefill only -> level 0 {tuple(groups[0])}")
+    return 0

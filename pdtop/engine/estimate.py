@@ -1,0 +1,95 @@
+"""The seed's comparison: a decode batch when one long prefill slips in, under four approaches.
+
+decode only (reference), prefill first (one stalled step), chunked prefill (every step
+carries a chunk), and PD multiplexing at the level SGLang picks for the decode batch, for
+several S_SAT values. Times are roofline estimates from `cost`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from pdtop.engine.config import ModelConfig
+from pdtop.engine.cost import chunk_step_time, decode_bytes, decode_time, prefill_flops, prefill_time
+from pdtop.engine.gpu_specs import GpuSpec
+from pdtop.engine.pdmux_config import PdmuxConfig
+from pdtop.engine.splits import SplitTable
+
+
+@dataclass
+class EstimateRow:
+    name: str
+    kind: str  # "decode-only" | "prefill-first" | "chunked" | "pdmux"
+    itl_ms: float  # decode ITL; for prefill-first the one stalled step, for chunked the mean step
+    prefill_ms: float | None = None
+    tokens: float | None = None  # tokens each decode request produces during the prefill
+    steps: int | None = None  # chunked only
+    prefill_sms: int | None = None  # pdmux only
+    decode_sms: int | None = None
+    s_sat: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.0f}"
+
+
+def _num(value: float) -> str:
+    return f"{value:g}"
+
+
+def estimate(spec: GpuSpec, cfg: ModelConfig, decode_bs: int = 32, context: int = 2048, prompt: int = 8192,
+             chunks: Sequence[int] = (2048, 512), s_sats: Sequence[float] = (44, 66, 88),
+             config: PdmuxConfig | None = None) -> list[EstimateRow]:
+    """The comparison rows; the pdmux split is the level `SplitTable.choose` picks for `decode_bs`."""
+    for name, value in (("decode batch", decode_bs), ("context", context), ("prompt", prompt)):
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    if any(c < 1 for c in chunks) or any(not s > 0 for s in s_sats):
+        raise ValueError("chunk sizes must be >= 1 and S_SAT values > 0")
+    config = config or PdmuxConfig()
+    base = decode_time(spec, decode_bytes(cfg, [context] * decode_bs), spec.sms)  # S_SAT has no effect on all SMs
+    rows = [EstimateRow("decode only (reference)", "decode-only", base * 1e3)]
+
+    t = prefill_time(spec, prefill_flops(cfg, prompt), spec.sms)
+    rows.append(EstimateRow("prefill first", "prefill-first", (t + base) * 1e3, t * 1e3, 0.0))
+
+    for chunk in chunks:
+        steps = [chunk_step_time(spec, cfg, min(chunk, prompt - k), k, decode_bs, base)
+                 for k in range(0, prompt, chunk)]
+        rows.append(EstimateRow(f"chunked prefill {chunk}", "chunked", sum(steps) / len(steps) * 1e3,
+                                sum(steps) * 1e3, float(len(steps)), len(steps)))
+
+    table = SplitTable.for_gpu(spec.sms, spec.cc_major, config)
+    p_sm, d_sm = table.groups[table.choose(decode_bs, True, config)]
+    t = prefill_time(spec, prefill_flops(cfg, prompt), p_sm)
+    for s_sat in s_sats:
+        itl = decode_time(dataclasses.replace(spec, s_sat=s_sat), decode_bytes(cfg, [context] * decode_bs), d_sm)
+        rows.append(EstimateRow(f"PD mux {p_sm}/{d_sm}, S_SAT={_num(s_sat)}", "pdmux", itl * 1e3, t * 1e3,
+                                t / itl, None, p_sm, d_sm, s_sat))
+    return rows
+
+
+HEADINGS = ("approach", "decode ITL", "prefill time", "tokens per decode request during the prefill")
+
+
+def text_cells(row: EstimateRow) -> tuple[str, str, str, str]:
+    """The rounded cells of one row, as the text table prints them."""
+    if row.kind == "decode-only":
+        return row.name, f"{_fmt(row.itl_ms)} ms", "-", "-"
+    itl = f"{_fmt(row.itl_ms)} ms"
+    if row.kind == "prefill-first":
+        itl = f"one step of {itl}"
+    elif row.kind == "chunked":
+        itl = f"{itl} x {row.steps} steps"
+    return row.name, itl, f"{_fmt(row.prefill_ms)} ms", _fmt(row.tokens)
+
+
+def format_table(rows: Sequence[EstimateRow]) -> list[str]:
+    """Right-aligned columns under HEADINGS."""
+    cells = [HEADINGS] + [text_cells(r) for r in rows]
+    widths = [max(len(c[i]) for c in cells) for i in range(4)]
+    return ["  ".join(c[i].rjust(widths[i]) for i in range(4)) for c in cells]

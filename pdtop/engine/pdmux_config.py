@@ -1,0 +1,129 @@
+"""The PD multiplexing knobs, compatible with SGLang's `--pdmux-config-path` YAML.
+
+SGLang's fields: `sm_group_num`, `manual_divisions` (a list of
+`[prefill_sm, decode_sm, decode_bs_threshold]`), `split_forward_token_budget`,
+`decode_bs_divisor`. pdtop adds `chunk_size` for its chunked-prefill policy.
+Every value passes `validate`, whether it comes from a file, the constructor, or a live
+override through `PdmuxConfig.replace`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A bad configuration value: `.field` names it, `.reason` says what is wrong."""
+
+    def __init__(self, field: str, reason: str, path: str | None = None):
+        self.field = field
+        self.reason = reason
+        self.path = path
+        where = f"pdmux config {path}: " if path else "pdmux config: "
+        super().__init__(f"{where}{field}: {reason}")
+
+
+def _int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(name, f"must be an integer, got {value!r}")
+    if value < minimum:
+        raise ConfigError(name, f"must be >= {minimum}, got {value}")
+    return value
+
+
+def _manual_divisions(value: Any) -> list[list[int]]:
+    name = "manual_divisions"
+    if value is None:
+        return []
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(name, f"must be a list of [prefill_sm, decode_sm, decode_bs_threshold], got {value!r}")
+    out: list[list[int]] = []
+    for i, entry in enumerate(value):
+        if not isinstance(entry, (list, tuple)) or len(entry) != 3:
+            raise ConfigError(name, f"entry {i} must be [prefill_sm, decode_sm, decode_bs_threshold], got {entry!r}")
+        if any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in entry):
+            raise ConfigError(name, f"entry {i} must hold non-negative integers, got {list(entry)!r}")
+        if out and entry[2] <= out[-1][2]:
+            raise ConfigError(name, f"thresholds must increase: entry {i} has {entry[2]} after {out[-1][2]}")
+        out.append([int(x) for x in entry])
+    return out
+
+
+_VALIDATORS = {
+    "sm_group_num": lambda v: _int("sm_group_num", v, 3),
+    "manual_divisions": _manual_divisions,
+    "split_forward_token_budget": lambda v: _int("split_forward_token_budget", v, 1),
+    "decode_bs_divisor": lambda v: _int("decode_bs_divisor", v, 1),
+    "chunk_size": lambda v: _int("chunk_size", v, 1),
+}
+FIELDS: tuple[str, ...] = tuple(_VALIDATORS)
+
+
+def validate(name: str, value: Any) -> Any:
+    """Check one field's value and return it normalized; ConfigError names the field otherwise."""
+    if name not in _VALIDATORS:
+        raise ConfigError(name, f"unknown field; known: {', '.join(FIELDS)}")
+    return _VALIDATORS[name](value)
+
+
+@dataclass(frozen=True)
+class PdmuxConfig:
+    sm_group_num: int = 8  # levels incl. the two whole-device ones; ignored when manual_divisions is set
+    manual_divisions: list[list[int]] = field(default_factory=list)  # [prefill, decode, decode_bs_threshold]
+    split_forward_token_budget: int = 65536  # layers per round = max(1, budget // prefill tokens)
+    decode_bs_divisor: int = 36
+    chunk_size: int = 512  # pdtop's own: tokens per chunk under the chunked policy
+
+    def __post_init__(self) -> None:
+        for name in FIELDS:
+            object.__setattr__(self, name, validate(name, getattr(self, name)))
+
+    def replace(self, **changes: Any) -> PdmuxConfig:
+        """A new config with `changes` applied, each validated first (nothing changes on error)."""
+        checked = {name: validate(name, value) for name, value in changes.items()}
+        return dataclasses.replace(self, **checked)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: ([list(e) for e in v] if name == "manual_divisions" else v)
+                for name, v in ((n, getattr(self, n)) for n in FIELDS)}
+
+
+def load_pdmux_config(path: str) -> PdmuxConfig:
+    """Read an SGLang pdmux YAML file. Missing keys take defaults; an empty file is all defaults.
+
+    As in SGLang, when both `sm_group_num` and `manual_divisions` are given there must be
+    `sm_group_num - 2` divisions; with divisions alone, `sm_group_num` becomes their count + 2.
+    """
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as exc:
+        raise ConfigError("file", f"cannot read it ({exc.strerror or exc})", path) from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError("file", f"not valid YAML{at}", path) from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError("file", f"must be a YAML mapping of fields, got {type(raw).__name__}", path)
+    unknown = [str(k) for k in raw if k not in _VALIDATORS]
+    if unknown:
+        raise ConfigError(", ".join(unknown), f"unknown key{'s' if len(unknown) > 1 else ''}; "
+                          f"known: {', '.join(FIELDS)}", path)
+    try:
+        values = {str(k): validate(str(k), v) for k, v in raw.items()}
+        divisions = values.get("manual_divisions")
+        if divisions:
+            expected = values.setdefault("sm_group_num", len(divisions) + 2) - 2
+            if len(divisions) != expected:
+                raise ConfigError("manual_divisions", f"has {len(divisions)} entries, sm_group_num "
+                                  f"{expected + 2} needs {expected} (sm_group_num - 2)")
+        return PdmuxConfig(**values)
+    except ConfigError as exc:
+        raise ConfigError(exc.field, exc.reason, path) from None

@@ -1,0 +1,185 @@
+"""Split levels: how a device is divided between prefill and decode, and which level runs.
+
+The GPU rules are SGLang's PD multiplexing (`srt/multiplex/pdmux_context.py` builds the
+levels, `multiplexing_mixin.py::adjust_stream_groups` picks one), written out as in the
+seed. A level is a pair `(prefill units, decode units)`; the list of levels ("stream
+groups") always starts with the whole device for prefill and ends with the whole device
+for decode. The CPU device reuses the rules with cores as units (`cpu_groups`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:
+    from pdtop.engine.pdmux_config import PdmuxConfig
+
+# compute capability major -> (minimum SMs per part, SM granularity); majors >= 9 use 9's.
+ARCH: dict[int, tuple[int, int]] = {6: (1, 1), 7: (2, 2), 8: (4, 2), 9: (8, 8)}
+MIN_DECODE_SMS = 16  # SGLang never gives decode fewer SMs than this in a split level
+
+Group = tuple[int, int]
+
+
+def arch_constraints(major: int) -> tuple[int, int]:
+    """(minimum SMs per part, granularity) for a compute capability major version.
+
+    Green contexts split in units of 8 SMs from 9.0 on, so 10.x and 12.x behave like 9.x.
+    """
+    if isinstance(major, bool) or not isinstance(major, int):
+        raise ValueError(f"compute capability major must be an integer, got {major!r}")
+    if major < 6:
+        raise ValueError(f"compute capability {major}.x is not supported: green contexts need 6.0 or newer")
+    return ARCH[min(major, 9)]
+
+
+def _check_total(total: int, unit: str) -> None:
+    if isinstance(total, bool) or not isinstance(total, int) or total < 1:
+        raise ValueError(f"the number of {unit} must be a positive integer, got {total!r}")
+
+
+def divide_sm(total_sms: int, major: int, groups: int) -> list[Group]:
+    """Candidate (prefill SMs, decode SMs) splits, prefill-heaviest first.
+
+    Prefill gets at least half, decode at least 16 SMs, counts follow the granularity,
+    and `groups` of the candidates are taken evenly (all of them if there are fewer).
+    """
+    _check_total(total_sms, "SMs")
+    min_per_part, multiple = arch_constraints(major)
+    cand = [x for x in range(min_per_part, total_sms - min_per_part + 1, multiple)
+            if x >= total_sms - x and total_sms - x >= MIN_DECODE_SMS]
+    if not cand:
+        raise ValueError(
+            f"{total_sms} SMs cannot be split at compute capability {major}.x: no split gives prefill "
+            f"at least half and decode at least {MIN_DECODE_SMS} SMs in steps of {multiple}")
+    if len(cand) >= groups:
+        cand = cand[::max(1, len(cand) // groups)][:groups]
+    return [(x, total_sms - x) for x in reversed(cand)]
+
+
+def stream_groups(total_sms: int, major: int, sm_group_num: int = 8) -> list[Group]:
+    """Level 0: whole device to prefill; then `sm_group_num - 2` split levels; last: whole device to decode."""
+    return [(total_sms, 0)] + divide_sm(total_sms, major, sm_group_num - 2) + [(0, total_sms)]
+
+
+def choose(groups: Sequence[Group], decode_bs: int, has_prefill: bool, decode_bs_divisor: int = 36) -> int:
+    """SGLang's automatic level: more decode requests -> more units to decode.
+
+    With both sides busy: `decode_bs * (n-2) // decode_bs_divisor` clamped to the split
+    levels `[1, n-2]`; decode only: the last level; otherwise (prefill only or idle): level 0.
+    """
+    n = len(groups)
+    if decode_bs and has_prefill:
+        return max(1, min(n - 2, decode_bs * (n - 2) // decode_bs_divisor))
+    return n - 1 if decode_bs else 0
+
+
+def manual_groups(total: int, manual_divisions: Sequence[Sequence[int]]) -> list[Group]:
+    """SGLang's levels from `manual_divisions`: whole-to-prefill, each division in order, whole-to-decode."""
+    return [(total, 0)] + [(int(p), int(d)) for p, d, _ in manual_divisions] + [(0, total)]
+
+
+def choose_manual(manual_divisions: Sequence[Sequence[int]], decode_bs: int, has_prefill: bool) -> int:
+    """SGLang's level under `manual_divisions` (`[prefill, decode, decode_bs_threshold]` each).
+
+    With both sides busy, the level is `i + 1` for the last division whose threshold is
+    `<= decode_bs` (SGLang scans them all without breaking). Below every threshold SGLang
+    leaves the index unassigned; pdtop uses level 1. One side idle: the same whole-device
+    rule as `choose`.
+    """
+    n = len(manual_divisions) + 2
+    if decode_bs and has_prefill:
+        level = 1
+        for i, (_, _, threshold) in enumerate(manual_divisions):
+            if decode_bs >= threshold:
+                level = i + 1
+        return level
+    return n - 1 if decode_bs else 0
+
+
+def prefill_layers_per_step(extend_tokens: int, num_layers: int, token_budget: int = 65536) -> int:
+    """Layers a split prefill advances per round: `token_budget // extend_tokens`, at least 1, at most all."""
+    return min(num_layers, max(1, token_budget // extend_tokens))
+
+
+def cpu_groups(cores: int, sm_group_num: int = 8) -> list[Group]:
+    """The CPU device's levels: SGLang's rule with cores playing SMs.
+
+    Granularity 1 core, decode at least 1 core, prefill at least half the cores;
+    `sm_group_num - 2` split levels taken evenly as `divide_sm` does, plus all cores to
+    prefill first and all cores to decode last. 2 cores: `[(2, 0), (1, 1), (0, 2)]`.
+    """
+    _check_total(cores, "cores")
+    cand = [x for x in range(1, cores) if x >= cores - x]
+    if not cand:
+        raise ValueError(f"the CPU device needs at least 2 cores to split prefill and decode, got {cores}")
+    groups = sm_group_num - 2
+    if len(cand) >= groups:
+        cand = cand[::max(1, len(cand) // groups)][:groups]
+    return [(cores, 0)] + [(x, cores - x) for x in reversed(cand)] + [(0, cores)]
+
+
+def check_manual_fit(total: int, manual_divisions: Sequence[Sequence[int]], unit: str = "SMs") -> None:
+    """SGLang's checks on a manual division (sgl_kernel's create_greenctx_stream_by_value):
+    both sides positive and together no more than the device. Granularity is not checked:
+    the driver rounds SM counts up to it, and the cuda device reports the realized counts."""
+    from pdtop.engine.pdmux_config import ConfigError
+
+    for i, (p, d, _) in enumerate(manual_divisions):
+        if p < 1 or d < 1:
+            raise ConfigError("manual_divisions", f"entry {i} [{p}, {d}]: each side needs at least 1 {unit[:-1]}")
+        if p + d > total:
+            raise ConfigError("manual_divisions", f"entry {i} [{p}, {d}] uses {p + d} {unit}, the device has {total}")
+
+
+@dataclass(frozen=True)
+class SplitTable:
+    """A device's levels and how to pick one; what the scheduler holds.
+
+    `thresholds` are the manual divisions' decode_bs thresholds (empty when automatic).
+    Build a new table when `sm_group_num` or `manual_divisions` change; `decode_bs_divisor`
+    is read from the config at every `choose`.
+    """
+
+    groups: list[Group]
+    unit_name: str  # "SMs" | "cores"
+    manual: bool = False
+    thresholds: tuple[int, ...] = ()
+    cc_major: int | None = field(default=None, compare=False)  # None for the CPU
+
+    @property
+    def units(self) -> int:
+        return self.groups[0][0]
+
+    def choose(self, decode_bs: int, has_prefill: bool, config: PdmuxConfig) -> int:
+        if self.manual:
+            divisions = [(p, d, t) for (p, d), t in zip(self.groups[1:-1], self.thresholds)]
+            return choose_manual(divisions, decode_bs, has_prefill)
+        return choose(self.groups, decode_bs, has_prefill, config.decode_bs_divisor)
+
+    def rebuilt(self, config: PdmuxConfig) -> SplitTable:
+        """The same device's table under another config."""
+        if self.cc_major is None:
+            return SplitTable.for_cpu(self.units, config)
+        return SplitTable.for_gpu(self.units, self.cc_major, config)
+
+    @classmethod
+    def for_gpu(cls, total_sms: int, major: int, config: PdmuxConfig) -> SplitTable:
+        """Levels for a GPU; manual divisions must fit the device (else ConfigError)."""
+        if config.manual_divisions:
+            _check_total(total_sms, "SMs")
+            arch_constraints(major)
+            check_manual_fit(total_sms, config.manual_divisions, "SMs")
+            return cls(manual_groups(total_sms, config.manual_divisions), "SMs", True,
+                       tuple(t for _, _, t in config.manual_divisions), major)
+        return cls(stream_groups(total_sms, major, config.sm_group_num), "SMs", False, (), major)
+
+    @classmethod
+    def for_cpu(cls, cores: int, config: PdmuxConfig) -> SplitTable:
+        """Levels for the CPU device (`cpu_groups`), or the manual divisions counted in cores."""
+        if config.manual_divisions:
+            _check_total(cores, "cores")
+            check_manual_fit(cores, config.manual_divisions, "cores")
+            return cls(manual_groups(cores, config.manual_divisions), "cores", True,
+                       tuple(t for _, _, t in config.manual_divisions), None)
+        return cls(cpu_groups(cores, config.sm_group_num), "cores", False, (), None)
