@@ -44,6 +44,7 @@ def _positive(name: str, text: str) -> int:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--gpu", default="H100",
                         help="H100 (SXM), H200, A100, H20, or custom:sms=132,cc=9.0,bw=3.35e12,flops=989e12"
                         "[,bw_eff=0.85,mfu=0.5,name=X] (default: H100)")

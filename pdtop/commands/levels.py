@@ -20,6 +20,7 @@ SAMPLE_BS = (1, 6, 12, 18, 24, 30, 36, 64)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--sms", metavar="N", help="SM count of the GPU (with --cc)")
     parser.add_argument("--cc", metavar="X.Y", help="compute capability of the GPU, e.g. 9.0 (with --sms)")
     parser.add_argument("--gpu", metavar="NAME", help="a known GPU (H100, H200, A100, H20) or custom:sms=..,cc=..,bw=..,flops=..")

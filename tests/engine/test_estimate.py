@@ -1,0 +1,149 @@
+"""The roofline terms, GPU specs, and the seed's estimate table (`pdtop estimate`)."""
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pdtop.engine.config import synthetic_config
+from pdtop.engine.cost import (
+    chunk_step_time, decode_bytes, decode_flops, decode_time, prefill_bytes, prefill_flops, prefill_head_flops,
+    prefill_layer_flops, prefill_time,
+)
+from pdtop.engine.estimate import estimate, text_cells
+from pdtop.engine.gpu_specs import SPECS, parse_gpu
+from pdtop.engine.pdmux_config import PdmuxConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+QWEN = synthetic_config("qwen3-8b")
+H100 = SPECS["H100"]
+
+# The seed's constants and its printed table.
+SEED_LINEAR = 36 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 12288) + 4096 * 151936
+SEED_KV_PER_TOKEN = 36 * 2 * 1024 * 2
+SEED_ROWS = [
+    ("9 ms", "-", "-"),
+    ("one step of 299 ms", "291 ms", "0"),
+    ("74 ms x 4 steps", "295 ms", "4"),
+    ("19 ms x 16 steps", "306 ms", "16"),
+    ("9 ms", "480 ms", "55"),
+    ("11 ms", "480 ms", "43"),
+    ("15 ms", "480 ms", "33"),
+]
+
+
+def test_seed_model_terms():
+    assert QWEN.linear_params == SEED_LINEAR
+    assert QWEN.kv_bytes_per_token(2) == SEED_KV_PER_TOKEN
+    assert decode_bytes(QWEN, [2048] * 32) == 2 * SEED_LINEAR + 32 * 2048 * SEED_KV_PER_TOKEN
+
+
+@pytest.mark.parametrize("name", ["qwen3-8b", "llama3.1-8b", "smollm2-135m"])
+@pytest.mark.parametrize("tokens,start", [(1, 0), (512, 0), (2048, 6144), (8191, 3)])
+def test_layers_and_head_add_up_to_prefill_flops(name, tokens, start):
+    cfg = synthetic_config(name)
+    whole = prefill_flops(cfg, tokens, start)
+    by_layer = sum(prefill_layer_flops(cfg, tokens, start, 1) for _ in range(cfg.num_layers))
+    assert by_layer + prefill_head_flops(cfg, tokens) == whole
+    assert prefill_layer_flops(cfg, tokens, start, cfg.num_layers) + prefill_head_flops(cfg, tokens) == whole
+
+
+def test_prefill_flops_attention_grows_with_start():
+    assert prefill_flops(QWEN, 512, 4096) > prefill_flops(QWEN, 512, 0)
+    assert prefill_flops(QWEN, 512, 0) - 2 * SEED_LINEAR * 512 == 2 * 2 * 36 * 4096 * 512 * 512 / 2
+
+
+def test_decode_and_prefill_bytes_and_flops():
+    assert decode_flops(QWEN, [0, 0]) == 2 * 2 * SEED_LINEAR
+    assert decode_flops(QWEN, [100]) > decode_flops(QWEN, [10])
+    one = prefill_bytes(QWEN, 1000, 1)
+    assert prefill_bytes(QWEN, 1000, 36) == pytest.approx(36 * one)
+    assert prefill_bytes(QWEN, 1000, 36) + 2 * QWEN.hidden * QWEN.vocab == prefill_bytes(QWEN, 1000, 36, head=True)
+    assert prefill_bytes(QWEN, 0, 36) == 2 * 36 * QWEN.linear_params_per_layer
+
+
+def test_times_scale_with_sms():
+    nbytes = decode_bytes(QWEN, [2048] * 32)
+    assert decode_time(H100, nbytes, 132) == decode_time(H100, nbytes, 66)  # saturated
+    assert decode_time(H100, nbytes, 33) == pytest.approx(2 * decode_time(H100, nbytes, 66))
+    flops = prefill_flops(QWEN, 8192)
+    assert prefill_time(H100, flops, 66) == pytest.approx(2 * prefill_time(H100, flops, 132))
+    base = decode_time(H100, nbytes, 132)
+    assert chunk_step_time(H100, QWEN, 1, 0, 1, base) == base  # never faster than a decode step
+    with pytest.raises(ValueError):
+        decode_time(H100, nbytes, 0)
+
+
+def test_estimate_reproduces_the_seed():
+    rows = estimate(H100, QWEN)
+    assert [text_cells(r)[1:] for r in rows] == SEED_ROWS
+    assert [r.name for r in rows][-3:] == ["PD mux 80/52, S_SAT=44", "PD mux 80/52, S_SAT=66", "PD mux 80/52, S_SAT=88"]
+    assert [r.steps for r in rows if r.kind == "chunked"] == [4, 16]
+
+
+def test_estimate_follows_the_split_choice():
+    rows = estimate(H100, QWEN, decode_bs=12)
+    assert {(r.prefill_sms, r.decode_sms) for r in rows if r.kind == "pdmux"} == {(104, 28)}
+    manual = PdmuxConfig(sm_group_num=3, manual_divisions=[[64, 68, 1]])
+    assert {r.decode_sms for r in estimate(H100, QWEN, config=manual) if r.kind == "pdmux"} == {68}
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "pdtop", "estimate", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_estimate_command_text_and_json():
+    text = run_cli()
+    assert text.returncode == 0, text.stderr
+    body = text.stdout.splitlines()
+    assert "approach" in body[1] and "decode ITL" in body[1] and "prefill time" in body[1]
+    cells = [re.split(r"\s{2,}", line.strip()) for line in body[2:]]
+    assert [tuple(c[1:]) for c in cells] == SEED_ROWS
+    assert cells[0][0] == "decode only (reference)" and cells[-1][0] == "PD mux 80/52, S_SAT=88"
+    assert len(body) == 2 + len(SEED_ROWS)
+
+    out = run_cli("--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert list(data) == ["rows"]
+    rows = data["rows"]
+    assert "prefill_ms" not in rows[0] and round(rows[0]["itl_ms"]) == 9
+    assert [round(r["prefill_ms"]) for r in rows[1:]] == [291, 295, 306, 480, 480, 480]
+    assert [round(r["itl_ms"]) for r in rows[1:]] == [299, 74, 19, 9, 11, 15]
+    assert [round(r["tokens"]) for r in rows[1:]] == [0, 4, 16, 55, 43, 33]
+    assert [r.get("steps") for r in rows[2:4]] == [4, 16]
+    assert rows[4]["tokens"] != round(rows[4]["tokens"])  # unrounded
+
+
+@pytest.mark.parametrize("args,word", [
+    (["--gpu", "B300"], "B300"), (["--model", "gpt-9"], "gpt-9"), (["--decode-bs", "0"], "--decode-bs"),
+    (["--chunks", "2048,x"], "--chunks"), (["--s-sat", "-1"], "--s-sat"),
+    (["--gpu", "custom:sms=132,cc=9.0,bw=3e12"], "flops"),
+])
+def test_estimate_command_bad_values(args, word):
+    out = run_cli(*args)
+    assert out.returncode == 2 and out.stdout == ""
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and word in lines[0]
+
+
+def test_parse_gpu():
+    assert parse_gpu("h100") is SPECS["H100"] and parse_gpu(" A100 ") is SPECS["A100"]
+    assert (SPECS["H20"].sms, SPECS["H20"].cc_major) == (78, 9)
+    spec = parse_gpu("custom:sms=132,cc=9.0,bw=3.35e12,flops=989e12,s_sat=44,name=mine")
+    assert (spec.name, spec.sms, spec.cc_major, spec.cc_minor, spec.mem_bw, spec.peak_flops, spec.s_sat) == \
+        ("mine", 132, 9, 0, 3.35e12, 989e12, 44)
+    assert parse_gpu("custom:sms=188,cc=10.0,bw=8e12,flops=2.25e15").cc_major == 10
+    with pytest.raises(ValueError, match="'speed'"):
+        parse_gpu("custom:sms=132,cc=9.0,bw=3e12,flops=1e15,speed=2")
+    with pytest.raises(ValueError, match="sms"):
+        parse_gpu("custom:sms=many,cc=9.0,bw=3e12,flops=1e15")
+    with pytest.raises(ValueError, match="cc"):
+        parse_gpu("custom:sms=132,cc=nine,bw=3e12,flops=1e15")
+    with pytest.raises(ValueError, match="mfu"):
+        parse_gpu("custom:sms=132,cc=9.0,bw=3e12,flops=1e15,mfu=1.5")
+    with pytest.raises(ValueError, match="unknown GPU"):
+        parse_gpu("TPU")

@@ -1,0 +1,143 @@
+"""PdmuxConfig: SGLang-compatible YAML, per-field validation, live replacement."""
+import pytest
+
+from pdtop.engine.pdmux_config import ConfigError, PdmuxConfig, load_pdmux_config, validate
+
+
+def write(tmp_path, text, name="pdmux.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_defaults_match_sglang():
+    c = PdmuxConfig()
+    assert (c.sm_group_num, c.manual_divisions, c.split_forward_token_budget, c.decode_bs_divisor, c.chunk_size) == \
+        (8, [], 65536, 36, 512)
+
+
+def test_good_sglang_yaml(tmp_path):
+    path = write(tmp_path, """
+sm_group_num: 5
+manual_divisions:
+  - [112, 20, 1]
+  - [96, 36, 16]
+  - [72, 56, 32]
+split_forward_token_budget: 32768
+decode_bs_divisor: 24
+""")
+    c = load_pdmux_config(path)
+    assert c.sm_group_num == 5
+    assert c.manual_divisions == [[112, 20, 1], [96, 36, 16], [72, 56, 32]]
+    assert c.split_forward_token_budget == 32768 and c.decode_bs_divisor == 24 and c.chunk_size == 512
+    assert c.to_dict() == {"sm_group_num": 5, "manual_divisions": [[112, 20, 1], [96, 36, 16], [72, 56, 32]],
+                           "split_forward_token_budget": 32768, "decode_bs_divisor": 24, "chunk_size": 512}
+    assert PdmuxConfig(**c.to_dict()) == c
+
+
+def test_partial_and_empty_files_take_defaults(tmp_path):
+    assert load_pdmux_config(write(tmp_path, "chunk_size: 256\n")) == PdmuxConfig(chunk_size=256)
+    assert load_pdmux_config(write(tmp_path, "", "empty.yaml")) == PdmuxConfig()
+    assert load_pdmux_config(write(tmp_path, "manual_divisions: null\n", "null.yaml")).manual_divisions == []
+
+
+def test_divisions_alone_set_the_group_count(tmp_path):
+    c = load_pdmux_config(write(tmp_path, "manual_divisions: [[80, 52, 1], [64, 68, 20]]\n"))
+    assert c.sm_group_num == 4
+
+
+def test_division_count_must_match_sm_group_num(tmp_path):
+    path = write(tmp_path, "sm_group_num: 8\nmanual_divisions: [[80, 52, 1]]\n")
+    with pytest.raises(ConfigError) as err:
+        load_pdmux_config(path)
+    assert err.value.field == "manual_divisions" and path in str(err.value)
+
+
+def test_unknown_key_is_named(tmp_path):
+    path = write(tmp_path, "sm_group_num: 8\ndecode_bs_divizor: 24\n")
+    with pytest.raises(ConfigError) as err:
+        load_pdmux_config(path)
+    assert err.value.field == "decode_bs_divizor"
+    assert "decode_bs_divizor" in str(err.value) and "unknown" in str(err.value) and path in str(err.value)
+
+
+@pytest.mark.parametrize("text,field", [
+    ("sm_group_num: eight\n", "sm_group_num"),
+    ("sm_group_num: true\n", "sm_group_num"),
+    ("decode_bs_divisor: 2.5\n", "decode_bs_divisor"),
+    ("split_forward_token_budget: [1]\n", "split_forward_token_budget"),
+    ("manual_divisions: 5\n", "manual_divisions"),
+    ("manual_divisions: [[80, 52]]\n", "manual_divisions"),
+    ("manual_divisions: [[80, 52, yes]]\n", "manual_divisions"),
+])
+def test_bad_type(tmp_path, text, field):
+    with pytest.raises(ConfigError) as err:
+        load_pdmux_config(write(tmp_path, text))
+    assert err.value.field == field and field in str(err.value)
+
+
+@pytest.mark.parametrize("text,field", [
+    ("sm_group_num: 2\n", "sm_group_num"),
+    ("decode_bs_divisor: 0\n", "decode_bs_divisor"),
+    ("split_forward_token_budget: -5\n", "split_forward_token_budget"),
+    ("chunk_size: 0\n", "chunk_size"),
+    ("manual_divisions: [[80, -52, 1]]\n", "manual_divisions"),
+    ("sm_group_num: 4\nmanual_divisions: [[104, 28, 8], [80, 52, 8]]\n", "manual_divisions"),
+    ("sm_group_num: 4\nmanual_divisions: [[104, 28, 8], [80, 52, 2]]\n", "manual_divisions"),
+])
+def test_out_of_range(tmp_path, text, field):
+    with pytest.raises(ConfigError) as err:
+        load_pdmux_config(write(tmp_path, text))
+    assert err.value.field == field
+
+
+def test_unreadable_file(tmp_path):
+    missing = str(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError) as err:
+        load_pdmux_config(missing)
+    assert missing in str(err.value) and err.value.path == missing
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_pdmux_config(str(tmp_path))  # a directory
+
+
+def test_bad_yaml_and_not_a_mapping(tmp_path):
+    bad = write(tmp_path, "sm_group_num: [8\n", "bad.yaml")
+    with pytest.raises(ConfigError, match="not valid YAML") as err:
+        load_pdmux_config(bad)
+    assert bad in str(err.value)
+    listing = write(tmp_path, "- 8\n- 36\n", "list.yaml")
+    with pytest.raises(ConfigError, match="mapping") as err:
+        load_pdmux_config(listing)
+    assert listing in str(err.value)
+
+
+def test_validate_normalizes_and_rejects():
+    assert validate("manual_divisions", ((80, 52, 1), (72, 60, 9))) == [[80, 52, 1], [72, 60, 9]]
+    assert validate("manual_divisions", None) == []
+    assert validate("decode_bs_divisor", 24) == 24
+    with pytest.raises(ConfigError) as err:
+        validate("decode_bs_divisor", False)
+    assert err.value.field == "decode_bs_divisor" and "integer" in err.value.reason
+    with pytest.raises(ConfigError) as err:
+        validate("policy", "pdmux")
+    assert err.value.field == "policy"
+
+
+def test_replace_validates_and_keeps_the_original():
+    base = PdmuxConfig()
+    new = base.replace(decode_bs_divisor=24, chunk_size=128)
+    assert (new.decode_bs_divisor, new.chunk_size) == (24, 128)
+    assert (base.decode_bs_divisor, base.chunk_size) == (36, 512)
+    with pytest.raises(ConfigError) as err:
+        base.replace(decode_bs_divisor=24, sm_group_num=1)
+    assert err.value.field == "sm_group_num"
+    with pytest.raises(ConfigError) as err:
+        base.replace(decode_bs_divsor=24)
+    assert err.value.field == "decode_bs_divsor"
+
+
+def test_constructor_validates():
+    with pytest.raises(ConfigError):
+        PdmuxConfig(sm_group_num=2)
+    with pytest.raises(ConfigError):
+        PdmuxConfig(manual_divisions=[[1, 2]])
