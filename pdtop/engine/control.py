@@ -1,0 +1,102 @@
+"""Validation of live control messages.
+
+A message is checked against the engine's current state when it arrives; a bad one
+raises `ControlError(field, reason)` and changes nothing. A good one is turned into a
+`Change` that the engine applies at the next round boundary.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from pdtop.engine.pdmux_config import FIELDS as PDMUX_FIELDS
+from pdtop.engine.pdmux_config import ConfigError, PdmuxConfig
+from pdtop.engine.scheduler import POLICIES
+from pdtop.engine.splits import SplitTable
+
+COMMANDS = ("pin_level", "auto_level", "set", "inject", "pause_workload", "resume_workload")
+SETTABLE = (*PDMUX_FIELDS, "policy", "workload_rate")
+MAX_RATE = 1000.0
+
+
+class ControlError(ValueError):
+    """A refused control message: `.field` names what was wrong, `.reason` says why."""
+
+    def __init__(self, field: str, reason: str):
+        self.field, self.reason = field, reason
+        super().__init__(f"{field}: {reason}")
+
+
+@dataclass
+class Change:
+    """A validated message, ready to apply at a round boundary."""
+
+    cmd: str
+    values: dict[str, Any] = field(default_factory=dict)
+    table: SplitTable | None = None  # new levels when manual_divisions / sm_group_num change
+
+
+def _int(name: str, value: Any, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ControlError(name, f"must be an integer, got {value!r}")
+    if not lo <= value <= hi:
+        raise ControlError(name, f"must be in {lo}..{hi}, got {value}")
+    return value
+
+
+def _no_extra(msg: dict, allowed: set[str]) -> None:
+    extra = sorted(set(msg) - allowed - {"cmd", "id"})
+    if extra:
+        raise ControlError(extra[0], f"not a field of {msg['cmd']!r}")
+
+
+def validate(msg: Any, *, config: PdmuxConfig, table: SplitTable, max_prompt: int) -> Change:
+    """Check one control message; `max_prompt` is the longest prompt the engine can take."""
+    if not isinstance(msg, dict):
+        raise ControlError("message", f"must be a JSON object, got {type(msg).__name__}")
+    cmd = msg.get("cmd")
+    if not isinstance(cmd, str) or cmd not in COMMANDS:
+        raise ControlError("cmd", f"unknown command {cmd!r}; known: {', '.join(COMMANDS)}")
+    if cmd == "pin_level":
+        _no_extra(msg, {"level"})
+        if "level" not in msg:
+            raise ControlError("level", "missing")
+        return Change(cmd, {"level": _int("level", msg["level"], 0, len(table.groups) - 1)})
+    if cmd == "inject":
+        _no_extra(msg, {"prompt_tokens", "max_tokens"})
+        values = {}
+        if "prompt_tokens" in msg:
+            values["prompt_tokens"] = _int("prompt_tokens", msg["prompt_tokens"], 1, max_prompt)
+        if "max_tokens" in msg:
+            values["max_tokens"] = _int("max_tokens", msg["max_tokens"], 1, 4096)
+        return Change(cmd, values)
+    if cmd != "set":
+        _no_extra(msg, set())
+        return Change(cmd)
+    values = {k: v for k, v in msg.items() if k not in ("cmd", "id")}
+    if not values:
+        raise ControlError("set", f"nothing to set; settable: {', '.join(SETTABLE)}")
+    for name in values:
+        if name not in SETTABLE:
+            raise ControlError(name, f"not settable; settable: {', '.join(SETTABLE)}")
+    change = Change(cmd)
+    if "policy" in values:
+        if values["policy"] not in POLICIES:
+            raise ControlError("policy", f"must be one of {', '.join(POLICIES)}, got {values['policy']!r}")
+        change.values["policy"] = values.pop("policy")
+    if "workload_rate" in values:
+        rate = values.pop("workload_rate")
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not math.isfinite(rate) \
+                or not 0 <= rate <= MAX_RATE:
+            raise ControlError("workload_rate", f"must be a number in 0..{MAX_RATE:g} requests/s, got {rate!r}")
+        change.values["workload_rate"] = float(rate)
+    if values:
+        try:
+            new = config.replace(**values)
+            if {"manual_divisions", "sm_group_num"} & set(values):
+                change.table = table.rebuilt(new)
+        except ConfigError as exc:
+            raise ControlError(exc.field, exc.reason) from None
+        change.values.update({k: getattr(new, k) for k in values})
+    return change

@@ -1,0 +1,81 @@
+"""The device interface: where decode and prefill work runs, and on how many units.
+
+A level is an index into `groups`, a list of (prefill units, decode units) in
+SGLang's stream-group order: 0 is "all to prefill", the last is "all to decode".
+Work carries both its real computation (`run`) and its cost (FLOPs, bytes), so
+a simulated device can time it on a virtual clock and telemetry can report
+bytes moved for every device.
+"""
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+@dataclass
+class Work:
+    kind: str  # "decode" | "prefill" | "mixed"
+    flops: float
+    bytes: float
+    run: Callable[[], Any] | None = None  # None on simulated devices
+
+
+class DeviceError(RuntimeError):
+    """The device cannot be used (missing driver, no green contexts, bad spec)."""
+
+
+class Device(ABC):
+    name: str
+    kind: str  # "cpu" | "cuda" | "sim"
+    unit_name: str  # "cores" | "SMs"
+    units: int
+    groups: list[tuple[int, int]]
+    virtual: bool = False
+    level: int = 0
+
+    @abstractmethod
+    def now(self) -> float: ...
+
+    @abstractmethod
+    def set_level(self, level: int) -> None:
+        """Switch the split; waits for both sides to be idle first."""
+
+    @abstractmethod
+    def submit_prefill(self, work: Work) -> None:
+        """Start prefill work on the prefill side without waiting; one outstanding at a time."""
+
+    @abstractmethod
+    def prefill_busy(self) -> bool: ...
+
+    @abstractmethod
+    def wait_prefill(self) -> Any:
+        """Block (or advance the virtual clock) until the outstanding prefill is done; its result."""
+
+    @abstractmethod
+    def run_decode(self, work: Work) -> Any:
+        """Run decode work on the decode side and wait for it."""
+
+    @abstractmethod
+    def run_whole(self, work: Work) -> Any:
+        """Run work on every unit and wait for it (chunked and prefill-first steps)."""
+
+    def set_groups(self, groups: list[tuple[int, int]]) -> None:
+        """Replace the split levels (e.g. new manual divisions); called between rounds."""
+        self.groups = list(groups)
+        self.level = min(self.level, len(self.groups) - 1)
+
+    def describe(self) -> dict:
+        return {"name": self.name, "kind": self.kind, "unit_name": self.unit_name, "units": self.units}
+
+    def close(self) -> None:
+        pass
+
+    @property
+    def split(self) -> tuple[int, int]:
+        return self.groups[self.level]
+
+    def idle(self, seconds: float) -> None:
+        """Nothing to run: let time pass (a simulated device advances its clock)."""
+        time.sleep(seconds)

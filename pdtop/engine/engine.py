@@ -1,0 +1,274 @@
+"""The engine: scheduler + workload + live control, reporting every round to its sinks.
+
+One thread runs the rounds (`run`). `control` may be called from any thread: it
+validates at once (ControlError, nothing changed) and queues the change, which is
+applied at the next round boundary and reported as a `ConfigChange`.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import Any, Callable
+
+from pdtop.engine.control import Change, ControlError, validate
+from pdtop.engine.devices.base import Device
+from pdtop.engine.executor import Executor
+from pdtop.engine.pdmux_config import PdmuxConfig
+from pdtop.engine.records import ConfigChange, RequestRecord, RoundRecord
+from pdtop.engine.request import Request
+from pdtop.engine.scheduler import Scheduler
+from pdtop.engine.splits import SplitTable
+from pdtop.engine.workload import Arrival, PromptMaker, Workload
+
+Record = RoundRecord | RequestRecord | ConfigChange
+Sink = Callable[[Record], None]
+IDLE_S = 0.05  # how long an idle round waits for arrivals
+
+
+class Engine:
+    def __init__(self, *, device: Device, executor: Executor, table: SplitTable, config: PdmuxConfig,
+                 policy: str, workload: Workload | None, prompts: PromptMaker, model_name: str,
+                 temperature: float = 0.0, seed: int = 0):
+        self.device, self.executor, self.model_name = device, executor, model_name
+        self.config = config
+        self.scheduler = Scheduler(device, executor, table, config, policy)
+        self.workload = workload
+        self.prompts = prompts
+        self.temperature, self.seed = temperature, seed
+        self._sinks: list[Sink] = []
+        self._pending: deque[tuple[Change, str | None]] = deque()
+        self._deferred_policy: tuple[str, str | None] | None = None
+        self._lock = threading.Lock()
+        self._next_id = 0
+
+    # -- what clients see ------------------------------------------------------------------
+    def add_sink(self, sink: Sink) -> None:
+        self._sinks.append(sink)
+
+    def remove_sink(self, sink: Sink) -> None:
+        if sink in self._sinks:
+            self._sinks.remove(sink)
+
+    def _emit(self, record: Record) -> None:
+        for sink in list(self._sinks):
+            sink(record)
+
+    def config_dict(self) -> dict[str, Any]:
+        s = self.scheduler
+        out = self.config.to_dict()
+        out.update(policy=s.policy, pinned_level=s.pinned, levels=[list(g) for g in s.table.groups],
+                   workload_rate=self.workload.spec.rate if self.workload else 0.0,
+                   workload_paused=self.workload.spec.paused if self.workload else True)
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        cfg = self.executor.cfg
+        return {
+            "model": self.model_name, "num_layers": cfg.num_layers, "max_context": cfg.max_context,
+            "device": self.device.describe(), "unit_name": self.device.unit_name, "units": self.device.units,
+            "virtual_clock": self.device.virtual, "levels": [list(g) for g in self.scheduler.table.groups],
+            "config": self.config_dict(), "policy": self.scheduler.policy,
+        }
+
+    @property
+    def max_prompt(self) -> int:
+        return max(1, self.executor.cfg.max_context - 1)
+
+    # -- control ---------------------------------------------------------------------------
+    def control(self, msg: Any, client: str | None = None) -> None:
+        """Validate now (ControlError changes nothing); apply at the next round boundary."""
+        with self._lock:
+            change = validate(msg, config=self.config, table=self.scheduler.table, max_prompt=self.max_prompt)
+            self._pending.append((change, client))
+
+    def _apply(self, change: Change, client: str | None) -> dict[str, dict[str, Any]]:
+        s, w, now = self.scheduler, self.workload, self.device.now()
+        diff: dict[str, dict[str, Any]] = {}
+
+        def note(name: str, old: Any, new: Any) -> None:
+            if old != new:
+                diff[name] = {"old": old, "new": new}
+
+        if change.cmd == "pin_level":
+            note("pinned_level", s.pinned, change.values["level"])
+            s.pinned = change.values["level"]
+        elif change.cmd == "auto_level":
+            note("pinned_level", s.pinned, None)
+            s.pinned = None
+        elif change.cmd == "inject":
+            if w is not None:
+                w.inject(now, change.values.get("prompt_tokens"), change.values.get("max_tokens"))
+            else:
+                self.submit(self.prompts.make(change.values.get("prompt_tokens", 2048)),
+                            change.values.get("max_tokens", 64))
+            diff["inject"] = {"old": None, "new": change.values.get("prompt_tokens", "default")}
+        elif change.cmd in ("pause_workload", "resume_workload") and w is not None:
+            paused = change.cmd == "pause_workload"
+            note("workload_paused", w.spec.paused, paused)
+            w.pause() if paused else w.resume(now)
+        elif change.cmd == "set":
+            values = dict(change.values)
+            if "policy" in values:
+                policy = values.pop("policy")
+                if s.prefill_in_flight and policy != s.policy:
+                    self._deferred_policy = (policy, client)  # switched once in-flight prefill is done
+                else:
+                    note("policy", s.policy, policy)
+                    s.policy = policy
+            if "workload_rate" in values:
+                rate = values.pop("workload_rate")
+                if w is not None:
+                    note("workload_rate", w.spec.rate, rate)
+                    w.set_rate(rate, now)
+            if values:
+                old = self.config
+                self.config = s.config = old.replace(**values)
+                for name in values:
+                    note(name, getattr(old, name), getattr(self.config, name))
+                if change.table is not None:
+                    note("levels", [list(g) for g in s.table.groups], [list(g) for g in change.table.groups])
+                    s.set_table(change.table)
+        return diff
+
+    def _apply_pending(self) -> None:
+        s = self.scheduler
+        if self._deferred_policy and not s.prefill_in_flight:
+            (policy, client), self._deferred_policy = self._deferred_policy, None
+            old, s.policy = s.policy, policy
+            if old != policy:
+                self._emit(ConfigChange(self.device.now(), s.round_index, {"policy": {"old": old, "new": policy}}, client))
+        while self._pending:
+            with self._lock:
+                change, client = self._pending.popleft()
+            diff = self._apply(change, client)
+            if diff:
+                self._emit(ConfigChange(self.device.now(), s.round_index, diff, client))
+
+    # -- requests --------------------------------------------------------------------------
+    def submit(self, prompt_ids: list[int], max_tokens: int, *, ignore_eos: bool = False,
+               arrival: float | None = None) -> Request:
+        req = Request(self._next_id, list(prompt_ids), max_tokens, self.device.now() if arrival is None else arrival,
+                      temperature=self.temperature, seed=self.seed + self._next_id, ignore_eos=ignore_eos)
+        self._next_id += 1
+        self._emit(self.scheduler.add(req))
+        return req
+
+    def _arrive(self, arrival: Arrival) -> None:
+        cfg = self.executor.cfg
+        n = max(1, min(arrival.prompt_tokens, cfg.max_context - arrival.max_tokens))
+        self.submit(self.prompts.make(n), arrival.max_tokens, ignore_eos=True, arrival=arrival.time)
+
+    # -- rounds ----------------------------------------------------------------------------
+    def step(self) -> RoundRecord:
+        self._apply_pending()
+        if self.workload is not None:
+            for arrival in self.workload.due(self.device.now()):
+                self._arrive(arrival)
+        if self.scheduler.idle():
+            self.device.idle(IDLE_S)
+        record, requests = self.scheduler.step()
+        for r in requests:
+            self._emit(r)
+        self._emit(record)
+        return record
+
+    def run(self, stop: threading.Event, realtime: bool = True, speed: float = 1.0) -> None:
+        """Run rounds until `stop` is set. A virtual clock is paced to wall time x `speed` when `realtime`."""
+        wall0, clock0 = time.perf_counter(), self.device.now()
+        while not stop.is_set():
+            self.step()
+            if realtime and self.device.virtual:
+                ahead = (self.device.now() - clock0) / speed - (time.perf_counter() - wall0)
+                if ahead > 0:
+                    stop.wait(ahead)
+
+    def run_until_idle(self, max_rounds: int = 1_000_000) -> int:
+        """Run rounds until every submitted request has finished (no workload arrivals)."""
+        n = 0
+        while not self.scheduler.idle() and n < max_rounds:
+            self.step()
+            n += 1
+        return n
+
+    def close(self) -> None:
+        self.device.close()
+
+
+def build_engine(device: str = "auto", model: str | None = None, config: PdmuxConfig | None = None,
+                 policy: str = "pdmux", workload: Any = None, seed: int = 0, dtype: str = "float32",
+                 kv_capacity_tokens: int | None = None, temperature: float = 0.0) -> Engine:
+    """An engine on `device` ("auto", "cpu", "cuda", "sim:H100", "sim:custom:..."), ready to `run`.
+
+    `model` is a GGUF path, `synthetic:NAME`, or None (the default model; on `sim:` devices
+    `synthetic:qwen3-8b`). `workload` is a `WorkloadSpec`, or None for no arrivals.
+    """
+    from pdtop.engine.workload import WorkloadSpec
+
+    config = config or PdmuxConfig()
+    if device == "auto":
+        device = "cuda" if _cuda_available() else "cpu"
+    if device.startswith("sim:"):
+        from pdtop.engine.config import synthetic_config
+        from pdtop.engine.devices.sim import SimDevice
+        from pdtop.engine.executor import SimExecutor
+        from pdtop.engine.gpu_specs import parse_gpu
+
+        spec = parse_gpu(device[4:])
+        cfg = _model_config(model) if model and not model.startswith("synthetic:") else synthetic_config(
+            model or "synthetic:qwen3-8b")
+        table = SplitTable.for_gpu(spec.sms, spec.cc_major, config)
+        dev: Device = SimDevice(spec, table.groups)
+        executor: Executor = SimExecutor(cfg, kv_capacity_tokens or 1 << 20)
+        prompts, name = PromptMaker(None, seed), cfg.name
+    elif device in ("cpu", "cuda") or device.startswith("cuda:"):
+        from pdtop.engine.executor import ModelExecutor
+        from pdtop.engine.gguf_loader import default_model_path, load_model
+        from pdtop.engine.runner import ModelRunner, SamplingParams
+
+        source = model or str(default_model_path())
+        torch_device = "cpu" if device == "cpu" else device
+        loaded = load_model(source, dtype=dtype, device=torch_device)
+        runner = ModelRunner(loaded, **({"kv_capacity_tokens": kv_capacity_tokens} if kv_capacity_tokens else {}))
+        cfg = runner.config
+        if device == "cpu":
+            from pdtop.engine.devices.cpu import CpuDevice
+
+            probe = CpuDevice([(1, 0)])
+            table = SplitTable.for_cpu(probe.units, config)
+            probe.close()
+            dev = CpuDevice(table.groups)
+        else:
+            from pdtop.engine.devices.cuda import CudaDevice
+
+            dev = CudaDevice(config=config, device=torch_device)
+            table = dev.table
+        executor = ModelExecutor(runner, lambda r: SamplingParams(temperature=r.temperature, top_p=r.top_p,
+                                                                   seed=r.seed, max_tokens=r.max_tokens,
+                                                                   ignore_eos=r.ignore_eos))
+        encode = None
+        if not source.startswith("synthetic:"):
+            from pdtop.engine.tokenizer import Tokenizer
+
+            encode = Tokenizer.from_gguf(source).encode
+        prompts, name = PromptMaker(encode, seed), cfg.name
+    else:
+        raise ValueError(f"unknown device {device!r}; use auto, cpu, cuda, or sim:GPU (H100, H200, A100, H20, custom:...)")
+    wl = Workload(workload, start=dev.now()) if isinstance(workload, WorkloadSpec) else workload
+    return Engine(device=dev, executor=executor, table=table, config=config, policy=policy, workload=wl,
+                  prompts=prompts, model_name=name, temperature=temperature, seed=seed)
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def _model_config(path: str) -> Any:
+    from pdtop.engine.gguf_loader import load_config
+
+    return load_config(path)

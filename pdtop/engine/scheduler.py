@@ -1,0 +1,275 @@
+"""The scheduler round: continuous batching under one of three policies.
+
+- `pdmux`: one decode step on the decode side while the in-flight prefill batch
+  advances `k = min(L, max(1, budget // tokens))` layers on the prefill side; the
+  round waits for decode only. Finished prefills join the decode batch. The level
+  is chosen again only while the prefill side is idle (a level change syncs both
+  sides, so SGLang changes it at prefill boundaries).
+- `chunked`: each step runs the decode batch plus one `chunk_size` piece of one
+  prompt in a single forward on every unit.
+- `prefill-first`: waiting prompts are prefilled whole, on every unit, before
+  decode continues.
+
+With greedy sampling the policies give the same tokens: only timing differs.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from pdtop.engine.devices.base import Device
+from pdtop.engine.errors import KVCapacityError
+from pdtop.engine.executor import Executor
+from pdtop.engine.pdmux_config import PdmuxConfig
+from pdtop.engine.records import PrefillProgress, RequestRecord, RoundRecord
+from pdtop.engine.request import Request
+from pdtop.engine.splits import SplitTable, prefill_layers_per_step
+
+POLICIES = ("pdmux", "chunked", "prefill-first")
+
+
+@dataclass
+class PrefillBatch:
+    reqs: list[Request]
+    state: Any
+    tokens: int
+    layers_per_round: int
+    layers_done: int = 0
+    submitted_end: int = 0  # layers submitted so far (>= layers_done while a chunk is in flight)
+
+
+@dataclass
+class RoundStats:
+    """What one round did, accumulated while it runs."""
+
+    flops: float = 0.0
+    bytes: float = 0.0
+    tokens: int = 0
+    decode_bs: int = 0
+    decode_s: float = 0.0
+    split: tuple[int, int] | None = None
+    requests: list[RequestRecord] = field(default_factory=list)
+
+
+class Scheduler:
+    def __init__(self, device: Device, executor: Executor, table: SplitTable, config: PdmuxConfig,
+                 policy: str = "pdmux", max_prefill_tokens: int = 8192, keep_finished: int = 10_000):
+        if policy not in POLICIES:
+            raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
+        self.device, self.executor, self.table, self.config, self.policy = device, executor, table, config, policy
+        self.device.set_groups(table.groups)
+        self.max_prefill_tokens = max_prefill_tokens
+        self.pinned: int | None = None
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.prefill: PrefillBatch | None = None
+        self.chunk_req: Request | None = None
+        self.finished: deque[Request] = deque(maxlen=keep_finished)
+        self.round_index = 0
+        self._reserved = 0  # KV tokens promised to admitted requests (prompt + max_tokens)
+
+    # -- requests --------------------------------------------------------------------------
+    def add(self, req: Request) -> RequestRecord:
+        self.waiting.append(req)
+        return RequestRecord("arrival", req.id, req.arrival, req.prompt_len)
+
+    @property
+    def num_layers(self) -> int:
+        return self.executor.cfg.num_layers
+
+    @property
+    def prefill_in_flight(self) -> bool:
+        return self.prefill is not None or self.chunk_req is not None
+
+    def idle(self) -> bool:
+        return not (self.waiting or self.running or self.prefill_in_flight)
+
+    def _admit(self, limit_tokens: int | None) -> list[Request]:
+        """Take waiting requests FIFO while the batch fits `limit_tokens` and the KV cache."""
+        batch: list[Request] = []
+        total = 0
+        capacity = self.executor.kv_usage()[1]
+        while self.waiting:
+            req = self.waiting[0]
+            need = req.prompt_len + req.max_tokens
+            if batch and limit_tokens is not None and total + req.prompt_len > limit_tokens:
+                break
+            if self._reserved + need > capacity:
+                break  # waits until running requests finish and free their KV
+            try:
+                self.executor.admit(req)
+            except KVCapacityError:
+                break
+            self.waiting.popleft()
+            self._reserved += need
+            batch.append(req)
+            total += req.prompt_len
+            if limit_tokens is None:
+                break
+        return batch
+
+    def _emit(self, req: Request, token: int, now: float, stats: RoundStats) -> None:
+        req.output_ids.append(token)
+        req.token_times.append(now)
+        stats.tokens += 1
+        if len(req.output_ids) == 1:
+            stats.requests.append(RequestRecord("first_token", req.id, now, req.prompt_len, 1, req.ttft))
+        eos = not req.ignore_eos and token in self.executor.cfg.eos_ids
+        if eos or len(req.output_ids) >= req.max_tokens:
+            req.finished, req.finish_reason = True, "eos" if eos else "length"
+            self._finish(req, now, stats)
+
+    def _finish(self, req: Request, now: float, stats: RoundStats) -> None:
+        self.executor.release(req)
+        self._reserved -= req.prompt_len + req.max_tokens
+        self.finished.append(req)
+        stats.requests.append(RequestRecord("finish", req.id, now, req.prompt_len, len(req.output_ids), req.ttft,
+                                            req.itls, req.finish_reason))
+
+    def _join_decode(self, reqs: list[Request], tokens: list[int], stats: RoundStats) -> None:
+        now = self.device.now()
+        for req, tok in zip(reqs, tokens):
+            req.prefilled = req.prompt_len
+            self._emit(req, tok, now, stats)
+            if not req.finished:
+                self.running.append(req)
+
+    def _decode(self, stats: RoundStats, whole: bool) -> None:
+        batch = list(self.running)
+        work = self.executor.decode(batch)
+        t0 = self.device.now()
+        tokens = self.device.run_whole(work) if whole else self.device.run_decode(work)
+        now = self.device.now()
+        stats.decode_s, stats.decode_bs = now - t0, len(batch)
+        stats.flops += work.flops
+        stats.bytes += work.bytes
+        for req, tok in zip(batch, tokens):
+            self._emit(req, tok, now, stats)
+        self.running = [r for r in self.running if not r.finished]
+
+    # -- policies --------------------------------------------------------------------------
+    def _set_level(self, level: int) -> None:
+        if level != self.device.level:
+            self.device.set_level(level)
+
+    def _collect_prefill(self, stats: RoundStats, block: bool = False) -> None:
+        """Take a finished prefill chunk; `block` waits for it (a round with nothing to decode)."""
+        pf = self.prefill
+        if pf is None or pf.submitted_end == pf.layers_done or (self.device.prefill_busy() and not block):
+            return
+        result = self.device.wait_prefill()
+        pf.layers_done = pf.submitted_end
+        if pf.layers_done == self.num_layers:
+            self.prefill = None
+            self._join_decode(pf.reqs, result, stats)
+
+    def _step_pdmux(self, stats: RoundStats) -> None:
+        if self.prefill is None and self.waiting:
+            reqs = self._admit(self.max_prefill_tokens)
+            if reqs:
+                tokens = sum(r.prompt_len for r in reqs)
+                k = prefill_layers_per_step(tokens, self.num_layers, self.config.split_forward_token_budget)
+                self.prefill = PrefillBatch(reqs, self.executor.prefill_begin(reqs), tokens, k)
+        if not self.device.prefill_busy():
+            level = self.pinned if self.pinned is not None else self.table.choose(
+                len(self.running), self.prefill is not None, self.config)
+            self._set_level(level)
+        pf = self.prefill
+        if pf is not None and not self.device.prefill_busy() and pf.submitted_end < self.num_layers:
+            end = min(self.num_layers, pf.submitted_end + pf.layers_per_round)
+            work = self.executor.prefill(pf.state, pf.reqs, pf.submitted_end, end)
+            self.device.submit_prefill(work)
+            pf.submitted_end = end
+            stats.flops += work.flops
+            stats.bytes += work.bytes
+        stats.split = self.device.split
+        if self.running:
+            self._decode(stats, whole=False)
+        self._collect_prefill(stats, block=not self.running)
+
+    def _step_prefill_first(self, stats: RoundStats) -> None:
+        n = len(self.device.groups)
+        reqs = self._admit(self.max_prefill_tokens) if self.waiting else []
+        if reqs:
+            self._set_level(0 if self.pinned is None else self.pinned)
+            stats.split = (self.device.units, 0)
+            state = self.executor.prefill_begin(reqs)
+            work = self.executor.prefill(state, reqs, 0, self.num_layers)
+            stats.flops += work.flops
+            stats.bytes += work.bytes
+            self._join_decode(reqs, self.device.run_whole(work), stats)
+        elif self.running:
+            self._set_level(n - 1 if self.pinned is None else self.pinned)
+            stats.split = (0, self.device.units)
+            self._decode(stats, whole=True)
+
+    def _step_chunked(self, stats: RoundStats) -> None:
+        if self.chunk_req is None and self.waiting:
+            reqs = self._admit(None)
+            if reqs:
+                self.chunk_req = reqs[0]
+        req = self.chunk_req
+        if req is None and not self.running:
+            return
+        n = min(self.config.chunk_size, req.prompt_len - req.prefilled) if req else 0
+        batch = list(self.running)
+        work = self.executor.chunk(batch, req, n)
+        stats.split = (self.device.units, self.device.units)
+        t0 = self.device.now()
+        tokens, first = self.device.run_whole(work)
+        now = self.device.now()
+        stats.flops += work.flops
+        stats.bytes += work.bytes
+        if batch:
+            stats.decode_s, stats.decode_bs = now - t0, len(batch)
+        for r, tok in zip(batch, tokens):
+            self._emit(r, tok, now, stats)
+        self.running = [r for r in self.running if not r.finished]
+        if req is not None:
+            req.prefilled += n
+            if first is not None:
+                self.chunk_req = None
+                self._join_decode([req], [first], stats)
+
+    # -- the round -------------------------------------------------------------------------
+    def step(self) -> tuple[RoundRecord, list[RequestRecord]]:
+        t0 = self.device.now()
+        stats = RoundStats()
+        if self.policy == "pdmux":
+            self._step_pdmux(stats)
+        elif self.policy == "chunked":
+            self._step_chunked(stats)
+        else:
+            self._step_prefill_first(stats)
+        now = self.device.now()
+        p_units, d_units = stats.split if stats.split is not None else self.device.split
+        used, capacity = self.executor.kv_usage()
+        record = RoundRecord(
+            index=self.round_index, time=now, policy=self.policy, level=self.device.level,
+            prefill_units=p_units, decode_units=d_units, pinned=self.pinned is not None,
+            decode_bs=stats.decode_bs, decode_step_s=stats.decode_s, round_s=now - t0,
+            prefills=self._progress(), tokens_emitted=stats.tokens, waiting=len(self.waiting),
+            running=len(self.running), kv_used_tokens=used, kv_capacity_tokens=capacity,
+            bytes_moved=stats.bytes, flops=stats.flops,
+        )
+        self.round_index += 1
+        return record, stats.requests
+
+    def _progress(self) -> list[PrefillProgress]:
+        L = self.num_layers
+        if self.prefill is not None:
+            pf = self.prefill
+            return [PrefillProgress([r.id for r in pf.reqs], pf.tokens, pf.layers_done, L, pf.layers_per_round)]
+        if self.chunk_req is not None:
+            r = self.chunk_req
+            return [PrefillProgress([r.id], r.prompt_len, L * r.prefilled // r.prompt_len, L, 0)]
+        return []
+
+    # -- changes at a round boundary ---------------------------------------------------------
+    def set_table(self, table: SplitTable) -> None:
+        """New levels (manual divisions, sm_group_num); the level is chosen again next round."""
+        self.table = table
+        self.device.set_groups(table.groups)
+        if self.pinned is not None and self.pinned >= len(table.groups):
+            self.pinned = None
