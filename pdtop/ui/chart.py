@@ -1,0 +1,92 @@
+"""Block charts and bars as Rich Text, sized to a panel.
+
+Pure functions of numbers and colours, so they are easy to test and cheap to call
+on every repaint.
+"""
+from __future__ import annotations
+
+from rich.text import Text
+
+EIGHTHS = " ▁▂▃▄▅▆▇█"
+
+
+def block_chart(
+    values: list[float | None],
+    height: int,
+    top: float,
+    colour: str,
+    line: float | None = None,
+    line_colour: str = "red",
+    grid_colour: str = "grey30",
+) -> list[Text]:
+    """Columns of eighth blocks, one per value, `height` rows tall, scaled so `top` fills it.
+
+    `line` (e.g. an SLO) is drawn as a dashed row at its height, and columns whose value
+    is above it are drawn in `line_colour`. Missing values (None) are blank columns.
+    Returns the rows top first.
+    """
+    height = max(1, height)
+    cells = height * 8
+    top = top if top > 0 else 1.0
+    line_row = None
+    if line is not None and 0 < line <= top:
+        line_row = min(height - 1, int(line / top * height))  # row index from the bottom
+    rows = [Text() for _ in range(height)]
+    for value in values:
+        filled = 0 if value is None else max(0, min(cells, round(value / top * cells)))
+        if value is not None and value > 0 and filled == 0:
+            filled = 1  # a non-zero value is always visible
+        style = line_colour if (line is not None and value is not None and value > line) else colour
+        for r in range(height):  # r: row from the bottom
+            part = filled - r * 8
+            row = rows[height - 1 - r]
+            if part >= 8:
+                row.append("█", style)
+            elif part > 0:
+                row.append(EIGHTHS[part], style)
+            elif r == line_row:
+                row.append("╌", line_colour)
+            else:
+                row.append(" ")
+    return rows
+
+
+def sparkline(values: list[float | None], top: float, colour: str) -> Text:
+    """One row of eighth blocks."""
+    return block_chart(values, 1, top, colour)[0]
+
+
+def split_bar(prefill: int, decode: int, width: int, prefill_colour: str, decode_colour: str,
+              idle_colour: str = "grey30") -> Text:
+    """A bar of `width` cells: prefill's share on the left, decode's on the right."""
+    total = prefill + decode
+    text = Text()
+    if width <= 0:
+        return text
+    if total <= 0:
+        return text.append("░" * width, idle_colour)
+    p_cells = round(prefill / total * width)
+    if prefill > 0 and p_cells == 0:
+        p_cells = 1
+    if decode > 0 and p_cells == width:
+        p_cells = width - 1
+    text.append("█" * p_cells, prefill_colour)
+    text.append("█" * (width - p_cells), decode_colour)
+    return text
+
+
+def fill_bar(fraction: float | None, width: int, colour: str, empty_colour: str = "grey30") -> Text:
+    """A progress bar of `width` cells with eighth-block precision."""
+    text = Text()
+    if width <= 0:
+        return text
+    fraction = 0.0 if fraction is None else max(0.0, min(1.0, fraction))
+    eighths = round(fraction * width * 8)
+    full, part = divmod(eighths, 8)
+    text.append("█" * full, colour)
+    if full < width:
+        partial_chars = " ▏▎▍▌▋▊▉"
+        if part:
+            text.append(partial_chars[part], colour)
+        text.append("░" * (width - full - (1 if part else 0)), empty_colour)
+    return text

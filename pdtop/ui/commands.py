@@ -1,0 +1,205 @@
+"""The one command table: it drives the footer bindings, the help screen and the palette.
+
+A command either builds a control message for the engine/server (`build`), or runs a
+local app action (`action`, e.g. theme, SLO, replay transport). Commands that take a
+value (`arg`) prompt for it first; `parse` turns the typed text into the value and
+raises ValueError with a readable message.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from pdtop.ui.state import DashboardState
+
+POLICIES = ("pdmux", "chunked", "prefill-first")
+SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
+
+
+@dataclass(frozen=True)
+class Arg:
+    """A value the operator types before the command runs."""
+
+    prompt: str
+    parse: Callable[[str], Any]
+    default: Callable[[DashboardState], str] = lambda state: ""
+
+
+@dataclass(frozen=True)
+class Command:
+    id: str
+    key: str  # Textual key name ("plus", "question_mark", "R")
+    description: str
+    build: Callable[[DashboardState, Any], dict[str, Any]] | None = None  # the control message
+    needs_write: bool = False  # refused (and hidden) on read-only connections
+    mode: str = "live"  # "live" | "replay" | "any"
+    arg: Arg | None = None
+    action: str | None = None  # local app action (method `action_<name>(value)`)
+    key_display: str | None = None
+    footer: bool = True  # shown in the footer (all are in help and the palette)
+
+    def available(self, replay: bool) -> bool:
+        return self.mode == "any" or (self.mode == "replay") == replay
+
+
+# ---- value parsers ------------------------------------------------------------------------
+
+def parse_int(text: str, low: int = 1) -> int:
+    try:
+        value = int(text.strip().replace("_", ""))
+    except ValueError:
+        raise ValueError(f"not a whole number: {text!r}") from None
+    if value < low:
+        raise ValueError(f"must be at least {low}: {value}")
+    return value
+
+
+def parse_float(text: str, low: float = 0.0) -> float:
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise ValueError(f"not a number: {text!r}") from None
+    if value < low:
+        raise ValueError(f"must be at least {low}: {value}")
+    return value
+
+
+def parse_divisions(text: str) -> list[list[int]]:
+    """`[[112, 20, 1], [104, 28, 12]]` (JSON) or `112 20 1; 104 28 12`; empty clears them."""
+    text = text.strip()
+    if not text:
+        return []
+    if text.startswith("["):
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"not a JSON list: {exc.msg}") from None
+    else:
+        rows = [row.replace(",", " ").split() for row in text.split(";") if row.strip()]
+    try:
+        out = [[int(x) for x in row] for row in rows]
+    except (TypeError, ValueError):
+        raise ValueError("each division is three whole numbers: prefill units, decode units, decode batch threshold") from None
+    if any(len(row) != 3 for row in out):
+        raise ValueError("each division is three whole numbers: prefill units, decode units, decode batch threshold")
+    return out
+
+
+def parse_policy(text: str) -> str:
+    value = text.strip()
+    if not value:
+        raise ValueError(f"choose one of {', '.join(POLICIES)}")
+    return value  # the engine validates it, so a typo shows the engine's own reason
+
+
+def parse_slo_ms(text: str) -> float | None:
+    """ITL SLO in milliseconds; empty or 0 removes the line. Returns seconds."""
+    text = text.strip().removesuffix("ms").strip()
+    if not text or float(text) == 0:
+        return None
+    return parse_float(text, low=0.001) / 1e3
+
+
+def parse_seconds(text: str) -> float:
+    """A replay position: seconds (`42.5`) or `m:ss`."""
+    text = text.strip()
+    try:
+        if ":" in text:
+            minutes, seconds = text.split(":", 1)
+            return int(minutes) * 60 + float(seconds)
+        return float(text)
+    except ValueError:
+        raise ValueError(f"not a time: {text!r} (seconds or m:ss)") from None
+
+
+# ---- message builders ------------------------------------------------------------------------
+
+def _level_step(delta: int) -> Callable[[DashboardState, Any], dict[str, Any]]:
+    def build(state: DashboardState, _value: Any) -> dict[str, Any]:
+        n = len(state.levels)
+        if n == 0 or state.level is None:
+            raise ValueError("no split level known yet")
+        target = state.level + delta
+        if not 0 <= target < n:
+            raise ValueError(f"already at level {state.level} (levels 0..{n - 1})")
+        return {"cmd": "pin_level", "level": target}
+
+    return build
+
+
+def _set(key: str) -> Callable[[DashboardState, Any], dict[str, Any]]:
+    return lambda state, value: {"cmd": "set", key: value}
+
+
+def _workload_toggle(state: DashboardState, _value: Any) -> dict[str, Any]:
+    paused = bool(state.config.get("workload_paused", False))
+    return {"cmd": "resume_workload" if paused else "pause_workload"}
+
+
+def _record_toggle(state: DashboardState, value: Any) -> dict[str, Any]:
+    if state.recording:
+        return {"cmd": "record_stop"}
+    return {"cmd": "record_start", "path": value}
+
+
+def _config_default(key: str, fallback: str = "") -> Callable[[DashboardState], str]:
+    def default(state: DashboardState) -> str:
+        value = state.config.get(key)
+        if value is None:
+            return fallback
+        return json.dumps(value) if isinstance(value, list) else str(value)
+
+    return default
+
+
+def _record_arg_default(state: DashboardState) -> str:
+    return "pdtop-recording.ndjson"
+
+
+COMMANDS: list[Command] = [
+    # live: the engine's split
+    Command("level_up", "plus", "level up: more units to decode (pins)", _level_step(+1), True, key_display="+"),
+    Command("level_down", "minus", "level down: more units to prefill (pins)", _level_step(-1), True, key_display="-"),
+    Command("auto_level", "a", "automatic level choice", lambda s, v: {"cmd": "auto_level"}, True),
+    Command("decode_bs_divisor", "d", "set decode_bs_divisor", _set("decode_bs_divisor"), True,
+            arg=Arg("decode_bs_divisor (decode requests per level step)", parse_int, _config_default("decode_bs_divisor"))),
+    Command("manual_divisions", "m", "edit manual_divisions", _set("manual_divisions"), True,
+            arg=Arg("manual_divisions: [[prefill, decode, decode_bs_threshold], ...] or `p d t; p d t` (empty: none)",
+                    parse_divisions, _config_default("manual_divisions", "[]")), footer=False),
+    Command("budget", "b", "set split_forward_token_budget", _set("split_forward_token_budget"), True,
+            arg=Arg("split_forward_token_budget (tokens x layers per prefill round)", parse_int,
+                    _config_default("split_forward_token_budget")), footer=False),
+    Command("chunk_size", "c", "set chunk size (chunked policy)", _set("chunk_size"), True,
+            arg=Arg("chunk_size (prompt tokens per chunked step)", parse_int, _config_default("chunk_size")), footer=False),
+    Command("policy", "p", "set policy", _set("policy"), True,
+            arg=Arg(f"policy ({' | '.join(POLICIES)})", parse_policy, _config_default("policy", "pdmux"))),
+    # live: the workload
+    Command("inject", "i", "inject a long prompt", lambda s, v: {"cmd": "inject", "prompt_tokens": v}, True,
+            arg=Arg("prompt tokens of the injected request", parse_int, lambda s: "8192")),
+    Command("workload_rate", "r", "set workload rate (requests/s)", _set("workload_rate"), True,
+            arg=Arg("workload_rate (requests per second)", parse_float, _config_default("workload_rate")), footer=False),
+    Command("workload_toggle", "w", "pause / resume the workload", _workload_toggle, True),
+    Command("record", "R", "start / stop recording (on the server)", _record_toggle, True,
+            arg=None, key_display="R"),
+    # replay transport
+    Command("play_pause", "space", "play / pause", mode="replay", action="replay_toggle", key_display="space"),
+    Command("step", "full_stop", "step one round (paused)", mode="replay", action="replay_step", key_display="."),
+    Command("seek_back", "left", "seek back 5 s", mode="replay", action="replay_seek_relative(-5)", key_display="←"),
+    Command("seek_forward", "right", "seek forward 5 s", mode="replay", action="replay_seek_relative(5)", key_display="→"),
+    Command("seek_to", "g", "go to a time", mode="replay", action="replay_seek",
+            arg=Arg("go to (seconds or m:ss)", parse_seconds, lambda s: "0"), footer=False),
+    Command("slower", "less_than_sign", "slower (down to 0.25x)", mode="replay", action="replay_speed(-1)", key_display="<"),
+    Command("faster", "greater_than_sign", "faster (up to 16x)", mode="replay", action="replay_speed(1)", key_display=">"),
+    # both
+    Command("itl_slo", "s", "set the ITL SLO line (ms)", mode="any", action="set_slo",
+            arg=Arg("ITL SLO in ms (empty or 0: none)", parse_slo_ms,
+                    lambda s: f"{s.itl_slo_s * 1e3:g}" if s.itl_slo_s else ""), footer=False),
+    Command("theme", "t", "next theme", mode="any", action="next_theme", footer=False),
+    Command("help", "question_mark", "help: keys and commands", mode="any", action="help", key_display="?"),
+    Command("quit", "q", "quit", mode="any", action="quit"),
+]
+
+BY_ID: dict[str, Command] = {c.id: c for c in COMMANDS}
+assert len(BY_ID) == len(COMMANDS), "duplicate command ids"
+assert len({c.key for c in COMMANDS}) == len(COMMANDS), "duplicate command keys"

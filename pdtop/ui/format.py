@@ -1,0 +1,64 @@
+"""Number formatting shared by the panels."""
+from __future__ import annotations
+
+
+def ms(seconds: float | None) -> str:
+    """Seconds as milliseconds, 3 significant figures: 0.00912 -> '9.12 ms'."""
+    if seconds is None:
+        return "–"
+    value = seconds * 1e3
+    if value >= 100:
+        return f"{value:.0f} ms"
+    if value >= 10:
+        return f"{value:.1f} ms"
+    return f"{value:.2f} ms"
+
+
+def duration(seconds: float | None) -> str:
+    """A human duration: '850 ms', '12.3 s', '2m05s'."""
+    if seconds is None:
+        return "–"
+    if seconds < 1:
+        return ms(seconds)
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, sec = divmod(int(round(seconds)), 60)
+    return f"{minutes}m{sec:02d}s"
+
+
+def clock(seconds: float | None) -> str:
+    """A position on a timeline: 'm:ss.s'."""
+    if seconds is None:
+        return "–:––"
+    minutes, sec = divmod(max(0.0, seconds), 60)
+    return f"{int(minutes)}:{sec:04.1f}"
+
+
+def rate_bytes(bytes_per_s: float | None) -> str:
+    """Bytes per second as GB/s or TB/s (decimal units)."""
+    if bytes_per_s is None:
+        return "–"
+    if bytes_per_s >= 1e12:
+        return f"{bytes_per_s / 1e12:.2f} TB/s"
+    if bytes_per_s >= 1e9:
+        return f"{bytes_per_s / 1e9:.1f} GB/s"
+    return f"{bytes_per_s / 1e6:.1f} MB/s"
+
+
+def count(n: float | None) -> str:
+    """Counts and rates: 950, 12.3k, 4.5M."""
+    if n is None:
+        return "–"
+    if abs(n) >= 1e6:
+        return f"{n / 1e6:.1f}M"
+    if abs(n) >= 1e4:
+        return f"{n / 1e3:.0f}k"
+    if abs(n) >= 1e3:
+        return f"{n / 1e3:.1f}k"
+    if isinstance(n, float) and n != int(n):
+        return f"{n:.1f}"
+    return f"{int(n)}"
+
+
+def percent(fraction: float | None) -> str:
+    return "–" if fraction is None else f"{fraction * 100:.0f}%"

@@ -1,0 +1,1 @@
+"""The dashboard's panels, one widget per file. Each repaints from a `DashboardState`."""
