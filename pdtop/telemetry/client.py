@@ -1,0 +1,142 @@
+"""`LiveSource`: a `Source` reading a `pdtop serve` websocket, reconnecting with backoff.
+
+`events()` yields every event (each connection starts with its `hello`) and is also what
+delivers replies to `send()`, so keep iterating it while sending. State goes
+"connecting" -> "live" (after hello) -> "reconnecting" (connection lost) -> "live" ...,
+and "closed" after `close()` or a fatal error (a bad URL, an HTTP error status).
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import random
+from typing import Any, AsyncIterator, Generator
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+
+from pdtop.telemetry.frames import WIRE_MAX_SIZE
+from pdtop.telemetry.source import ControlRefused
+
+
+def reconnect_delays(first: float = 0.2, cap: float = 5.0) -> Generator[float, None, None]:
+    """0.2 s, 0.4 s, ... doubling to 5 s, each with +-25% jitter."""
+    delay = first
+    while True:
+        yield delay * random.uniform(0.75, 1.25)
+        delay = min(cap, delay * 2)
+
+
+def with_token(url: str, token: str | None) -> str:
+    if not token:
+        return url
+    parts = urlsplit(url)
+    query = [(k, v) for k, v in parse_qsl(parts.query) if k != "token"] + [("token", token)]
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
+class LiveSource:
+    """`token` goes in the URL query (`?token=`); without the server's token the connection
+    is read-only (hello says so) and `send` refuses locally, as it does with `readonly=True`."""
+
+    def __init__(self, url: str, token: str | None = None, readonly: bool = False, *,
+                 reply_timeout: float = 10.0, open_timeout: float = 5.0) -> None:
+        if not url.startswith(("ws://", "wss://")):
+            raise ValueError(f"not a websocket URL (ws://HOST:PORT): {url!r}")
+        self.url = url
+        self._connect_url = with_token(url, token)
+        self.want_readonly = readonly
+        self.readonly = readonly
+        self.state = "connecting"
+        self.hello: dict[str, Any] | None = None
+        self.connections = 0  # how many times a connection delivered its hello
+        self.reply_timeout = reply_timeout
+        self.open_timeout = open_timeout
+        self._ws: ClientConnection | None = None
+        self._pending: dict[str, asyncio.Future] = {}
+        self._ids = itertools.count(1)
+        self._closed = False
+
+    async def events(self) -> AsyncIterator[dict[str, Any]]:
+        try:
+            async for ws in connect(self._connect_url, compression=None, max_size=WIRE_MAX_SIZE,
+                                    open_timeout=self.open_timeout, reconnect_delays=reconnect_delays):
+                if self._closed:
+                    await ws.close()
+                    return
+                self._ws = ws
+                try:
+                    async for frame in ws:
+                        event = self._accept(frame)
+                        if event is not None:
+                            yield event
+                except ConnectionClosed:
+                    pass
+                finally:
+                    self._ws = None
+                    self._fail_pending("connection lost")
+                if self._closed:
+                    return
+                self.state = "reconnecting"
+        finally:
+            self.state = "closed"
+            self._fail_pending("source closed")
+
+    def _accept(self, frame: str | bytes) -> dict[str, Any] | None:
+        try:
+            event = json.loads(frame)
+        except ValueError:
+            return None
+        if not isinstance(event, dict):
+            return None
+        kind = event.get("type")
+        if kind == "hello":
+            self.hello = event
+            self.readonly = self.want_readonly or bool(event.get("readonly"))
+            self.state = "live"
+            self.connections += 1
+        elif kind == "reply":
+            future = self._pending.pop(str(event.get("id")), None)
+            if future is not None and not future.done():
+                future.set_result(event)
+        return event
+
+    async def send(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Send one control message; the reply (ok true) is returned, a refusal raises."""
+        if self.readonly:
+            raise ControlRefused(None, "read-only connection")
+        ws = self._ws
+        if ws is None or self.state != "live":
+            raise ControlRefused(None, f"not connected ({self.state})")
+        msg = dict(msg)
+        msg_id = str(msg.get("id") or f"m{next(self._ids)}")
+        msg["id"] = msg_id
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._pending[msg_id] = future
+        try:
+            await ws.send(json.dumps(msg))
+            reply = await asyncio.wait_for(future, self.reply_timeout)
+        except ConnectionClosed:
+            raise ControlRefused(None, "connection lost") from None
+        except asyncio.TimeoutError:
+            raise ControlRefused(None, f"no reply within {self.reply_timeout:g} s") from None
+        finally:
+            self._pending.pop(msg_id, None)
+        if not reply.get("ok"):
+            error = reply.get("error") or {}
+            raise ControlRefused(error.get("field"), str(error.get("reason") or "refused"))
+        return reply
+
+    def _fail_pending(self, reason: str) -> None:
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(ControlRefused(None, reason))
+        self._pending.clear()
+
+    async def close(self) -> None:
+        self._closed = True
+        self.state = "closed"
+        if self._ws is not None:
+            await self._ws.close()

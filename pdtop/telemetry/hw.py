@@ -1,0 +1,85 @@
+"""Hardware sampler: a daemon thread that publishes an `hw` event about once a second.
+
+Host metrics come from psutil. GPU metrics come from `pdtop.telemetry.nvml_sampler`
+when that module exists and NVML is available; a missing module, library or device
+only leaves the GPU fields out (or "n/a"), it never stops the sampler.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+import psutil
+
+from pdtop.telemetry.events import hw_event
+
+log = logging.getLogger("pdtop.telemetry.hw")
+
+
+def host_metrics() -> dict[str, Any]:
+    """CPU % per core since the previous call, and memory in bytes."""
+    mem = psutil.virtual_memory()
+    return {
+        "cpu_percent": psutil.cpu_percent(percpu=True),
+        "mem_used_bytes": mem.total - mem.available,
+        "mem_total_bytes": mem.total,
+        "mem_percent": mem.percent,
+    }
+
+
+def _nvml_sampler() -> Any | None:
+    try:
+        from pdtop.telemetry.nvml_sampler import NvmlSampler
+    except ImportError:
+        return None
+    try:
+        sampler = NvmlSampler()
+        return sampler if getattr(sampler, "available", False) else None
+    except Exception as exc:  # a broken driver must not stop telemetry
+        log.info("NVML unavailable: %s", exc)
+        return None
+
+
+class HwSampler:
+    """Calls `publish(event)` every `interval` seconds until `stop()`."""
+
+    def __init__(self, publish: Callable[[dict[str, Any]], None], interval: float = 1.0, *,
+                 gpu: bool = True) -> None:
+        self.publish = publish
+        self.interval = interval
+        self._gpu = _nvml_sampler() if gpu else None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="pdtop-hw-sampler", daemon=True)
+
+    @property
+    def gpu_available(self) -> bool:
+        return self._gpu is not None
+
+    def sample(self) -> dict[str, Any]:
+        metrics = host_metrics()
+        if self._gpu is not None:
+            try:
+                metrics["gpu"] = self._gpu.sample()
+            except Exception as exc:
+                metrics["gpu"] = "n/a"
+                log.debug("NVML sample failed: %s", exc)
+        return hw_event(time.time(), metrics)
+
+    def start(self) -> "HwSampler":
+        psutil.cpu_percent(percpu=True)  # prime: the first reading is against this one
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=2 * self.interval + 1)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.publish(self.sample())
+            except Exception:
+                log.exception("hw sample")

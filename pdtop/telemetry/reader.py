@@ -1,0 +1,136 @@
+"""Read a recording written by `Recorder` (plain or gzip, detected by content).
+
+Tolerant by design: a gzip stream without its end (the writer was killed) is read up to
+the last flush, a truncated last line is dropped (`truncated`), and lines that are not
+`{"t": number, "event": {"type": ...}}` are skipped and counted (`skipped`). A file that
+is not a recording at all raises `RecordingError` with a one-line reason.
+
+Events are kept as their JSON text and parsed on access, so a long recording costs
+about its own size in memory.
+"""
+from __future__ import annotations
+
+import json
+import zlib
+from array import array
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from pdtop.telemetry.recorder import FORMAT, FORMAT_VERSION, RecordingError
+
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+@dataclass
+class Recording:
+    path: Path
+    header: dict[str, Any]
+    times: array = field(default_factory=lambda: array("d"))  # seconds since start, non-decreasing
+    types: list[str] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)  # the raw line of each event
+    skipped: int = 0  # unparseable lines skipped
+    truncated: bool = False  # the last line was cut off (the writer was killed mid-line)
+
+    @property
+    def hello(self) -> dict[str, Any]:
+        return self.header["hello"]
+
+    @property
+    def duration(self) -> float:
+        return self.times[-1] if self.times else 0.0
+
+    def __len__(self) -> int:
+        return len(self.lines)
+
+    def event(self, i: int) -> dict[str, Any]:
+        return json.loads(self.lines[i])["event"]
+
+    def __iter__(self) -> Iterator[tuple[float, dict[str, Any]]]:
+        for i in range(len(self.lines)):
+            yield self.times[i], self.event(i)
+
+
+def _decompress_tolerant(data: bytes) -> bytes:
+    """Gzip members in sequence; stops quietly at a missing end or a corrupt tail."""
+    out = []
+    while data:
+        d = zlib.decompressobj(wbits=31)
+        try:
+            out.append(d.decompress(data))
+        except zlib.error:
+            break
+        if not d.eof:
+            break  # the writer never finished this member: keep what was flushed
+        data = d.unused_data
+        if not data.startswith(_GZIP_MAGIC):
+            break
+    return b"".join(out)
+
+
+def read_recording(path: str | Path) -> Recording:
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise RecordingError(f"cannot read recording {str(path)!r}: {exc.strerror or exc}") from None
+    if data.startswith(_GZIP_MAGIC):
+        data = _decompress_tolerant(data)
+    text = data.decode("utf-8", errors="replace")
+    lines = text.split("\n")
+    ends_with_newline = text.endswith("\n")
+    if ends_with_newline:
+        lines.pop()
+    header = _parse_header(path, lines[0] if lines else "")
+    rec = Recording(path=path, header=header)
+    last_t = 0.0
+    n = len(lines)
+    for i in range(1, n):
+        line = lines[i]
+        if not line.strip():
+            continue
+        parsed = _parse_line(line)
+        if parsed is None:
+            if i == n - 1 and not ends_with_newline:
+                rec.truncated = True
+            else:
+                rec.skipped += 1
+            continue
+        t, type_ = parsed
+        last_t = max(last_t, t)
+        rec.times.append(last_t)
+        rec.types.append(type_)
+        rec.lines.append(line)
+    return rec
+
+
+def _parse_header(path: Path, line: str) -> dict[str, Any]:
+    not_rec = f"{str(path)!r} is not a pdtop recording"
+    try:
+        header = json.loads(line)
+    except ValueError:
+        raise RecordingError(f"{not_rec} (its first line is not a JSON header)") from None
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise RecordingError(f'{not_rec} (no "format": "{FORMAT}" header)')
+    version = header.get("format_version")
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise RecordingError(f"{str(path)!r} has recording format version {version!r}; "
+                             f"this pdtop reads up to {FORMAT_VERSION}")
+    if not isinstance(header.get("hello"), dict):
+        raise RecordingError(f"{not_rec} (its header has no hello event)")
+    return header
+
+
+def _parse_line(line: str) -> tuple[float, str] | None:
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict):
+        return None
+    t, event = obj.get("t"), obj.get("event")
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or t != t:
+        return None
+    if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+        return None
+    return float(t), event["type"]

@@ -1,0 +1,184 @@
+"""`ReplaySource`: a recording played back as a read-only `Source`.
+
+Events come out at their recorded times scaled by `speed`. `pause`, `resume`, `step`
+(release everything up to and including the next `round`), `seek(t)` and the `speed`
+setter may be called at any time from the event loop's thread. After a seek the next
+event is `{"type": "seek", "v": 1, "position": t, "config": {...}}` (the configuration
+in force at `t`), so a consumer can reset what it accumulated.
+"""
+from __future__ import annotations
+
+import asyncio
+import bisect
+import time
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable
+
+from pdtop.telemetry.events import PROTOCOL_VERSION
+from pdtop.telemetry.reader import Recording, read_recording
+from pdtop.telemetry.source import ControlRefused
+
+MIN_SPEED, MAX_SPEED = 0.25, 16.0
+
+
+class ReplaySource:
+    state = "replay"
+    readonly = True
+
+    def __init__(self, path: str | Path, *, speed: float = 1.0, hold_at_end: bool = True,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """Reads the whole file now (raises `RecordingError`). With `hold_at_end`, `events()`
+        waits at the end for a seek or `close()`; otherwise it finishes there."""
+        self.recording: Recording = read_recording(path)
+        self.hold_at_end = hold_at_end
+        self._speed = _check_speed(speed)
+        self._cursor = 0  # index of the next event to emit
+        self._pos = 0.0  # recording time at the anchor
+        self._clock = clock
+        self._anchor: float | None = clock()  # wall time of the anchor; None while paused
+        self._step_to: int | None = None  # while stepping: emit through this index
+        self._seek_marker: dict[str, Any] | None = None
+        self._closed = False
+        self._changed = asyncio.Event()
+        self._config_idx = [i for i, t in enumerate(self.recording.types) if t == "config"]
+
+    # -- what the dashboard shows ------------------------------------------------------
+    @property
+    def duration(self) -> float:
+        return self.recording.duration
+
+    @property
+    def skipped(self) -> int:
+        return self.recording.skipped
+
+    @property
+    def paused(self) -> bool:
+        return self._anchor is None
+
+    @property
+    def at_end(self) -> bool:
+        return self._cursor >= len(self.recording)
+
+    @property
+    def position(self) -> float:
+        """Seconds into the recording."""
+        if self._anchor is None:
+            return self._pos
+        return min(self.duration, self._pos + (self._clock() - self._anchor) * self._speed)
+
+    @property
+    def speed(self) -> float:
+        return self._speed
+
+    @speed.setter
+    def speed(self, value: float) -> None:
+        value = _check_speed(value)
+        self._rebase()
+        self._speed = value
+        self._changed.set()
+
+    # -- controls --------------------------------------------------------------------
+    def pause(self) -> None:
+        if self._anchor is not None:
+            self._pos = self.position
+            self._anchor = None
+            self._changed.set()
+
+    def resume(self) -> None:
+        if self._anchor is None:
+            self._step_to = None
+            self._anchor = self._clock()
+            self._changed.set()
+
+    def step(self) -> None:
+        """Pause, then release the events up to and including the next `round`."""
+        self.pause()
+        types = self.recording.types
+        i = self._cursor
+        while i < len(types) and types[i] != "round":
+            i += 1
+        self._step_to = min(i, len(types) - 1)
+        self._changed.set()
+
+    def seek(self, t: float) -> None:
+        t = min(max(0.0, float(t)), self.duration)
+        self._cursor = bisect.bisect_left(self.recording.times, t)
+        self._pos = t
+        if self._anchor is not None:
+            self._anchor = self._clock()
+        self._step_to = None
+        self._seek_marker = {"type": "seek", "v": PROTOCOL_VERSION, "position": t, "config": self._config_at()}
+        self._changed.set()
+
+    def close(self) -> None:
+        self._closed = True
+        self._changed.set()
+
+    async def send(self, msg: dict[str, Any]) -> dict[str, Any]:
+        raise ControlRefused(None, "a replay is read-only")
+
+    # -- the stream ------------------------------------------------------------------
+    async def events(self) -> AsyncIterator[dict[str, Any]]:
+        yield self.recording.hello
+        if self._anchor is not None:  # the clock starts when playback does
+            self._anchor = self._clock()
+        rec = self.recording
+        burst = 0
+        while not self._closed:
+            if self._seek_marker is not None:
+                marker, self._seek_marker = self._seek_marker, None
+                yield marker
+                continue
+            if self._cursor >= len(rec):
+                self._pos, self._anchor = self.duration, (None if self._anchor is None else self._clock())
+                if not self.hold_at_end:
+                    return
+                await self._wait(None)
+                continue
+            i = self._cursor
+            if self._step_to is not None and i <= self._step_to:
+                due = True
+            elif self._anchor is None:
+                self._step_to = None
+                await self._wait(None)
+                continue
+            else:
+                wait = (rec.times[i] - self.position) / self._speed
+                due = wait <= 0
+                if not due:
+                    await self._wait(wait)
+                    continue
+            event = rec.event(i)
+            self._cursor = i + 1
+            if self._anchor is None:  # stepping: position follows the released events
+                self._pos = rec.times[i]
+            yield event
+            burst += 1
+            if burst >= 256:  # a long catch-up still lets the loop breathe
+                burst = 0
+                await asyncio.sleep(0)
+
+    async def _wait(self, timeout: float | None) -> None:
+        self._changed.clear()
+        try:
+            await asyncio.wait_for(self._changed.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+
+    def _rebase(self) -> None:
+        if self._anchor is not None:
+            self._pos = self.position
+            self._anchor = self._clock()
+
+    def _config_at(self) -> dict[str, Any]:
+        k = bisect.bisect_left(self._config_idx, self._cursor) - 1
+        if k >= 0:
+            return dict(self.recording.event(self._config_idx[k]).get("config") or {})
+        return dict(self.recording.hello.get("engine", {}).get("config") or {})
+
+
+def _check_speed(value: float) -> float:
+    value = float(value)
+    if not MIN_SPEED <= value <= MAX_SPEED:
+        raise ValueError(f"speed must be between {MIN_SPEED:g} and {MAX_SPEED:g}, got {value:g}")
+    return value

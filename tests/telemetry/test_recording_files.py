@@ -1,0 +1,99 @@
+"""Recorder and reader on real files: header, events, gzip, truncation, bad input."""
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+from pdtop.telemetry.reader import read_recording
+from pdtop.telemetry.recorder import Recorder, RecordingError
+
+HELLO = {"type": "hello", "v": 1, "client_id": "recorder", "readonly": True, "engine": {"config": {"x": 1}}}
+
+
+def _event(i: int) -> dict:
+    return {"type": "round", "v": 1, "index": i, "time": i * 0.01}
+
+
+@pytest.mark.parametrize("name", ["rec.ndjson", "rec.ndjson.gz"])
+def test_round_trip(tmp_path, name):
+    path = tmp_path / name
+    rec = Recorder(path, HELLO)
+    for i in range(50):
+        rec.write(json.dumps(_event(i)), t=i * 0.1)
+    rec.close()
+    got = read_recording(path)
+    assert got.header["format"] == "pdtop-recording" and got.header["format_version"] == 1
+    assert got.hello == HELLO
+    assert [e["index"] for _, e in got] == list(range(50))
+    assert got.times[-1] == pytest.approx(4.9) and got.duration == pytest.approx(4.9)
+    assert got.skipped == 0 and not got.truncated
+    if name.endswith(".gz"):
+        assert path.read_bytes()[:2] == b"\x1f\x8b"
+
+
+def test_gzip_without_trailer_is_readable_up_to_last_flush(tmp_path):
+    """What SIGKILL leaves: flushed data and no gzip end."""
+    path = tmp_path / "killed.ndjson.gz"
+    rec = Recorder(path, HELLO)
+    for i in range(10):
+        rec.write(json.dumps(_event(i)), t=i)
+    rec.flush()
+    rec.write(json.dumps(_event(10)), t=10)  # never flushed: may be lost
+    data = path.read_bytes()  # the file as a killed process leaves it (no close)
+    killed = tmp_path / "copy.ndjson.gz"
+    killed.write_bytes(data)
+    with pytest.raises(EOFError):
+        gzip.decompress(data)  # the standard reader rejects it ...
+    got = read_recording(killed)  # ... ours does not
+    assert [e["index"] for _, e in got][:10] == list(range(10))
+    rec.close()
+
+
+def test_truncated_last_line_and_garbage_lines(tmp_path):
+    path = tmp_path / "r.ndjson"
+    rec = Recorder(path, HELLO)
+    rec.write(json.dumps(_event(0)), t=0.0)
+    rec.close()
+    with open(path, "a") as f:
+        f.write("not json\n")
+        f.write('{"t": "soon", "event": {"type": "round"}}\n')  # t not a number
+        f.write('{"t": 1, "event": {"no_type": 1}}\n')
+        f.write('[1, 2]\n')
+        f.write(json.dumps({"t": 2.0, "event": _event(1)}) + "\n")
+        f.write('{"t": 3.0, "event": {"type": "ro')  # cut mid-line
+    got = read_recording(path)
+    assert [e["index"] for _, e in got] == [0, 1]
+    assert got.skipped == 4
+    assert got.truncated
+
+
+def test_unknown_event_types_are_kept_for_the_consumer_to_ignore(tmp_path):
+    path = tmp_path / "r.ndjson"
+    rec = Recorder(path, HELLO)
+    rec.write_event({"type": "from_the_future", "v": 1}, t=0.5)
+    rec.close()
+    assert read_recording(path).types == ["from_the_future"]
+
+
+@pytest.mark.parametrize("content, words", [
+    (b"", "not a pdtop recording"),
+    (b"hello world\n", "not a pdtop recording"),
+    (b'{"format": "asciicast"}\n', "not a pdtop recording"),
+    (b'{"format": "pdtop-recording", "format_version": 99, "hello": {}}\n', "format version 99"),
+    (b'{"format": "pdtop-recording", "format_version": 1}\n', "no hello"),
+    (b"\x1f\x8bgarbage", "not a pdtop recording"),
+])
+def test_not_a_recording(tmp_path, content, words):
+    path = tmp_path / "bad.ndjson"
+    path.write_bytes(content)
+    with pytest.raises(RecordingError, match=words):
+        read_recording(path)
+
+
+def test_missing_file_and_unwritable_path(tmp_path):
+    with pytest.raises(RecordingError, match="cannot read"):
+        read_recording(tmp_path / "nope.ndjson")
+    with pytest.raises(RecordingError, match="cannot write"):
+        Recorder(tmp_path / "no" / "dir" / "r.ndjson", HELLO)

@@ -1,0 +1,161 @@
+"""ReplaySource: same events as recorded, pause / step / seek / speed, read-only."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from pdtop.telemetry.recorder import Recorder
+from pdtop.telemetry.replay import ReplaySource
+from pdtop.telemetry.source import ControlRefused
+
+HELLO = {"type": "hello", "v": 1, "client_id": "recorder", "readonly": True,
+         "engine": {"config": {"decode_bs_divisor": 36}}}
+
+
+def _write(path, events):
+    rec = Recorder(path, HELLO)
+    for t, e in events:
+        rec.write_event(e, t=t)
+    rec.close()
+    return path
+
+
+class Pump:
+    """Reads a source on its own task, so a test can wait on `get()` with a timeout
+    (cancelling `anext` on an async generator would close it)."""
+
+    def __init__(self, src):
+        self.q: asyncio.Queue = asyncio.Queue()
+        self.task = asyncio.create_task(self._run(src))
+
+    async def _run(self, src):
+        async for e in src.events():
+            await self.q.put(e)
+
+    async def get(self, timeout=5.0):
+        return await asyncio.wait_for(self.q.get(), timeout)
+
+    async def nothing_for(self, seconds=0.3):
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(self.q.get(), seconds)
+        return True
+
+
+@pytest.fixture
+def recording(tmp_path):
+    """Rounds every 0.1 s for 2 s, a request event between rounds, a config change at 1.0 s."""
+    events = []
+    for i in range(21):
+        t = round(i * 0.1, 3)
+        events.append((t, {"type": "round", "v": 1, "index": i, "time": t}))
+        events.append((t + 0.05, {"type": "request", "v": 1, "kind": "arrival", "request_id": i}))
+        if i == 10:
+            events.append((t + 0.06, {"type": "config", "v": 1, "changes": {}, "config": {"decode_bs_divisor": 12}}))
+    return _write(tmp_path / "r.ndjson.gz", events)
+
+
+async def test_plays_everything_in_order_at_speed(recording):
+    src = ReplaySource(recording, speed=16, hold_at_end=False)
+    assert src.state == "replay" and src.readonly
+    got = [e async for e in src.events()]
+    assert got[0] == HELLO
+    rounds = [e["index"] for e in got if e["type"] == "round"]
+    assert rounds == list(range(21))
+    assert len(got) == 1 + 21 + 21 + 1
+    assert src.at_end and src.position == pytest.approx(src.duration)
+
+
+async def test_send_refuses(recording):
+    with pytest.raises(ControlRefused, match="read-only"):
+        await ReplaySource(recording).send({"cmd": "auto_level"})
+
+
+async def test_pause_then_step_releases_one_round_at_a_time(recording):
+    src = ReplaySource(recording)
+    src.pause()
+    p = Pump(src)
+    assert (await p.get())["type"] == "hello"
+    assert await p.nothing_for()  # paused: nothing comes
+    src.step()
+    assert (await p.get()) == {"type": "round", "v": 1, "index": 0, "time": 0.0}
+    src.step()  # the request between rounds, then round 1
+    assert (await p.get())["type"] == "request"
+    assert (await p.get())["index"] == 1
+    assert src.position == pytest.approx(0.1)
+    assert await p.nothing_for()
+    src.resume()
+    assert (await p.get())["type"] == "request"
+    src.close()
+    await p.task
+
+
+async def test_seek_announces_itself_with_the_config_in_force(recording):
+    src = ReplaySource(recording)
+    src.pause()
+    p = Pump(src)
+    await p.get()
+    src.seek(1.5)
+    marker = await p.get()
+    assert marker["type"] == "seek" and marker["position"] == 1.5
+    assert marker["config"] == {"decode_bs_divisor": 12}  # the change at 1.06 s
+    src.step()
+    assert (await p.get())["index"] == 15
+    src.seek(0.25)  # backwards, before the change
+    marker = await p.get()
+    assert marker["config"] == {"decode_bs_divisor": 36}
+    src.step()
+    assert (await p.get())["type"] == "request"  # 0.25 is the request after round 2
+    assert (await p.get())["index"] == 3
+    src.seek(-5)
+    assert (await p.get())["position"] == 0.0
+    src.seek(99)
+    assert (await p.get())["position"] == pytest.approx(src.duration)
+    src.close()
+    await p.task
+
+
+async def test_seek_while_playing_continues_from_there(recording):
+    src = ReplaySource(recording, speed=16, hold_at_end=False)
+    got = []
+    async for e in src.events():
+        got.append(e)
+        if e.get("index") == 3 and e["type"] == "round":
+            src.seek(1.8)
+    after = [e["index"] for e in got[got.index(next(e for e in got if e["type"] == "seek")):] if e["type"] == "round"]
+    assert after == [18, 19, 20]
+
+
+def test_speed_scales_the_clock_and_is_bounded(recording):
+    now = [100.0]
+    src = ReplaySource(recording, clock=lambda: now[0])
+    now[0] += 0.5
+    assert src.position == pytest.approx(0.5)
+    src.speed = 4
+    now[0] += 0.25
+    assert src.position == pytest.approx(1.5)
+    src.pause()
+    now[0] += 10
+    assert src.position == pytest.approx(1.5) and src.paused
+    src.resume()
+    src.speed = 0.25
+    now[0] += 1
+    assert src.position == pytest.approx(1.75)
+    for bad in (0.1, 17, 0):
+        with pytest.raises(ValueError, match="between 0.25 and 16"):
+            src.speed = bad
+    assert src.speed == 0.25
+
+
+async def test_hold_at_end_waits_for_a_seek(recording):
+    src = ReplaySource(recording, speed=16)
+    p = Pump(src)
+    for _ in range(1 + 43):
+        await p.get()
+    assert src.at_end
+    assert await p.nothing_for()
+    src.seek(1.9)
+    assert (await p.get())["type"] == "seek"
+    assert (await p.get())["index"] == 19
+    src.close()
+    await p.task
