@@ -1,0 +1,81 @@
+"""The policy benchmark: long prompts arrive while a decode batch is running.
+
+For each policy, on a fresh engine: `decode_bs` requests are prefilled and start
+decoding; a decode-only baseline is measured (every unit to decode, no prefill);
+then `long_prompts` long prompts arrive one after another, each when the previous
+one has its first token. Reported: TTFT of the long prompts, the ITLs of the decode
+requests while they arrive (pooled), the baseline ITL, and output tokens/s over
+that window. Same seed, same prompts, same scenario for every policy.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Callable
+
+from pdtop.engine.engine import Engine
+from pdtop.engine.metrics import summary_ms
+
+
+@dataclass
+class Scenario:
+    decode_bs: int
+    decode_prompt: int
+    long_tokens: int
+    long_prompts: int = 3
+    baseline_steps: int = 12
+    settle_rounds: int = 3  # decode rounds after a long prompt's first token before the next arrives
+    decode_tokens: int = 4096  # decode requests' max_tokens: enough to keep decoding through the run
+
+
+SCENARIOS = {
+    "sim": Scenario(decode_bs=32, decode_prompt=2048, long_tokens=8192),  # the seed's scenario
+    "cpu": Scenario(decode_bs=8, decode_prompt=64, long_tokens=1024, baseline_steps=8),
+    "cuda": Scenario(decode_bs=32, decode_prompt=2048, long_tokens=8192),
+}
+
+
+def run_policy(engine: Engine, sc: Scenario) -> dict:
+    budget = min(engine.executor.cfg.max_context - sc.decode_prompt, sc.decode_tokens)
+    decoders = [engine.submit(engine.prompts.make(sc.decode_prompt), budget, ignore_eos=True)
+                for _ in range(sc.decode_bs)]
+    while any(not r.token_times for r in decoders):
+        engine.step()
+    base = []
+    for _ in range(sc.baseline_steps):
+        rec = engine.step()
+        if rec.decode_bs:
+            base.append(rec.decode_step_s)
+    start = engine.device.now()
+    ttfts, longs = [], []
+    for _ in range(sc.long_prompts):
+        req = engine.submit(engine.prompts.make(sc.long_tokens), 4, ignore_eos=True)
+        longs.append(req)
+        while not req.token_times:
+            engine.step()
+        ttfts.append(req.ttft)
+        for _ in range(sc.settle_rounds):
+            engine.step()
+    end = engine.device.now()
+    if any(r.finished for r in decoders):
+        raise RuntimeError("decode requests finished before the long prompts did; raise Scenario.decode_tokens")
+    itls = [b - a for r in decoders for a, b in zip(r.token_times, r.token_times[1:]) if start < b <= end]
+    tokens = sum(1 for r in decoders + longs for t in r.token_times if start < t <= end)
+    return {
+        "ttft_ms": {k: v for k, v in summary_ms(ttfts).items() if k != "max"},
+        "itl_ms": summary_ms(itls),
+        "itl_baseline_ms": statistics.median(base) * 1e3,
+        "output_tok_s": tokens / (end - start),
+        "decode_units": engine.device.units,
+    }
+
+
+def run_bench(make_engine: Callable[[str], Engine], policies: list[str], sc: Scenario) -> dict[str, dict]:
+    results = {}
+    for policy in policies:
+        engine = make_engine(policy)
+        try:
+            results[policy] = run_policy(engine, sc)
+        finally:
+            engine.close()
+    return results
