@@ -1,0 +1,146 @@
+"""The scheduler on the simulated GPU: deterministic, follows SGLang's level rule, matches the seed."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from pdtop.engine.bench import SCENARIOS, run_policy
+from pdtop.engine.control import ControlError
+from pdtop.engine.engine import build_engine
+from pdtop.engine.estimate import estimate
+from pdtop.engine.config import synthetic_config
+from pdtop.engine.gpu_specs import parse_gpu
+from pdtop.engine.records import ConfigChange, RoundRecord
+from pdtop.engine.splits import choose, prefill_layers_per_step, stream_groups
+from pdtop.engine.workload import WorkloadSpec
+
+
+def _records(seed: int, rounds: int = 400) -> list:
+    engine = build_engine("sim:H100", workload=WorkloadSpec(rate=20, prompt_tokens=(64, 4096), seed=seed), seed=seed)
+    out: list = []
+    engine.add_sink(out.append)
+    for _ in range(rounds):
+        engine.step()
+    return out
+
+
+def test_simulated_engine_is_deterministic_for_a_seed():
+    a, b, c = _records(1), _records(1), _records(2)
+    assert a == b
+    assert a != c
+    assert sum(isinstance(r, RoundRecord) for r in a) == 400
+
+
+def test_level_follows_decode_batch_by_sglangs_rule():
+    engine = build_engine("sim:H100")
+    groups = stream_groups(132, 9)
+    for _ in range(20):
+        engine.submit(engine.prompts.make(512), 500, ignore_eos=True)
+    engine.run_until_idle(max_rounds=30)
+    assert len(engine.scheduler.running) == 20
+    rec = engine.step()
+    assert (rec.prefill_units, rec.decode_units) == groups[-1]  # decode only: whole device to decode
+    engine.submit(engine.prompts.make(8192), 4, ignore_eos=True)
+    rec = engine.step()
+    level = choose(groups, 20, has_prefill=True)
+    assert rec.level == level and (rec.prefill_units, rec.decode_units) == groups[level]
+    assert rec.prefills[0].layers_per_round == prefill_layers_per_step(8192, 36) == 8
+    layers = [engine.step().prefills for _ in range(3)]
+    assert [p[0].layers_done for p in layers if p] == sorted(p[0].layers_done for p in layers if p)
+
+
+def test_greedy_outputs_do_not_depend_on_policy_on_sim():
+    """Token counts and finish order per request are the same under all policies."""
+    lengths = {}
+    for policy in ("pdmux", "chunked", "prefill-first"):
+        engine = build_engine("sim:H100", policy=policy)
+        reqs = [engine.submit(engine.prompts.make(n), m, ignore_eos=True) for n, m in [(100, 5), (3000, 7), (9000, 3)]]
+        engine.run_until_idle()
+        lengths[policy] = [len(r.output_ids) for r in reqs]
+    assert lengths["pdmux"] == lengths["chunked"] == lengths["prefill-first"] == [5, 7, 3]
+
+
+def test_pdmux_keeps_itl_near_decode_only_while_prefill_first_stalls():
+    out = subprocess.run([sys.executable, "-m", "pdtop", "bench", "--policy", "all", "--device", "sim:H100", "--json"],
+                         capture_output=True, text=True, check=True)
+    res = json.loads(out.stdout)
+    assert set(res) == {"pdmux", "chunked", "prefill-first"}
+    pd, pf = res["pdmux"], res["prefill-first"]
+    assert pd["itl_ms"]["p99"] <= 2 * pd["itl_baseline_ms"]
+    # prefill-first: the worst gap covers a whole 8192-token prefill
+    assert pf["itl_ms"]["max"] >= pf["ttft_ms"]["p50"] * 0.95
+    assert pd["itl_ms"]["p99"] < res["chunked"]["itl_ms"]["p99"] < pf["itl_ms"]["max"]
+
+
+def test_simulated_run_is_consistent_with_the_estimate():
+    """The seed's scenario on sim:H100 lands within 10% of `pdtop estimate` (S_SAT 66)."""
+    rows = {r.kind: r for r in estimate(parse_gpu("H100"), synthetic_config("qwen3-8b"), s_sats=(66,))}
+    res = {p: run_policy(build_engine("sim:H100", policy=p), SCENARIOS["sim"]) for p in ("pdmux", "prefill-first")}
+    pd_row, pf_row = rows["pdmux"], rows["prefill-first"]
+    assert res["pdmux"]["itl_ms"]["p50"] == pytest.approx(pd_row.itl_ms, rel=0.1)
+    assert res["pdmux"]["ttft_ms"]["p50"] == pytest.approx(pd_row.prefill_ms, rel=0.1)
+    assert res["prefill-first"]["ttft_ms"]["p50"] == pytest.approx(pf_row.prefill_ms, rel=0.1)
+
+
+def test_control_applies_at_round_boundary_and_is_announced():
+    engine = build_engine("sim:H100")
+    seen: list = []
+    engine.add_sink(seen.append)
+    engine.control({"cmd": "set", "decode_bs_divisor": 24, "chunk_size": 256}, client="t")
+    assert engine.config.decode_bs_divisor == 36  # not before the boundary
+    engine.step()
+    assert engine.config_dict()["decode_bs_divisor"] == 24 and engine.config.chunk_size == 256
+    change = next(r for r in seen if isinstance(r, ConfigChange))
+    assert change.changes["decode_bs_divisor"] == {"old": 36, "new": 24} and change.client == "t"
+    engine.control({"cmd": "pin_level", "level": 3})
+    rec = engine.step()
+    assert rec.pinned and rec.level == 3
+    engine.control({"cmd": "auto_level"})
+    assert not engine.step().pinned
+    engine.control({"cmd": "set", "manual_divisions": [[112, 20, 0], [96, 36, 16]]})
+    engine.step()
+    assert engine.describe()["levels"] == [[132, 0], [112, 20], [96, 36], [0, 132]]
+
+
+@pytest.mark.parametrize("msg, field", [
+    ("not a dict", "message"),
+    ({"cmd": "explode"}, "cmd"),
+    ({"cmd": "pin_level", "level": 99}, "level"),
+    ({"cmd": "pin_level", "level": True}, "level"),
+    ({"cmd": "pin_level"}, "level"),
+    ({"cmd": "set"}, "set"),
+    ({"cmd": "set", "decode_bs_divisor": 0}, "decode_bs_divisor"),
+    ({"cmd": "set", "decode_bs_divisor": "8"}, "decode_bs_divisor"),
+    ({"cmd": "set", "split_forward_token_budget": -1}, "split_forward_token_budget"),
+    ({"cmd": "set", "manual_divisions": [[200, 20, 0]]}, "manual_divisions"),
+    ({"cmd": "set", "manual_divisions": "x"}, "manual_divisions"),
+    ({"cmd": "set", "policy": "fastest"}, "policy"),
+    ({"cmd": "set", "workload_rate": float("nan")}, "workload_rate"),
+    ({"cmd": "set", "colour": "red"}, "colour"),
+    ({"cmd": "inject", "prompt_tokens": 10**9}, "prompt_tokens"),
+    ({"cmd": "auto_level", "level": 2}, "level"),
+])
+def test_bad_control_is_rejected_and_changes_nothing(msg, field):
+    engine = build_engine("sim:H100", workload=WorkloadSpec(rate=5))
+    before = engine.config_dict()
+    with pytest.raises(ControlError) as err:
+        engine.control(msg)
+    assert err.value.field == field and err.value.reason
+    engine.step()
+    assert engine.config_dict() == before
+
+
+def test_policy_switch_waits_for_in_flight_prefill():
+    engine = build_engine("sim:H100", policy="pdmux")
+    engine.submit(engine.prompts.make(8192), 3, ignore_eos=True)
+    engine.step()
+    assert engine.scheduler.prefill is not None
+    engine.control({"cmd": "set", "policy": "chunked"})
+    engine.step()
+    assert engine.scheduler.policy == "pdmux"  # the prefill still owns the prefill side
+    engine.run_until_idle()
+    engine.step()
+    assert engine.scheduler.policy == "chunked"
