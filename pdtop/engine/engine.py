@@ -269,6 +269,6 @@ def _cuda_available() -> bool:
 
 
 def _model_config(path: str) -> Any:
-    from pdtop.engine.gguf_loader import load_config
+    from pdtop.engine.gguf_loader import read_config
 
-    return load_config(path)
+    return read_config(path)
