@@ -1,0 +1,85 @@
+"""The CPU device: prefill and decode threads really run on disjoint cores, concurrently."""
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+import torch
+
+from pdtop.engine.devices.base import Work
+from pdtop.engine.devices.cpu import CpuDevice
+from pdtop.engine.pdmux_config import PdmuxConfig
+from pdtop.engine.splits import SplitTable
+
+CORES = sorted(os.sched_getaffinity(0))
+pytestmark = pytest.mark.skipif(len(CORES) < 2, reason="needs at least 2 cores")
+
+
+def _where() -> tuple[frozenset[int], int]:
+    return frozenset(os.sched_getaffinity(0)), torch.get_num_threads()
+
+
+@pytest.fixture
+def device():
+    table = SplitTable.for_cpu(len(CORES), PdmuxConfig())
+    dev = CpuDevice(table.groups)
+    yield dev
+    dev.close()
+
+
+def test_levels_on_this_machine_follow_the_cpu_rule(device):
+    n = len(CORES)
+    assert device.groups[0] == (n, 0) and device.groups[-1] == (0, n)
+    assert all(p + d == n and p >= d >= 1 for p, d in device.groups[1:-1])
+
+
+def test_split_level_pins_the_two_threads_to_disjoint_cores(device):
+    level = 1
+    device.set_level(level)
+    p_units, d_units = device.groups[level]
+    device.submit_prefill(Work("prefill", 0, 0, _where))
+    prefill_cores, prefill_threads = device.wait_prefill()
+    decode_cores, decode_threads = device.run_decode(Work("decode", 0, 0, _where))
+    assert prefill_cores.isdisjoint(decode_cores)
+    assert len(prefill_cores) == p_units == prefill_threads
+    assert len(decode_cores) == d_units == decode_threads
+    assert prefill_cores | decode_cores <= set(CORES)
+    assert device.worker_cores() == {"prefill": tuple(sorted(prefill_cores)), "decode": tuple(sorted(decode_cores))}
+
+
+def test_whole_device_levels_give_every_core_to_one_side(device):
+    device.set_level(len(device.groups) - 1)
+    cores, threads = device.run_decode(Work("decode", 0, 0, _where))
+    assert cores == set(CORES) and threads == len(CORES)
+    cores, _ = device.run_whole(Work("mixed", 0, 0, _where))
+    assert cores == set(CORES)
+
+
+def test_prefill_runs_concurrently_with_decode(device):
+    """The prefill job blocks until a decode job has run: only possible if they overlap."""
+    device.set_level(1)
+    decode_ran = threading.Event()
+    device.submit_prefill(Work("prefill", 0, 0, lambda: decode_ran.wait(timeout=10)))
+    assert device.prefill_busy()
+    device.run_decode(Work("decode", 0, 0, decode_ran.set))
+    assert device.wait_prefill() is True
+    assert not device.prefill_busy()
+
+
+def test_level_change_waits_for_the_prefill_side(device):
+    gate = threading.Event()
+    device.set_level(1)
+    device.submit_prefill(Work("prefill", 0, 0, lambda: gate.wait(timeout=10) and "done"))
+    threading.Timer(0.2, gate.set).start()
+    device.set_level(0)
+    assert not device.prefill_busy() and device.level == 0
+
+
+def test_errors_in_work_reach_the_caller_and_the_device_stays_usable(device):
+    def boom():
+        raise RuntimeError("kernel failed")
+
+    with pytest.raises(RuntimeError, match="kernel failed"):
+        device.run_decode(Work("decode", 0, 0, boom))
+    assert device.run_decode(Work("decode", 0, 0, lambda: 7)) == 7
