@@ -239,10 +239,14 @@ def build_engine(device: str = "auto", model: str | None = None, config: PdmuxCo
             probe.close()
             dev = CpuDevice(table.groups)
         else:
+            import torch
+
             from pdtop.engine.devices.cuda import CudaDevice
 
-            dev = CudaDevice(config=config, device=torch_device)
-            table = dev.table
+            index = int(torch_device.split(":")[1]) if ":" in torch_device else 0
+            props = torch.cuda.get_device_properties(index)
+            table = SplitTable.for_gpu(props.multi_processor_count, props.major, config)
+            dev = CudaDevice(table.groups, index=index)
         executor = ModelExecutor(runner, lambda r: SamplingParams(temperature=r.temperature, top_p=r.top_p,
                                                                    seed=r.seed, max_tokens=r.max_tokens,
                                                                    ignore_eos=r.ignore_eos))
