@@ -1,0 +1,42 @@
+"""ui -> telemetry -> engine, never back: checked by importing in a clean interpreter."""
+from __future__ import annotations
+
+import pkgutil
+import subprocess
+import sys
+
+import pdtop.engine
+import pdtop.telemetry
+
+
+def _modules(pkg) -> list[str]:
+    return [m.name for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + ".")]
+
+
+def _imported_after(modules: list[str]) -> set[str]:
+    code = ("import importlib, sys\n"
+            f"for m in {modules!r}:\n    importlib.import_module(m)\n"
+            "print('\\n'.join(sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    return set(out.split())
+
+
+def test_engine_imports_neither_telemetry_nor_ui_nor_textual():
+    loaded = _imported_after(_modules(pdtop.engine))
+    assert not {m for m in loaded if m.startswith(("textual", "pdtop.telemetry", "pdtop.ui"))}
+
+
+def test_telemetry_imports_neither_ui_nor_textual():
+    loaded = _imported_after(_modules(pdtop.telemetry))
+    assert not {m for m in loaded if m.startswith(("textual", "pdtop.ui"))}
+
+
+def test_every_command_explains_itself():
+    from pdtop.cli import COMMANDS
+
+    top = subprocess.run([sys.executable, "-m", "pdtop", "--help"], capture_output=True, text=True, check=True).stdout
+    for name, _, _ in COMMANDS:
+        assert name in top
+        sub = subprocess.run([sys.executable, "-m", "pdtop", name, "--help"], capture_output=True, text=True)
+        assert sub.returncode == 0, sub.stderr
+        assert sub.stdout.startswith("usage: pdtop " + name)
