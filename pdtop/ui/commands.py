@@ -8,6 +8,7 @@ raises ValueError with a readable message.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -30,7 +31,8 @@ class Arg:
 class Command:
     id: str
     key: str  # Textual key name ("plus", "question_mark", "R")
-    description: str
+    label: str  # short, for the footer
+    description: str  # for help and the palette
     build: Callable[[DashboardState, Any], dict[str, Any]] | None = None  # the control message
     needs_write: bool = False  # refused (and hidden) on read-only connections
     mode: str = "live"  # "live" | "replay" | "any"
@@ -138,9 +140,10 @@ def _workload_toggle(state: DashboardState, _value: Any) -> dict[str, Any]:
 
 
 def _record_toggle(state: DashboardState, value: Any) -> dict[str, Any]:
+    """Stop if recording, else start into `value` or a timestamped file in the server's directory."""
     if state.recording:
         return {"cmd": "record_stop"}
-    return {"cmd": "record_start", "path": value}
+    return {"cmd": "record_start", "path": value or time.strftime("pdtop-%Y%m%d-%H%M%S.ndjson")}
 
 
 def _config_default(key: str, fallback: str = "") -> Callable[[DashboardState], str]:
@@ -153,51 +156,47 @@ def _config_default(key: str, fallback: str = "") -> Callable[[DashboardState], 
     return default
 
 
-def _record_arg_default(state: DashboardState) -> str:
-    return "pdtop-recording.ndjson"
-
-
 COMMANDS: list[Command] = [
     # live: the engine's split
-    Command("level_up", "plus", "level up: more units to decode (pins)", _level_step(+1), True, key_display="+"),
-    Command("level_down", "minus", "level down: more units to prefill (pins)", _level_step(-1), True, key_display="-"),
-    Command("auto_level", "a", "automatic level choice", lambda s, v: {"cmd": "auto_level"}, True),
-    Command("decode_bs_divisor", "d", "set decode_bs_divisor", _set("decode_bs_divisor"), True,
+    Command("level_up", "plus", "level up", "level up: more units to decode (pins)", _level_step(+1), True, key_display="+"),
+    Command("level_down", "minus", "level down", "level down: more units to prefill (pins)", _level_step(-1), True, key_display="-"),
+    Command("auto_level", "a", "auto", "automatic level choice", lambda s, v: {"cmd": "auto_level"}, True),
+    Command("decode_bs_divisor", "d", "divisor", "set decode_bs_divisor", _set("decode_bs_divisor"), True,
             arg=Arg("decode_bs_divisor (decode requests per level step)", parse_int, _config_default("decode_bs_divisor"))),
-    Command("manual_divisions", "m", "edit manual_divisions", _set("manual_divisions"), True,
+    Command("manual_divisions", "m", "divisions", "edit manual_divisions", _set("manual_divisions"), True,
             arg=Arg("manual_divisions: [[prefill, decode, decode_bs_threshold], ...] or `p d t; p d t` (empty: none)",
                     parse_divisions, _config_default("manual_divisions", "[]")), footer=False),
-    Command("budget", "b", "set split_forward_token_budget", _set("split_forward_token_budget"), True,
+    Command("budget", "b", "budget", "set split_forward_token_budget", _set("split_forward_token_budget"), True,
             arg=Arg("split_forward_token_budget (tokens x layers per prefill round)", parse_int,
                     _config_default("split_forward_token_budget")), footer=False),
-    Command("chunk_size", "c", "set chunk size (chunked policy)", _set("chunk_size"), True,
+    Command("chunk_size", "c", "chunk", "set chunk size (chunked policy)", _set("chunk_size"), True,
             arg=Arg("chunk_size (prompt tokens per chunked step)", parse_int, _config_default("chunk_size")), footer=False),
-    Command("policy", "p", "set policy", _set("policy"), True,
+    Command("policy", "p", "policy", "set policy", _set("policy"), True,
             arg=Arg(f"policy ({' | '.join(POLICIES)})", parse_policy, _config_default("policy", "pdmux"))),
     # live: the workload
-    Command("inject", "i", "inject a long prompt", lambda s, v: {"cmd": "inject", "prompt_tokens": v}, True,
+    Command("inject", "i", "inject", "inject a long prompt", lambda s, v: {"cmd": "inject", "prompt_tokens": v}, True,
             arg=Arg("prompt tokens of the injected request", parse_int, lambda s: "8192")),
-    Command("workload_rate", "r", "set workload rate (requests/s)", _set("workload_rate"), True,
+    Command("workload_rate", "r", "rate", "set workload rate (requests/s)", _set("workload_rate"), True,
             arg=Arg("workload_rate (requests per second)", parse_float, _config_default("workload_rate")), footer=False),
-    Command("workload_toggle", "w", "pause / resume the workload", _workload_toggle, True),
-    Command("record", "R", "start / stop recording (on the server)", _record_toggle, True,
+    Command("workload_toggle", "w", "workload", "pause / resume the workload", _workload_toggle, True),
+    Command("record", "R", "record", "start / stop recording (on the server)", _record_toggle, True,
             arg=None, key_display="R"),
     # replay transport
-    Command("play_pause", "space", "play / pause", mode="replay", action="replay_toggle", key_display="space"),
-    Command("step", "full_stop", "step one round (paused)", mode="replay", action="replay_step", key_display="."),
-    Command("seek_back", "left", "seek back 5 s", mode="replay", action="replay_seek_relative(-5)", key_display="←"),
-    Command("seek_forward", "right", "seek forward 5 s", mode="replay", action="replay_seek_relative(5)", key_display="→"),
-    Command("seek_to", "g", "go to a time", mode="replay", action="replay_seek",
+    Command("play_pause", "space", "play/pause", "play / pause", mode="replay", action="replay_toggle", key_display="space"),
+    Command("step", "full_stop", "step", "step one round (paused)", mode="replay", action="replay_step", key_display="."),
+    Command("seek_back", "left", "-5s", "seek back 5 s", mode="replay", action="replay_seek_relative(-5)", key_display="←"),
+    Command("seek_forward", "right", "+5s", "seek forward 5 s", mode="replay", action="replay_seek_relative(5)", key_display="→"),
+    Command("seek_to", "g", "go to", "go to a time", mode="replay", action="replay_seek",
             arg=Arg("go to (seconds or m:ss)", parse_seconds, lambda s: "0"), footer=False),
-    Command("slower", "less_than_sign", "slower (down to 0.25x)", mode="replay", action="replay_speed(-1)", key_display="<"),
-    Command("faster", "greater_than_sign", "faster (up to 16x)", mode="replay", action="replay_speed(1)", key_display=">"),
+    Command("slower", "less_than_sign", "slower", "slower (down to 0.25x)", mode="replay", action="replay_speed(-1)", key_display="<"),
+    Command("faster", "greater_than_sign", "faster", "faster (up to 16x)", mode="replay", action="replay_speed(1)", key_display=">"),
     # both
-    Command("itl_slo", "s", "set the ITL SLO line (ms)", mode="any", action="set_slo",
+    Command("itl_slo", "s", "SLO", "set the ITL SLO line (ms)", mode="any", action="set_slo",
             arg=Arg("ITL SLO in ms (empty or 0: none)", parse_slo_ms,
                     lambda s: f"{s.itl_slo_s * 1e3:g}" if s.itl_slo_s else ""), footer=False),
-    Command("theme", "t", "next theme", mode="any", action="next_theme", footer=False),
-    Command("help", "question_mark", "help: keys and commands", mode="any", action="help", key_display="?"),
-    Command("quit", "q", "quit", mode="any", action="quit"),
+    Command("theme", "t", "theme", "next theme", mode="any", action="next_theme", footer=False),
+    Command("help", "question_mark", "help", "help: keys and commands", mode="any", action="help", key_display="?"),
+    Command("quit", "q", "quit", "quit", mode="any", action="quit"),
 ]
 
 BY_ID: dict[str, Command] = {c.id: c for c in COMMANDS}

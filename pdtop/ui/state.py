@@ -63,8 +63,7 @@ def _levels(raw: Any) -> list[tuple[int, int]]:
 def _peak_bandwidth(d: dict[str, Any]) -> float | None:
     """The device's peak memory bandwidth in bytes/s, if `describe()` gives one."""
     for src in (d, d.get("device") if isinstance(d.get("device"), dict) else {}, d.get("spec") or {}):
-        for key, scale in (("peak_bandwidth", 1.0), ("bandwidth", 1.0), ("mem_bw", 1.0),
-                           ("peak_bandwidth_gbs", 1e9), ("bandwidth_gbs", 1e9)):
+        for key, scale in (("peak_bw", 1.0), ("peak_bandwidth", 1.0), ("peak_bandwidth_gbs", 1e9)):
             value = src.get(key) if isinstance(src, dict) else None
             if isinstance(value, (int, float)) and value > 0:
                 return float(value) * scale
@@ -130,6 +129,7 @@ class DashboardState:
 
     itl_slo_s: float | None = None  # the operator's ITL SLO line (a dashboard setting)
     _prefill_first_seen: dict[tuple[int, ...], tuple[float, int]] = field(default_factory=dict, repr=False)
+    _window_cache: tuple[int, list[RoundPoint]] = field(default=(-1, []), repr=False)
 
     def __post_init__(self) -> None:
         self.rounds = deque(self.rounds, maxlen=self.max_rounds)
@@ -239,8 +239,15 @@ class DashboardState:
     def _on_error(self, ev: dict[str, Any]) -> None:
         self.errors.append((str(ev.get("field", "")), str(ev.get("reason", ""))))
 
-    def _on_recording(self, ev: dict[str, Any]) -> None:
-        self.recording = ev.get("path") if ev.get("active", True) else None
+    def _on_seek(self, ev: dict[str, Any]) -> None:
+        """A replay moved to `position`: drop what was accumulated, take the config in force there."""
+        self.reset_series()
+        if isinstance(ev.get("config"), dict) and ev["config"]:
+            self.config = dict(ev["config"])
+            if "policy" in self.config:
+                self.policy = str(self.config["policy"])
+            if self.config.get("levels"):
+                self.info.levels = _levels(self.config["levels"])
 
     def reset_series(self) -> None:
         """Forget the rolling buffers (after a replay seek or when a new engine starts)."""
@@ -254,7 +261,14 @@ class DashboardState:
     # ---- derived figures (read on the tick) -------------------------------------------------
 
     def window(self) -> list[RoundPoint]:
-        """Rounds in the last `window_s` seconds of engine time."""
+        """Rounds in the last `window_s` seconds of engine time (cached until the next event)."""
+        if self._window_cache[0] == self.version:
+            return self._window_cache[1]
+        out = self._compute_window()
+        self._window_cache = (self.version, out)
+        return out
+
+    def _compute_window(self) -> list[RoundPoint]:
         if not self.rounds:
             return []
         start = self.rounds[-1].time - self.window_s
@@ -333,5 +347,5 @@ _HANDLERS = {
     "hw": DashboardState._on_hw,
     "dropped": DashboardState._on_dropped,
     "error": DashboardState._on_error,
-    "recording": DashboardState._on_recording,
+    "seek": DashboardState._on_seek,
 }

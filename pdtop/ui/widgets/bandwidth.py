@@ -27,15 +27,34 @@ class BandwidthPanel(Panel):
         peak = state.info.peak_bytes_per_s
         head = Text.assemble(("avg ", "dim"), (fmt.rate_bytes(avg), "bold"), ("  last ", "dim"), fmt.rate_bytes(last))
         if peak:
-            share = f" ({fmt.percent(avg / peak)} of peak)" if avg is not None else ""
-            head.append_text(Text.assemble(("  peak ", "dim"), fmt.rate_bytes(peak), share))
-        hw = {k: v for k, v in state.hw.items() if k != "time"}
-        rows_for_hw = 1 if hw else 0
-        height = max(1, self.inner_height - 1 - rows_for_hw)
+            share = fmt.percent(avg / peak) if avg is not None else "–"
+            head.append_text(Text.assemble("  ", (share, "bold"), (" of ", "dim"), fmt.rate_bytes(peak)))
+        hw_lines = hw_text(state.hw)
+        height = max(1, self.inner_height - 1 - len(hw_lines))
         values = state.bandwidth_series(self.inner_width, rounds)
         top = max([v for v in values if v is not None] + [peak or 0.0, 1.0])
         chart = block_chart(values, height, top, self.colour("chart"), peak, self.colour("slo"), self.colour("idle"))
-        lines = [head, *chart]
-        if hw:
-            lines.append(Text.assemble(("hw ", "dim"), "  ".join(f"{k} {_hw_value(v)}" for k, v in hw.items())))
-        return Group(*lines)
+        return Group(head, *chart, *hw_lines)
+
+
+_GPU_FIELDS = (("dram_bw_util_pct", "DRAM bw", "%"), ("mem_busy_pct", "mem busy", "%"),
+               ("sm_util_pct", "SM", "%"), ("gpu_util_pct", "util", "%"), ("power_w", "", " W"))
+
+
+def hw_text(hw: dict[str, Any]) -> list[Text]:
+    """The `hw` event as one or two lines: NVML figures when present, then the host."""
+    lines: list[Text] = []
+    gpu = hw.get("gpu")
+    if isinstance(gpu, dict):
+        parts = [f"{label} {_hw_value(gpu[key])}{unit if gpu[key] != 'n/a' else ''}".strip()
+                 for key, label, unit in _GPU_FIELDS if key in gpu]
+        lines.append(Text.assemble(("NVML ", "dim"), "  ".join(parts)))
+    elif gpu == "n/a":
+        lines.append(Text("NVML n/a", "dim"))
+    cpu = hw.get("cpu_percent")
+    if isinstance(cpu, list) and cpu:
+        host = Text.assemble(("host cpu ", "dim"), " ".join(f"{c:.0f}%" for c in cpu[:16]))
+        if "mem_percent" in hw:
+            host.append_text(Text.assemble(("  mem ", "dim"), f"{_hw_value(hw['mem_percent'])}%"))
+        lines.append(host)
+    return lines

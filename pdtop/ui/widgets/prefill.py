@@ -16,6 +16,9 @@ def _ids(ids: list[int]) -> str:
     return f"{ids[0]},{ids[1]}…+{len(ids) - 2}"
 
 
+MAX_ROWS = 6
+
+
 class PrefillPanel(Panel):
     TITLE = "prefill in flight"
 
@@ -24,9 +27,9 @@ class PrefillPanel(Panel):
         if not state.prefills:
             return Group(Text("no prefill in flight", "dim"))
         width = self.inner_width
-        bar_w = max(6, width - 52)
+        bar_w = max(6, width - 66)
         lines: list[Text] = []
-        for p in state.prefills[: max(1, self.inner_height)]:
+        for p in state.prefills[:MAX_ROWS]:
             frac = p.layers_done / p.layers_total if p.layers_total else None
             k = f"{p.layers_per_round}/rnd" if p.layers_per_round else "chunked"
             lines.append(Text.assemble(
@@ -35,6 +38,8 @@ class PrefillPanel(Panel):
                 fill_bar(frac, bar_w, self.colour("prefill"), self.colour("idle")),
                 f" {p.layers_done:>3}/{p.layers_total:<3} layers ",
                 (f"{k:<8}", "dim"),
-                ("ETA ", "dim"), fmt.duration(p.eta_s),
+                ("ETA ", "dim"), f"{fmt.duration(p.eta_s):>8}",
             ))
+        if len(state.prefills) > MAX_ROWS:
+            lines.append(Text(f"… {len(state.prefills) - MAX_ROWS} more", "dim"))
         return Group(*lines)

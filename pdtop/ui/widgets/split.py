@@ -27,14 +27,26 @@ class SplitPanel(Panel):
         legend = Text.assemble(("■ ", prefill), f"prefill {state.prefill_units} {unit}   ",
                                ("■ ", decode), f"decode {state.decode_units} {unit}")
         lines: list[Text] = [head, bar, legend]
-        mini = max(4, min(24, width - 22))
-        for i, (p, d) in enumerate(state.levels):
+        levels = state.levels
+        columns = 2 if width >= 56 and len(levels) > 3 else 1
+        col_w = width // columns
+        mini = max(4, min(24, col_w - 16))
+        cells = []
+        for i, (p, d) in enumerate(levels):
             current = i == state.level
-            marker = ("▶ " if current else "  ", "bold " + self.colour("accent") if current else "")
-            row = Text.assemble(marker, (f"{i:>2} ", "bold" if current else muted),
-                                split_bar(p, d, mini, prefill, decode, idle),
-                                (f" {p:>4}/{d:<4}", "bold" if current else muted))
+            marker = ("▶" if current else " ", "bold " + self.colour("accent") if current else "")
+            cell = Text.assemble(marker, (f"{i:>2} ", "bold" if current else muted),
+                                 split_bar(p, d, mini, prefill, decode, idle),
+                                 (f" {p:>3}/{d:<3}", "bold" if current else muted))
+            cell.pad_right(max(0, col_w - cell.cell_len))
+            cells.append(cell)
+        rows = (len(cells) + columns - 1) // columns
+        for r in range(rows):
+            row = Text()
+            for c in range(columns):
+                if r + c * rows < len(cells):
+                    row.append_text(cells[r + c * rows])
             lines.append(row)
-        if not state.levels:
+        if not levels:
             lines.append(Text("waiting for the engine…", muted))
         return Group(*lines)

@@ -1,0 +1,309 @@
+"""The pdtop dashboard: one Textual app for live and replayed sources.
+
+Events are taken at full rate into `DashboardState` by one worker; the panels repaint
+from it on a fixed tick (toolong style), so a fast engine costs ingest, not painting.
+Every key, the footer, the help screen and the command palette come from the one
+command table in `pdtop.ui.commands`.
+"""
+from __future__ import annotations
+
+import asyncio
+from functools import partial
+from pathlib import Path
+from typing import Any, Iterable
+
+from textual import events
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding
+from textual.containers import Horizontal
+from textual.screen import Screen
+from textual.widgets import Footer
+
+from pdtop.telemetry.source import ControlRefused, Source
+from pdtop.ui.commands import BY_ID, COMMANDS, SPEEDS, Command
+from pdtop.ui.screens.help import HelpScreen
+from pdtop.ui.screens.prompt import PromptScreen
+from pdtop.ui.state import DashboardState
+from pdtop.ui.themes import DEFAULT_THEME, default_variables, load_themes
+from pdtop.ui.widgets.bandwidth import BandwidthPanel
+from pdtop.ui.widgets.base import Panel
+from pdtop.ui.widgets.header import HeaderBar
+from pdtop.ui.widgets.itl import ItlPanel
+from pdtop.ui.widgets.prefill import PrefillPanel
+from pdtop.ui.widgets.replay_bar import ReplayBar, replay_state
+from pdtop.ui.widgets.requests import RequestsPanel
+from pdtop.ui.widgets.split import SplitPanel
+
+
+def _bindings(commands: list[Command]) -> list[Binding]:
+    return [Binding(c.key, f"run_command('{c.id}')", c.label, show=c.footer, key_display=c.key_display,
+                    id=f"pdtop.{c.id}", tooltip=c.description) for c in commands]
+
+
+class PdtopApp(App[None]):
+    """`PdtopApp(source)`; `source` is a `LiveSource` or a `ReplaySource` (pdtop.telemetry)."""
+
+    TITLE = "pdtop"
+    CSS_PATH = "app.tcss"
+    BINDINGS = _bindings(COMMANDS)
+    ENABLE_COMMAND_PALETTE = True
+
+    def __init__(self, source: Source, *, theme: str | None = None, tick_hz: float = 10.0,
+                 slo_ms: float | None = None, themes_dirs: list[Path] | None = None) -> None:
+        self.source = source
+        self.replay = getattr(source, "state", None) == "replay"
+        self.state = DashboardState()
+        if slo_ms:
+            self.state.itl_slo_s = slo_ms / 1e3
+        self.tick_hz = tick_hz
+        self.pdtop_themes = load_themes(themes_dirs)
+        self._initial_theme = theme or DEFAULT_THEME
+        self._painted: tuple[Any, ...] = ()
+        self._force_paint = True
+        self.source_error: str | None = None
+        super().__init__()
+        for t in self.pdtop_themes.values():
+            self.register_theme(t)
+        if self._initial_theme not in self.available_themes:
+            known = ", ".join(sorted(self.available_themes))
+            raise ValueError(f"unknown theme {self._initial_theme!r}; known: {known}")
+        self.theme = self._initial_theme
+
+    # ---- layout ---------------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        yield HeaderBar(id="header")
+        with Horizontal(id="row-top"):
+            yield SplitPanel(id="split")
+            yield RequestsPanel(id="requests")
+        with Horizontal(id="row-mid"):
+            yield ItlPanel(id="itl")
+            yield BandwidthPanel(id="bandwidth")
+        yield PrefillPanel(id="prefill")
+        if self.replay:
+            yield ReplayBar(id="replay-bar")
+        yield Footer()
+
+    def get_theme_variable_defaults(self) -> dict[str, str]:
+        return default_variables()
+
+    def on_mount(self) -> None:
+        self.run_worker(self._pump(), name="pdtop-events", group="events", exit_on_error=False)
+        self.set_interval(1.0 / self.tick_hz, self._tick, name="pdtop-repaint")
+        self.theme_changed_signal.subscribe(self, lambda _theme: self._repaint_soon())
+        self._tick()
+
+    async def on_unmount(self) -> None:
+        close = getattr(self.source, "close", None)
+        if close is not None:
+            result = close()
+            if asyncio.iscoroutine(result):
+                await result
+
+    def on_resize(self, _event: events.Resize) -> None:
+        self._repaint_soon()
+
+    def _repaint_soon(self) -> None:
+        self._force_paint = True
+        self.call_after_refresh(self._tick)
+
+    # ---- events in ------------------------------------------------------------------------
+
+    async def _pump(self) -> None:
+        """Take every event into the state as it arrives; repaint happens on the tick."""
+        was_readonly = self.readonly
+        try:
+            async for event in self.source.events():
+                kind = event.get("type")
+                self.state.ingest(event)
+                if kind == "hello" and self.readonly != was_readonly:
+                    was_readonly = self.readonly
+                    self.refresh_bindings()
+                elif kind == "error":
+                    self.notify(f"{event.get('field') or 'engine'}: {event.get('reason')}", title="pdtop server",
+                                severity="error", timeout=8)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a source that fails is shown, not swallowed
+            self.source_error = f"{type(exc).__name__}: {exc}"
+            self.notify(self.source_error, title="event source failed", severity="error", timeout=30)
+        self._repaint_soon()
+
+    @property
+    def connection(self) -> str:
+        return str(getattr(self.source, "state", "closed"))
+
+    @property
+    def readonly(self) -> bool:
+        return self.replay or bool(getattr(self.source, "readonly", False)) or self.state.readonly
+
+    # ---- repaint ----------------------------------------------------------------------------
+
+    def _tick(self) -> None:
+        replay = replay_state(self.source) if self.replay else ()
+        key = (self.state.version, self.connection, self.readonly, replay, self.state.itl_slo_s)
+        if key == self._painted and not self._force_paint:
+            return
+        self._painted, self._force_paint = key, False
+        state = self.state
+        try:
+            self.query_one(HeaderBar).paint(state, self.connection, self.readonly)
+            for panel in self.query(Panel):
+                panel.paint(state)
+            if self.replay:
+                self.query_one(ReplayBar).paint(self.source)
+        except Exception as exc:  # pragma: no cover - a paint bug must not kill the dashboard
+            self.log.error(f"repaint failed: {exc!r}")
+            raise
+
+    # ---- the command table -----------------------------------------------------------------
+
+    def allowed(self, cmd: Command) -> bool:
+        """Whether a command is offered here (mode, read-only)."""
+        return cmd.available(self.replay) and not (cmd.needs_write and self.readonly)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "run_command" and parameters:
+            cmd = BY_ID.get(str(parameters[0]))
+            return cmd is not None and self.allowed(cmd)
+        return True
+
+    def on_key(self, event: events.Key) -> None:
+        """Keys of write commands on a read-only connection are refused out loud."""
+        if not self.readonly or not isinstance(self.screen, Screen) or self.screen is not self.screen_stack[0]:
+            return
+        for cmd in COMMANDS:
+            if cmd.key == event.key and cmd.needs_write and cmd.available(False):
+                event.stop()
+                self.refuse(cmd)
+                return
+
+    def refuse(self, cmd: Command) -> None:
+        why = "a replay cannot change the engine" if self.replay else "this connection is read-only"
+        self.notify(f"{cmd.description}: refused, {why}", title="read-only", severity="error")
+
+    def action_run_command(self, command_id: str) -> None:
+        cmd = BY_ID.get(command_id)
+        if cmd is None:
+            self.notify(f"no command {command_id!r}", severity="error")
+            return
+        if cmd.needs_write and self.readonly:
+            self.refuse(cmd)
+            return
+        if not cmd.available(self.replay):
+            self.notify(f"{cmd.description}: only when {'live' if cmd.mode == 'live' else 'replaying'}",
+                        severity="warning")
+            return
+        if cmd.arg is None:
+            self.execute(cmd, None)
+        else:
+            self.push_screen(PromptScreen(cmd.arg.prompt, cmd.arg.default(self.state)),
+                             callback=partial(self._prompted, cmd))
+
+    def _prompted(self, cmd: Command, text: str | None) -> None:
+        if text is None:
+            return
+        assert cmd.arg is not None
+        try:
+            value = cmd.arg.parse(text)
+        except ValueError as exc:
+            self.notify(f"{cmd.description}: {exc}", title="not applied", severity="error")
+            return
+        self.execute(cmd, value)
+
+    def execute(self, cmd: Command, value: Any) -> None:
+        """Run a command with its (parsed) value: send its message, or run its local action."""
+        if cmd.build is not None:
+            try:
+                msg = cmd.build(self.state, value)
+            except ValueError as exc:
+                self.notify(f"{cmd.description}: {exc}", title="not sent", severity="warning")
+                return
+            self.run_worker(self._send(cmd, msg), group="control", exit_on_error=False)
+        elif cmd.arg is not None:
+            getattr(self, f"action_{cmd.action}")(value)
+        else:
+            self.run_action(cmd.action or "")
+
+    async def _send(self, cmd: Command, msg: dict[str, Any]) -> None:
+        try:
+            reply = await self.source.send(msg)
+        except ControlRefused as exc:
+            field = f"{exc.field}: " if exc.field else ""
+            self.notify(f"{cmd.description}\n{field}{exc.reason}", title="refused", severity="error", timeout=8)
+            return
+        except Exception as exc:
+            self.notify(f"{cmd.description}\n{type(exc).__name__}: {exc}", title="not sent", severity="error", timeout=8)
+            return
+        if msg["cmd"] == "record_start":
+            self.state.recording = str(reply.get("path") or msg.get("path"))
+            self.notify(f"recording to {self.state.recording}", title="recording")
+        elif msg["cmd"] == "record_stop":
+            self.state.recording = None
+            self.notify(f"saved {reply.get('path', '')}", title="recording stopped")
+        else:
+            shown = ", ".join(f"{k}={v}" for k, v in msg.items() if k not in ("cmd", "id"))
+            self.notify(f"{msg['cmd']} {shown}".strip(), title="accepted", timeout=3)
+        self.state.version += 1
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        """The palette: the command table (what is allowed here), then one entry per theme."""
+        for cmd in COMMANDS:
+            if self.allowed(cmd):
+                yield SystemCommand(cmd.description, f"key: {cmd.key_display or cmd.key}",
+                                    partial(self.action_run_command, cmd.id))
+        for name in sorted(self.pdtop_themes):
+            yield SystemCommand(f"theme: {name}", "switch to this theme", partial(setattr, self, "theme", name))
+
+    # ---- local actions ----------------------------------------------------------------------
+
+    def action_help(self) -> None:
+        offered = [c for c in COMMANDS if self.allowed(c)]
+        if self.replay:
+            note = "replay: the engine cannot be changed"
+        elif self.readonly:
+            note = "read-only connection: engine controls are hidden"
+        else:
+            note = ""
+        self.push_screen(HelpScreen(offered, note))
+
+    def action_set_slo(self, value: float | None) -> None:
+        self.state.itl_slo_s = value
+        self._repaint_soon()
+
+    def action_next_theme(self) -> None:
+        names = sorted(self.pdtop_themes) or [self.theme]
+        i = names.index(self.theme) if self.theme in names else -1
+        self.theme = names[(i + 1) % len(names)]
+        self.notify(f"theme {self.theme}", timeout=2)
+
+    def action_replay_toggle(self) -> None:
+        src: Any = self.source
+        if src.at_end:  # play again from the start
+            src.seek(0.0)
+            src.resume()
+        elif src.paused:
+            src.resume()
+        else:
+            src.pause()
+        self._repaint_soon()
+
+    def action_replay_step(self) -> None:
+        self.source.step()  # type: ignore[attr-defined]
+        self._repaint_soon()
+
+    def action_replay_seek(self, t: float) -> None:
+        self.source.seek(t)  # type: ignore[attr-defined]
+        self._repaint_soon()
+
+    def action_replay_seek_relative(self, delta: float) -> None:
+        self.action_replay_seek(float(self.source.position) + delta)  # type: ignore[attr-defined]
+
+    def action_replay_speed(self, direction: int) -> None:
+        speed = float(self.source.speed)  # type: ignore[attr-defined]
+        options = [s for s in SPEEDS if (s > speed if direction > 0 else s < speed)]
+        if not options:
+            self.notify(f"speed stays {speed:g}x (0.25x to 16x)", severity="warning", timeout=2)
+            return
+        self.source.speed = min(options) if direction > 0 else max(options)  # type: ignore[attr-defined]
+        self._repaint_soon()

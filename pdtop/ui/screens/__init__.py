@@ -1,0 +1,1 @@
+"""Modal screens of the dashboard."""

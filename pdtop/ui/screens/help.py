@@ -1,0 +1,49 @@
+"""Help: every command available here, from the command table, with its key."""
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+from pdtop.ui.commands import Command
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS = [
+        Binding("escape", "close", "close", id="help.close"),
+        Binding("question_mark", "close", "close", show=False, id="help.close2"),
+        Binding("q", "close", "close", show=False, id="help.close3"),
+    ]
+    DEFAULT_CSS = """
+    HelpScreen { align: center middle; }
+    HelpScreen > VerticalScroll {
+        width: auto; max-width: 100; height: auto; max-height: 90%; padding: 0 1;
+        border: round $accent; background: $surface;
+    }
+    """
+
+    def __init__(self, commands: list[Command], note: str = "") -> None:
+        super().__init__()
+        self.commands, self.note = commands, note
+
+    def compose(self) -> ComposeResult:
+        table = Table(box=None, show_header=True, header_style="bold", pad_edge=False)
+        table.add_column("key", style="bold")
+        table.add_column("command")
+        table.add_column("", style="dim")
+        for cmd in self.commands:
+            key = cmd.key_display or cmd.key
+            table.add_row(key, cmd.description, "sends to engine" if cmd.build else "")
+        table.add_row("ctrl+p", "command palette (every command, searchable)", "")
+        with VerticalScroll() as scroll:
+            scroll.border_title = "pdtop help"
+            if self.note:
+                yield Static(Text(self.note, "italic"))
+            yield Static(table)
+
+    def action_close(self) -> None:
+        self.dismiss(None)

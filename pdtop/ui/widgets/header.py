@@ -1,0 +1,43 @@
+"""Header: engine, device, model, policy, connection, recording and dropped events."""
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import Static
+
+from pdtop import __version__
+from pdtop.ui.state import DashboardState
+
+CONNECTION = {
+    "connecting": ("◌ connecting", "warning"),
+    "live": ("● live", "success"),
+    "reconnecting": ("◌ reconnecting…", "warning"),
+    "closed": ("✖ disconnected", "error"),
+    "replay": ("▶ replay", "primary"),
+}
+
+
+class HeaderBar(Static):
+    """One line at the top of the screen."""
+
+    def paint(self, state: DashboardState, connection: str, readonly: bool) -> None:
+        colours = self.app.theme_variables
+        sep = ("  │  ", "dim")
+        label, key = CONNECTION.get(connection, (connection, "warning"))
+        info = state.info
+        text = Text.assemble(
+            ("pdtop ", "bold " + colours.get("accent", "")), (__version__, "dim"), sep,
+            (label, "bold " + colours.get(key, "")),
+        )
+        if readonly and connection != "replay":
+            text.append("  read-only", colours.get("warning", ""))
+        text.append_text(Text.assemble(
+            sep, ("engine ", "dim"), state.policy, sep,
+            (info.device, "bold"), f" · {info.units} {info.unit_name}", sep, ("model ", "dim"), info.model,
+        ))
+        if connection != "replay":
+            rec = Text.assemble(("◉ REC ", "bold " + colours.get("error", "")), state.recording) if state.recording \
+                else Text("○ not recording", "dim")
+            text.append_text(Text.assemble(sep, rec))
+        dropped_style = colours.get("warning", "") if state.dropped else "dim"
+        text.append_text(Text.assemble(sep, ("dropped ", "dim"), (str(state.dropped), dropped_style)))
+        self.update(text)

@@ -1,0 +1,35 @@
+"""Replay transport: play state, speed, a position bar with time."""
+from __future__ import annotations
+
+from typing import Any
+
+from rich.text import Text
+from textual.widgets import Static
+
+from pdtop.ui import format as fmt
+
+
+class ReplayBar(Static):
+    """One line above the footer, shown only when replaying."""
+
+    def paint(self, source: Any) -> None:
+        colours = self.app.theme_variables
+        position, duration = float(source.position), float(source.duration)
+        if source.at_end:
+            status = ("■ end", "bold " + colours.get("warning", ""))
+        elif source.paused:
+            status = ("❚❚ paused", "bold " + colours.get("warning", ""))
+        else:
+            status = ("▶ playing", "bold " + colours.get("success", ""))
+        head = Text.assemble(status, f"  {source.speed:g}x  ", (fmt.clock(position), "bold"), " / ", fmt.clock(duration), "  ")
+        width = max(10, (self.content_size.width or 80) - head.cell_len)
+        frac = position / duration if duration > 0 else 0.0
+        done = min(width - 1, int(frac * (width - 1)))
+        bar = Text.assemble(("━" * done, colours.get("primary", "")), ("●", "bold " + colours.get("accent", "")),
+                            ("─" * (width - 1 - done), "dim"))
+        self.update(head + bar)
+
+
+def replay_state(source: Any) -> tuple[Any, ...]:
+    """What the bar shows, to repaint only when it changed."""
+    return (round(float(source.position), 1), source.paused, source.at_end, source.speed)
