@@ -192,3 +192,25 @@ def test_set_groups_rebuilds_levels(device):
     assert len(device.realized) == 3 and device.level < 3
     device.set_groups(old)
     assert device.groups == old
+
+
+# -- the GPU check script -------------------------------------------------------------------
+def test_gpu_check_smoke_runs_without_packages_the_gpu_machine_lacks(tmp_path):
+    """`bench/gpu_check.py --smoke` (CPU, tiny shapes) runs with gguf/websockets/textual/jinja2 unimportable."""
+    import json
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "bench" / "gpu_check.py"
+    out = tmp_path / "gpu_check.json"
+    code = ("import runpy, sys\n"
+            "for m in ('gguf', 'websockets', 'textual', 'jinja2'):\n    sys.modules[m] = None\n"
+            f"sys.argv = ['gpu_check.py', '--smoke', '--out', {str(out)!r}]\n"
+            f"runpy.run_path({str(script)!r}, run_name='__main__')\n")
+    r = _run(code)
+    assert r.returncode == 0, r.stdout + r.stderr
+    report = json.loads(out.read_text())
+    assert report["errors"] == {}
+    assert report["workload"].startswith("synthetic-torch")
+    for key in ("decode_alone_whole", "prefill_alone_whole", "pdmux", "chunked_128", "chunked_64"):
+        assert key in report, key
+    assert report["pdmux"]["prefill_ms"] > 0 and report["chunked_64"]["steps"] == 4
