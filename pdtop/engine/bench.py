@@ -30,7 +30,7 @@ class Scenario:
 
 SCENARIOS = {
     "sim": Scenario(decode_bs=32, decode_prompt=2048, long_tokens=8192),  # the seed's scenario
-    "cpu": Scenario(decode_bs=8, decode_prompt=64, long_tokens=1024, baseline_steps=8),
+    "cpu": Scenario(decode_bs=8, decode_prompt=64, long_tokens=1024, baseline_steps=8, decode_tokens=1500),
     "cuda": Scenario(decode_bs=32, decode_prompt=2048, long_tokens=8192),
 }
 

@@ -229,7 +229,7 @@ def build_engine(device: str = "auto", model: str | None = None, config: PdmuxCo
         source = model or str(default_model_path())
         torch_device = "cpu" if device == "cpu" else device
         loaded = load_model(source, dtype=dtype, device=torch_device)
-        runner = ModelRunner(loaded, **({"kv_capacity_tokens": kv_capacity_tokens} if kv_capacity_tokens else {}))
+        runner = ModelRunner(loaded, kv_capacity_tokens or 16384)
         cfg = runner.config
         if device == "cpu":
             from pdtop.engine.devices.cpu import CpuDevice

@@ -77,7 +77,7 @@ class ModelExecutor(Executor):
     def __init__(self, runner: Any, params_for: Any):
         self.runner = runner
         self.cfg = runner.config
-        self.dtype_bytes = runner.dtype_bytes if hasattr(runner, "dtype_bytes") else 4
+        self.dtype_bytes = runner.dtype_bytes
         self._params_for = params_for  # Request -> SamplingParams
 
     def admit(self, req: Request) -> None:

@@ -19,7 +19,8 @@ class Request:
     token_times: list[float] = field(default_factory=list)
     prefilled: int = 0  # prompt tokens whose KV is computed (chunked prefill progress)
     finished: bool = False
-    finish_reason: str | None = None
+    finish_reason: str | None = None  # "eos" | "length" | "rejected"
+    error: str | None = None  # why a request was rejected
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0

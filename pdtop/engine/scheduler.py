@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pdtop.engine.devices.base import Device
-from pdtop.engine.errors import KVCapacityError
+from pdtop.engine.errors import EngineError, KVCapacityError
 from pdtop.engine.executor import Executor
 from pdtop.engine.pdmux_config import PdmuxConfig
 from pdtop.engine.records import PrefillProgress, RequestRecord, RoundRecord
@@ -67,6 +67,7 @@ class Scheduler:
         self.chunk_req: Request | None = None
         self.finished: deque[Request] = deque(maxlen=keep_finished)
         self.round_index = 0
+        self.rejected: list[Request] = []  # reported as "finish" records by the next step
         self._reserved = 0  # KV tokens promised to admitted requests (prompt + max_tokens)
 
     # -- requests --------------------------------------------------------------------------
@@ -101,6 +102,11 @@ class Scheduler:
                 self.executor.admit(req)
             except KVCapacityError:
                 break
+            except EngineError as exc:  # a request the model cannot take: it ends here, the rest go on
+                self.waiting.popleft()
+                req.finished, req.finish_reason, req.error = True, "rejected", str(exc)
+                self.rejected.append(req)
+                continue
             self.waiting.popleft()
             self._reserved += need
             batch.append(req)
@@ -243,6 +249,9 @@ class Scheduler:
         else:
             self._step_prefill_first(stats)
         now = self.device.now()
+        for req in self.rejected:
+            stats.requests.append(RequestRecord("finish", req.id, now, req.prompt_len, 0, None, [], "rejected"))
+        self.rejected.clear()
         p_units, d_units = stats.split if stats.split is not None else self.device.split
         used, capacity = self.executor.kv_usage()
         record = RoundRecord(

@@ -67,7 +67,9 @@ class CudaDevice(Device):
     unit_name = "SMs"
     virtual = False
 
-    def __init__(self, groups: list[tuple[int, int]] | None = None, index: int = 0, sm_group_num: int = 8):
+    def __init__(self, groups: list[tuple[int, int]] | None = None, index: int = 0, sm_group_num: int = 8,
+                 balanced_workqueues: bool = False):
+        """`groups=None` builds SGLang's `stream_groups`; `balanced_workqueues` needs a CUDA 13.1+ driver."""
         reason = cuda_unavailable_reason(index)
         if reason:
             raise DeviceError(f"cuda device unavailable: {reason}")
@@ -86,6 +88,7 @@ class CudaDevice(Device):
         self._levels: dict[tuple[int, int], _Level] = {}
         self._pending: _Pending | None = None
         self._closed = False
+        self.balanced_workqueues = balanced_workqueues
         self.groups = []
         self.level = 0
         if groups is None:
@@ -105,7 +108,7 @@ class CudaDevice(Device):
             raise DeviceError(f"level {group} does not fit {self.name} ({self.units} SMs)")
         if p == 0 or d == 0:
             return _Level(self._whole_prefill, self._whole_decode, None, (p, d))
-        pair = self.gc.split(p, d)
+        pair = self.gc.split(p, d, self.balanced_workqueues)
         ext = self._torch.cuda.ExternalStream
         return _Level(ext(pair.prefill_stream, device=self.tdev), ext(pair.decode_stream, device=self.tdev),
                       pair, pair.realized)
@@ -194,7 +197,8 @@ class CudaDevice(Device):
     # -- the rest ----------------------------------------------------------------------------
     def describe(self) -> dict:
         return {**super().describe(), **{k: v for k, v in self.gc.describe().items() if k != "name"},
-                "gpu": self.gc.name, "levels_realized": [list(r) for r in self.realized]}
+                "gpu": self.gc.name, "levels_realized": [list(r) for r in self.realized],
+                "balanced_workqueues": self.balanced_workqueues}
 
     def _sync_all(self) -> None:
         streams = [self._whole, self._whole_prefill, self._whole_decode]

@@ -6,7 +6,7 @@ machine lacks (cuda-python, a driver, a GPU, green contexts) becomes a one-line
 `DeviceError` saying what is missing. This module never imports torch.
 
 Driver requirements: green contexts need a CUDA 12.4+ driver, streams created on them
-(`cuGreenCtxStreamCreate`) 12.5+. cuda-bindings 13.x needs a CUDA 13 (R580+) driver;
+(`cuGreenCtxStreamCreate`) 12.5+, the optional balanced workqueues 13.1+. cuda-bindings 13.x needs a CUDA 13 (R580+) driver;
 on a CUDA 12 driver install cuda-python 12.x.
 """
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pdtop.engine.splits import arch_constraints
 
 GREEN_CTX_MIN_DRIVER = 12040  # cuGreenCtxCreate, cuDevSmResourceSplitByCount
 STREAM_MIN_DRIVER = 12050  # cuGreenCtxStreamCreate
+WORKQUEUE_MIN_DRIVER = 13010  # CU_DEV_RESOURCE_TYPE_WORKQUEUE_CONFIG (balanced workqueues)
 INSTALL_HINT = "pip install 'pdtop[gpu]' (cuda-python)"
 
 
@@ -159,9 +160,24 @@ class GreenContexts:
         """The whole device's SM resource (queried per split: split outputs cannot be split again)."""
         return call(self.drv, "cuDeviceGetDevResource", self.dev, self.drv.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM)
 
-    def split(self, prefill_sms: int, decode_sms: int | None = None) -> GreenPair:
-        """Carve `prefill_sms` (rounded up to the granularity) off the device; the rest is decode's."""
+    def _workqueue_resource(self) -> Any:
+        """A workqueue config asking for non-overlapping workqueues between balanced green contexts."""
+        if self.driver_version < WORKQUEUE_MIN_DRIVER:
+            raise DeviceError("balanced workqueues need a CUDA 13.1+ driver; this driver supports "
+                              f"CUDA {version_str(self.driver_version)}")
         drv = self.drv
+        wq = call(drv, "cuDeviceGetDevResource", self.dev, drv.CUdevResourceType.CU_DEV_RESOURCE_TYPE_WORKQUEUE_CONFIG)
+        wq.wqConfig.sharingScope = drv.CUdevWorkqueueConfigScope.CU_WORKQUEUE_SCOPE_GREEN_CTX_BALANCED
+        return wq
+
+    def split(self, prefill_sms: int, decode_sms: int | None = None, balanced_workqueues: bool = False) -> GreenPair:
+        """Carve `prefill_sms` (rounded up to the granularity) off the device; the rest is decode's.
+
+        `balanced_workqueues` (CUDA 13.1+) also asks the driver to keep the two sides'
+        submissions on separate hardware workqueues, so launches do not queue behind each other.
+        """
+        drv = self.drv
+        extra = [self._workqueue_resource()] if balanced_workqueues else []
         want_p = round_sms(prefill_sms, self.major)
         want_d = self.total_sms - want_p if decode_sms is None else decode_sms
         if want_p + want_d > self.total_sms or want_d < 1:
@@ -179,7 +195,7 @@ class GreenContexts:
                                   f"({want_p}, {want_d}) split on {self.name} ({self.total_sms} SMs)")
             flag = drv.CUgreenCtxCreate_flags.CU_GREEN_CTX_DEFAULT_STREAM
             for res in (part, rest):
-                desc = call(drv, "cuDevResourceGenerateDesc", [res], 1)
+                desc = call(drv, "cuDevResourceGenerateDesc", [res, *extra], 1 + len(extra))
                 handles.append(call(drv, "cuGreenCtxCreate", desc, self.dev, flag))
             nb = drv.CUstream_flags.CU_STREAM_NON_BLOCKING
             for ctx in handles[:2]:
