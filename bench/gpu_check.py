@@ -353,6 +353,24 @@ def raw_levels() -> list[dict]:
     return rows
 
 
+def balanced_probe() -> dict:
+    """Can this driver give a split level balanced workqueues (CUDA 13.1+)? Not used by the runs below."""
+    from pdtop.engine.devices.green_ctx import GreenContexts
+    from pdtop.engine.splits import choose, stream_groups
+
+    gc = GreenContexts(0)
+    try:
+        groups = stream_groups(gc.total_sms, gc.major)
+        p, d = groups[choose(groups, 32, True)]
+        pair = gc.split(p, d, balanced_workqueues=True)
+        gc.destroy(pair)
+        return {"supported": True, "requested": [p, d], "realized": list(pair.realized)}
+    except Exception as e:
+        return {"supported": False, "reason": str(e)}
+    finally:
+        gc.close()
+
+
 def decode_alone(dev: Any, model: SyntheticModel, st: DecodeState, steps: int, on_decode_side: bool) -> dict:
     work = make_work("decode", lambda: model.decode_step(st).tolist())
     run = dev.run_decode if on_decode_side else dev.run_whole
@@ -516,6 +534,7 @@ def main(argv: list[str] | None = None) -> int:
             rep.section("levels_raw", raw_levels)
         else:
             rep.section("level_scaling", lambda: level_scaling(dev, 8192, 10, 1024))
+            rep.section("balanced_workqueues_probe", balanced_probe)
     green = dev is not None
     if dev is None:
         dev = PlainDevice(device)
