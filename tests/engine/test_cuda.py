@@ -124,6 +124,9 @@ def device():
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="needs an NVIDIA GPU, CUDA torch and cuda-python")
 def test_every_level_gets_its_sms(device):
+    from pdtop.engine.devices.cuda import cuda_device_info
+
+    assert cuda_device_info()["sms"] == device.units
     assert device.groups[0] == (device.units, 0) and device.groups[-1] == (0, device.units)
     for (p, d), (rp, rd) in zip(device.groups, device.realized):
         assert rp >= p and rd >= d and rp + rd <= device.units
@@ -214,3 +217,11 @@ def test_gpu_check_smoke_runs_without_packages_the_gpu_machine_lacks(tmp_path):
     for key in ("decode_alone_whole", "prefill_alone_whole", "pdmux", "chunked_128", "chunked_64"):
         assert key in report, key
     assert report["pdmux"]["prefill_ms"] > 0 and report["chunked_64"]["steps"] == 4
+
+
+@no_cuda
+def test_device_info_says_what_is_missing():
+    from pdtop.engine.devices.cuda import cuda_device_info
+
+    with pytest.raises(DeviceError, match="^cuda device unavailable: "):
+        cuda_device_info()

@@ -45,6 +45,18 @@ def cuda_unavailable_reason(index: int = 0) -> str | None:
     return "; ".join(missing) or None
 
 
+def cuda_device_info(index: int = 0) -> dict:
+    """Name, SM count and compute capability of GPU `index` through torch, for building a split
+    table before the device; `DeviceError` (what is missing) where there is no usable GPU."""
+    reason = cuda_unavailable_reason(index)
+    if reason:
+        raise DeviceError(f"cuda device unavailable: {reason}")
+    import torch
+
+    p = torch.cuda.get_device_properties(index)
+    return {"name": p.name, "sms": p.multi_processor_count, "major": p.major, "minor": p.minor}
+
+
 @dataclass
 class _Level:
     """The two streams one level runs on; `pair` is None for the whole-device end levels."""

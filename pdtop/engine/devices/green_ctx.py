@@ -209,8 +209,7 @@ class GreenContexts:
 
     def destroy(self, pair: GreenPair) -> None:
         """Destroy a level's streams, then its green contexts; the caller has synchronized them."""
-        if pair in self.pairs:
-            self.pairs.remove(pair)
+        self.pairs = [p for p in self.pairs if p is not pair]
         errors = _destroy(self.drv, pair._handles)
         pair._handles = []
         if errors:
