@@ -8,6 +8,7 @@ command table in `pdtop.ui.commands`.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from functools import partial
 from pathlib import Path
 from typing import Any, Iterable
@@ -61,6 +62,7 @@ class PdtopApp(App[None]):
         self._painted: tuple[Any, ...] = ()
         self._force_paint = True
         self.source_error: str | None = None
+        self.notices: deque[tuple[str, str, str]] = deque(maxlen=100)  # (severity, title, message) shown
         super().__init__()
         for t in self.pdtop_themes.values():
             self.register_theme(t)
@@ -83,6 +85,16 @@ class PdtopApp(App[None]):
         if self.replay:
             yield ReplayBar(id="replay-bar")
         yield Footer()
+
+    def notify(self, message: str, *, title: str = "", severity: str = "information", **kwargs: Any) -> None:
+        """Show a toast, and keep it in `notices` (the last 100)."""
+        self.notices.append((severity, title, message))
+        super().notify(message, title=title, severity=severity, **kwargs)  # type: ignore[arg-type]
+
+    def repaint(self) -> None:
+        """Repaint every panel now (the tick does this when something changed)."""
+        self._force_paint = True
+        self._tick()
 
     def get_theme_variable_defaults(self) -> dict[str, str]:
         return default_variables()
@@ -145,16 +157,12 @@ class PdtopApp(App[None]):
         if key == self._painted and not self._force_paint:
             return
         self._painted, self._force_paint = key, False
-        state = self.state
-        try:
-            self.query_one(HeaderBar).paint(state, self.connection, self.readonly)
-            for panel in self.query(Panel):
-                panel.paint(state)
-            if self.replay:
-                self.query_one(ReplayBar).paint(self.source)
-        except Exception as exc:  # pragma: no cover - a paint bug must not kill the dashboard
-            self.log.error(f"repaint failed: {exc!r}")
-            raise
+        state, main = self.state, self.screen_stack[0]  # the main screen, even under a modal one
+        main.query_one(HeaderBar).paint(state, self.connection, self.readonly)
+        for panel in main.query(Panel):
+            panel.paint(state)
+        if self.replay:
+            main.query_one(ReplayBar).paint(self.source)
 
     # ---- the command table -----------------------------------------------------------------
 
