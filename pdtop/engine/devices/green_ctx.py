@@ -6,8 +6,8 @@ machine lacks (cuda-python, a driver, a GPU, green contexts) becomes a one-line
 `DeviceError` saying what is missing. This module never imports torch.
 
 Driver requirements: green contexts need a CUDA 12.4+ driver, streams created on them
-(`cuGreenCtxStreamCreate`) 12.5+, the optional balanced workqueues 13.1+. cuda-bindings 13.x needs a CUDA 13 (R580+) driver;
-on a CUDA 12 driver install cuda-python 12.x.
+(`cuGreenCtxStreamCreate`) 12.5+, the optional balanced workqueues 13.1+. cuda-bindings
+13.x needs a CUDA 13 (R580+) driver; on a CUDA 12 driver install cuda-python 12.x.
 """
 from __future__ import annotations
 
