@@ -29,11 +29,11 @@ def reconnect_delays(first: float = 0.2, cap: float = 5.0) -> Generator[float, N
         delay = min(cap, delay * 2)
 
 
-def with_token(url: str, token: str | None) -> str:
-    if not token:
-        return url
+def with_query(url: str, **params: str | None) -> str:
+    """`url` with these query parameters set (None leaves a parameter out)."""
     parts = urlsplit(url)
-    query = [(k, v) for k, v in parse_qsl(parts.query) if k != "token"] + [("token", token)]
+    query = [(k, v) for k, v in parse_qsl(parts.query) if k not in params]
+    query += [(k, v) for k, v in params.items() if v]
     return urlunsplit(parts._replace(query=urlencode(query)))
 
 
@@ -46,7 +46,8 @@ class LiveSource:
         if not url.startswith(("ws://", "wss://")):
             raise ValueError(f"not a websocket URL (ws://HOST:PORT): {url!r}")
         self.url = url
-        self._connect_url = with_token(url, token)
+        # batch=1: one frame per server tick; events() hands them out one by one
+        self._connect_url = with_query(url, token=token, batch="1")
         self.want_readonly = readonly
         self.readonly = readonly
         self.state = "connecting"
@@ -69,8 +70,7 @@ class LiveSource:
                 self._ws = ws
                 try:
                     async for frame in ws:
-                        event = self._accept(frame)
-                        if event is not None:
+                        for event in self._accept(frame):
                             yield event
                 except ConnectionClosed:
                     pass
@@ -84,14 +84,16 @@ class LiveSource:
             self.state = "closed"
             self._fail_pending("source closed")
 
-    def _accept(self, frame: str | bytes) -> dict[str, Any] | None:
+    def _accept(self, frame: str | bytes) -> list[dict[str, Any]]:
         try:
             event = json.loads(frame)
         except ValueError:
-            return None
+            return []
         if not isinstance(event, dict):
-            return None
+            return []
         kind = event.get("type")
+        if kind == "batch":
+            return [e for e in event.get("events") or () if isinstance(e, dict)]
         if kind == "hello":
             self.hello = event
             self.readonly = self.want_readonly or bool(event.get("readonly"))
@@ -101,7 +103,7 @@ class LiveSource:
             future = self._pending.pop(str(event.get("id")), None)
             if future is not None and not future.done():
                 future.set_result(event)
-        return event
+        return [event]
 
     async def send(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Send one control message; the reply (ok true) is returned, a refusal raises."""

@@ -1,9 +1,10 @@
 """One client's outgoing frames: a bounded stream that drops its oldest, and a short
 priority lane (hello, replies, config, errors) that is never dropped.
 
-Used on the event loop's thread only. The engine never waits on it: a full stream
-drops its oldest frame and counts it; the writer reports the count with a `dropped`
-event before the next stream frame.
+Used on the event loop's thread only. The engine never waits on it: when the stream
+holds more than `max_events` events the oldest frames go and their events are counted;
+the writer reports the count with a `dropped` event before the next stream frame.
+A stream frame is one event, or a `batch` frame holding `n` events.
 """
 from __future__ import annotations
 
@@ -16,35 +17,47 @@ class QueueOverflow(Exception):
 
 
 class ClientQueue:
-    def __init__(self, maxlen: int = 1024, priority_maxlen: int = 1024) -> None:
-        if maxlen < 1:
+    def __init__(self, max_events: int = 1024, priority_max: int = 1024) -> None:
+        if max_events < 1:
             raise ValueError("queue size must be at least 1")
-        self.maxlen = maxlen
-        self.priority_maxlen = priority_maxlen
-        self.stream: deque[str] = deque()
+        self.max_events = max_events
+        self.priority_max = priority_max
+        self.stream: deque[tuple[str, int]] = deque()
         self.priority: deque[str] = deque()
-        self.dropped = 0  # dropped since the last `dropped` event
+        self.events = 0  # events held in `stream`
+        self.dropped = 0  # events lost since the last `dropped` event
         self.dropped_total = 0
-        self.sent = 0
         self.wake = asyncio.Event()
 
-    def put(self, frame: str) -> None:
-        if len(self.stream) >= self.maxlen:
-            self.stream.popleft()
-            self.dropped += 1
-            self.dropped_total += 1
-        self.stream.append(frame)
+    def put(self, frame: str, n: int = 1) -> None:
+        self.stream.append((frame, n))
+        self.events += n
+        while self.events > self.max_events and len(self.stream) > 1:
+            _, lost = self.stream.popleft()
+            self.events -= lost
+            self.lose(lost)
+        self.wake.set()
+
+    def lose(self, n: int) -> None:
+        """Count events this client will not get (also used for events shed upstream)."""
+        self.dropped += n
+        self.dropped_total += n
         self.wake.set()
 
     def put_priority(self, frame: str) -> None:
-        if len(self.priority) >= self.priority_maxlen:
+        if len(self.priority) >= self.priority_max:
             raise QueueOverflow(f"{len(self.priority)} replies and notices unread")
         self.priority.append(frame)
         self.wake.set()
+
+    def pop_stream(self) -> str:
+        frame, n = self.stream.popleft()
+        self.events -= n
+        return frame
 
     def take_dropped(self) -> int:
         n, self.dropped = self.dropped, 0
         return n
 
-    def __len__(self) -> int:
-        return len(self.stream) + len(self.priority)
+    def __bool__(self) -> bool:
+        return bool(self.stream or self.priority or self.dropped)

@@ -1,10 +1,12 @@
 """The telemetry and control websocket server (docs/protocol.md).
 
-The engine's sink only appends to a deque: the engine thread never waits for the
-network. A pump task on the event loop takes what arrived every `tick` seconds, turns
-each record into an event, encodes it once and hands the same text to every client's
-bounded queue (and the recorder). Each client has its own writer task, so one client
-that stops reading only loses its own oldest events (reported with `dropped`).
+The engine's sink only appends to a deque (`Inbox`): the engine thread never waits for
+the network. A pump task on the event loop takes what arrived every `tick` seconds (at
+most `max_event_rate` events a second: the newest; the rest are shed and counted),
+encodes each event once and hands the same text to every client's bounded queue and to
+the recorder. Clients that asked for `?batch=1` get one `batch` frame per tick instead of
+one frame per event. Each client has its own writer task, so a client that stops
+reading only loses its own oldest events (reported with `dropped`).
 """
 from __future__ import annotations
 
@@ -13,17 +15,18 @@ import hmac
 import ipaddress
 import itertools
 import logging
-from collections import deque
+import time
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
-from pdtop.engine.records import ConfigChange
+from pdtop.engine.control import ControlError
 from pdtop.telemetry import events as ev
 from pdtop.telemetry.client_queue import ClientQueue, QueueOverflow
 from pdtop.telemetry.frames import WIRE_MAX_SIZE, FrameError, parse_control
+from pdtop.telemetry.inbox import Inbox
 from pdtop.telemetry.recorder import Recorder, RecordingError
 
 log = logging.getLogger("pdtop.telemetry.server")
@@ -41,66 +44,58 @@ def is_loopback(host: str) -> bool:
 
 
 class Client:
-    def __init__(self, client_id: str, ws: ServerConnection, queue: ClientQueue, authorized: bool) -> None:
+    def __init__(self, client_id: str, ws: ServerConnection, queue: ClientQueue, authorized: bool,
+                 batch: bool) -> None:
         self.id = client_id
         self.ws = ws
         self.queue = queue
         self.authorized = authorized
+        self.batch = batch
+        self.frames_sent = 0
 
 
 class TelemetryServer:
-    """Serve `engine`'s events and control. Call `start()` inside a running event loop,
-    then `engine.add_sink(server.sink)` is already done for you."""
+    """Serve `engine`'s events and control on ws://host:port. Registers its sink with the
+    engine at construction; `start()` inside a running event loop, `stop()` to finish."""
 
     def __init__(self, engine: Any, host: str = "127.0.0.1", port: int = 8765, *, token: str | None = None,
-                 queue_size: int = 1024, tick: float = 0.01, inbox_size: int = 100_000,
+                 queue_size: int = 1024, tick: float = 0.025, max_event_rate: float = 2000.0,
                  record_path: str | None = None) -> None:
-        if not is_loopback(host) and not token:
-            raise ValueError(f"binding {host} (not a loopback address) needs --token")
         if token is not None and not token:
             raise ValueError("the token must not be empty")
+        if not is_loopback(host) and not token:
+            raise ValueError(f"binding {host} (not a loopback address) needs --token")
         self.engine = engine
         self.host, self.port = host, port
         self.token = token
         self.queue_size = queue_size
         self.tick = tick
+        self.max_event_rate = max_event_rate
         self.clients: dict[str, Client] = {}
         self.recorder: Recorder | None = None
+        self.events_published = 0  # events fanned out
+        self.events_shed = 0  # events dropped before fan-out (over max_event_rate)
         self._initial_record = record_path
-        self._inbox: deque[Any] = deque()
-        self._inbox_size = inbox_size
-        self._inbox_dropped = 0  # written by the engine thread only
-        self._inbox_reported = 0
+        self._inbox = Inbox(engine.config_dict)
         self._ids = itertools.count(1)
         self._server: Server | None = None
         self._pump_task: asyncio.Task | None = None
-        self.events_published = 0
-        engine.add_sink(self.sink)
-
-    # -- producers (any thread) ------------------------------------------------------
-    def sink(self, record: Any) -> None:
-        """Engine sink: O(1), never blocks. A ConfigChange captures the config right after it."""
-        if len(self._inbox) >= self._inbox_size:
-            self._inbox_dropped += 1
-            return
-        if isinstance(record, ConfigChange):
-            self._inbox.append((record, self.engine.config_dict()))
-        else:
-            self._inbox.append(record)
+        self._last_tick = 0.0
+        self._budget = max_event_rate
+        engine.add_sink(self._inbox.sink)
 
     def publish(self, event: dict[str, Any]) -> None:
         """Queue a ready-made event (the hardware sampler's); thread-safe, never blocks."""
-        if len(self._inbox) < self._inbox_size:
-            self._inbox.append(event)
+        self._inbox.publish(event)
 
     # -- lifecycle -------------------------------------------------------------------
     async def start(self) -> None:
         self._server = await serve(self._handle, self.host, self.port, compression=None,
                                    max_size=WIRE_MAX_SIZE, max_queue=16)
-        sock = next(iter(self._server.sockets))
-        self.port = sock.getsockname()[1]
+        self.port = next(iter(self._server.sockets)).getsockname()[1]
         if self._initial_record:
             self.start_recording(self._initial_record)
+        self._last_tick = time.monotonic()
         self._pump_task = asyncio.create_task(self._pump(), name="pdtop-telemetry-pump")
 
     @property
@@ -109,6 +104,8 @@ class TelemetryServer:
         return f"ws://{host}:{self.port}"
 
     async def stop(self) -> None:
+        """Stop serving: pending events are sent to the recorder, connections closed (1001)."""
+        self.engine.remove_sink(self._inbox.sink)
         if self._pump_task is not None:
             self._pump_task.cancel()
             try:
@@ -118,7 +115,7 @@ class TelemetryServer:
             self._pump_task = None
             self._drain()
         if self._server is not None:
-            self._server.close()  # closes every connection with 1001 going away
+            self._server.close()
             await self._server.wait_closed()
             self._server = None
         self.stop_recording()
@@ -156,19 +153,24 @@ class TelemetryServer:
                 log.exception("telemetry pump")
 
     def _drain(self) -> None:
-        inbox = self._inbox
-        if self._inbox_dropped != self._inbox_reported:
-            lost = self._inbox_dropped - self._inbox_reported
-            self._inbox_reported += lost
-            frame = ev.encode(ev.dropped_event(lost))
-            for client in list(self.clients.values()):
-                self._send_priority(client, frame)
-        while inbox:
-            item = inbox.popleft()
+        # token bucket: max_event_rate a second on average, bursts up to one second's worth
+        now = time.monotonic()
+        elapsed, self._last_tick = now - self._last_tick, now
+        self._budget = min(self.max_event_rate, self._budget + self.max_event_rate * elapsed)
+        items, shed = self._inbox.take(max(1, int(self._budget)))
+        self._budget -= len(items)
+        clients = list(self.clients.values())
+        if shed:
+            self.events_shed += shed
+            for client in clients:
+                client.queue.lose(shed)
+            self._record(ev.encode(ev.dropped_event(shed)))
+        frames: list[str] = []
+        for item in items:
             try:
-                if isinstance(item, dict):
+                if item.__class__ is dict:
                     event = item
-                elif isinstance(item, tuple):
+                elif item.__class__ is tuple:
                     event = ev.config_event(*item)
                 else:
                     event = ev.record_event(item)
@@ -176,24 +178,36 @@ class TelemetryServer:
             except Exception:
                 log.exception("cannot encode %r", type(item).__name__)
                 continue
-            self.events_published += 1
-            if self.recorder is not None:
-                try:
-                    self.recorder.write(frame)
-                except (OSError, ValueError) as exc:
-                    self._recording_failed(exc)
-            if event["type"] == "config":
-                for client in list(self.clients.values()):
+            self._record(frame)
+            if event["type"] == "config":  # never dropped: every client must see it
+                for client in clients:
                     self._send_priority(client, frame)
             else:
-                for client in self.clients.values():
-                    client.queue.put(frame)
+                frames.append(frame)
+        if not frames:
+            return
+        self.events_published += len(frames)
+        batch = None
+        for client in clients:
+            if client.batch:
+                if batch is None:
+                    batch = '{"type":"batch","v":%d,"events":[%s]}' % (ev.PROTOCOL_VERSION, ",".join(frames))
+                client.queue.put(batch, len(frames))
+            else:
+                put = client.queue.put
+                for frame in frames:
+                    put(frame)
 
-    def _recording_failed(self, exc: Exception) -> None:
-        path = self.stop_recording()
-        frame = ev.encode(ev.error_event("path", f"recording to {path!r} stopped: {exc}"))
-        for client in list(self.clients.values()):
-            self._send_priority(client, frame)
+    def _record(self, frame: str) -> None:
+        if self.recorder is None:
+            return
+        try:
+            self.recorder.write(frame)
+        except (OSError, ValueError) as exc:
+            path = self.stop_recording()
+            note = ev.encode(ev.error_event("path", f"recording to {path!r} stopped: {exc}"))
+            for client in list(self.clients.values()):
+                self._send_priority(client, note)
 
     def _send_priority(self, client: Client, frame: str) -> None:
         try:
@@ -209,9 +223,11 @@ class TelemetryServer:
 
     async def _handle(self, ws: ServerConnection) -> None:
         client_id = f"c{next(self._ids)}"
-        given = _query_token(ws)
+        query = _query(ws)
+        given = query.get("token")
         authorized = self.token is None or (given is not None and _same(given, self.token))
-        client = Client(client_id, ws, ClientQueue(self.queue_size), authorized)
+        client = Client(client_id, ws, ClientQueue(self.queue_size), authorized,
+                        batch=query.get("batch") in ("1", "true", "yes"))
         client.queue.put_priority(ev.encode(self._hello(client_id, not authorized)))
         if given is not None and not authorized:
             client.queue.put_priority(ev.encode(ev.error_event("token", "wrong token; this connection is read-only")))
@@ -237,15 +253,15 @@ class TelemetryServer:
             while True:
                 await q.wake.wait()
                 q.wake.clear()
-                while q.priority or q.stream:
+                while q:
                     if q.priority:
                         frame = q.priority.popleft()
                     elif q.dropped:
                         frame = ev.encode(ev.dropped_event(q.take_dropped()))
                     else:
-                        frame = q.stream.popleft()
+                        frame = q.pop_stream()
                     await ws.send(frame)
-                    q.sent += 1
+                    client.frames_sent += 1
         except ConnectionClosed:
             pass
         except asyncio.CancelledError:
@@ -282,12 +298,11 @@ class TelemetryServer:
         body = {k: v for k, v in msg.items() if k != "id"}
         try:
             self.engine.control(body, client=client.id)
-        except Exception as exc:
-            field, reason = getattr(exc, "field", None), getattr(exc, "reason", None)
-            if reason is None:  # not a ControlError: the engine failed, the server goes on
-                log.warning("engine.control(%r) raised %r", body, exc)
-                reason = f"{type(exc).__name__}: {exc}"
-            return ev.reply_event(msg_id, False, field, reason)
+        except ControlError as exc:
+            return ev.reply_event(msg_id, False, exc.field, exc.reason)
+        except Exception as exc:  # the engine failed to validate: report it, keep serving
+            log.warning("engine.control(%r) raised %r", body, exc)
+            return ev.reply_event(msg_id, False, None, f"{type(exc).__name__}: {exc}")
         return ev.reply_event(msg_id, True)
 
     def _auth(self, client: Client, msg_id: Any, token: Any) -> dict[str, Any]:
@@ -299,12 +314,11 @@ class TelemetryServer:
         return ev.reply_event(msg_id, False, "token", "wrong token")
 
 
-def _query_token(ws: ServerConnection) -> str | None:
+def _query(ws: ServerConnection) -> dict[str, str]:
     try:
-        values = parse_qs(urlsplit(ws.request.path).query).get("token")
+        return {k: v[0] for k, v in parse_qs(urlsplit(ws.request.path).query).items()}
     except Exception:
-        return None
-    return values[0] if values else None
+        return {}
 
 
 def _same(a: str, b: str) -> bool:

@@ -1,0 +1,79 @@
+"""Fixtures for telemetry tests: a real simulated-GPU engine, a real server on loopback,
+and a raw websocket client that records every frame it gets."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from websockets.asyncio.client import connect
+
+from pdtop.engine.engine import build_engine
+from pdtop.engine.workload import WorkloadSpec
+from pdtop.telemetry.server import TelemetryServer
+
+
+def make_engine(rate: float = 50.0):
+    return build_engine(device="sim:H100", model="synthetic:qwen3-8b", workload=WorkloadSpec(rate=rate, seed=1))
+
+
+@pytest.fixture
+def engine():
+    eng = make_engine()
+    yield eng
+    eng.close()
+
+
+async def steps(engine, n: int) -> None:
+    """Run `n` rounds on a worker thread (the engine's own thread in real use)."""
+    await asyncio.to_thread(lambda: [engine.step() for _ in range(n)])
+
+
+@pytest.fixture
+async def server(engine):
+    srv = TelemetryServer(engine, port=0, tick=0.01)
+    await srv.start()
+    yield srv
+    await srv.stop()
+
+
+class Raw:
+    """A websocket client that keeps every frame (decoded) in `events`."""
+
+    def __init__(self, ws):
+        self.ws = ws
+        self.events: list[dict] = []
+        self.task = asyncio.create_task(self._read())
+
+    @classmethod
+    async def open(cls, url: str, **kw):
+        return cls(await connect(url, compression=None, max_size=2**21, **kw))
+
+    async def _read(self):
+        async for frame in self.ws:
+            event = json.loads(frame)
+            if event.get("type") == "batch":
+                self.events.extend(event["events"])
+            else:
+                self.events.append(event)
+
+    def of(self, kind: str) -> list[dict]:
+        return [e for e in self.events if e.get("type") == kind]
+
+    async def wait(self, pred, timeout: float = 10.0):
+        """Wait until pred(self) is true (checked as frames arrive)."""
+        async def poll():
+            while not pred(self):
+                await asyncio.sleep(0.005)
+        await asyncio.wait_for(poll(), timeout)
+
+    async def request(self, msg, timeout: float = 5.0) -> dict:
+        """Send one frame (dict -> JSON, str/bytes as is) and return the next reply."""
+        n = len(self.of("reply"))
+        await self.ws.send(json.dumps(msg) if isinstance(msg, dict) else msg)
+        await self.wait(lambda c: len(c.of("reply")) > n, timeout)
+        return self.of("reply")[n]
+
+    async def close(self):
+        await self.ws.close()
+        await self.task

@@ -1,0 +1,114 @@
+"""The server's stream: hello first, every client gets the rounds, a client that never
+reads only loses its own events (counted), overload is shed and counted."""
+from __future__ import annotations
+
+import asyncio
+import socket
+
+from websockets.asyncio.client import connect
+
+from conftest import Raw, steps
+from pdtop.telemetry.server import TelemetryServer
+
+
+def counted(client: Raw) -> int:
+    """Events received plus events the server said were dropped."""
+    stream = [e for e in client.events if e["type"] in ("round", "request", "config")]
+    return len(stream) + sum(e["count"] for e in client.of("dropped"))
+
+
+async def test_every_client_gets_hello_then_every_round(engine, server):
+    plain = [await Raw.open(server.url) for _ in range(2)]
+    batched = await Raw.open(server.url + "/?batch=1")
+    clients = [*plain, batched]
+    await asyncio.gather(*(c.wait(lambda c: c.events) for c in clients))
+    for c in clients:
+        hello = c.events[0]
+        assert hello["type"] == "hello" and hello["v"] == 1 and hello["readonly"] is False
+        assert hello["engine"]["device"]["name"] == "sim:H100" and hello["engine"]["units"] == 132
+        assert hello["engine"]["config"] == engine.config_dict()
+    assert len({c.events[0]["client_id"] for c in clients}) == 3
+    for _ in range(4):
+        await steps(engine, 50)
+    for c in clients:
+        await c.wait(lambda c: len(c.of("round")) >= 200)
+        assert [e["index"] for e in c.of("round")] == list(range(200))
+        assert not c.of("dropped")
+        r = c.of("round")[-1]
+        assert r["v"] == 1 and isinstance(r["prefills"], list) and r["decode_units"] + r["prefill_units"] <= 132
+    assert plain[0].of("request") == batched.of("request") != []
+    for c in clients:
+        await c.close()
+    await asyncio.sleep(0.05)
+    assert server.clients == {}
+
+
+async def test_a_client_that_never_reads_does_not_hold_back_the_others(engine):
+    produced = []
+    engine.add_sink(produced.append)
+    server = TelemetryServer(engine, port=0, tick=0.01, queue_size=256, max_event_rate=1e9)
+    await server.start()
+    try:
+        reader = await Raw.open(server.url)
+        # The stalled client: a tiny receive buffer and no reading at all.
+        sock = socket.create_connection(("127.0.0.1", server.port))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled = await connect(server.url, sock=sock, compression=None, max_queue=1)
+        await reader.wait(lambda c: c.events)
+        # a slow link: the server's socket buffer for this client is small too
+        server_side = [c for c in server.clients.values() if c.ws.remote_address[1] == sock.getsockname()[1]]
+        server_side[0].ws.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        rounds = 0
+        for _ in range(20):  # bursts the reader can keep up with; the stalled client cannot
+            await steps(engine, 50)
+            rounds += 50
+            await reader.wait(lambda c: len(c.of("round")) >= rounds)
+        # the reader saw every round, in order, and lost nothing
+        assert [e["index"] for e in reader.of("round")] == list(range(rounds))
+        assert not reader.of("dropped")
+        assert counted(reader) == len(produced)
+        # now the stalled client reads: it lost events and was told how many
+        got = Raw(stalled)
+        await got.wait(lambda c: counted(c) >= len(produced))
+        assert got.events[0]["type"] == "hello"
+        assert sum(e["count"] for e in got.of("dropped")) > 0
+        assert counted(got) == len(produced)
+        assert len(got.of("round")) < rounds
+        await got.close()
+        await reader.close()
+    finally:
+        await server.stop()
+
+
+async def test_overload_is_shed_and_counted(engine):
+    produced = []
+    engine.add_sink(produced.append)
+    server = TelemetryServer(engine, port=0, tick=0.01, max_event_rate=200)
+    await server.start()
+    try:
+        client = await Raw.open(server.url + "/?batch=1")
+        await client.wait(lambda c: c.events)
+        await steps(engine, 3000)  # far more than 200 events/s arrive at once
+        await client.wait(lambda c: counted(c) >= len(produced))
+        assert counted(client) == len(produced)
+        assert server.events_shed > 0 and sum(e["count"] for e in client.of("dropped")) >= server.events_shed
+        indexes = [e["index"] for e in client.of("round")]
+        assert indexes == sorted(indexes) and indexes[-1] == 2999  # the newest are kept
+        await client.close()
+    finally:
+        await server.stop()
+
+
+async def test_hw_events_and_published_events_reach_clients(engine, server):
+    from pdtop.telemetry.hw import HwSampler
+
+    client = await Raw.open(server.url)
+    sampler = HwSampler(server.publish, interval=0.05, gpu=False).start()
+    try:
+        await client.wait(lambda c: len(c.of("hw")) >= 2)
+    finally:
+        sampler.stop()
+    hw = client.of("hw")[-1]
+    assert hw["v"] == 1 and hw["time"] > 1e9
+    assert len(hw["cpu_percent"]) >= 1 and 0 < hw["mem_total_bytes"]
+    await client.close()
