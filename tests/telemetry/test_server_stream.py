@@ -50,14 +50,14 @@ async def test_a_client_that_never_reads_does_not_hold_back_the_others(engine):
     await server.start()
     try:
         reader = await Raw.open(server.url)
-        # The stalled client: a tiny receive buffer and no reading at all.
+        # The stalled client: it never reads.
         sock = socket.create_connection(("127.0.0.1", server.port))
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         stalled = await connect(server.url, sock=sock, compression=None, max_queue=1)
         await reader.wait(lambda c: c.events)
-        # a slow link: the server's socket buffer for this client is small too
+        # a slow link: a small socket buffer on the server's side
         server_side = [c for c in server.clients.values() if c.ws.remote_address[1] == sock.getsockname()[1]]
-        server_side[0].ws.transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+        server_sock = server_side[0].ws.transport.get_extra_info("socket")
+        server_sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
         rounds = 0
         for _ in range(20):  # bursts the reader can keep up with; the stalled client cannot
             await steps(engine, 50)
@@ -68,6 +68,7 @@ async def test_a_client_that_never_reads_does_not_hold_back_the_others(engine):
         assert not reader.of("dropped")
         assert counted(reader) == len(produced)
         # now the stalled client reads: it lost events and was told how many
+        server_sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)  # the link gets fast again
         got = Raw(stalled)
         await got.wait(lambda c: counted(c) >= len(produced))
         assert got.events[0]["type"] == "hello"
