@@ -5,6 +5,7 @@ import asyncio
 
 import pytest
 
+from conftest import Pump
 from pdtop.telemetry.recorder import Recorder
 from pdtop.telemetry.replay import ReplaySource
 from pdtop.telemetry.source import ControlRefused
@@ -19,27 +20,6 @@ def _write(path, events):
         rec.write_event(e, t=t)
     rec.close()
     return path
-
-
-class Pump:
-    """Reads a source on its own task, so a test can wait on `get()` with a timeout
-    (cancelling `anext` on an async generator would close it)."""
-
-    def __init__(self, src):
-        self.q: asyncio.Queue = asyncio.Queue()
-        self.task = asyncio.create_task(self._run(src))
-
-    async def _run(self, src):
-        async for e in src.events():
-            await self.q.put(e)
-
-    async def get(self, timeout=5.0):
-        return await asyncio.wait_for(self.q.get(), timeout)
-
-    async def nothing_for(self, seconds=0.3):
-        with pytest.raises(asyncio.TimeoutError):
-            await asyncio.wait_for(self.q.get(), seconds)
-        return True
 
 
 @pytest.fixture
