@@ -197,11 +197,13 @@ class Engine:
 
 def build_engine(device: str = "auto", model: str | None = None, config: PdmuxConfig | None = None,
                  policy: str = "pdmux", workload: Any = None, seed: int = 0, dtype: str = "float32",
-                 kv_capacity_tokens: int | None = None, temperature: float = 0.0) -> Engine:
+                 kv_capacity_tokens: int | None = None, temperature: float = 0.0,
+                 loaded_model: Any = None) -> Engine:
     """An engine on `device` ("auto", "cpu", "cuda", "sim:H100", "sim:custom:..."), ready to `run`.
 
     `model` is a GGUF path, `synthetic:NAME`, or None (the default model; on `sim:` devices
     `synthetic:qwen3-8b`). `workload` is a `WorkloadSpec`, or None for no arrivals.
+    `loaded_model` reuses a model already in memory (tests load it once per session).
     """
     from pdtop.engine.workload import WorkloadSpec
 
@@ -228,7 +230,7 @@ def build_engine(device: str = "auto", model: str | None = None, config: PdmuxCo
 
         source = model or str(default_model_path())
         torch_device = "cpu" if device == "cpu" else device
-        loaded = load_model(source, dtype=dtype, device=torch_device)
+        loaded = loaded_model if loaded_model is not None else load_model(source, dtype=dtype, device=torch_device)
         runner = ModelRunner(loaded, kv_capacity_tokens or 16384)
         cfg = runner.config
         if device == "cpu":
@@ -239,13 +241,11 @@ def build_engine(device: str = "auto", model: str | None = None, config: PdmuxCo
             probe.close()
             dev = CpuDevice(table.groups)
         else:
-            import torch
-
-            from pdtop.engine.devices.cuda import CudaDevice
+            from pdtop.engine.devices.cuda import CudaDevice, cuda_device_info
 
             index = int(torch_device.split(":")[1]) if ":" in torch_device else 0
-            props = torch.cuda.get_device_properties(index)
-            table = SplitTable.for_gpu(props.multi_processor_count, props.major, config)
+            info = cuda_device_info(index)  # DeviceError naming what is missing
+            table = SplitTable.for_gpu(info["sms"], info["major"], config)
             dev = CudaDevice(table.groups, index=index)
         executor = ModelExecutor(runner, lambda r: SamplingParams(temperature=r.temperature, top_p=r.top_p,
                                                                    seed=r.seed, max_tokens=r.max_tokens,

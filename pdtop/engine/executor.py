@@ -39,7 +39,15 @@ class Executor(ABC):
     def prefill_begin(self, reqs: list[Request]) -> Any: ...
 
     @abstractmethod
-    def _run_prefill(self, state: Any, start: int, end: int, finish: bool) -> list[int] | None: ...
+    def _run_prefill(self, state: Any, start: int, end: int) -> None: ...
+
+    @abstractmethod
+    def finish_prefill(self, state: Any) -> list[int]:
+        """Final norm + logits at each prompt's last position and the first tokens.
+
+        Run by the scheduler thread after the last layers are done, not inside the
+        prefill work: on CUDA, sampling syncs, so it must not sit in the launched work.
+        """
 
     @abstractmethod
     def _run_chunk(self, decode: list[Request], req: Request | None, n: int) -> tuple[list[int], int | None]: ...
@@ -51,14 +59,14 @@ class Executor(ABC):
                     lambda: self._run_decode(reqs))
 
     def prefill(self, state: Any, reqs: list[Request], start: int, end: int) -> Work:
-        """Layers [start, end) of a prefill batch; the last chunk also samples each first token."""
+        """Layers [start, end) of a prefill batch; the last chunk is also charged the LM head."""
         finish = end == self.cfg.num_layers
         layers = end - start
         flops = sum(cost.prefill_layer_flops(self.cfg, r.prompt_len, 0, layers) for r in reqs)
         nbytes = cost.prefill_bytes(self.cfg, sum(r.prompt_len for r in reqs), layers, self.dtype_bytes, head=finish)
         if finish:
             flops += sum(cost.prefill_head_flops(self.cfg, r.prompt_len) for r in reqs)
-        return Work("prefill", flops, nbytes, lambda: self._run_prefill(state, start, end, finish))
+        return Work("prefill", flops, nbytes, lambda: self._run_prefill(state, start, end))
 
     def chunk(self, decode: list[Request], req: Request | None, n: int) -> Work:
         """One chunked-prefill step: a decode token for each of `decode` plus `n` prompt tokens of `req`."""
@@ -97,9 +105,11 @@ class ModelExecutor(Executor):
     def prefill_begin(self, reqs: list[Request]) -> Any:
         return self.runner.prefill_begin([r.handle for r in reqs])
 
-    def _run_prefill(self, state: Any, start: int, end: int, finish: bool) -> list[int] | None:
+    def _run_prefill(self, state: Any, start: int, end: int) -> None:
         self.runner.prefill_layers(state, start, end)
-        return self.runner.prefill_finish(state) if finish else None
+
+    def finish_prefill(self, state: Any) -> list[int]:
+        return self.runner.prefill_finish(state)
 
     def _run_chunk(self, decode: list[Request], req: Request | None, n: int) -> tuple[list[int], int | None]:
         return self.runner.chunk_step([r.handle for r in decode], req.handle if req else None, n)
@@ -135,8 +145,11 @@ class SimExecutor(Executor):
     def prefill_begin(self, reqs: list[Request]) -> Any:
         return len(reqs)
 
-    def _run_prefill(self, state: Any, start: int, end: int, finish: bool) -> list[int] | None:
-        return [self.PLACEHOLDER] * state if finish else None
+    def _run_prefill(self, state: Any, start: int, end: int) -> None:
+        return None
+
+    def finish_prefill(self, state: Any) -> list[int]:
+        return [self.PLACEHOLDER] * state
 
     def _run_chunk(self, decode: list[Request], req: Request | None, n: int) -> tuple[list[int], int | None]:
         done = req is not None and req.prefilled + n >= req.prompt_len

@@ -164,11 +164,11 @@ class Scheduler:
         pf = self.prefill
         if pf is None or pf.submitted_end == pf.layers_done or (self.device.prefill_busy() and not block):
             return
-        result = self.device.wait_prefill()
+        self.device.wait_prefill()
         pf.layers_done = pf.submitted_end
         if pf.layers_done == self.num_layers:
             self.prefill = None
-            self._join_decode(pf.reqs, result, stats)
+            self._join_decode(pf.reqs, self.executor.finish_prefill(pf.state), stats)
 
     def _step_pdmux(self, stats: RoundStats) -> None:
         if self.prefill is None and self.waiting:
@@ -204,7 +204,8 @@ class Scheduler:
             work = self.executor.prefill(state, reqs, 0, self.num_layers)
             stats.flops += work.flops
             stats.bytes += work.bytes
-            self._join_decode(reqs, self.device.run_whole(work), stats)
+            self.device.run_whole(work)
+            self._join_decode(reqs, self.executor.finish_prefill(state), stats)
         elif self.running:
             self._set_level(n - 1 if self.pinned is None else self.pinned)
             stats.split = (0, self.device.units)

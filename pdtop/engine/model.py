@@ -1,0 +1,302 @@
+"""PyTorch Llama (nano-vllm style) over packed tokens: embed / layers [start, end) / norm + logits.
+
+All tokens of a forward pass are packed into one `[T, hidden]` tensor: first one
+row per decoding sequence, then the prompt pieces being prefilled. `ForwardBatch`
+(built by the runner) says where each token's K/V goes in the paged cache and what
+each row attends to. q/k/v and gate/up are fused into one matmul each; on CPU the
+weights are pre-packed for oneDNN (about twice as fast as `F.linear` for the
+small-batch shapes of decode; see `linear.py`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pdtop.engine.config import ModelConfig, synthetic_config
+from pdtop.engine.errors import EngineError, UnsupportedModelError
+from pdtop.engine.linear import Linear
+
+if TYPE_CHECKING:
+    from pdtop.engine.gguf_loader import GGUFWeights
+    from pdtop.engine.kv_cache import KVCache
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        if dtype in (torch.float32, torch.bfloat16):
+            return dtype
+    elif dtype in DTYPES:
+        return DTYPES[dtype]
+    raise EngineError(f"unsupported dtype {dtype!r}; use float32 or bfloat16")
+
+
+@dataclass
+class Segment:
+    """A run of prompt tokens of one sequence, packed after the decode rows."""
+    offset: int               # first row in the packed batch
+    length: int               # new tokens
+    prefix: int               # tokens of this sequence already in the KV cache
+    gather: torch.Tensor | None = None  # KV slots of prefix + new tokens (only when prefix > 0)
+    mask: torch.Tensor | None = None    # [length, prefix + length] bool, True = attend
+
+
+@dataclass
+class ForwardBatch:
+    """What one forward pass needs besides the hidden states (built by `ModelRunner`)."""
+    kv: "KVCache"
+    positions: torch.Tensor           # [T] long
+    slots: torch.Tensor               # [T] long: KV slot each token's K/V is written to
+    num_decode: int = 0               # the first rows are single-token decode rows
+    decode_gather: torch.Tensor | None = None  # [D * L] long: KV slots each decode row attends to
+    decode_len: int = 0               # L (padded context length of the decode rows)
+    decode_mask: torch.Tensor | None = None    # [D, 1, 1, L] float additive mask, None = all valid
+    segments: list[Segment] = field(default_factory=list)
+    _rope: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def rope(self, model: "LlamaModel") -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin `[T, 1, head_dim/2]`, computed once per batch and shared by every layer."""
+        if self._rope is None:
+            freqs = self.positions.to(torch.float32)[:, None] * model.inv_freq[None, :]
+            self._rope = (freqs.cos().to(model.dtype)[:, None, :], freqs.sin().to(model.dtype)[:, None, :])
+        return self._rope
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, weight: torch.Tensor, eps: float):
+        super().__init__()
+        self.weight = weight
+        self.eps = eps
+        self.shape = (weight.shape[0],)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, self.shape, self.weight, self.eps)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE on `[T, heads, head_dim]` (q and k together)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int, qkv: Linear, o: Linear,
+                 q_norm: RMSNorm | None = None, k_norm: RMSNorm | None = None):
+        super().__init__()
+        self.layer = layer
+        self.h, self.kvh, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.groups = self.h // self.kvh
+        self.scale = self.d ** -0.5
+        self.qkv, self.o = qkv, o
+        self.q_norm, self.k_norm = q_norm, k_norm
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        t, h, kvh, d = x.shape[0], self.h, self.kvh, self.d
+        qkv = self.qkv(x)
+        qk = qkv[:, : (h + kvh) * d].view(t, h + kvh, d)
+        v = qkv[:, (h + kvh) * d:].reshape(t, kvh, d)
+        if self.q_norm is not None:
+            qk = torch.cat((self.q_norm(qk[:, :h]), self.k_norm(qk[:, h:])), dim=1)
+        qk = apply_rope(qk, cos, sin)
+        q, k = qk[:, :h], qk[:, h:]
+        kc, vc = batch.kv.layer(self.layer)
+        kc.index_copy_(0, batch.slots, k)
+        vc.index_copy_(0, batch.slots, v)
+        out = torch.empty(t, h, d, dtype=x.dtype, device=x.device)
+        nd = batch.num_decode
+        if nd:
+            out[:nd] = self._decode(q[:nd], kc, vc, batch)
+        for seg in batch.segments:
+            rows = slice(seg.offset, seg.offset + seg.length)
+            out[rows] = self._prefill(q[rows], k[rows], v[rows], kc, vc, seg)
+        return self.o(out.view(t, h * d))
+
+    def _decode(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        """One query per row against its gathered context; GQA by grouping the query heads."""
+        n, L = q.shape[0], batch.decode_len
+        kk = kc.index_select(0, batch.decode_gather).view(n, L, self.kvh, self.d).transpose(1, 2)
+        vv = vc.index_select(0, batch.decode_gather).view(n, L, self.kvh, self.d).transpose(1, 2)
+        qg = q.reshape(n, self.kvh, self.groups, self.d)
+        o = F.scaled_dot_product_attention(qg, kk.contiguous(), vv.contiguous(), attn_mask=batch.decode_mask,
+                                           scale=self.scale)
+        return o.reshape(n, self.h, self.d)
+
+    def _prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor,
+                 seg: Segment) -> torch.Tensor:
+        if seg.prefix:
+            k = kc.index_select(0, seg.gather)
+            v = vc.index_select(0, seg.gather)
+        if self.groups > 1:
+            k = k.repeat_interleave(self.groups, dim=1)
+            v = v.repeat_interleave(self.groups, dim=1)
+        qt, kt, vt = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
+        if seg.prefix:
+            o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=seg.mask, scale=self.scale)
+        else:
+            o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, scale=self.scale)
+        return o[0].transpose(0, 1)
+
+
+class MLP(nn.Module):
+    def __init__(self, gate_up: Linear, down: Linear):
+        super().__init__()
+        self.gate_up, self.down = gate_up, down
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, attn: Attention, mlp: MLP, attn_norm: RMSNorm, mlp_norm: RMSNorm):
+        super().__init__()
+        self.attn, self.mlp = attn, mlp
+        self.attn_norm, self.mlp_norm = attn_norm, mlp_norm
+
+    def forward(self, h: torch.Tensor, batch: ForwardBatch, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        h = h + self.attn(self.attn_norm(h), batch, cos, sin)
+        return h + self.mlp(self.mlp_norm(h))
+
+
+class LlamaModel(nn.Module):
+    """A Llama decoder. Build it with `from_gguf`, `synthetic_model` or `gguf_loader.load_model`."""
+
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device):
+        super().__init__()
+        self.config, self.dtype, self.device = cfg, dtype, device
+        w = weights
+        self.embed_weight = w["embed"]
+        layers = []
+        for i in range(cfg.num_layers):
+            p = f"{i}."
+            qn = kn = None
+            if cfg.qk_norm:
+                qn, kn = RMSNorm(w[p + "q_norm"], cfg.rms_eps), RMSNorm(w[p + "k_norm"], cfg.rms_eps)
+            attn = Attention(cfg, i, Linear(w.pop(p + "qkv")), Linear(w.pop(p + "o")), qn, kn)
+            mlp = MLP(Linear(w.pop(p + "gate_up")), Linear(w.pop(p + "down")))
+            layers.append(DecoderLayer(attn, mlp, RMSNorm(w[p + "attn_norm"], cfg.rms_eps),
+                                       RMSNorm(w[p + "mlp_norm"], cfg.rms_eps)))
+        self.layers = nn.ModuleList(layers)
+        self.norm = RMSNorm(w["norm"], cfg.rms_eps)
+        self.lm_head = Linear(w["embed"] if cfg.tie_embeddings else w.pop("lm_head"), keep_weight=cfg.tie_embeddings)
+        half = cfg.head_dim // 2
+        self.inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(half, dtype=torch.float32, device=device) / half))
+
+    @property
+    def num_layers(self) -> int:
+        return self.config.num_layers
+
+    @property
+    def dtype_bytes(self) -> int:
+        return torch.finfo(self.dtype).bits // 8
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.embed_weight)
+
+    def forward_layers(self, hidden: torch.Tensor, batch: ForwardBatch, start: int, end: int) -> torch.Tensor:
+        """Run layers [start, end) on the packed hidden states, writing their K/V into the cache."""
+        cos, sin = batch.rope(self)
+        for layer in self.layers[start:end]:
+            hidden = layer(hidden, batch, cos, sin)
+        return hidden
+
+    def logits(self, hidden_last: torch.Tensor) -> torch.Tensor:
+        """Final norm + LM head on the rows that need a next token; float32 `[n, vocab]`."""
+        return self.lm_head(self.norm(hidden_last)).float()
+
+    @classmethod
+    def from_gguf(cls, weights: "GGUFWeights", dtype: Any = "float32", device: Any = "cpu",
+                  num_layers: int | None = None) -> "LlamaModel":
+        cfg = weights.config
+        if num_layers is not None:
+            if not 1 <= num_layers <= cfg.num_layers:
+                raise EngineError(f"num_layers must be in 1..{cfg.num_layers}, got {num_layers}")
+            cfg = replace(cfg, num_layers=num_layers)
+        dt, dev = parse_dtype(dtype), torch.device(device)
+        t = weights.tensors
+
+        def get(*names: str) -> torch.Tensor:
+            arrs = [torch.from_numpy(t[n]) for n in names]
+            out = arrs[0] if len(arrs) == 1 else torch.cat(arrs, dim=0)
+            return out.to(device=dev, dtype=dt).contiguous()
+
+        w: dict[str, torch.Tensor] = {"embed": get("token_embd.weight"), "norm": get("output_norm.weight")}
+        if not cfg.tie_embeddings:
+            w["lm_head"] = get("output.weight")
+        for i in range(cfg.num_layers):
+            b, p = f"blk.{i}.", f"{i}."
+            w[p + "qkv"] = get(b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight")
+            w[p + "o"] = get(b + "attn_output.weight")
+            w[p + "gate_up"] = get(b + "ffn_gate.weight", b + "ffn_up.weight")
+            w[p + "down"] = get(b + "ffn_down.weight")
+            w[p + "attn_norm"] = get(b + "attn_norm.weight")
+            w[p + "mlp_norm"] = get(b + "ffn_norm.weight")
+        with torch.inference_mode():
+            return cls(cfg, w, dt, dev)
+
+
+def synthetic_model(name: str, dtype: Any = "bfloat16", device: Any = "cpu", num_layers: int | None = None,
+                    seed: int = 0) -> LlamaModel:
+    """A model with the named config's shapes and seeded random weights (std 0.02, norms 1).
+
+    Meant for timing and for the sim device's cost model. An 8B model needs about 16 GB
+    in bfloat16 (a GPU) and twice that in float32; on a CPU use `num_layers` to keep it small.
+    """
+    try:
+        cfg = synthetic_config(name)
+    except ValueError as e:
+        raise UnsupportedModelError(str(e)) from None
+    if num_layers is not None:
+        if num_layers < 1:
+            raise EngineError(f"num_layers must be >= 1, got {num_layers}")
+        cfg = replace(cfg, num_layers=num_layers)
+    dt, dev = parse_dtype(dtype), torch.device(device)
+    _check_memory(cfg, dt, dev)
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    h, d, f = cfg.hidden, cfg.head_dim, cfg.ffn
+
+    def rand(*shape: int) -> torch.Tensor:
+        # uniform with std 0.02: cheaper than randn for billions of numbers
+        x = torch.empty(*shape, dtype=dt, device=dev)
+        return x.uniform_(-0.02 * 3 ** 0.5, 0.02 * 3 ** 0.5, generator=gen)
+
+    def ones(n: int) -> torch.Tensor:
+        return torch.ones(n, dtype=dt, device=dev)
+
+    with torch.inference_mode():
+        w: dict[str, torch.Tensor] = {"embed": rand(cfg.vocab, h), "norm": ones(h)}
+        if not cfg.tie_embeddings:
+            w["lm_head"] = rand(cfg.vocab, h)
+        for i in range(cfg.num_layers):
+            p = f"{i}."
+            w[p + "qkv"] = rand((cfg.num_heads + 2 * cfg.num_kv_heads) * d, h)
+            w[p + "o"] = rand(h, cfg.num_heads * d)
+            w[p + "gate_up"] = rand(2 * f, h)
+            w[p + "down"] = rand(h, f)
+            w[p + "attn_norm"], w[p + "mlp_norm"] = ones(h), ones(h)
+            if cfg.qk_norm:
+                w[p + "q_norm"], w[p + "k_norm"] = ones(d), ones(d)
+        return LlamaModel(cfg, w, dt, dev)
+
+
+def _check_memory(cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> None:
+    """Refuse up front (one line) rather than die of an out-of-memory kill halfway through."""
+    params = cfg.linear_params + cfg.vocab * cfg.hidden * (1 if cfg.tie_embeddings else 2)
+    need = params * torch.finfo(dtype).bits // 8
+    if device.type == "cpu":
+        import psutil
+
+        avail = psutil.virtual_memory().available
+    elif device.type == "cuda" and torch.cuda.is_available():
+        avail = torch.cuda.mem_get_info(device)[0]
+    else:
+        return
+    if need > 0.9 * avail:
+        raise EngineError(f"{cfg.name} with {cfg.num_layers} layers needs {need / 2**30:.1f} GiB of weights in "
+                          f"{str(dtype).removeprefix('torch.')} on {device}, only {avail / 2**30:.1f} GiB free; "
+                          "use bfloat16, a GPU, or fewer layers")

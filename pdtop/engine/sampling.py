@@ -1,0 +1,63 @@
+"""Token sampling: greedy, or temperature + top-p with a per-request seed.
+
+Each sampling request owns a `torch.Generator` seeded from its `seed`, drawn once
+per token, so what it samples does not depend on which other requests shared
+its batch or in what order the scheduler ran them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pdtop.engine.errors import PromptError
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 0.0   # 0 = greedy
+    top_p: float = 1.0
+    seed: int = 0
+    max_tokens: int = 64
+    ignore_eos: bool = False
+
+    def validate(self) -> None:
+        if not self.temperature >= 0:
+            raise PromptError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise PromptError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_tokens < 1:
+            raise PromptError(f"max_tokens must be >= 1, got {self.max_tokens}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def make_generator(params: SamplingParams) -> torch.Generator | None:
+    """The request's own random stream (CPU), or None for greedy requests."""
+    return None if params.greedy else torch.Generator().manual_seed(params.seed)
+
+
+def sample_one(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | None) -> int:
+    """One token from float32 logits `[vocab]`."""
+    if params.greedy or gen is None:
+        return int(logits.argmax())
+    probs = torch.softmax(logits.float().cpu() / params.temperature, dim=-1)
+    if params.top_p < 1.0:
+        sorted_p, order = probs.sort(descending=True)
+        # keep the smallest prefix whose mass reaches top_p (the first token always stays)
+        drop = sorted_p.cumsum(0) - sorted_p >= params.top_p
+        sorted_p[drop] = 0.0
+        choice = torch.multinomial(sorted_p, 1, generator=gen)
+        return int(order[choice])
+    return int(torch.multinomial(probs, 1, generator=gen))
+
+
+def sample(logits: torch.Tensor, params: list[SamplingParams], gens: list[torch.Generator | None]) -> list[int]:
+    """One token per row of `[n, vocab]` logits; greedy rows in one argmax."""
+    out = logits.argmax(dim=-1).tolist()
+    for i, (p, g) in enumerate(zip(params, gens)):
+        if not p.greedy:
+            out[i] = sample_one(logits[i], p, g)
+    return out
