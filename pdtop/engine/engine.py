@@ -228,25 +228,27 @@ def build_engine(device: str = "auto", model: str | None = None, config: PdmuxCo
         from pdtop.engine.gguf_loader import default_model_path, load_model
         from pdtop.engine.runner import ModelRunner, SamplingParams
 
-        source = model or str(default_model_path())
-        torch_device = "cpu" if device == "cpu" else device
-        loaded = loaded_model if loaded_model is not None else load_model(source, dtype=dtype, device=torch_device)
-        runner = ModelRunner(loaded, kv_capacity_tokens or 16384)
-        cfg = runner.config
         if device == "cpu":
-            from pdtop.engine.devices.cpu import CpuDevice
+            from pdtop.engine.devices.cpu import CpuDevice, usable_cores
 
-            probe = CpuDevice([(1, 0)])
-            table = SplitTable.for_cpu(probe.units, config)
-            probe.close()
+            table = SplitTable.for_cpu(len(usable_cores()), config)
             dev = CpuDevice(table.groups)
         else:
             from pdtop.engine.devices.cuda import CudaDevice, cuda_device_info
 
-            index = int(torch_device.split(":")[1]) if ":" in torch_device else 0
+            index = int(device.split(":")[1]) if ":" in device else 0
             info = cuda_device_info(index)  # DeviceError naming what is missing
             table = SplitTable.for_gpu(info["sms"], info["major"], config)
             dev = CudaDevice(table.groups, index=index)
+        source = model or str(default_model_path())
+        torch_device = "cpu" if device == "cpu" else f"cuda:{dev.tdev.index}"
+        try:
+            loaded = loaded_model if loaded_model is not None else load_model(source, dtype=dtype, device=torch_device)
+        except BaseException:
+            dev.close()
+            raise
+        runner = ModelRunner(loaded, kv_capacity_tokens or 16384)
+        cfg = runner.config
         executor = ModelExecutor(runner, lambda r: SamplingParams(temperature=r.temperature, top_p=r.top_p,
                                                                    seed=r.seed, max_tokens=r.max_tokens,
                                                                    ignore_eos=r.ignore_eos))

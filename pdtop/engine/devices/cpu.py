@@ -21,6 +21,11 @@ from typing import Any, Callable
 from pdtop.engine.devices.base import Device, Work
 
 
+def usable_cores() -> list[int]:
+    """The cores this process may run on (its affinity mask)."""
+    return sorted(os.sched_getaffinity(0))
+
+
 class _SideWorker:
     """One thread that runs jobs on a given core set."""
 
@@ -56,7 +61,7 @@ class CpuDevice(Device):
     virtual = False
 
     def __init__(self, groups: list[tuple[int, int]], cores: list[int] | None = None):
-        self.cores = tuple(sorted(cores if cores is not None else os.sched_getaffinity(0)))
+        self.cores = tuple(sorted(cores)) if cores is not None else tuple(usable_cores())
         self.units = len(self.cores)
         self.name = f"cpu ({self.units} cores)"
         self.groups = list(groups)
