@@ -1,0 +1,130 @@
+"""Run the engine with its workload and serve telemetry and control over a websocket.
+
+The engine runs rounds on its own thread (a sim: device is paced to wall time); every
+round, request and config change is streamed to each connected client as JSON (see
+docs/protocol.md), with a hardware sample about once a second. Clients send control
+messages (pin a level, change knobs, inject a long prompt) on the same connection.
+
+The first line on stdout is `pdtop serve: listening on ws://HOST:PORT` (with --port 0
+the port is picked for you). Binding anything but a loopback address needs --token;
+with a token set, clients without it (`ws://HOST:PORT/?token=...` or a first message
+{"cmd": "auth", "token": ...}) may watch but not control. Ctrl-C stops cleanly.
+
+Examples:
+  pdtop serve --device sim:H100 --rate 8
+  pdtop serve --device cpu --record run.ndjson.gz
+  pdtop serve --host 0.0.0.0 --token "$(openssl rand -hex 16)"
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+import threading
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("--device", default="auto", metavar="DEV",
+                        help="cpu, cuda, or sim:GPU (H100, H200, A100, H20, custom:...); default: cuda if present, else cpu")
+    parser.add_argument("--model", metavar="PATH|synthetic:NAME",
+                        help="a GGUF file or a synthetic model (synthetic:qwen3-8b, synthetic:llama3.1-8b); "
+                             "default: SmolLM2-135M (sim devices: synthetic:qwen3-8b)")
+    parser.add_argument("--config", metavar="FILE", help="SGLang-compatible pdmux YAML (sm_group_num, manual_divisions, ...)")
+    parser.add_argument("--policy", default="pdmux", choices=["pdmux", "chunked", "prefill-first"],
+                        help="scheduling policy (default pdmux)")
+    parser.add_argument("--rate", type=float, metavar="REQ_PER_S", help="Poisson arrival rate of the workload (default 2)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others need --token)")
+    parser.add_argument("--port", type=int, default=8765, help="port to bind (default 8765; 0 picks a free one)")
+    parser.add_argument("--record", metavar="FILE", help="also record every event to FILE (NDJSON; gzip if it ends in .gz)")
+    parser.add_argument("--token", help="secret a client needs to send control messages")
+
+
+def _fail(message: str) -> int:
+    print(f"pdtop serve: error: {message}", file=sys.stderr)
+    return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    from pdtop.engine.workload import WorkloadSpec
+    from pdtop.telemetry.server import is_loopback
+
+    if not 0 <= args.port <= 65535:
+        return _fail(f"--port must be 0..65535, got {args.port}")
+    if args.rate is not None and not 0 <= args.rate <= 1000:
+        return _fail(f"--rate must be 0..1000 requests/s, got {args.rate:g}")
+    if args.token is not None and not args.token:
+        return _fail("--token must not be empty")
+    if not is_loopback(args.host) and not args.token:
+        return _fail(f"binding {args.host} (not a loopback address) needs --token")
+    try:
+        config = _load_config(args.config)
+        from pdtop.engine.engine import build_engine
+
+        workload = WorkloadSpec() if args.rate is None else WorkloadSpec(rate=args.rate)
+        engine = build_engine(device=args.device, model=args.model, config=config, policy=args.policy,
+                              workload=workload)
+    except (ValueError, OSError, RuntimeError, ImportError) as exc:
+        return _fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    try:
+        return asyncio.run(_serve(engine, args))
+    finally:
+        engine.close()
+
+
+def _load_config(path: str | None):
+    from pdtop.engine.pdmux_config import PdmuxConfig, load_pdmux_config
+
+    return load_pdmux_config(path) if path else PdmuxConfig()
+
+
+async def _serve(engine, args: argparse.Namespace) -> int:
+    from pdtop.telemetry.hw import HwSampler
+    from pdtop.telemetry.recorder import RecordingError
+    from pdtop.telemetry.server import TelemetryServer
+
+    server = TelemetryServer(engine, args.host, args.port, token=args.token)
+    try:
+        await server.start()
+        if args.record:
+            server.start_recording(args.record)
+    except OSError as exc:
+        await server.stop()
+        return _fail(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}")
+    except RecordingError as exc:
+        await server.stop()
+        return _fail(str(exc))
+    print(f"pdtop serve: listening on {server.url}", flush=True)
+    if args.record:
+        print(f"pdtop serve: recording to {args.record}", file=sys.stderr, flush=True)
+
+    done = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, done.set)
+    stop = threading.Event()
+    failure: list[BaseException] = []
+
+    def engine_loop() -> None:
+        try:
+            engine.run(stop, realtime=True)
+        except BaseException as exc:  # report it, and stop serving
+            failure.append(exc)
+            loop.call_soon_threadsafe(done.set)
+
+    thread = threading.Thread(target=engine_loop, name="pdtop-engine", daemon=True)
+    sampler = HwSampler(server.publish).start()
+    thread.start()
+    try:
+        await done.wait()
+    finally:
+        stop.set()
+        sampler.stop()
+        await asyncio.to_thread(thread.join, 10)
+        await server.stop()
+    if failure:
+        print(f"pdtop serve: engine stopped: {type(failure[0]).__name__}: {failure[0]}", file=sys.stderr)
+        return 1
+    print("pdtop serve: stopped", file=sys.stderr)
+    return 0

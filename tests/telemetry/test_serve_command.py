@@ -1,0 +1,136 @@
+"""`pdtop serve` and `pdtop record` as subprocesses: the URL line, SIGKILL leaves a
+replayable recording, Ctrl-C stops cleanly, bad arguments exit 2 with one line."""
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import Pump
+from pdtop.cli import main
+from pdtop.telemetry.client import LiveSource
+from pdtop.telemetry.reader import read_recording
+from pdtop.telemetry.recorder import RecordingError
+from pdtop.telemetry.replay import ReplaySource
+
+PDTOP = [sys.executable, "-m", "pdtop"]
+
+
+def start(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([*PDTOP, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def url_of(proc: subprocess.Popen) -> str:
+    line = proc.stdout.readline()
+    assert line.startswith("pdtop serve: listening on ws://127.0.0.1:"), line
+    return line.split()[-1]
+
+
+def wait_for_rounds(path, n: int, timeout: float = 20.0):
+    """Poll the file being written until it holds `n` rounds (it is flushed twice a second)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            rec = read_recording(path)
+            if rec.types.count("round") >= n:
+                return rec
+        except RecordingError:
+            pass  # not even the header yet
+        assert time.monotonic() < deadline, f"{path} never held {n} rounds"
+        time.sleep(0.1)
+
+
+def check_replayable(path):
+    rec = read_recording(path)
+    assert rec.header["format"] == "pdtop-recording" and rec.hello["type"] == "hello"
+    assert rec.skipped == 0
+    rounds = [e["index"] for _, e in rec if e["type"] == "round"]
+    assert rounds and rounds == list(range(rounds[0], rounds[0] + len(rounds)))
+    return rec
+
+
+@pytest.fixture
+def procs():
+    started: list[subprocess.Popen] = []
+    yield started
+    for p in started:
+        if p.poll() is None:
+            p.kill()
+        p.wait(10)
+        for f in (p.stdout, p.stderr):
+            f.close()
+
+
+async def test_serve_record_survives_sigkill_and_replays(tmp_path, procs):
+    path = tmp_path / "serve.ndjson.gz"
+    serve = start("serve", "--device", "sim:H100", "--port", "0", "--rate", "20", "--record", str(path))
+    procs.append(serve)
+    url = url_of(serve)
+    src = LiveSource(url)
+    pump = Pump(src)
+    hello = await pump.get()
+    assert hello["engine"]["device"]["name"] == "sim:H100"
+    await src.close()
+    await asyncio.to_thread(wait_for_rounds, path, 20)
+    serve.send_signal(signal.SIGKILL)
+    serve.wait(10)
+    rec = check_replayable(path)
+    assert rec.hello["engine"] == {**hello["engine"], "config": rec.hello["engine"]["config"]}
+    replay = ReplaySource(path, speed=16, hold_at_end=False)
+    events = [e async for e in replay.events()]
+    assert events[0] == rec.hello and len(events) == len(rec) + 1
+
+
+async def test_record_command_survives_sigkill_and_serve_stops_on_ctrl_c(tmp_path, procs):
+    serve = start("serve", "--device", "sim:H100", "--port", "0")
+    procs.append(serve)
+    url = url_of(serve)
+    path = tmp_path / "client.ndjson.gz"
+    record = start("record", url, "-o", str(path))
+    procs.append(record)
+    await asyncio.to_thread(wait_for_rounds, path, 20)
+    record.send_signal(signal.SIGKILL)
+    record.wait(10)
+    rec = check_replayable(path)
+    assert rec.hello["readonly"] is False and rec.hello["client_id"]
+    serve.send_signal(signal.SIGINT)
+    assert serve.wait(20) == 0
+    assert "stopped" in serve.stderr.read()
+
+
+def test_record_stops_after_duration_and_closes_the_file(tmp_path, procs):
+    serve = start("serve", "--device", "sim:A100", "--port", "0", "--policy", "chunked")
+    procs.append(serve)
+    url = url_of(serve)
+    path = tmp_path / "short.ndjson"
+    done = subprocess.run([*PDTOP, "record", url, "-o", str(path), "--duration", "1"],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    rec = check_replayable(path)
+    assert not rec.truncated and rec.hello["engine"]["policy"] == "chunked"
+
+
+@pytest.mark.parametrize("args, words", [
+    (["serve", "--port", "70000"], "--port"),
+    (["serve", "--host", "0.0.0.0"], "needs --token"),
+    (["serve", "--device", "tpu"], "unknown device"),
+    (["serve", "--device", "sim:H100", "--config", "/nonexistent.yaml"], "cannot read"),
+    (["serve", "--device", "sim:H100", "--rate", "-3"], "--rate"),
+    (["serve", "--device", "sim:H100", "--record", "/nonexistent-dir/r.ndjson", "--port", "0"], "cannot write"),
+    (["serve", "--policy", "fastest"], "invalid choice"),
+    (["record", "http://x", "-o", "f"], "not a websocket URL"),
+    (["record", "ws://127.0.0.1:1"], "-o"),
+])
+def test_bad_arguments_exit_2_with_one_line(args, words, capsys):
+    try:
+        code = main(args)
+    except SystemExit as exc:  # argparse's own errors
+        code = exc.code
+    assert code == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "error" in line]
+    assert len(lines) == 1 and words in lines[0], err
