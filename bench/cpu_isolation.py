@@ -1,0 +1,110 @@
+"""Does the CPU split isolate decode from prefill? Decode step times, side by side, in one run.
+
+Rows (same decode batch, same model, median and p99 of decode steps):
+  decode on every core      the decode-only baseline (level "all to decode")
+  decode on its cores       the split level, nothing on the prefill cores
+  + prefill on the others   the split level while a long prefill runs on the prefill cores
+  decode time-shared        every core, with the same prefill sharing them (no isolation)
+
+Usage: .venv/bin/python bench/cpu_isolation.py [--decode-bs 8] [--prompt 1024] [--steps 30]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from pdtop.engine.devices.cpu import CpuDevice, usable_cores
+from pdtop.engine.executor import ModelExecutor
+from pdtop.engine.gguf_loader import default_model_path, load_model
+from pdtop.engine.metrics import percentile
+from pdtop.engine.pdmux_config import PdmuxConfig
+from pdtop.engine.request import Request
+from pdtop.engine.runner import ModelRunner, SamplingParams
+from pdtop.engine.splits import SplitTable
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--decode-bs", type=int, default=8)
+    ap.add_argument("--prompt", type=int, default=1024, help="tokens of the long prefill")
+    ap.add_argument("--steps", type=int, default=30, help="decode steps per row")
+    args = ap.parse_args()
+
+    table = SplitTable.for_cpu(len(usable_cores()), PdmuxConfig())
+    device = CpuDevice(table.groups)
+    runner = ModelRunner(load_model(str(default_model_path())), 32768)
+    ex = ModelExecutor(runner, lambda r: SamplingParams(max_tokens=r.max_tokens, ignore_eos=True))
+    decoders = [Request(i, [100 + i] * 64, 4000, 0.0, ignore_eos=True) for i in range(args.decode_bs)]
+    for r in decoders:
+        ex.admit(r)
+    state = ex.prefill_begin(decoders)
+    device.set_level(0)
+    device.run_whole(ex.prefill(state, decoders, 0, runner.config.num_layers))
+    for r, tok in zip(decoders, ex.finish_prefill(state)):
+        r.output_ids.append(tok)
+
+    def decode_steps(whole: bool) -> list[float]:
+        times = []
+        for _ in range(args.steps):
+            t0 = time.perf_counter()
+            toks = device.run_whole(ex.decode(decoders)) if whole else device.run_decode(ex.decode(decoders))
+            times.append(time.perf_counter() - t0)
+            for r, tok in zip(decoders, toks):
+                r.output_ids.append(tok)
+        return times
+
+    def long_prefill() -> None:
+        """Keep the prefill side busy: a fresh long prompt, all layers, again and again."""
+        req = Request(10_000 + len(rows), [7] * args.prompt, 1, 0.0)
+        ex.admit(req)
+        st = ex.prefill_begin([req])
+        device.submit_prefill(ex.prefill(st, [req], 0, runner.config.num_layers))
+        busy.append(req)
+
+    rows: dict[str, list[float]] = {}
+    split = 1
+    device.set_level(len(table.groups) - 1)
+    decode_steps(False)  # warm-up
+    rows[f"decode on every core {table.groups[-1]}"] = decode_steps(False)
+    device.set_level(split)
+    rows[f"decode on its cores {table.groups[split]}"] = decode_steps(False)
+    busy: list[Request] = []
+    times = []
+    for _ in range(args.steps):
+        if not device.prefill_busy():
+            device.wait_prefill()
+            long_prefill()
+        t0 = time.perf_counter()
+        toks = device.run_decode(ex.decode(decoders))
+        times.append(time.perf_counter() - t0)
+        for r, tok in zip(decoders, toks):
+            r.output_ids.append(tok)
+    rows[f"+ {args.prompt}-token prefill on the others"] = times
+    device.wait_prefill()
+    # time-shared: prefill and decode threads both on every core
+    device.set_level(0)
+    times = []
+    for _ in range(args.steps):
+        if not device.prefill_busy():
+            device.wait_prefill()
+            long_prefill()
+        t0 = time.perf_counter()
+        toks = device.run_decode(ex.decode(decoders))  # level 0 has no decode cores: runs on all
+        times.append(time.perf_counter() - t0)
+        for r, tok in zip(decoders, toks):
+            r.output_ids.append(tok)
+    rows["decode time-shared with the prefill"] = times
+    device.wait_prefill()
+    device.close()
+
+    base = statistics.median(next(iter(rows.values())))
+    print(f"decode batch {args.decode_bs}, {len(usable_cores())} cores, {args.steps} steps per row; ms")
+    print(f"{'':<44}{'median':>9}{'p99':>9}{'median/base':>13}")
+    for name, ts in rows.items():
+        med = statistics.median(ts)
+        print(f"{name:<44}{med * 1e3:>9.1f}{percentile(ts, 99) * 1e3:>9.1f}{med / base:>13.2f}")
+
+
+if __name__ == "__main__":
+    main()
