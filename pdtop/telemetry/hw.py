@@ -1,8 +1,8 @@
 """Hardware sampler: a daemon thread that publishes an `hw` event about once a second.
 
 Host metrics come from psutil. GPU metrics come from `pdtop.telemetry.nvml_sampler`
-when that module exists and NVML is available; a missing module, library or device
-only leaves the GPU fields out (or "n/a"), it never stops the sampler.
+(`NvmlSampler`): its keys are always present, "n/a" where NVML, the driver or the
+device lacks them, with `gpu_reason` saying why. Nothing here stops the sampler.
 """
 from __future__ import annotations
 
@@ -19,13 +19,13 @@ log = logging.getLogger("pdtop.telemetry.hw")
 
 
 def host_metrics() -> dict[str, Any]:
-    """CPU % per core since the previous call, and memory in bytes."""
+    """CPU % per core since the previous call, and host memory in bytes."""
     mem = psutil.virtual_memory()
     return {
         "cpu_percent": psutil.cpu_percent(percpu=True),
-        "mem_used_bytes": mem.total - mem.available,
-        "mem_total_bytes": mem.total,
-        "mem_percent": mem.percent,
+        "host_mem_used_bytes": mem.total - mem.available,
+        "host_mem_total_bytes": mem.total,
+        "host_mem_percent": mem.percent,
     }
 
 
@@ -35,8 +35,7 @@ def _nvml_sampler() -> Any | None:
     except ImportError:
         return None
     try:
-        sampler = NvmlSampler()
-        return sampler if getattr(sampler, "available", False) else None
+        return NvmlSampler()
     except Exception as exc:  # a broken driver must not stop telemetry
         log.info("NVML unavailable: %s", exc)
         return None
@@ -55,15 +54,16 @@ class HwSampler:
 
     @property
     def gpu_available(self) -> bool:
-        return self._gpu is not None
+        return bool(getattr(self._gpu, "available", False))
 
     def sample(self) -> dict[str, Any]:
         metrics = host_metrics()
         if self._gpu is not None:
             try:
-                metrics["gpu"] = self._gpu.sample()
+                metrics.update(self._gpu.sample())
+                metrics["gpu_name"] = getattr(self._gpu, "name", "n/a")
+                metrics["gpu_reason"] = getattr(self._gpu, "reason", "")
             except Exception as exc:
-                metrics["gpu"] = "n/a"
                 log.debug("NVML sample failed: %s", exc)
         return hw_event(time.time(), metrics)
 
@@ -76,6 +76,9 @@ class HwSampler:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=2 * self.interval + 1)
+        close = getattr(self._gpu, "close", None)
+        if close is not None:
+            close()
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
