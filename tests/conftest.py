@@ -1,0 +1,43 @@
+"""Shared fixtures: the real SmolLM2-135M GGUF, loaded once per test session.
+
+`gguf_path`, `model_fp32` and `tokenizer` are session-scoped; `runner` is a
+factory that builds a fresh `ModelRunner` (its own KV cache) around the shared
+model: `runner()` or `runner(kv_capacity_tokens=256, block_size=16)`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def gguf_path() -> Path:
+    from pdtop.engine.gguf_loader import default_model_path
+
+    return default_model_path()
+
+
+@pytest.fixture(scope="session")
+def model_fp32(gguf_path):
+    from pdtop.engine.gguf_loader import load_model
+
+    return load_model(gguf_path, dtype="float32", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def tokenizer(gguf_path):
+    from pdtop.engine.tokenizer import Tokenizer
+
+    return Tokenizer.from_gguf(gguf_path)
+
+
+@pytest.fixture
+def runner(model_fp32) -> Callable[..., "ModelRunner"]:  # noqa: F821
+    from pdtop.engine.runner import ModelRunner
+
+    def make(kv_capacity_tokens: int = 4096, block_size: int = 16) -> ModelRunner:
+        return ModelRunner(model_fp32, kv_capacity_tokens=kv_capacity_tokens, block_size=block_size)
+
+    return make
