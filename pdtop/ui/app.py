@@ -17,6 +17,7 @@ from textual import events
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal
+from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer
 
@@ -156,11 +157,15 @@ class PdtopApp(App[None]):
         key = (self.state.version, self.connection, self.readonly, replay, self.state.itl_slo_s)
         if key == self._painted and not self._force_paint:
             return
-        self._painted, self._force_paint = key, False
+        force, self._painted, self._force_paint = self._force_paint, key, False
         state, main = self.state, self.screen_stack[0]  # the main screen, even under a modal one
-        main.query_one(HeaderBar).paint(state, self.connection, self.readonly)
+        try:
+            header = main.query_one(HeaderBar)
+        except NoMatches:  # shutting down: the widgets are gone
+            return
+        header.paint(state, self.connection, self.readonly)
         for panel in main.query(Panel):
-            panel.paint(state)
+            panel.paint(state, force)
         if self.replay:
             main.query_one(ReplayBar).paint(self.source)
 
@@ -231,7 +236,7 @@ class PdtopApp(App[None]):
         elif cmd.arg is not None:
             getattr(self, f"action_{cmd.action}")(value)
         else:
-            self.run_action(cmd.action or "")
+            self.call_later(self.run_action, cmd.action or "")
 
     async def _send(self, cmd: Command, msg: dict[str, Any]) -> None:
         try:

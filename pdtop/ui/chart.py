@@ -31,7 +31,7 @@ def block_chart(
     line_row = None
     if line is not None and 0 < line <= top:
         line_row = min(height - 1, int(line / top * height))  # row index from the bottom
-    rows = [Text() for _ in range(height)]
+    grid: list[list[tuple[str, str]]] = [[] for _ in range(height)]  # top row first
     for value in values:
         filled = 0 if value is None else max(0, min(cells, round(value / top * cells)))
         if value is not None and value > 0 and filled == 0:
@@ -39,16 +39,32 @@ def block_chart(
         style = line_colour if (line is not None and value is not None and value > line) else colour
         for r in range(height):  # r: row from the bottom
             part = filled - r * 8
-            row = rows[height - 1 - r]
+            row = grid[height - 1 - r]
             if part >= 8:
-                row.append("█", style)
+                row.append(("█", style))
             elif part > 0:
-                row.append(EIGHTHS[part], style)
+                row.append((EIGHTHS[part], style))
             elif r == line_row:
-                row.append("╌", line_colour)
+                row.append(("╌", line_colour))
             else:
-                row.append(" ")
-    return rows
+                row.append((" ", ""))
+    return [_merge(row) for row in grid]
+
+
+def _merge(cells: list[tuple[str, str]]) -> Text:
+    """One Text with a span per run of equal style (cheaper to render than a span per cell)."""
+    text = Text()
+    run: list[str] = []
+    style = None
+    for char, s in cells:
+        if s != style and run:
+            text.append("".join(run), style or None)
+            run = []
+        style = s
+        run.append(char)
+    if run:
+        text.append("".join(run), style or None)
+    return text
 
 
 def sparkline(values: list[float | None], top: float, colour: str) -> Text:

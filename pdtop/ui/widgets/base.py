@@ -1,7 +1,9 @@
 """Base class of the panels: a bordered Static that repaints from the state on the tick."""
 from __future__ import annotations
 
-from rich.console import RenderableType
+from typing import Any
+
+from rich.console import Group, RenderableType
 from textual.widgets import Static
 
 from pdtop.ui.state import DashboardState
@@ -9,9 +11,18 @@ from pdtop.ui.themes import PDTOP_COLOURS, variable
 
 
 class Panel(Static):
-    """A panel; subclasses implement `render_state`. The app calls `paint` on its tick."""
+    """A panel; subclasses implement `render_state`. The app calls `paint` on its tick.
+
+    A repaint is skipped when `paint_key` (what the panel shows, plus size and theme) is
+    unchanged, and asks for a layout pass only when the number of lines changed.
+    """
 
     TITLE = ""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._last_key: Any = None
+        self._last_lines = -1
 
     def on_mount(self) -> None:
         self.border_title = self.TITLE
@@ -29,8 +40,19 @@ class Panel(Static):
     def inner_height(self) -> int:
         return max(1, self.content_size.height or 6)
 
-    def paint(self, state: DashboardState) -> None:
-        self.update(self.render_state(state))
+    def paint_key(self, state: DashboardState) -> Any:
+        """What decides this panel's picture; by default every event changes it."""
+        return state.version
+
+    def paint(self, state: DashboardState, force: bool = False) -> None:
+        key = (self.paint_key(state), self.content_size, self.app.theme)
+        if key == self._last_key and not force:
+            return
+        self._last_key = key
+        renderable = self.render_state(state)
+        lines = len(renderable.renderables) if isinstance(renderable, Group) else -1
+        self.update(renderable, layout=lines != self._last_lines)
+        self._last_lines = lines
 
     def render_state(self, state: DashboardState) -> RenderableType:
         raise NotImplementedError

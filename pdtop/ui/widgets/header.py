@@ -19,6 +19,13 @@ CONNECTION = {
 class HeaderBar(Static):
     """One line at the top of the screen."""
 
+    _last: Text | None = None
+
+    @property
+    def text(self) -> str:
+        """What the header shows now, as plain text."""
+        return self._last.plain if self._last is not None else ""
+
     def paint(self, state: DashboardState, connection: str, readonly: bool) -> None:
         colours = self.app.theme_variables
         sep = ("  │  ", "dim")
@@ -40,4 +47,6 @@ class HeaderBar(Static):
             text.append_text(Text.assemble(sep, rec))
         dropped_style = colours.get("warning", "") if state.dropped else "dim"
         text.append_text(Text.assemble(sep, ("dropped ", "dim"), (str(state.dropped), dropped_style)))
-        self.update(text)
+        if text != self._last:
+            self._last = text
+            self.update(text, layout=False)

@@ -22,6 +22,10 @@ MAX_ROWS = 6
 class PrefillPanel(Panel):
     TITLE = "prefill in flight"
 
+    def paint_key(self, state: DashboardState) -> object:
+        return tuple((tuple(p.request_ids), p.layers_done, p.layers_total, p.eta_s and round(p.eta_s, 2))
+                     for p in state.prefills)
+
     def render_state(self, state: DashboardState) -> Group:
         self.border_title = f"prefill in flight · {len(state.prefills)}"
         if not state.prefills:

@@ -27,7 +27,7 @@ class ReplayBar(Static):
         done = min(width - 1, int(frac * (width - 1)))
         bar = Text.assemble(("━" * done, colours.get("primary", "")), ("●", "bold " + colours.get("accent", "")),
                             ("─" * (width - 1 - done), "dim"))
-        self.update(head + bar)
+        self.update(head + bar, layout=False)
 
 
 def replay_state(source: Any) -> tuple[Any, ...]:

@@ -12,6 +12,10 @@ from pdtop.ui.widgets.base import Panel
 class SplitPanel(Panel):
     TITLE = "split"
 
+    def paint_key(self, state: DashboardState) -> object:
+        return (state.level, state.pinned, state.prefill_units, state.decode_units, tuple(state.levels),
+                state.policy, state.info.unit_name)
+
     def render_state(self, state: DashboardState) -> Group:
         prefill, decode = self.colour("prefill"), self.colour("decode")
         idle, muted = self.colour("idle"), "dim"
