@@ -86,7 +86,7 @@ def served():
     es.close()
 
 
-def record_engine(path: Path, rounds: int, rate: float = 8.0, inject_at: int | None = None,
+def record_engine(path: Path, rounds: int, rate: float = 8.0,
                   controls: dict[int, dict[str, Any]] | None = None) -> Path:
     """Step a sim engine `rounds` times and write what it reports as a recording.
 
@@ -106,8 +106,6 @@ def record_engine(path: Path, rounds: int, rate: float = 8.0, inject_at: int | N
 
     engine.add_sink(sink)
     controls = dict(controls or {})
-    if inject_at is not None:
-        controls[inject_at] = {"cmd": "inject", "prompt_tokens": 16384}
     for i in range(rounds):
         if i in controls:
             engine.control(controls[i])
@@ -119,9 +117,13 @@ def record_engine(path: Path, rounds: int, rate: float = 8.0, inject_at: int | N
 
 @pytest.fixture(scope="session")
 def recording(tmp_path_factory) -> Path:
-    """About 3000 rounds of a sim H100 with a long prompt injected, as a recording file."""
+    """3000 rounds (about 19 s) of a sim H100 at 12 requests/s, decode_bs_divisor 12 from round 1200,
+    and a 32k-token prompt injected near the end (still in prefill when the file ends)."""
     path = tmp_path_factory.mktemp("rec") / "sim-h100.ndjson"
-    return record_engine(path, 3000, rate=12.0, inject_at=2400, controls={1200: {"cmd": "set", "decode_bs_divisor": 12}})
+    return record_engine(path, 3000, rate=12.0, controls={
+        1200: {"cmd": "set", "decode_bs_divisor": 12},
+        2990: {"cmd": "inject", "prompt_tokens": 32768},
+    })
 
 
 async def until(pilot: Any, predicate: Callable[[], Any], what: str, timeout: float = 15.0) -> None:

@@ -1,0 +1,90 @@
+"""Replay: play/pause, step, seek, speed and go-to move through a real recording; the engine is out of reach."""
+from __future__ import annotations
+
+import pytest
+from textual.widgets import Input
+
+from pdtop.telemetry.replay import ReplaySource
+from pdtop.ui.app import PdtopApp
+from tests.ui.conftest import until
+
+SIZE = (130, 40)
+
+
+async def test_replay_transport(recording):
+    src = ReplaySource(recording)
+    app = PdtopApp(src)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.state.rounds_seen > 3, "replayed rounds")
+        assert app.connection == "replay" and app.readonly
+        assert app.state.info.device == "sim:H100" and len(app.state.levels) == 8
+
+        await pilot.press("space")
+        assert src.paused
+        await pilot.pause(0.2)
+        seen, index = app.state.rounds_seen, app.state.round_index
+        await pilot.pause(0.3)
+        assert app.state.rounds_seen == seen, "paused: nothing more arrives"
+
+        await pilot.press("full_stop")
+        await until(pilot, lambda: app.state.rounds_seen == seen + 1, "one step = one more round")
+        assert app.state.round_index == index + 1 and src.paused
+
+        before = src.position
+        await pilot.press("right")
+        assert src.position == pytest.approx(before + 5)
+        await until(pilot, lambda: len(app.state.rounds) == 0, "the seek resets the rolling buffers")
+        await pilot.press("full_stop")
+        await until(pilot, lambda: len(app.state.rounds) == 1, "a step after the seek")
+        assert app.state.round_index > index + 100  # about 5 s further on
+        here = src.position
+        await pilot.press("left")
+        assert src.position == pytest.approx(here - 5)
+
+        await pilot.press("g")
+        await until(pilot, lambda: len(app.screen_stack) == 2, "go-to prompt")
+        app.screen.query_one(Input).value = "0:12.5"
+        await pilot.press("enter")
+        await until(pilot, lambda: src.position == pytest.approx(12.5), "position 12.5 s")
+        await pilot.press("full_stop")
+        await until(pilot, lambda: app.state.rounds, "a round after go-to")
+        assert 12.5 <= app.state.time <= 12.6  # the recording's clock is the engine's
+
+        assert src.speed == 1.0
+        await pilot.press("greater_than_sign")
+        assert src.speed == 2.0
+        await pilot.press("less_than_sign", "less_than_sign", "less_than_sign", "less_than_sign")
+        assert src.speed == 0.25
+        assert app.notices[-1][0] == "warning"  # no slower than 0.25x
+        for _ in range(8):
+            await pilot.press("greater_than_sign")
+        assert src.speed == 16.0
+
+        bar = app.query_one("ReplayBar")
+        await pilot.press("space")
+        assert not src.paused
+        await until(pilot, lambda: src.at_end, "played to the end at 16x")
+        await until(pilot, lambda: app.state.prefills, "the injected prompt in prefill at the end")
+        app.repaint()
+        assert "end" in str(bar.render()) or src.at_end
+
+        # the engine cannot be reached from a replay
+        app.notices.clear()
+        await pilot.press("d")
+        assert len(app.screen_stack) == 1 and "refused" in app.notices[-1][2]
+
+
+async def test_replay_state_matches_the_recording(recording):
+    """Played to the end, the dashboard holds what the file holds (config, counts, levels)."""
+    from pdtop.telemetry.reader import read_recording
+
+    rec = read_recording(recording)
+    rounds = [e for _t, e in rec if e["type"] == "round"]
+    src = ReplaySource(recording, speed=16)
+    app = PdtopApp(src)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.state.rounds_seen == len(rounds), "every round", timeout=30)
+        assert app.state.config["decode_bs_divisor"] == 12
+        assert app.state.round_index == rounds[-1]["index"]
+        assert app.state.level == rounds[-1]["level"]
+        assert app.state.arrivals == sum(1 for _t, e in rec if e.get("kind") == "arrival")
