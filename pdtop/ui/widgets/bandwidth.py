@@ -39,22 +39,28 @@ class BandwidthPanel(Panel):
 
 _GPU_FIELDS = (("dram_bw_util_pct", "DRAM bw", "%"), ("mem_busy_pct", "mem busy", "%"),
                ("sm_util_pct", "SM", "%"), ("gpu_util_pct", "util", "%"), ("power_w", "", " W"))
+NA = "n/a"
 
 
 def hw_text(hw: dict[str, Any]) -> list[Text]:
-    """The `hw` event as one or two lines: NVML figures when present, then the host."""
+    """The latest `hw` event as up to two lines: NVML figures when the server has them, then the host."""
     lines: list[Text] = []
-    gpu = hw.get("gpu")
-    if isinstance(gpu, dict):
-        parts = [f"{label} {_hw_value(gpu[key])}{unit if gpu[key] != 'n/a' else ''}".strip()
-                 for key, label, unit in _GPU_FIELDS if key in gpu]
-        lines.append(Text.assemble(("NVML ", "dim"), "  ".join(parts)))
-    elif gpu == "n/a":
-        lines.append(Text("NVML n/a", "dim"))
+    gpu = {key: hw[key] for key, _label, _unit in _GPU_FIELDS if key in hw}
+    if gpu:
+        known = [f"{label} {_hw_value(gpu[key])}{unit}".strip() for key, label, unit in _GPU_FIELDS
+                 if key in gpu and gpu[key] != NA]
+        if known:
+            lines.append(Text.assemble(("NVML ", "dim"), "  ".join(known)))
+        else:
+            reason = str(hw.get("gpu_reason") or "")
+            lines.append(Text.assemble(("NVML n/a", "dim"), (f"  {reason}" if reason else "", "dim")))
     cpu = hw.get("cpu_percent")
     if isinstance(cpu, list) and cpu:
         host = Text.assemble(("host cpu ", "dim"), " ".join(f"{c:.0f}%" for c in cpu[:16]))
-        if "mem_percent" in hw:
-            host.append_text(Text.assemble(("  mem ", "dim"), f"{_hw_value(hw['mem_percent'])}%"))
+        mem = hw.get("host_mem_percent", hw.get("mem_percent"))
+        if isinstance(mem, (int, float)):
+            host.append_text(Text.assemble(("  mem ", "dim"), f"{mem:.0f}%"))
         lines.append(host)
+    for line in lines:
+        line.no_wrap, line.overflow = True, "ellipsis"
     return lines

@@ -26,7 +26,7 @@ class RequestsPanel(Panel):
                           f" {fmt.percent(kv)} ", (f"{fmt.count(state.kv_used)}/{fmt.count(state.kv_capacity)} tok", "dim")),
             Text.assemble(("TTFT p50 ", "dim"), fmt.duration(ttft50), ("  p99 ", "dim"), fmt.duration(ttft99)),
             Text.assemble(("ITL  p50 ", "dim"), fmt.ms(itl50), ("  p99 ", "dim"), fmt.ms(itl99),
-                          ("  (finished requests)", "dim")),
+                          ("  finished reqs", "dim")),
             Text.assemble(("output ", "dim"), (f"{fmt.count(state.tokens_per_s())} tok/s", "bold")),
             Text.assemble(("arrived ", "dim"), fmt.count(state.arrivals), ("  first token ", "dim"),
                           fmt.count(state.first_tokens), ("  finished ", "dim"), fmt.count(state.finished)),

@@ -1,0 +1,176 @@
+"""Start the embedded engine and watch it in the dashboard (what `pdtop` alone does).
+
+The engine runs as a `pdtop serve` child process on a free loopback port with a random
+control token; the dashboard attaches to it and quitting (q) stops it. The child is
+tied to this process: it also stops if the dashboard crashes or is killed (Linux).
+Its log goes to a temporary file, named when something goes wrong.
+
+Default device: CUDA if available, else this machine's CPU cores, with SmolLM2-135M.
+A simulated GPU (`--device sim:H100`) runs a synthetic 8B model on a virtual clock.
+
+Examples:
+  pdtop
+  pdtop --device sim:H100 --rate 12
+  pdtop dashboard --device cpu --policy chunked --theme pdtop-light
+  pdtop dashboard --config pdmux.yaml --slo-ms 30
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import queue
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import IO
+
+from pdtop.ui.cli_args import add_ui_arguments
+
+URL_PREFIX = "pdtop serve: listening on "
+START_TIMEOUT_S = 300.0  # loading a real model on a slow CPU can take a while
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("--device", metavar="DEV",
+                        help="cpu, cuda, or sim:GPU (H100, H200, A100, H20, custom:...); default: cuda if present, else cpu")
+    parser.add_argument("--model", metavar="PATH|synthetic:NAME", help="a GGUF file or synthetic:NAME (default SmolLM2-135M)")
+    parser.add_argument("--config", metavar="FILE", help="SGLang-compatible pdmux YAML")
+    parser.add_argument("--policy", choices=["pdmux", "chunked", "prefill-first"], help="scheduling policy (default pdmux)")
+    parser.add_argument("--rate", type=float, metavar="REQ_PER_S", help="workload arrival rate (default 2)")
+    parser.add_argument("--record", metavar="FILE", help="record every event to FILE from the start")
+    add_ui_arguments(parser)
+
+
+def serve_command(args: argparse.Namespace, token: str) -> list[str]:
+    """The child's command line: `pdtop serve` on a free loopback port with `token`."""
+    cmd = [sys.executable, "-m", "pdtop", "serve", "--host", "127.0.0.1", "--port", "0", "--token", token]
+    for flag in ("device", "model", "config", "policy", "rate", "record"):
+        value = getattr(args, flag, None)
+        if value is not None:
+            cmd += [f"--{flag}", str(value)]
+    return cmd
+
+
+def _tie_to_parent(parent: int) -> None:
+    """In the child, before exec: get SIGTERM when the dashboard process dies (Linux)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: the dashboard's own clean-up is all there is
+    if os.getppid() != parent:  # the parent died before the tie was made
+        os._exit(1)
+
+
+def start_server(args: argparse.Namespace, token: str, log: IO[str]) -> tuple[subprocess.Popen, str]:
+    """Start `pdtop serve` and return it with the URL from its first stdout line; RuntimeError if it fails."""
+    parent = os.getpid()
+    child = subprocess.Popen(
+        serve_command(args, token), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, text=True,
+        start_new_session=True,  # terminal signals go to the dashboard, which stops the child itself
+        preexec_fn=lambda: _tie_to_parent(parent),
+    )
+    assert child.stdout is not None
+    lines: queue.Queue[str] = queue.Queue()
+
+    def pump(stream: IO[str]) -> None:  # keep reading, so the child never blocks on a full pipe
+        for line in stream:
+            lines.put(line)
+            log.write(line)
+        lines.put("")
+
+    threading.Thread(target=pump, args=(child.stdout,), name="pdtop-serve-stdout", daemon=True).start()
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while True:
+        try:
+            line = lines.get(timeout=0.2)
+        except queue.Empty:
+            if child.poll() is not None or time.monotonic() > deadline:
+                stop_server(child)
+                raise RuntimeError("the engine did not start" if child.returncode else "the engine timed out starting")
+            continue
+        if line.startswith(URL_PREFIX):
+            return child, line[len(URL_PREFIX):].strip()
+        if line == "":
+            child.wait(timeout=10)
+            raise RuntimeError(f"the engine exited (code {child.returncode}) before listening")
+
+
+def stop_server(child: subprocess.Popen, timeout: float = 10.0) -> None:
+    if child.poll() is not None:
+        return
+    child.terminate()
+    try:
+        child.wait(timeout)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "".join(path.read_text(errors="replace").splitlines(keepends=True)[-lines:])
+    except OSError:
+        return ""
+
+
+def run(args: argparse.Namespace) -> int:
+    from pdtop.ui.launch import check_theme
+
+    problem = check_theme(args.theme)
+    if args.slo_ms is not None and args.slo_ms <= 0:
+        problem = f"--slo-ms must be positive, got {args.slo_ms:g}"
+    if problem:
+        print(f"pdtop dashboard: error: {problem}", file=sys.stderr)
+        return 2
+    token = secrets.token_urlsafe(24)
+    log_file = tempfile.NamedTemporaryFile("w", prefix="pdtop-serve-", suffix=".log", delete=False)
+    log_path = Path(log_file.name)
+    print(f"pdtop: starting the engine ({args.device or 'auto'}); log: {log_path}", file=sys.stderr, flush=True)
+    try:
+        child, url = start_server(args, token, log_file)
+    except (RuntimeError, OSError) as exc:
+        log_file.close()
+        print(f"pdtop dashboard: error: {exc}\n{_tail(log_path)}", file=sys.stderr, end="")
+        return 1
+    failed = False
+    try:
+        failed = _watch(child, url, token, args, log_path) != 0
+    finally:
+        stop_server(child)
+        log_file.close()
+    if child.returncode not in (0, -signal.SIGTERM) or failed:
+        print(f"pdtop dashboard: the engine's log: {log_path}\n{_tail(log_path)}", file=sys.stderr, end="")
+        return 1
+    log_path.unlink(missing_ok=True)
+    return 0
+
+
+def _watch(child: subprocess.Popen, url: str, token: str, args: argparse.Namespace, log_path: Path) -> int:
+    """Run the dashboard on the child's URL; tell the operator if the child exits under it."""
+    from pdtop.telemetry.client import LiveSource
+    from pdtop.ui.app import PdtopApp
+
+    app = PdtopApp(LiveSource(url, token=token), theme=args.theme, slo_ms=args.slo_ms)
+
+    def waiter() -> None:
+        code = child.wait()
+        if app.is_running:  # the dashboard stops the child only after it has quit
+            message = f"the engine process exited (code {code}); log: {log_path}"
+            try:
+                app.call_from_thread(app.notify, message, title="engine stopped", severity="error", timeout=60)
+            except RuntimeError:
+                pass
+
+    threading.Thread(target=waiter, name="pdtop-serve-wait", daemon=True).start()
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda *_: app.exit())
+    app.run()
+    return 1 if app.source_error else 0
