@@ -1,0 +1,78 @@
+"""`pdtop dashboard` runs `pdtop serve` as a child: found by its first line, stopped on quit, never orphaned."""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from pdtop.commands.dashboard import serve_command, start_server, stop_server
+from pdtop.telemetry.client import LiveSource
+from pdtop.ui.app import PdtopApp
+from tests.ui.conftest import until
+
+ARGS = argparse.Namespace(device="sim:H100", model=None, config=None, policy=None, rate=4.0, record=None)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purposes
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_serve_command_line():
+    cmd = serve_command(ARGS, "tok")
+    assert cmd[:4] == [sys.executable, "-m", "pdtop", "serve"]
+    assert cmd[cmd.index("--port") + 1] == "0" and cmd[cmd.index("--host") + 1] == "127.0.0.1"
+    assert cmd[cmd.index("--token") + 1] == "tok" and cmd[cmd.index("--device") + 1] == "sim:H100"
+    assert "--model" not in cmd  # defaults are the server's
+
+
+async def test_dashboard_attaches_to_its_child_and_stops_it(tmp_path):
+    log = open(tmp_path / "serve.log", "w")
+    child, url = start_server(ARGS, "secret", log)
+    try:
+        assert url.startswith("ws://127.0.0.1:")
+        app = PdtopApp(LiveSource(url, token="secret"))
+        async with app.run_test(size=(130, 40)) as pilot:
+            await until(pilot, lambda: app.connection == "live" and app.state.rounds_seen > 2, "rounds from the child")
+            assert not app.readonly and app.state.info.device == "sim:H100"
+    finally:
+        stop_server(child)
+        log.close()
+    assert child.returncode is not None and not _alive(child.pid)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
+def test_child_does_not_outlive_a_killed_dashboard(tmp_path):
+    script = textwrap.dedent(f"""
+        import argparse, sys, time
+        from pdtop.commands.dashboard import start_server
+        args = argparse.Namespace(device="sim:H100", model=None, config=None, policy=None, rate=1.0, record=None)
+        child, url = start_server(args, "t", open({str(tmp_path / 'log')!r}, "w"))
+        print(child.pid, flush=True)
+        time.sleep(120)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        child_pid = int(parent.stdout.readline())
+        assert _alive(child_pid)
+        parent.send_signal(signal.SIGKILL)  # a crash: no clean-up code runs
+        parent.wait()
+        deadline = time.monotonic() + 10
+        while _alive(child_pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(child_pid), "the serve child outlived its dashboard"
+    finally:
+        parent.kill()
