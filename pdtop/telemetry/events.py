@@ -48,6 +48,19 @@ def config_event(change: ConfigChange, config: dict[str, Any]) -> dict[str, Any]
     return _event("config", **dataclasses.asdict(change), config=config)
 
 
+_RECORD_TYPES = {RoundRecord: "round", RequestRecord: "request"}
+_JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False, default=vars)
+
+
+def encode_record(rec: RoundRecord | RequestRecord) -> str:
+    """The same text as `encode(record_event(rec))`, without building the dicts first."""
+    try:
+        body = _JSON.encode(vars(rec))
+    except (ValueError, TypeError):
+        return encode(record_event(rec))
+    return f'{{"type":"{_RECORD_TYPES[rec.__class__]}","v":{PROTOCOL_VERSION},{body[1:]}'
+
+
 def record_event(rec: Any, config: dict[str, Any] | None = None) -> dict[str, Any]:
     """Any engine record -> its event. A `ConfigChange` needs the config after the change."""
     if isinstance(rec, RoundRecord):

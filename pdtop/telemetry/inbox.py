@@ -1,11 +1,12 @@
-"""The hand-off from the engine thread to the event loop, and load shedding.
+"""The hand-off from the engine thread to the event loop, with admission control.
 
-`sink` runs on the engine thread for every record, so it only appends to a deque (a
-`ConfigChange` also captures the configuration right after it). The event loop calls
-`take(cap)` once per tick: it returns at most `cap` items, the newest, and how many
-older ones it shed. Config changes are never shed. Shedding is what keeps an engine
-producing tens of thousands of rounds a second (an unpaced simulation) from spending
-its time on telemetry; at real-time pace nothing is shed.
+`sink` runs on the engine thread for every record, so it does almost nothing: while the
+current tick has room it appends the record to a deque, otherwise it only counts it as
+shed (the record is freed at once, which also keeps the garbage collector's young
+generation small). The event loop sets the room once per tick (`refill`) and takes what
+was admitted (`take`). Config changes are always admitted, with the configuration
+captured right after them. An engine producing tens of thousands of rounds a second (an
+unpaced simulation) thus costs telemetry a fixed budget; at real-time pace nothing is shed.
 """
 from __future__ import annotations
 
@@ -17,28 +18,32 @@ from pdtop.engine.records import ConfigChange
 
 class Inbox:
     def __init__(self, config_dict: Callable[[], dict[str, Any]]) -> None:
-        self._q: deque[Any] = deque()
-        append, cc = self._q.append, ConfigChange
+        q: deque[Any] = deque()
+        gate = [0, 0]  # [records the current tick may still admit, records shed so far]
+        append, cc = q.append, ConfigChange
 
         def sink(record: Any) -> None:
             if record.__class__ is cc:
                 append((record, config_dict()))
-            else:
+            elif gate[0] > 0:
+                gate[0] -= 1
                 append(record)
+            else:
+                gate[1] += 1
 
+        self._q, self._gate = q, gate
+        self._shed_taken = 0
         self.sink = sink
         self.publish = append  # ready-made event dicts (the hardware sampler's); thread-safe
 
-    def __len__(self) -> int:
-        return len(self._q)
+    def refill(self, room: int) -> None:
+        """Admit up to `room` more records (set, not added; races only cost a record or two)."""
+        self._gate[0] = room
 
-    def take(self, cap: int) -> tuple[list[Any], int]:
-        """Everything queued so far, cut to the newest `cap` (config changes always kept)."""
+    def take(self) -> tuple[list[Any], int]:
+        """What was admitted since the last call, and how many records were shed meanwhile."""
         q = self._q
-        n = len(q)  # items appended after this read wait for the next tick
-        items = [q.popleft() for _ in range(n)]
-        if n <= cap:
-            return items, 0
-        old, items = items[: n - cap], items[n - cap:]
-        kept = [it for it in old if it.__class__ is tuple]
-        return kept + items, len(old) - len(kept)
+        items = [q.popleft() for _ in range(len(q))]
+        shed_total = self._gate[1]
+        shed, self._shed_taken = shed_total - self._shed_taken, shed_total
+        return items, shed

@@ -59,7 +59,7 @@ class TelemetryServer:
     engine at construction; `start()` inside a running event loop, `stop()` to finish."""
 
     def __init__(self, engine: Any, host: str = "127.0.0.1", port: int = 8765, *, token: str | None = None,
-                 queue_size: int = 1024, tick: float = 0.025, max_event_rate: float = 2000.0,
+                 queue_size: int = 1024, tick: float = 0.05, max_event_rate: float = 1000.0,
                  record_path: str | None = None) -> None:
         if token is not None and not token:
             raise ValueError("the token must not be empty")
@@ -132,6 +132,7 @@ class TelemetryServer:
         if self.recorder is not None:
             raise RecordingError(f"already recording to {str(self.recorder.path)!r}")
         self.recorder = Recorder(path, self._hello("recorder", True))
+        self._inbox.refill(max(0, int(self._budget)))
         return self.recorder
 
     def stop_recording(self) -> str | None:
@@ -153,13 +154,16 @@ class TelemetryServer:
                 log.exception("telemetry pump")
 
     def _drain(self) -> None:
+        items, shed = self._inbox.take()
         # token bucket: max_event_rate a second on average, bursts up to one second's worth
         now = time.monotonic()
         elapsed, self._last_tick = now - self._last_tick, now
-        self._budget = min(self.max_event_rate, self._budget + self.max_event_rate * elapsed)
-        items, shed = self._inbox.take(max(1, int(self._budget)))
-        self._budget -= len(items)
+        self._budget = min(self.max_event_rate, self._budget - len(items) + self.max_event_rate * elapsed)
         clients = list(self.clients.values())
+        if not clients and self.recorder is None:
+            self._inbox.refill(0)  # nobody listens: the sink only counts
+            return
+        self._inbox.refill(max(0, int(self._budget)))
         if shed:
             self.events_shed += shed
             for client in clients:
@@ -167,19 +171,19 @@ class TelemetryServer:
             self._record(ev.encode(ev.dropped_event(shed)))
         frames: list[str] = []
         for item in items:
+            kind = item.__class__
             try:
-                if item.__class__ is dict:
-                    event = item
-                elif item.__class__ is tuple:
-                    event = ev.config_event(*item)
+                if kind is tuple:
+                    frame = ev.encode(ev.config_event(*item))
+                elif kind is dict:
+                    frame = ev.encode(item)
                 else:
-                    event = ev.record_event(item)
-                frame = ev.encode(event)
+                    frame = ev.encode_record(item)
             except Exception:
-                log.exception("cannot encode %r", type(item).__name__)
+                log.exception("cannot encode %r", kind.__name__)
                 continue
             self._record(frame)
-            if event["type"] == "config":  # never dropped: every client must see it
+            if kind is tuple:  # a config change is never dropped: every client must see it
                 for client in clients:
                     self._send_priority(client, frame)
             else:
@@ -232,6 +236,7 @@ class TelemetryServer:
         if given is not None and not authorized:
             client.queue.put_priority(ev.encode(ev.error_event("token", "wrong token; this connection is read-only")))
         self.clients[client_id] = client
+        self._inbox.refill(max(0, int(self._budget)))
         writer = asyncio.create_task(self._write(client), name=f"pdtop-writer-{client_id}")
         try:
             async for message in ws:

@@ -97,3 +97,4 @@ def test_missing_file_and_unwritable_path(tmp_path):
         read_recording(tmp_path / "nope.ndjson")
     with pytest.raises(RecordingError, match="cannot write"):
         Recorder(tmp_path / "no" / "dir" / "r.ndjson", HELLO)
+

@@ -1,0 +1,157 @@
+"""Telemetry overhead: engine rounds/s with telemetry off vs on (0, 1, 16 clients).
+
+The engine runs unpaced on the simulated GPU (sim:H100, synthetic:qwen3-8b, a seeded
+Poisson workload): every run executes the same rounds, so rounds/s compare directly.
+Both wall-clock rounds/s and rounds per CPU-second of the engine's process are shown:
+the second is what telemetry costs the engine, unblurred by other load on the machine.
+Clients run in a separate process (as real dashboards do) and count what they receive.
+Each configuration is measured --repeats times, interleaved; the median is shown.
+
+    .venv/bin/python bench/telemetry_bench.py [--rounds 150000] [--repeats 5]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+CONFIGS = [  # (label, telemetry on, clients, batch frames)
+    ("off", False, 0, True),
+    ("on, 0 clients", True, 0, True),
+    ("on, 1 client", True, 1, True),
+    ("on, 16 clients", True, 16, True),
+    ("on, 1 client, 1 frame/event", True, 1, False),
+    ("on, 16 clients, 1 frame/event", True, 16, False),
+]
+
+
+def make_engine():
+    from pdtop.engine.engine import build_engine
+    from pdtop.engine.workload import WorkloadSpec
+
+    return build_engine(device="sim:H100", model="synthetic:qwen3-8b", workload=WorkloadSpec(rate=20.0, seed=3))
+
+
+def run_rounds(engine, n: int) -> tuple[float, float]:
+    """n unpaced rounds on a thread of their own (as `pdtop serve` runs them) ->
+    (wall seconds, CPU seconds of this whole process meanwhile: engine + telemetry)."""
+    out = []
+
+    def work():
+        t0, c0 = time.perf_counter(), time.process_time()
+        for _ in range(n):
+            engine.step()
+        out.append((time.perf_counter() - t0, time.process_time() - c0))
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    return out[0]
+
+
+async def measure(rounds: int, on: bool, clients: int, batch: bool, server_kw: dict) -> dict:
+    from pdtop.telemetry.hw import HwSampler
+    from pdtop.telemetry.server import TelemetryServer
+
+    engine = make_engine()
+    if not on:
+        wall, cpu = await asyncio.to_thread(run_rounds, engine, rounds)
+        return {"rounds_per_s": rounds / wall, "rounds_per_cpu_s": rounds / cpu}
+    server = TelemetryServer(engine, port=0, **server_kw)
+    await server.start()
+    sampler = HwSampler(server.publish).start()
+    worker = None
+    if clients:
+        worker = await asyncio.create_subprocess_exec(
+            sys.executable, __file__, "--worker", server.url, str(clients), "1" if batch else "0",
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        await worker.stdout.readline()  # "ready": every client got its hello
+    wall, cpu = await asyncio.to_thread(run_rounds, engine, rounds)
+    await asyncio.sleep(0.3)  # let the last tick reach the clients
+    counts = []
+    if worker is not None:
+        worker.stdin.close()
+        counts = json.loads((await worker.stdout.readline()).decode())
+        await worker.wait()
+    sampler.stop()
+    await server.stop()
+    first = counts[0] if counts else {"events": 0, "dropped": 0}
+    return {"rounds_per_s": rounds / wall, "rounds_per_cpu_s": rounds / cpu,
+            "client_events_per_s": first["events"] / wall,
+            "client_dropped": first["dropped"], "shed": server.events_shed}
+
+
+async def worker(url: str, n: int, batch: bool) -> None:
+    """Clients in their own process: connect, count events until stdin closes."""
+    from websockets.asyncio.client import connect
+
+    counts = [{"events": 0, "dropped": 0} for _ in range(n)]
+    q = "/?batch=1" if batch else ""
+    conns = [await connect(url + q, compression=None, max_size=2**24) for _ in range(n)]
+    for ws in conns:
+        await ws.recv()  # hello
+    print("ready", flush=True)
+
+    async def read(i: int, ws) -> None:
+        # count without parsing every event, so this process takes little CPU from the engine's
+        async for frame in ws:
+            n = frame.count('{"type":"')
+            if frame.startswith('{"type":"batch"'):
+                n -= 1
+            if '"type":"dropped"' in frame:
+                event = json.loads(frame)
+                for e in event["events"] if event["type"] == "batch" else [event]:
+                    if e["type"] == "dropped":
+                        counts[i]["dropped"] += e["count"]
+                        n -= 1
+            counts[i]["events"] += n
+
+    readers = [asyncio.create_task(read(i, ws)) for i, ws in enumerate(conns)]
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    for ws in conns:
+        await ws.close()
+    await asyncio.gather(*readers, return_exceptions=True)
+    print(json.dumps(counts), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=150000)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--max-event-rate", type=float, help="server setting (default: the server's)")
+    parser.add_argument("--tick", type=float, help="server setting (default: the server's)")
+    parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        url, n, batch = args.worker
+        asyncio.run(worker(url, int(n), batch == "1"))
+        return
+    server_kw = {k: v for k, v in (("max_event_rate", args.max_event_rate), ("tick", args.tick)) if v}
+    results: dict[str, list[dict]] = {label: [] for label, *_ in CONFIGS}
+    for _ in range(args.repeats):
+        for label, on, clients, batch in CONFIGS:
+            results[label].append(asyncio.run(measure(args.rounds, on, clients, batch, server_kw)))
+    med = {label: {k: statistics.median(r.get(k, 0) for r in rs) for k in rs[0] | rs[-1]}
+           for label, rs in results.items()}
+    base, base_cpu = med["off"]["rounds_per_s"], med["off"]["rounds_per_cpu_s"]
+    print(f"pdtop telemetry bench: sim:H100 synthetic:qwen3-8b, unpaced, {args.rounds} rounds, "
+          f"median of {args.repeats}, server {server_kw or 'defaults'}")
+    print(f"{'telemetry':31} {'rounds/s':>9} {'vs off':>7} {'rounds/CPU-s':>13} {'vs off':>7} "
+          f"{'events/s to client 1':>21} {'shed/s':>7}")
+    for label, *_ in CONFIGS:
+        m = med[label]
+        rate, per_cpu = m["rounds_per_s"], m["rounds_per_cpu_s"]
+        shed = m.get("shed", 0) * rate / args.rounds
+        print(f"{label:31} {rate:9.0f} {100 * (rate / base - 1):+6.1f}% {per_cpu:13.0f} "
+              f"{100 * (per_cpu / base_cpu - 1):+6.1f}% {m.get('client_events_per_s', 0):21.0f} {shed:7.0f}")
+    print("rounds/s is wall time (noisy on a shared machine); rounds/CPU-s divides by the CPU time "
+          "of the engine's process (engine thread + telemetry), which other load does not inflate.")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+"""Engine records -> event JSON: the envelope, the fields, non-finite numbers."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from pdtop.engine.records import ConfigChange, PrefillProgress, RequestRecord, RoundRecord
+from pdtop.telemetry import events as ev
+
+
+def test_engine_records_encode_as_asdict_plus_type():
+    """The fast encoder gives exactly `dataclasses.asdict` with type and v, one JSON text."""
+    rnd = RoundRecord(index=3, time=1.5, policy="pdmux", level=2, prefill_units=104, decode_units=28, pinned=False,
+                      decode_bs=5, decode_step_s=0.004, round_s=0.005,
+                      prefills=[PrefillProgress([1, 2], 900, 12, 36, 4)], tokens_emitted=5, waiting=1, running=5,
+                      kv_used_tokens=4000, kv_capacity_tokens=2**20, bytes_moved=1.6e10, flops=2e11)
+    req = RequestRecord("finish", 2, 3.0, 900, 64, ttft_s=0.2, itls_s=[0.01, 0.02], finish_reason="length")
+    for rec, kind in ((rnd, "round"), (req, "request")):
+        want = {"type": kind, "v": 1, **dataclasses.asdict(rec)}
+        assert json.loads(ev.encode_record(rec)) == want
+        assert ev.record_event(rec) == want
+    rnd.decode_step_s = float("nan")  # not JSON: becomes null rather than breaking the stream
+    assert json.loads(ev.encode_record(rnd))["decode_step_s"] is None
+
+
+def test_config_events_carry_the_whole_config_and_helpers_have_the_envelope():
+    change = ConfigChange(2.0, 10, {"decode_bs_divisor": {"old": 36, "new": 24}}, client="c1")
+    event = ev.config_event(change, {"decode_bs_divisor": 24})
+    assert event == {"type": "config", "v": 1, "time": 2.0, "round_index": 10,
+                     "changes": {"decode_bs_divisor": {"old": 36, "new": 24}}, "client": "c1",
+                     "config": {"decode_bs_divisor": 24}}
+    assert ev.reply_event(4, False, "level", "too big") == {
+        "type": "reply", "v": 1, "id": 4, "ok": False, "error": {"field": "level", "reason": "too big"}}
+    assert ev.dropped_event(3) == {"type": "dropped", "v": 1, "count": 3}
+    assert json.loads(ev.encode({"x": float("inf"), "y": [float("nan")]})) == {"x": None, "y": [None]}
