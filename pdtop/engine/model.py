@@ -240,6 +240,9 @@ class LlamaModel(nn.Module):
             return cls(cfg, w, dt, dev)
 
 
+_POOL = 1_000_003  # prime
+
+
 def synthetic_model(name: str, dtype: Any = "bfloat16", device: Any = "cpu", num_layers: int | None = None,
                     seed: int = 0) -> LlamaModel:
     """A model with the named config's shapes and seeded random weights (std 0.02, norms 1).
@@ -259,11 +262,21 @@ def synthetic_model(name: str, dtype: Any = "bfloat16", device: Any = "cpu", num
     _check_memory(cfg, dt, dev)
     gen = torch.Generator(device=dev).manual_seed(seed)
     h, d, f = cfg.hidden, cfg.head_dim, cfg.ffn
+    # One seeded block of uniform noise (std 0.02), tiled into every matrix from a random
+    # offset: generating billions of random numbers would take minutes on a small CPU.
+    # The block's length is prime, so rows never repeat with the row length.
+    pool = torch.empty(_POOL, dtype=torch.float32, device=dev).uniform_(-0.02 * 3 ** 0.5, 0.02 * 3 ** 0.5,
+                                                                       generator=gen).to(dt)
+    pool = torch.cat((pool, pool))
 
     def rand(*shape: int) -> torch.Tensor:
-        # uniform with std 0.02: cheaper than randn for billions of numbers
         x = torch.empty(*shape, dtype=dt, device=dev)
-        return x.uniform_(-0.02 * 3 ** 0.5, 0.02 * 3 ** 0.5, generator=gen)
+        flat = x.view(-1)
+        start = int(torch.randint(_POOL, (1,), generator=gen, device=dev))
+        for off in range(0, flat.numel(), _POOL):
+            n = min(_POOL, flat.numel() - off)
+            flat[off:off + n].copy_(pool[start:start + n])
+        return x
 
     def ones(n: int) -> torch.Tensor:
         return torch.ones(n, dtype=dt, device=dev)

@@ -1,0 +1,120 @@
+"""The Llama model on the real SmolLM2 weights: reference output, batching, layer splits, dtypes,
+synthetic models."""
+from __future__ import annotations
+
+import psutil
+import pytest
+import torch
+
+from pdtop.engine.errors import EngineError
+from pdtop.engine.gguf_loader import load_model
+from pdtop.engine.model import ForwardBatch, Segment, synthetic_model
+from pdtop.engine.runner import ModelRunner, SamplingParams
+
+# Batched and lone runs use different matmul row counts, so oneDNN may sum in another order:
+# logits (magnitude ~10-30) may differ by float32 rounding, never by more than this.
+LOGIT_ATOL = 1e-3
+
+
+def chat_ids(tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": text}]))
+
+
+def greedy(runner, ids: list[int], max_tokens: int = 32) -> list[int]:
+    seq = runner.add_sequence(ids, SamplingParams(max_tokens=max_tokens))
+    runner.prefill([seq])
+    while not seq.finished:
+        runner.decode([seq])
+    return seq.output_ids
+
+
+def test_reference_answer(runner, tokenizer, model_fp32):
+    out = greedy(runner(), chat_ids(tokenizer, "What is the capital of France?"))
+    assert out[-1] in model_fp32.config.eos_ids
+    assert tokenizer.decode(out[:-1]) == "The capital of France is Paris."
+
+
+def test_layer_ranges_compose(model_fp32, tokenizer):
+    """embed -> layers [0, a) -> [a, b) -> [b, L) -> logits equals one pass over [0, L)."""
+    ids = chat_ids(tokenizer, "Name three colours of the rainbow.")
+    L = model_fp32.num_layers
+
+    def run(cuts: list[int]) -> torch.Tensor:
+        r = ModelRunner(model_fp32, kv_capacity_tokens=256)
+        seq = r.add_sequence(ids)
+        slots = torch.as_tensor(r.kv.slots(seq.table, 0, len(ids)))
+        batch = ForwardBatch(kv=r.kv, positions=torch.arange(len(ids)), slots=slots,
+                             segments=[Segment(offset=0, length=len(ids), prefix=0)])
+        with torch.inference_mode():
+            h = model_fp32.embed(torch.tensor(ids))
+            for a, b in zip([0] + cuts, cuts + [L]):
+                h = model_fp32.forward_layers(h, batch, a, b)
+            return model_fp32.logits(h[-1:])
+
+    whole = run([])
+    for cuts in ([1], [5, 17], list(range(1, L))):
+        assert torch.equal(run(cuts), whole)
+
+
+def test_bfloat16_model_agrees_with_float32(gguf_path, tokenizer, model_fp32):
+    bf16 = load_model(gguf_path, dtype="bfloat16")
+    assert bf16.dtype == torch.bfloat16 and bf16.dtype_bytes == 2
+    ids = chat_ids(tokenizer, "What is the capital of France?")
+    logits = {}
+    for name, m in (("bf16", bf16), ("fp32", model_fp32)):
+        r = ModelRunner(m, kv_capacity_tokens=256)
+        state = r.prefill_begin([r.add_sequence(ids)])
+        r.prefill_layers(state, 0, m.num_layers)
+        r.prefill_finish(state)
+        logits[name] = state.logits[0]
+    assert logits["bf16"].dtype == torch.float32
+    assert logits["bf16"].argmax() == logits["fp32"].argmax()
+    top = logits["fp32"].topk(5).indices
+    # bf16 keeps 8 bits of mantissa: the leading logits agree to within a few percent of their spread
+    spread = float(logits["fp32"].max() - logits["fp32"].median())
+    assert float((logits["bf16"][top] - logits["fp32"][top]).abs().max()) < 0.1 * spread
+
+
+def test_synthetic_qwen3_8b_two_layers_on_cpu():
+    """The 8B shapes with 2 layers (about 3.3 GB in bfloat16): builds, runs, stays finite."""
+    m = synthetic_model("synthetic:qwen3-8b", dtype="bfloat16", num_layers=2)
+    cfg = m.config
+    assert (cfg.num_layers, cfg.hidden, cfg.vocab, cfg.qk_norm) == (2, 4096, 151936, True)
+    r = ModelRunner(m, kv_capacity_tokens=128)
+    seqs = [r.add_sequence(list(range(100, 100 + n)), SamplingParams(max_tokens=3, ignore_eos=True)) for n in (9, 20)]
+    state = r.prefill_begin(seqs)
+    r.prefill_layers(state, 0, 1)
+    r.prefill_layers(state, 1, 2)
+    r.prefill_finish(state)
+    assert torch.isfinite(state.logits).all() and state.logits.std() > 0
+    r.decode(seqs)
+    toks, first = r.chunk_step(seqs, None, 0)
+    assert all(s.finished and len(s.output_ids) == 3 for s in seqs) and first is None
+    assert all(0 <= t < cfg.vocab for s in seqs for t in s.output_ids)
+    del m, r
+
+
+def test_synthetic_models_are_seeded():
+    a = synthetic_model("synthetic:smollm2-135m", dtype="float32", num_layers=1, seed=1)
+    b = synthetic_model("synthetic:smollm2-135m", dtype="float32", num_layers=1, seed=1)
+    c = synthetic_model("synthetic:smollm2-135m", dtype="float32", num_layers=1, seed=2)
+    assert torch.equal(a.embed_weight, b.embed_weight) and not torch.equal(a.embed_weight, c.embed_weight)
+    std = float(a.embed_weight.std())
+    assert 0.015 < std < 0.025
+
+
+def test_synthetic_8b_refused_when_it_cannot_fit():
+    need = 8.2e9 * 4  # float32 bytes of 36 layers + embeddings
+    if psutil.virtual_memory().available > need / 0.9:
+        pytest.skip("this machine could hold a float32 8B model")
+    with pytest.raises(EngineError, match=r"needs .* GiB .* only .* GiB free"):
+        synthetic_model("synthetic:qwen3-8b", dtype="float32")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_reference_answer_on_cuda(gguf_path, tokenizer):
+    for dtype in ("float32", "bfloat16"):
+        m = load_model(gguf_path, dtype=dtype, device="cuda")
+        out = greedy(ModelRunner(m, kv_capacity_tokens=512), chat_ids(tokenizer, "What is the capital of France?"))
+        assert tokenizer.decode(out).startswith("The capital of France is Paris."), dtype
