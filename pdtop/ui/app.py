@@ -63,6 +63,7 @@ class PdtopApp(App[None]):
         self._painted: tuple[Any, ...] = ()
         self._force_paint = True
         self.source_error: str | None = None
+        self._pump_task: asyncio.Task[None] | None = None
         self.notices: deque[tuple[str, str, str]] = deque(maxlen=100)  # (severity, title, message) shown
         super().__init__()
         for t in self.pdtop_themes.values():
@@ -101,17 +102,28 @@ class PdtopApp(App[None]):
         return default_variables()
 
     def on_mount(self) -> None:
-        self.run_worker(self._pump(), name="pdtop-events", group="events", exit_on_error=False)
+        # A plain task, not a worker: workers are cancelled before unmount, and a live source
+        # should be closed (a clean websocket close) before its reader goes away.
+        self._pump_task = asyncio.create_task(self._pump(), name="pdtop-events")
         self.set_interval(1.0 / self.tick_hz, self._tick, name="pdtop-repaint")
         self.theme_changed_signal.subscribe(self, lambda _theme: self._repaint_soon())
         self._tick()
 
     async def on_unmount(self) -> None:
         close = getattr(self.source, "close", None)
-        if close is not None:
-            result = close()
-            if asyncio.iscoroutine(result):
-                await result
+        try:
+            if close is not None:
+                result = close()
+                if asyncio.iscoroutine(result):
+                    await asyncio.wait_for(result, 3.0)
+        except (asyncio.TimeoutError, OSError):
+            pass
+        task = self._pump_task
+        if task is not None and not task.done():
+            try:
+                await asyncio.wait_for(task, 1.0)
+            except (asyncio.TimeoutError, asyncio.CancelledError):
+                pass
 
     def on_resize(self, _event: events.Resize) -> None:
         self._repaint_soon()

@@ -21,8 +21,8 @@ def block_chart(
 ) -> list[Text]:
     """Columns of eighth blocks, one per value, `height` rows tall, scaled so `top` fills it.
 
-    `line` (e.g. an SLO) is drawn as a dashed row at its height, and columns whose value
-    is above it are drawn in `line_colour`. Missing values (None) are blank columns.
+    `line` (e.g. an SLO) is drawn as a dashed row at its height, and the parts of the
+    columns above it are drawn in `line_colour`. Missing values (None) are blank columns.
     Returns the rows top first.
     """
     height = max(1, height)
@@ -36,10 +36,10 @@ def block_chart(
         filled = 0 if value is None else max(0, min(cells, round(value / top * cells)))
         if value is not None and value > 0 and filled == 0:
             filled = 1  # a non-zero value is always visible
-        style = line_colour if (line is not None and value is not None and value > line) else colour
         for r in range(height):  # r: row from the bottom
             part = filled - r * 8
             row = grid[height - 1 - r]
+            style = line_colour if line_row is not None and r > line_row else colour
             if part >= 8:
                 row.append(("█", style))
             elif part > 0:

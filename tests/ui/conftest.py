@@ -32,8 +32,9 @@ def sim_engine(rate: float = 8.0, seed: int = 0) -> Any:
 class EngineServer:
     """A sim engine behind a `TelemetryServer` on 127.0.0.1; the server can be stopped and restarted."""
 
-    def __init__(self, engine: Any, token: str | None = TOKEN, manual: bool = False) -> None:
+    def __init__(self, engine: Any, token: str | None = TOKEN, manual: bool = False, **server_options: Any) -> None:
         self.engine, self.token, self.manual = engine, token, manual
+        self.server_options = server_options
         self.loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(target=self.loop.run_forever, name="test-server-loop", daemon=True)
         self._loop_thread.start()
@@ -46,7 +47,8 @@ class EngineServer:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=10)
 
     def start_server(self, port: int | None = None) -> str:
-        server = TelemetryServer(self.engine, "127.0.0.1", self.port if port is None else port, token=self.token)
+        server = TelemetryServer(self.engine, "127.0.0.1", self.port if port is None else port, token=self.token,
+                                 **self.server_options)
         self._call(server.start())
         self.server, self.port = server, server.port
         return self.url
@@ -126,10 +128,14 @@ def recording(tmp_path_factory) -> Path:
     })
 
 
-async def until(pilot: Any, predicate: Callable[[], Any], what: str, timeout: float = 15.0) -> None:
+async def until(pilot: Any, predicate: Callable[[], Any], what: str, timeout: float = 15.0,
+                poll: float = 0.05) -> None:
     """Let the app run until `predicate()` holds; fail with `what` if it never does."""
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for: {what}")
-        await pilot.pause(0.05)
+        if poll:
+            await pilot.pause(poll)
+        else:
+            await asyncio.sleep(0.001)

@@ -21,6 +21,10 @@ def _hw_value(value: Any) -> str:
 class BandwidthPanel(Panel):
     TITLE = "bandwidth (estimated)"
 
+    def on_mount(self) -> None:
+        super().on_mount()
+        self.border_subtitle = "bytes moved / round time"
+
     def render_state(self, state: DashboardState) -> Group:
         rounds = state.window()
         avg, last = state.bandwidth(rounds)

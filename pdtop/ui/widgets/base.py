@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Group, RenderableType
+from rich.text import Text
 from textual.widgets import Static
 
 from pdtop.ui.state import DashboardState
@@ -50,7 +51,12 @@ class Panel(Static):
             return
         self._last_key = key
         renderable = self.render_state(state)
-        lines = len(renderable.renderables) if isinstance(renderable, Group) else -1
+        lines = -1
+        if isinstance(renderable, Group):
+            lines = len(renderable.renderables)
+            for line in renderable.renderables:  # one line each: cut, never wrap
+                if isinstance(line, Text):
+                    line.no_wrap, line.overflow = True, "ellipsis"
         self.update(renderable, layout=lines != self._last_lines)
         self._last_lines = lines
 

@@ -24,11 +24,11 @@ class ItlPanel(Panel):
         head = Text.assemble(("p50 ", "dim"), fmt.ms(p50), ("  p99 ", "dim"), fmt.ms(p99),
                              ("  max ", "dim"), fmt.ms(worst))
         if slo is not None:
-            share = f" ({over}/{decoded} over)" if decoded else ""
+            share = f"  {fmt.percent(over / decoded)} over" if decoded else ""
             head.append_text(Text.assemble(("  SLO ", "dim"), (fmt.ms(slo), self.colour("slo")), share))
         else:
-            head.append("  SLO – (s to set)", "dim")
-        head.append(f"  last {fmt.duration(state.window_s)}", "dim")
+            head.append("  SLO – (s)", "dim")
+        self.border_subtitle = f"worst step per slice · last {fmt.duration(state.window_s)}"
         width = max(4, self.inner_width - AXIS)
         height = max(2, self.inner_height - 1)
         values = state.itl_series(width, rounds)
