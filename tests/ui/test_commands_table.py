@@ -1,0 +1,75 @@
+"""The one command table: parsers, message builders, and that it drives bindings, help and palette."""
+from __future__ import annotations
+
+import pytest
+
+from pdtop.ui.commands import BY_ID, COMMANDS, parse_divisions, parse_seconds, parse_slo_ms
+from pdtop.ui.state import DashboardState
+from tests.ui.test_state import HELLO, round_event
+
+
+def _state(level: int = 4) -> DashboardState:
+    s = DashboardState()
+    s.ingest(HELLO)
+    s.ingest(round_event(0, 0.01, level=level))
+    return s
+
+
+def test_level_builders_step_from_the_current_level():
+    s = _state(4)
+    assert BY_ID["level_up"].build(s, None) == {"cmd": "pin_level", "level": 5}
+    assert BY_ID["level_down"].build(s, None) == {"cmd": "pin_level", "level": 3}
+    with pytest.raises(ValueError, match="already at level 7"):
+        BY_ID["level_up"].build(_state(7), None)
+    with pytest.raises(ValueError, match="no split level"):
+        BY_ID["level_up"].build(DashboardState(), None)
+
+
+def test_set_builders_and_toggles():
+    s = _state()
+    assert BY_ID["decode_bs_divisor"].build(s, 24) == {"cmd": "set", "decode_bs_divisor": 24}
+    assert BY_ID["budget"].build(s, 4096) == {"cmd": "set", "split_forward_token_budget": 4096}
+    assert BY_ID["workload_toggle"].build(s, None) == {"cmd": "pause_workload"}
+    s.config["workload_paused"] = True
+    assert BY_ID["workload_toggle"].build(s, None) == {"cmd": "resume_workload"}
+    start = BY_ID["record"].build(s, None)
+    assert start["cmd"] == "record_start" and start["path"].endswith(".ndjson")
+    s.recording = "x.ndjson"
+    assert BY_ID["record"].build(s, None) == {"cmd": "record_stop"}
+    assert BY_ID["decode_bs_divisor"].arg.default(s) == "36"
+
+
+def test_parsers():
+    assert parse_divisions("112 20 1; 96,36,16") == [[112, 20, 1], [96, 36, 16]]
+    assert parse_divisions("[[112, 20, 1]]") == [[112, 20, 1]]
+    assert parse_divisions("") == []
+    with pytest.raises(ValueError, match="three whole numbers"):
+        parse_divisions("112 20")
+    assert parse_seconds("1:02.5") == 62.5 and parse_seconds("7") == 7.0
+    assert parse_slo_ms("25") == pytest.approx(0.025) and parse_slo_ms("") is None and parse_slo_ms("0") is None
+    with pytest.raises(ValueError):
+        BY_ID["decode_bs_divisor"].arg.parse("zero")
+
+
+def test_table_invariants():
+    for cmd in COMMANDS:
+        assert (cmd.build is None) != (cmd.action is None), cmd.id  # a message or a local action
+        assert not (cmd.needs_write and cmd.mode == "replay"), cmd.id
+        assert cmd.build is None or cmd.needs_write, cmd.id  # anything sent to the engine needs write
+
+
+async def test_bindings_help_and_palette_come_from_the_table(recording):
+    from pdtop.telemetry.replay import ReplaySource
+    from pdtop.ui.app import PdtopApp
+
+    app = PdtopApp(ReplaySource(recording))
+    assert {b.id for b in app.BINDINGS} == {f"pdtop.{c.id}" for c in COMMANDS}
+    async with app.run_test(size=(130, 40)) as pilot:
+        await pilot.pause()
+        replay = {c.description for c in COMMANDS if c.mode in ("any", "replay")}
+        palette = {c.title for c in app.get_system_commands(app.screen) if not c.title.startswith("theme:")}
+        assert palette == replay
+        footer = {key.action for key in app.screen.query("FooterKey")} - {"command_palette"}
+        assert footer == {f"run_command('{c.id}')" for c in COMMANDS if c.footer and c.description in replay}
+        await pilot.press("question_mark")
+        assert {c.description for c in app.screen.commands} == replay
