@@ -1,0 +1,99 @@
+"""Themes are data files: loaded at start, chosen with --theme, switched at runtime, shipped in the package."""
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import pytest
+from textual.widgets import Input
+
+from pdtop.telemetry.replay import ReplaySource
+from pdtop.ui.app import PdtopApp
+from pdtop.ui.launch import check_theme
+from pdtop.ui.themes import ThemeError, load_themes, theme_from_mapping
+from tests.ui.conftest import until
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_shipped_themes_load_with_pdtop_colours():
+    themes = load_themes()
+    assert {"pdtop-dark", "pdtop-light", "pdtop-amber", "pdtop-ocean"} <= set(themes)
+    for theme in themes.values():
+        assert theme.variables["pdtop-prefill"].startswith("#") and theme.variables["pdtop-decode"].startswith("#")
+    assert not themes["pdtop-light"].dark and themes["pdtop-dark"].dark
+    # the package's themes/ is the repository's themes/ (a link), so a wheel carries the same files
+    assert sorted(p.name for p in (ROOT / "pdtop" / "themes").glob("*.yaml")) == \
+        sorted(p.name for p in (ROOT / "themes").glob("*.yaml"))
+
+
+def test_bad_theme_files_are_clear_errors(tmp_path):
+    with pytest.raises(ThemeError, match="unknown keys"):
+        theme_from_mapping({"name": "x", "primary": "#000000", "colour": "red"}, "x.yaml")
+    with pytest.raises(ThemeError, match="`primary` is required"):
+        theme_from_mapping({"name": "x"}, "x.yaml")
+    with pytest.raises(ThemeError, match="unknown pdtop colours"):
+        theme_from_mapping({"name": "x", "primary": "#000000", "pdtop": {"prefil": "#fff"}}, "x.yaml")
+    (tmp_path / "mine.yaml").write_text("name: mine\nprimary: '#123456'\npdtop:\n  decode: '#00ff00'\n")
+    mine = load_themes([tmp_path])["mine"]
+    assert mine.variables["pdtop-decode"] == "#00ff00" and mine.variables["pdtop-prefill"]  # default kept
+    assert check_theme("no-such-theme").startswith("unknown theme 'no-such-theme'")
+    assert check_theme("pdtop-amber") is None and check_theme("nord") is None
+
+
+async def test_theme_from_option_key_and_palette(recording):
+    app = PdtopApp(ReplaySource(recording), theme="pdtop-light")
+    async with app.run_test(size=(130, 40)) as pilot:
+        assert app.theme == "pdtop-light"
+        split = app.query_one("SplitPanel")
+        assert split.colour("prefill") == app.pdtop_themes["pdtop-light"].variables["pdtop-prefill"]
+        await pilot.press("t")
+        assert app.theme == "pdtop-ocean"  # the next one, alphabetically
+        await pilot.pause()
+        assert split.colour("decode") == app.pdtop_themes["pdtop-ocean"].variables["pdtop-decode"]
+        (entry,) = [c for c in app.get_system_commands(app.screen) if c.title == "theme: pdtop-amber"]
+        entry.callback()
+        assert app.theme == "pdtop-amber"
+    with pytest.raises(ValueError, match="unknown theme"):
+        PdtopApp(ReplaySource(recording), theme="nope")
+
+
+async def test_slo_line_is_set_from_its_prompt(recording):
+    app = PdtopApp(ReplaySource(recording, speed=16))
+    async with app.run_test(size=(130, 40)) as pilot:
+        await until(pilot, lambda: app.state.rounds_seen > 10, "rounds")
+        await pilot.press("s")
+        await until(pilot, lambda: len(app.screen_stack) == 2, "the SLO prompt")
+        app.screen.query_one(Input).value = "20"
+        await pilot.press("enter")
+        assert app.state.itl_slo_s == pytest.approx(0.020)
+        app.repaint()
+        assert "SLO 20.0 ms" in str(app.query_one("ItlPanel").render_state(app.state).renderables[0])
+        await pilot.press("s")
+        await until(pilot, lambda: len(app.screen_stack) == 2, "the SLO prompt again")
+        assert app.screen.query_one(Input).value == "20"
+        app.screen.query_one(Input).value = "fast"
+        await pilot.press("enter")
+        assert app.state.itl_slo_s == pytest.approx(0.020) and app.notices[-1][0] == "error"
+
+
+def test_wheel_ships_the_themes(tmp_path):
+    """Build a wheel from a copy of the tree (no network, no isolation); the theme files are in the package."""
+    import shutil
+    import subprocess
+    import sys
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, src / name)
+    for name in ("pdtop", "themes"):
+        shutil.copytree(ROOT / name, src / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+    result = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                             "-w", str(tmp_path), str(src)], capture_output=True, text=True, timeout=300)
+    if result.returncode != 0:
+        pytest.skip(f"cannot build a wheel here: {result.stderr.strip().splitlines()[-1:]}")
+    (wheel,) = tmp_path.glob("pdtop-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    for theme in ("pdtop-dark", "pdtop-light", "pdtop-amber", "pdtop-ocean"):
+        assert f"pdtop/themes/{theme}.yaml" in names
