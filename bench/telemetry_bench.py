@@ -136,21 +136,25 @@ def main() -> None:
     for _ in range(args.repeats):
         for label, on, clients, batch in CONFIGS:
             results[label].append(asyncio.run(measure(args.rounds, on, clients, batch, server_kw)))
-    med = {label: {k: statistics.median(r.get(k, 0) for r in rs) for k in rs[0] | rs[-1]}
-           for label, rs in results.items()}
-    base, base_cpu = med["off"]["rounds_per_s"], med["off"]["rounds_per_cpu_s"]
-    print(f"pdtop telemetry bench: sim:H100 synthetic:qwen3-8b, unpaced, {args.rounds} rounds, "
-          f"median of {args.repeats}, server {server_kw or 'defaults'}")
-    print(f"{'telemetry':31} {'rounds/s':>9} {'vs off':>7} {'rounds/CPU-s':>13} {'vs off':>7} "
-          f"{'events/s to client 1':>21} {'shed/s':>7}")
+    def best(label: str, key: str) -> float:
+        return max(r.get(key, 0) for r in results[label])
+
+    def med(label: str, key: str) -> float:
+        return statistics.median(r.get(key, 0) for r in results[label])
+
+    print(f"pdtop telemetry bench: sim:H100 synthetic:qwen3-8b, unpaced, {args.rounds} rounds x {args.repeats} "
+          f"(interleaved), server {server_kw or 'defaults'}")
+    print(f"{'telemetry':31} {'best rounds/s':>13} {'vs off':>7} {'median':>8} {'vs off':>7} "
+          f"{'per CPU-s':>9} {'vs off':>7} {'events/s to client 1':>21} {'shed/s':>7}")
     for label, *_ in CONFIGS:
-        m = med[label]
-        rate, per_cpu = m["rounds_per_s"], m["rounds_per_cpu_s"]
-        shed = m.get("shed", 0) * rate / args.rounds
-        print(f"{label:31} {rate:9.0f} {100 * (rate / base - 1):+6.1f}% {per_cpu:13.0f} "
-              f"{100 * (per_cpu / base_cpu - 1):+6.1f}% {m.get('client_events_per_s', 0):21.0f} {shed:7.0f}")
-    print("rounds/s is wall time (noisy on a shared machine); rounds/CPU-s divides by the CPU time "
-          "of the engine's process (engine thread + telemetry), which other load does not inflate.")
+        b, m, c = best(label, "rounds_per_s"), med(label, "rounds_per_s"), med(label, "rounds_per_cpu_s")
+        b0, m0, c0 = best("off", "rounds_per_s"), med("off", "rounds_per_s"), med("off", "rounds_per_cpu_s")
+        shed = med(label, "shed") * m / args.rounds
+        print(f"{label:31} {b:13.0f} {100 * (b / b0 - 1):+6.1f}% {m:8.0f} {100 * (m / m0 - 1):+6.1f}% "
+              f"{c:9.0f} {100 * (c / c0 - 1):+6.1f}% {med(label, 'client_events_per_s'):21.0f} {shed:7.0f}")
+    spread = [100 * (max(r["rounds_per_s"] for r in results["off"]) / min(r["rounds_per_s"] for r in results["off"]) - 1)]
+    print(f"noise: the 'off' runs alone spread by {spread[0]:.0f}% (best/worst); per CPU-s divides by the "
+          "process's CPU time (engine thread + telemetry), median.")
 
 
 if __name__ == "__main__":
