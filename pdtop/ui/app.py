@@ -64,6 +64,7 @@ class PdtopApp(App[None]):
         self._force_paint = True
         self.source_error: str | None = None
         self._pump_task: asyncio.Task[None] | None = None
+        self.repaints = 0  # ticks that found something to repaint
         self.notices: deque[tuple[str, str, str]] = deque(maxlen=100)  # (severity, title, message) shown
         super().__init__()
         for t in self.pdtop_themes.values():
@@ -170,6 +171,7 @@ class PdtopApp(App[None]):
         if key == self._painted and not self._force_paint:
             return
         force, self._painted, self._force_paint = self._force_paint, key, False
+        self.repaints += 1
         state, main = self.state, self.screen_stack[0]  # the main screen, even under a modal one
         try:
             header = main.query_one(HeaderBar)

@@ -5,6 +5,8 @@ on every repaint.
 """
 from __future__ import annotations
 
+from itertools import groupby
+
 from rich.text import Text
 
 EIGHTHS = " ▁▂▃▄▅▆▇█"
@@ -31,24 +33,29 @@ def block_chart(
     line_row = None
     if line is not None and 0 < line <= top:
         line_row = min(height - 1, int(line / top * height))  # row index from the bottom
-    grid: list[list[tuple[str, str]]] = [[] for _ in range(height)]  # top row first
+    filled = []
     for value in values:
-        filled = 0 if value is None else max(0, min(cells, round(value / top * cells)))
-        if value is not None and value > 0 and filled == 0:
-            filled = 1  # a non-zero value is always visible
-        for r in range(height):  # r: row from the bottom
-            part = filled - r * 8
-            row = grid[height - 1 - r]
-            style = line_colour if line_row is not None and r > line_row else colour
-            if part >= 8:
-                row.append(("█", style))
-            elif part > 0:
-                row.append((EIGHTHS[part], style))
-            elif r == line_row:
-                row.append(("╌", line_colour))
-            else:
-                row.append((" ", ""))
-    return [_merge(row) for row in grid]
+        f = 0 if value is None else max(0, min(cells, round(value / top * cells)))
+        filled.append(1 if f == 0 and value is not None and value > 0 else f)  # non-zero stays visible
+    rows: list[Text] = []
+    for r in range(height - 1, -1, -1):  # top row first; r counts from the bottom
+        base = r * 8
+        chars = "".join("█" if f >= base + 8 else (EIGHTHS[f - base] if f > base else " ") for f in filled)
+        style = line_colour if line_row is not None and r > line_row else colour
+        if r == line_row:
+            chars = chars.replace(" ", "╌")
+            rows.append(_merge([(c, line_colour if c == "╌" else style) for c in chars]))
+        else:
+            rows.append(_blocks(chars, style))
+    return rows
+
+
+def _blocks(chars: str, style: str) -> Text:
+    """A row of blocks in one style, with the gaps left unstyled (few spans: cheap to render)."""
+    text = Text()
+    for is_gap, run in groupby(chars, key=lambda c: c == " "):
+        text.append("".join(run), None if is_gap else style)
+    return text
 
 
 def _merge(cells: list[tuple[str, str]]) -> Text:

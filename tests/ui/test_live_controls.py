@@ -57,10 +57,10 @@ async def test_every_control_reaches_the_engine(served):
         await _answer(pilot, "p", "chunked")
         await until(pilot, lambda: cfg()["policy"] == "chunked", "policy chunked")
 
-        arrived = app.state.arrivals
+        injected = []
+        engine.add_sink(lambda r: injected.append(r) if getattr(r, "prompt_tokens", 0) == 12000 else None)
         await _answer(pilot, "i", "12000")
-        await until(pilot, lambda: any(p.tokens == 12000 for p in app.state.prefills) or app.state.arrivals > arrived,
-                    "the injected prompt")
+        await until(pilot, lambda: any(r.kind == "arrival" for r in injected), "the engine took the injected prompt")
         assert not [n for n in app.notices if n[0] == "error"], app.notices
 
 

@@ -20,6 +20,7 @@ def _hw_value(value: Any) -> str:
 
 class BandwidthPanel(Panel):
     TITLE = "bandwidth (estimated)"
+    LINE_API = True
 
     def on_mount(self) -> None:
         super().on_mount()

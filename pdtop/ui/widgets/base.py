@@ -4,7 +4,10 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Group, RenderableType
+from rich.segment import Segment
+from rich.style import Style
 from rich.text import Text
+from textual.strip import Strip
 from textual.widgets import Static
 
 from pdtop.ui.state import DashboardState
@@ -12,18 +15,24 @@ from pdtop.ui.themes import PDTOP_COLOURS, variable
 
 
 class Panel(Static):
-    """A panel; subclasses implement `render_state`. The app calls `paint` on its tick.
+    """A panel; subclasses implement `render_state` (a Group of one-line Texts, or any renderable).
 
-    A repaint is skipped when `paint_key` (what the panel shows, plus size and theme) is
-    unchanged, and asks for a layout pass only when the number of lines changed.
+    The app calls `paint` on its tick. A repaint is skipped when `paint_key` and the size
+    and theme are unchanged, or when the lines come out the same; a layout pass is asked
+    for only when the number of lines changed. Panels with `LINE_API = True` (the big
+    charts) hand Textual ready-made strips through `render_line` instead of a renderable,
+    which skips Rich's layout of every cell on every repaint.
     """
 
     TITLE = ""
+    LINE_API = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._last_key: Any = None
         self._last_lines = -1
+        self._last_texts: list[Any] = []
+        self._strips: list[Strip] = []
 
     def on_mount(self) -> None:
         self.border_title = self.TITLE
@@ -57,8 +66,62 @@ class Panel(Static):
             for line in renderable.renderables:  # one line each: cut, never wrap
                 if isinstance(line, Text):
                     line.no_wrap, line.overflow = True, "ellipsis"
+            texts = list(renderable.renderables)
+            if not force and texts == self._last_texts:
+                return  # same picture: spare the compositor
+            self._last_texts = texts
+            if self.LINE_API:
+                width = self.content_size.width
+                console, base = self.app.console, self.rich_style
+                self._strips = [text_strip(t, width, console, base) for t in texts if isinstance(t, Text)]
+                self.refresh()
+                return
         self.update(renderable, layout=lines != self._last_lines)
         self._last_lines = lines
 
+    def render_line(self, y: int) -> Strip:
+        if not self.LINE_API:
+            return super().render_line(y)
+        if 0 <= y < len(self._strips):
+            return self._strips[y]
+        return Strip.blank(self.content_size.width, self.rich_style)
+
     def render_state(self, state: DashboardState) -> RenderableType:
         raise NotImplementedError
+
+
+def text_strip(text: Text, width: int, console: Any, base: Style) -> Strip:
+    """One line of Text as a Strip of exactly `width` cells over the `base` style.
+
+    Texts built by appending (ordered, non-overlapping spans) become segments directly;
+    anything else goes through Rich's renderer.
+    """
+    plain, spans = text.plain, text.spans
+    outer = base + _style(console, text.style)
+    segments: list[Segment] = []
+    pos = 0
+    for span in spans:
+        if span.start < pos:  # overlapping spans: let Rich combine them
+            segments = [Segment(seg.text, base + seg.style if seg.style else base, seg.control)
+                        for seg in text.render(console, end="")]
+            break
+        if span.start > pos:
+            segments.append(Segment(plain[pos:span.start], outer))
+        segments.append(Segment(plain[span.start:span.end], outer + _style(console, span.style)))
+        pos = span.end
+    else:
+        if pos < len(plain):
+            segments.append(Segment(plain[pos:], outer))
+    strip = Strip(segments)
+    if strip.cell_length < width:
+        return Strip([*segments, Segment(" " * (width - strip.cell_length), base)], width)
+    return strip.crop(0, width) if strip.cell_length > width else strip
+
+
+def _style(console: Any, style: str | Style | None) -> Style:
+    if not style:
+        return _NULL
+    return style if isinstance(style, Style) else console.get_style(style)
+
+
+_NULL = Style()

@@ -38,8 +38,9 @@ class HeaderBar(Static):
         if readonly and connection != "replay":
             text.append("  read-only", colours.get("warning", ""))
         text.append_text(Text.assemble(
-            sep, ("engine ", "dim"), state.policy, sep,
+            sep, ("engine ", "dim"), state.server_version or "–", sep,
             (info.device, "bold"), f" · {info.units} {info.unit_name}", sep, ("model ", "dim"), info.model,
+            sep, ("policy ", "dim"), state.policy,
         ))
         if connection != "replay":
             rec = Text.assemble(("◉ REC ", "bold " + colours.get("error", "")), state.recording) if state.recording \

@@ -14,6 +14,7 @@ AXIS = 9  # width of the y-axis labels
 
 class ItlPanel(Panel):
     TITLE = "ITL · decode step per round"
+    LINE_API = True
 
     def render_state(self, state: DashboardState) -> Group:
         rounds = state.window()
