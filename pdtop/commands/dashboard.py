@@ -144,6 +144,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         failed = _watch(child, url, token, args, log_path) != 0
     finally:
+        if child.poll() is None:
+            print("pdtop: stopping the engine…", file=sys.stderr, flush=True)
         stop_server(child)
         log_file.close()
     if child.returncode not in (0, -signal.SIGTERM) or failed:

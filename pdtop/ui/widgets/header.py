@@ -37,10 +37,12 @@ class HeaderBar(Static):
         )
         if readonly and connection != "replay":
             text.append("  read-only", colours.get("warning", ""))
+        if state.server_version and state.server_version != __version__:
+            text.append_text(Text.assemble(sep, ("engine ", "dim"), state.server_version))
+        units = f" · {info.units} {info.unit_name}" if f"{info.units} " not in info.device else ""
+        model = info.model if len(info.model) <= 32 else info.model[:31] + "…"
         text.append_text(Text.assemble(
-            sep, ("engine ", "dim"), state.server_version or "–", sep,
-            (info.device, "bold"), f" · {info.units} {info.unit_name}", sep, ("model ", "dim"), info.model,
-            sep, ("policy ", "dim"), state.policy,
+            sep, (info.device, "bold"), units, sep, ("model ", "dim"), model, sep, ("policy ", "dim"), state.policy,
         ))
         if connection != "replay":
             rec = Text.assemble(("◉ REC ", "bold " + colours.get("error", "")), state.recording) if state.recording \
