@@ -161,6 +161,7 @@ def _watch(child: subprocess.Popen, url: str, token: str, args: argparse.Namespa
     from pdtop.ui.app import PdtopApp
 
     app = PdtopApp(LiveSource(url, token=token), theme=args.theme, slo_ms=args.slo_ms)
+    app.state.recording = args.record  # the protocol does not announce a recording the server started itself
 
     def waiter() -> None:
         code = child.wait()

@@ -73,3 +73,11 @@ async def test_bindings_help_and_palette_come_from_the_table(recording):
         assert footer == {f"run_command('{c.id}')" for c in COMMANDS if c.footer and c.description in replay}
         await pilot.press("question_mark")
         assert {c.description for c in app.screen.commands} == replay
+
+
+def test_docs_list_every_command():
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "dashboard.md").read_text()
+    for cmd in COMMANDS:
+        assert f"| `{cmd.key_display or cmd.key}` | {cmd.description} |" in doc, cmd.id
