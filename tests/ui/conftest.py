@@ -7,9 +7,11 @@ way `pdtop serve` does. Tests then drive the app with `App.run_test` / Pilot.
 from __future__ import annotations
 
 import asyncio
+import copy
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable
 
 import pytest
@@ -17,7 +19,7 @@ import pytest
 from pdtop.engine.engine import build_engine
 from pdtop.engine.records import ConfigChange
 from pdtop.engine.workload import WorkloadSpec
-from pdtop.telemetry import events as ev
+from pdtop.telemetry import events as telemetry_events
 from pdtop.telemetry.recorder import Recorder
 from pdtop.telemetry.server import TelemetryServer
 
@@ -82,7 +84,7 @@ class EngineServer:
 
 @pytest.fixture
 def served():
-    """A running sim engine (rate 8 req/s) served with the control token `TOKEN`."""
+    """A running sim engine (rate 8 req/s) served with the control token `served.token`."""
     es = EngineServer(sim_engine()).start()
     yield es
     es.close()
@@ -96,7 +98,7 @@ def record_engine(path: Path, rounds: int, rate: float = 8.0,
     `controls` maps a round number to a control message applied before it.
     """
     engine = sim_engine(rate=rate)
-    hello = ev.hello_event("recorder", True, engine.describe())
+    hello = telemetry_events.hello_event("recorder", True, engine.describe())
     rec = Recorder(path, hello)
     t0 = engine.device.now()
     last = [0.0]
@@ -104,7 +106,7 @@ def record_engine(path: Path, rounds: int, rate: float = 8.0,
     def sink(record: Any) -> None:
         config = engine.config_dict() if isinstance(record, ConfigChange) else None
         last[0] = max(last[0], record.time - t0)  # a file's times never go back
-        rec.write(ev.encode(ev.record_event(record, config)), t=last[0])
+        rec.write(telemetry_events.encode(telemetry_events.record_event(record, config)), t=last[0])
 
     engine.add_sink(sink)
     controls = dict(controls or {})
@@ -128,8 +130,8 @@ def recording(tmp_path_factory) -> Path:
     })
 
 
-async def until(pilot: Any, predicate: Callable[[], Any], what: str, timeout: float = 15.0,
-                poll: float = 0.05) -> None:
+async def _until(pilot: Any, predicate: Callable[[], Any], what: str, timeout: float = 15.0,
+                 poll: float = 0.05) -> None:
     """Let the app run until `predicate()` holds; fail with `what` if it never does."""
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -139,3 +141,50 @@ async def until(pilot: Any, predicate: Callable[[], Any], what: str, timeout: fl
             await pilot.pause(poll)
         else:
             await asyncio.sleep(0.001)
+
+
+@pytest.fixture
+def until() -> Callable[..., Any]:
+    """`await until(pilot, predicate, what, timeout=15, poll=0.05)`: run the app until predicate() holds."""
+    return _until
+
+
+@pytest.fixture
+def stepped():
+    """A sim engine (12 req/s) that the test steps by hand, served on loopback; nothing is shed."""
+    es = EngineServer(sim_engine(rate=12.0), manual=True, max_event_rate=1e9).start()
+    yield es
+    es.close()
+
+
+# ---- event dicts shaped exactly like the envelope (docs/architecture.md, pdtop/engine/records.py) ----
+
+LEVELS = [[132, 0], [112, 20], [104, 28], [96, 36], [88, 44], [80, 52], [72, 60], [0, 132]]
+HELLO = {
+    "type": "hello", "v": 1, "pdtop": "0.1.0", "client_id": "c1", "readonly": False,
+    "engine": {"model": "synthetic:qwen3-8b", "num_layers": 36,
+               "device": {"name": "sim:H100", "kind": "sim", "unit_name": "SMs", "units": 132, "peak_bw": 3.35e12},
+               "unit_name": "SMs", "units": 132, "levels": LEVELS, "policy": "pdmux",
+               "config": {"decode_bs_divisor": 36, "policy": "pdmux", "levels": LEVELS, "workload_paused": False}},
+}
+
+
+def _round_event(i: int, t: float, *, step: float = 0.01, bs: int = 4, prefills=(), level: int = 4,
+                bytes_moved: float = 2e10, tokens: int = 4) -> dict:
+    p, d = LEVELS[level]
+    return {"type": "round", "v": 1, "index": i, "time": t, "policy": "pdmux", "level": level,
+            "prefill_units": p, "decode_units": d, "pinned": False, "decode_bs": bs,
+            "decode_step_s": step if bs else 0.0, "round_s": step, "prefills": list(prefills),
+            "tokens_emitted": tokens, "waiting": 1, "running": bs, "kv_used_tokens": 500,
+            "kv_capacity_tokens": 1000, "bytes_moved": bytes_moved, "flops": 1e12}
+
+
+def _prefill(ids, done, total=36, k=8, tokens=8192) -> dict:
+    return {"request_ids": ids, "tokens": tokens, "layers_done": done, "layers_total": total, "layers_per_round": k}
+
+
+
+@pytest.fixture
+def ev() -> SimpleNamespace:
+    """Builders of envelope-shaped events: `ev.hello`, `ev.round(i, t, ...)`, `ev.prefill(ids, done)`, `ev.levels`."""
+    return SimpleNamespace(hello=copy.deepcopy(HELLO), round=_round_event, prefill=_prefill, levels=LEVELS)

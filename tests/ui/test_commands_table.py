@@ -5,28 +5,31 @@ import pytest
 
 from pdtop.ui.commands import BY_ID, COMMANDS, parse_divisions, parse_seconds, parse_slo_ms
 from pdtop.ui.state import DashboardState
-from tests.ui.test_state import HELLO, round_event
 
 
-def _state(level: int = 4) -> DashboardState:
-    s = DashboardState()
-    s.ingest(HELLO)
-    s.ingest(round_event(0, 0.01, level=level))
-    return s
+@pytest.fixture
+def state_at(ev):
+    def make(level: int = 4) -> DashboardState:
+        s = DashboardState()
+        s.ingest(ev.hello)
+        s.ingest(ev.round(0, 0.01, level=level))
+        return s
+
+    return make
 
 
-def test_level_builders_step_from_the_current_level():
-    s = _state(4)
+def test_level_builders_step_from_the_current_level(state_at):
+    s = state_at(4)
     assert BY_ID["level_up"].build(s, None) == {"cmd": "pin_level", "level": 5}
     assert BY_ID["level_down"].build(s, None) == {"cmd": "pin_level", "level": 3}
     with pytest.raises(ValueError, match="already at level 7"):
-        BY_ID["level_up"].build(_state(7), None)
+        BY_ID["level_up"].build(state_at(7), None)
     with pytest.raises(ValueError, match="no split level"):
         BY_ID["level_up"].build(DashboardState(), None)
 
 
-def test_set_builders_and_toggles():
-    s = _state()
+def test_set_builders_and_toggles(state_at):
+    s = state_at()
     assert BY_ID["decode_bs_divisor"].build(s, 24) == {"cmd": "set", "decode_bs_divisor": 24}
     assert BY_ID["budget"].build(s, 4096) == {"cmd": "set", "split_forward_token_budget": 4096}
     assert BY_ID["workload_toggle"].build(s, None) == {"cmd": "pause_workload"}

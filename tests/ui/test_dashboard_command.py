@@ -14,7 +14,6 @@ import pytest
 from pdtop.commands.dashboard import serve_command, start_server, stop_server
 from pdtop.telemetry.client import LiveSource
 from pdtop.ui.app import PdtopApp
-from tests.ui.conftest import until
 
 ARGS = argparse.Namespace(device="sim:H100", model=None, config=None, policy=None, rate=4.0, record=None)
 
@@ -39,7 +38,7 @@ def test_serve_command_line():
     assert "--model" not in cmd  # defaults are the server's
 
 
-async def test_dashboard_attaches_to_its_child_and_stops_it(tmp_path):
+async def test_dashboard_attaches_to_its_child_and_stops_it(tmp_path, until):
     log = open(tmp_path / "serve.log", "w")
     child, url = start_server(ARGS, "secret", log)
     try:

@@ -5,7 +5,6 @@ from textual.widgets import Input
 
 from pdtop.telemetry.client import LiveSource
 from pdtop.ui.app import PdtopApp
-from tests.ui.conftest import TOKEN, until
 
 SIZE = (130, 40)
 
@@ -13,14 +12,18 @@ SIZE = (130, 40)
 async def _answer(pilot, key: str, text: str) -> None:
     """Press a command's key, put `text` in its prompt (replacing the default) and press enter."""
     await pilot.press(key)
-    await until(pilot, lambda: len(pilot.app.screen_stack) == 2, f"prompt for {key!r}")
+    for _ in range(250):  # the prompt opens from the key's handler; allow the app a few frames
+        if len(pilot.app.screen_stack) == 2:
+            break
+        await pilot.pause(0.02)
+    assert len(pilot.app.screen_stack) == 2, f"no prompt for {key!r}"
     pilot.app.screen.query_one(Input).value = text  # typing key by key works too, but slowly under load
     await pilot.press("enter")
 
 
-async def test_every_control_reaches_the_engine(served):
+async def test_every_control_reaches_the_engine(served, until):
     engine = served.engine
-    app = PdtopApp(LiveSource(served.url, token=TOKEN))
+    app = PdtopApp(LiveSource(served.url, token=served.token))
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.state.rounds_seen > 5 and app.connection == "live", "live rounds")
         cfg = engine.config_dict
@@ -64,8 +67,8 @@ async def test_every_control_reaches_the_engine(served):
         assert not [n for n in app.notices if n[0] == "error"], app.notices
 
 
-async def test_engine_refusal_is_shown(served):
-    app = PdtopApp(LiveSource(served.url, token=TOKEN))
+async def test_engine_refusal_is_shown(served, until):
+    app = PdtopApp(LiveSource(served.url, token=served.token))
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.connection == "live", "live")
         await _answer(pilot, "p", "bogus")
@@ -75,8 +78,8 @@ async def test_engine_refusal_is_shown(served):
         assert served.engine.config_dict()["policy"] == "pdmux"
 
 
-async def test_recording_start_stop(served, tmp_path):
-    app = PdtopApp(LiveSource(served.url, token=TOKEN))
+async def test_recording_start_stop(served, tmp_path, until):
+    app = PdtopApp(LiveSource(served.url, token=served.token))
     target = tmp_path / "from-dashboard.ndjson"
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.connection == "live", "live")

@@ -6,7 +6,6 @@ import pytest
 from pdtop.telemetry.client import LiveSource
 from pdtop.ui.app import PdtopApp
 from pdtop.ui.commands import COMMANDS
-from tests.ui.conftest import TOKEN, until
 
 WRITE = [c for c in COMMANDS if c.needs_write]
 
@@ -16,8 +15,8 @@ def _footer_actions(app) -> set[str]:
 
 
 @pytest.mark.parametrize("how", ["readonly-flag", "no-token"])
-async def test_readonly_hides_and_refuses_every_control(served, how):
-    source = LiveSource(served.url, token=TOKEN, readonly=True) if how == "readonly-flag" else LiveSource(served.url)
+async def test_readonly_hides_and_refuses_every_control(served, how, until):
+    source = LiveSource(served.url, token=served.token, readonly=True) if how == "readonly-flag" else LiveSource(served.url)
     before = served.engine.config_dict()
     app = PdtopApp(source)
     async with app.run_test(size=(130, 40)) as pilot:
@@ -49,8 +48,8 @@ async def test_readonly_hides_and_refuses_every_control(served, how):
     assert served.server.recorder is None
 
 
-async def test_help_lists_only_what_is_allowed(served):
-    app = PdtopApp(LiveSource(served.url, token=TOKEN, readonly=True))
+async def test_help_lists_only_what_is_allowed(served, until):
+    app = PdtopApp(LiveSource(served.url, token=served.token, readonly=True))
     async with app.run_test(size=(130, 40)) as pilot:
         await until(pilot, lambda: app.connection == "live", "live")
         await pilot.press("question_mark")

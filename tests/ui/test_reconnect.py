@@ -5,11 +5,10 @@ import asyncio
 
 from pdtop.telemetry.client import LiveSource
 from pdtop.ui.app import PdtopApp
-from tests.ui.conftest import TOKEN, until
 
 
-async def test_disconnect_shows_and_reconnects(served):
-    app = PdtopApp(LiveSource(served.url, token=TOKEN))
+async def test_disconnect_shows_and_reconnects(served, until):
+    app = PdtopApp(LiveSource(served.url, token=served.token))
     async with app.run_test(size=(130, 40)) as pilot:
         header = app.query_one("HeaderBar")
         await until(pilot, lambda: app.connection == "live" and app.state.rounds_seen > 2, "live rounds")

@@ -6,12 +6,11 @@ from textual.widgets import Input
 
 from pdtop.telemetry.replay import ReplaySource
 from pdtop.ui.app import PdtopApp
-from tests.ui.conftest import until
 
 SIZE = (130, 40)
 
 
-async def test_replay_transport(recording):
+async def test_replay_transport(recording, until):
     src = ReplaySource(recording)
     app = PdtopApp(src)
     async with app.run_test(size=SIZE) as pilot:
@@ -74,7 +73,7 @@ async def test_replay_transport(recording):
         assert len(app.screen_stack) == 1 and "refused" in app.notices[-1][2]
 
 
-async def test_replay_state_matches_the_recording(recording):
+async def test_replay_state_matches_the_recording(recording, until):
     """Played to the end, the dashboard holds what the file holds (config, counts, levels)."""
     from pdtop.telemetry.reader import read_recording
 

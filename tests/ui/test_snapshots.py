@@ -14,21 +14,14 @@ import pytest
 from pdtop.telemetry.client import LiveSource
 from pdtop.telemetry.replay import ReplaySource
 from pdtop.ui.app import PdtopApp
-from tests.ui.conftest import TOKEN, EngineServer, sim_engine, until
 
 SIZE = (130, 40)
 
 
-@pytest.fixture
-def stepped():
-    # stepped faster than real time: lift the server's event-rate cap so nothing is shed
-    es = EngineServer(sim_engine(rate=12.0), manual=True, max_event_rate=1e9).start()
-    yield es
-    es.close()
 
 
-def test_live_main_screen(snap_compare, stepped):
-    app = PdtopApp(LiveSource(stepped.url, token=TOKEN), slo_ms=12)
+def test_live_main_screen(snap_compare, stepped, until):
+    app = PdtopApp(LiveSource(stepped.url, token=stepped.token), slo_ms=12)
     engine = stepped.engine
 
     async def run_before(pilot) -> None:
@@ -47,7 +40,7 @@ def test_live_main_screen(snap_compare, stepped):
     assert snap_compare(app, terminal_size=SIZE, run_before=run_before)
 
 
-def test_replay_paused(snap_compare, recording):
+def test_replay_paused(snap_compare, recording, until):
     src = ReplaySource(recording)
     src.pause()
     app = PdtopApp(src, theme="pdtop-ocean")

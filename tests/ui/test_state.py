@@ -5,33 +5,10 @@ import pytest
 
 from pdtop.ui.state import DashboardState
 
-LEVELS = [[132, 0], [112, 20], [104, 28], [96, 36], [88, 44], [80, 52], [72, 60], [0, 132]]
-HELLO = {
-    "type": "hello", "v": 1, "pdtop": "0.1.0", "client_id": "c1", "readonly": False,
-    "engine": {"model": "synthetic:qwen3-8b", "num_layers": 36,
-               "device": {"name": "sim:H100", "kind": "sim", "unit_name": "SMs", "units": 132, "peak_bw": 3.35e12},
-               "unit_name": "SMs", "units": 132, "levels": LEVELS, "policy": "pdmux",
-               "config": {"decode_bs_divisor": 36, "policy": "pdmux", "levels": LEVELS, "workload_paused": False}},
-}
 
-
-def round_event(i: int, t: float, *, step: float = 0.01, bs: int = 4, prefills=(), level: int = 4,
-                bytes_moved: float = 2e10, tokens: int = 4) -> dict:
-    p, d = LEVELS[level]
-    return {"type": "round", "v": 1, "index": i, "time": t, "policy": "pdmux", "level": level,
-            "prefill_units": p, "decode_units": d, "pinned": False, "decode_bs": bs,
-            "decode_step_s": step if bs else 0.0, "round_s": step, "prefills": list(prefills),
-            "tokens_emitted": tokens, "waiting": 1, "running": bs, "kv_used_tokens": 500,
-            "kv_capacity_tokens": 1000, "bytes_moved": bytes_moved, "flops": 1e12}
-
-
-def prefill(ids, done, total=36, k=8, tokens=8192) -> dict:
-    return {"request_ids": ids, "tokens": tokens, "layers_done": done, "layers_total": total, "layers_per_round": k}
-
-
-def test_hello_fills_engine_info_and_config():
+def test_hello_fills_engine_info_and_config(ev):
     s = DashboardState()
-    s.ingest(HELLO)
+    s.ingest(ev.hello)
     assert s.hello and s.client_id == "c1" and not s.readonly
     assert s.info.device == "sim:H100" and s.info.units == 132 and s.info.unit_name == "SMs"
     assert s.info.levels[4] == (88, 44) and len(s.levels) == 8
@@ -39,15 +16,15 @@ def test_hello_fills_engine_info_and_config():
     assert s.config["decode_bs_divisor"] == 36 and s.policy == "pdmux"
 
 
-def test_rounds_give_split_itl_bandwidth_and_throughput():
+def test_rounds_give_split_itl_bandwidth_and_throughput(ev):
     s = DashboardState()
-    s.ingest(HELLO)
+    s.ingest(ev.hello)
     steps = [0.010, 0.012, 0.011, 0.050, 0.010]
     t = 0.0
     for i, step in enumerate(steps):
         t += step
-        s.ingest(round_event(i, t, step=step))
-    s.ingest(round_event(5, t + 0.02, step=0.02, bs=0))  # a prefill-only round: not a decode step
+        s.ingest(ev.round(i, t, step=step))
+    s.ingest(ev.round(5, t + 0.02, step=0.02, bs=0))  # a prefill-only round: not a decode step
     assert (s.level, s.prefill_units, s.decode_units) == (4, 88, 44)
     p50, p99, worst = s.itl_summary()
     assert p50 == 0.011 and p99 == 0.050 and worst == 0.050
@@ -58,41 +35,41 @@ def test_rounds_give_split_itl_bandwidth_and_throughput():
     assert s.kv_usage == 0.5 and s.running == 0 and s.waiting == 1
 
 
-def test_itl_series_buckets_take_the_worst_step():
+def test_itl_series_buckets_take_the_worst_step(ev):
     s = DashboardState(window_s=1.0)
-    s.ingest(HELLO)
+    s.ingest(ev.hello)
     for i in range(100):
-        s.ingest(round_event(i, (i + 1) * 0.01, step=0.05 if i == 50 else 0.01))
+        s.ingest(ev.round(i, (i + 1) * 0.01, step=0.05 if i == 50 else 0.01))
     series = s.itl_series(10)
     assert len(series) == 10 and max(v for v in series if v is not None) == 0.05
     assert sum(1 for v in series if v == 0.05) == 1
 
 
-def test_window_is_engine_time():
+def test_window_is_engine_time(ev):
     s = DashboardState(window_s=1.0)
     for i in range(300):
-        s.ingest(round_event(i, i * 0.01))
+        s.ingest(ev.round(i, i * 0.01))
     window = s.window()
     assert window[-1].time == pytest.approx(2.99)
     assert window[0].time >= 2.99 - 1.0 > s.rounds[-len(window) - 1].time
     assert 100 <= len(window) <= 101
 
 
-def test_prefill_eta_from_layers_per_round_and_from_progress():
+def test_prefill_eta_from_layers_per_round_and_from_progress(ev):
     s = DashboardState()
     for i in range(4):
-        s.ingest(round_event(i, (i + 1) * 0.01, prefills=[prefill([7], 8 * i)]))
+        s.ingest(ev.round(i, (i + 1) * 0.01, prefills=[ev.prefill([7], 8 * i)]))
     (p,) = s.prefills
     assert p.request_ids == [7] and p.layers_done == 24 and p.layers_total == 36
     assert p.eta_s == pytest.approx(2 * 0.01)  # 12 layers left at 8 a round, 10 ms rounds
     # chunked prefill reports no k: the ETA comes from observed progress
-    s.ingest(round_event(4, 0.05, prefills=[prefill([9], 9, k=0)]))
+    s.ingest(ev.round(4, 0.05, prefills=[ev.prefill([9], 9, k=0)]))
     assert s.prefills[0].eta_s is None
-    s.ingest(round_event(5, 0.06, prefills=[prefill([9], 18, k=0)]))
+    s.ingest(ev.round(5, 0.06, prefills=[ev.prefill([9], 18, k=0)]))
     assert s.prefills[0].eta_s == pytest.approx(0.02)
 
 
-def test_requests_give_ttft_and_pooled_itl():
+def test_requests_give_ttft_and_pooled_itl(ev):
     s = DashboardState()
     for i in range(100):
         s.ingest({"type": "request", "v": 1, "kind": "arrival", "request_id": i, "time": 0.0, "prompt_tokens": 10})
@@ -105,18 +82,18 @@ def test_requests_give_ttft_and_pooled_itl():
     assert s.pooled_itl_summary() == (0.02, 0.03, 0.03)
 
 
-def test_config_event_replaces_config_and_levels():
+def test_config_event_replaces_config_and_levels(ev):
     s = DashboardState()
-    s.ingest(HELLO)
+    s.ingest(ev.hello)
     new_levels = [[132, 0], [112, 20], [96, 36], [0, 132]]
     s.ingest({"type": "config", "v": 1, "time": 1.0, "round_index": 10, "client": "c2",
               "changes": {"manual_divisions": {"old": [], "new": [[112, 20, 1], [96, 36, 16]]}},
-              "config": {**HELLO["engine"]["config"], "levels": new_levels, "policy": "chunked"}})
+              "config": {**ev.hello["engine"]["config"], "levels": new_levels, "policy": "chunked"}})
     assert s.levels == [tuple(x) for x in new_levels] and s.policy == "chunked"
     assert s.config_changes[-1]["client"] == "c2"
 
 
-def test_dropped_errors_hw_and_unknown_types():
+def test_dropped_errors_hw_and_unknown_types(ev):
     s = DashboardState()
     s.ingest({"type": "dropped", "v": 1, "count": 3})
     s.ingest({"type": "dropped", "v": 1, "count": 2})
@@ -129,21 +106,21 @@ def test_dropped_errors_hw_and_unknown_types():
     assert s.version == version and s.events == 5
 
 
-def test_clock_going_back_or_a_seek_resets_the_series():
+def test_clock_going_back_or_a_seek_resets_the_series(ev):
     s = DashboardState()
-    s.ingest(HELLO)
+    s.ingest(ev.hello)
     for i in range(10):
-        s.ingest(round_event(i, 5.0 + i * 0.01))
+        s.ingest(ev.round(i, 5.0 + i * 0.01))
     s.ingest({"type": "request", "v": 1, "kind": "first_token", "request_id": 1, "time": 5.0, "ttft_s": 0.2})
-    s.ingest(round_event(0, 0.01))  # a new engine (its clock restarted)
+    s.ingest(ev.round(0, 0.01))  # a new engine (its clock restarted)
     assert len(s.rounds) == 1 and not s.ttfts
-    s.ingest({"type": "seek", "v": 1, "position": 3.0, "config": {"decode_bs_divisor": 12, "levels": LEVELS[:3]}})
+    s.ingest({"type": "seek", "v": 1, "position": 3.0, "config": {"decode_bs_divisor": 12, "levels": ev.levels[:3]}})
     assert not s.rounds and s.config["decode_bs_divisor"] == 12 and len(s.levels) == 3
 
 
-def test_buffers_are_bounded():
+def test_buffers_are_bounded(ev):
     s = DashboardState(max_rounds=100, max_requests=10)
     for i in range(1000):
-        s.ingest(round_event(i, i * 0.001))
+        s.ingest(ev.round(i, i * 0.001))
         s.ingest({"type": "request", "v": 1, "kind": "first_token", "request_id": i, "time": 0.0, "ttft_s": 0.1})
     assert len(s.rounds) == 100 and len(s.ttfts) == 10 and s.rounds_seen == 1000

@@ -11,7 +11,6 @@ from pdtop.telemetry.replay import ReplaySource
 from pdtop.ui.app import PdtopApp
 from pdtop.ui.launch import check_theme
 from pdtop.ui.themes import ThemeError, load_themes, theme_from_mapping
-from tests.ui.conftest import until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,7 +57,7 @@ async def test_theme_from_option_key_and_palette(recording):
         PdtopApp(ReplaySource(recording), theme="nope")
 
 
-async def test_slo_line_is_set_from_its_prompt(recording):
+async def test_slo_line_is_set_from_its_prompt(recording, until):
     app = PdtopApp(ReplaySource(recording, speed=16))
     async with app.run_test(size=(130, 40)) as pilot:
         await until(pilot, lambda: app.state.rounds_seen > 10, "rounds")
