@@ -1,11 +1,12 @@
 """The hand-off from the engine thread to the event loop, with admission control.
 
-`sink` runs on the engine thread for every record, so it does almost nothing: while the
-current tick has room it appends the record to a deque, otherwise it only counts it as
-shed (the record is freed at once, which also keeps the garbage collector's young
-generation small). The event loop sets the room once per tick (`refill`) and takes what
-was admitted (`take`). Config changes are always admitted, with the configuration
-captured right after them. An engine producing tens of thousands of rounds a second (an
+`sink` runs on the engine thread for every record and does little: while the current
+tick has room it encodes the record to its JSON text and queues that, otherwise it only
+counts the record as shed. Either way the record itself is freed at once: queueing
+records instead would keep thousands of young objects alive across garbage
+collections, which costs the engine more than the encoding does. The event loop sets
+the room once per tick (`refill`) and takes what was admitted (`take`). Config changes
+are always admitted, with the configuration captured right after them. An engine producing tens of thousands of rounds a second (an
 unpaced simulation) thus costs telemetry a fixed budget; at real-time pace nothing is shed.
 """
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections import deque
 from typing import Any, Callable
 
 from pdtop.engine.records import ConfigChange
+from pdtop.telemetry.events import encode_record
 
 
 class Inbox:
@@ -27,7 +29,10 @@ class Inbox:
                 append((record, config_dict()))
             elif gate[0] > 0:
                 gate[0] -= 1
-                append(record)
+                try:
+                    append(encode_record(record))
+                except Exception:  # never raise into the engine's loop
+                    gate[1] += 1
             else:
                 gate[1] += 1
 
@@ -41,7 +46,8 @@ class Inbox:
         self._gate[0] = room
 
     def take(self) -> tuple[list[Any], int]:
-        """What was admitted since the last call, and how many records were shed meanwhile."""
+        """What was admitted since the last call (JSON text of rounds and requests, (ConfigChange,
+        config) pairs, published event dicts), and how many records were shed meanwhile."""
         q = self._q
         items = [q.popleft() for _ in range(len(q))]
         shed_total = self._gate[1]

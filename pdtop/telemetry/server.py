@@ -173,12 +173,12 @@ class TelemetryServer:
         for item in items:
             kind = item.__class__
             try:
-                if kind is tuple:
+                if kind is str:  # a round or request, encoded by the sink
+                    frame = item
+                elif kind is tuple:
                     frame = ev.encode(ev.config_event(*item))
-                elif kind is dict:
-                    frame = ev.encode(item)
                 else:
-                    frame = ev.encode_record(item)
+                    frame = ev.encode(item)
             except Exception:
                 log.exception("cannot encode %r", kind.__name__)
                 continue
