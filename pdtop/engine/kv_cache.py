@@ -1,6 +1,7 @@
 """A paged KV cache of fixed token capacity, shared by every running sequence.
 
-The storage is one K and one V tensor per layer, `[slots + 1, kv_heads, head_dim]`,
+The storage is one K and one V tensor per layer, `[kv_heads, slots + 1, head_dim]`
+(head-major, so a gather yields the `[heads, tokens, dim]` rows attention reads),
 cut into blocks of `block_size` token slots; each sequence owns a `BlockTable`
 (its block ids in order), so token `i` of a sequence lives in slot
 `blocks[i // block_size] * block_size + i % block_size`. The extra last slot is
@@ -39,10 +40,10 @@ class KVCache:
         slots = self.num_blocks * block_size
         self.pad_slot = slots
         # torch.empty: pages are only touched when written; the pad slot is zeroed.
-        self.k = torch.empty(num_layers, slots + 1, num_kv_heads, head_dim, dtype=dtype, device=device)
+        self.k = torch.empty(num_layers, num_kv_heads, slots + 1, head_dim, dtype=dtype, device=device)
         self.v = torch.empty_like(self.k)
-        self.k[:, slots].zero_()
-        self.v[:, slots].zero_()
+        self.k[:, :, slots].zero_()
+        self.v[:, :, slots].zero_()
         self._free: list[int] = list(range(self.num_blocks - 1, -1, -1))  # pop() hands out low ids first
         self._used_tokens = 0
         self._lock = threading.Lock()

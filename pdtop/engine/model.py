@@ -99,47 +99,59 @@ class Attention(nn.Module):
         t, h, kvh, d = x.shape[0], self.h, self.kvh, self.d
         qkv = self.qkv(x)
         qk = qkv[:, : (h + kvh) * d].view(t, h + kvh, d)
-        v = qkv[:, (h + kvh) * d:].reshape(t, kvh, d)
+        v = qkv[:, (h + kvh) * d:].view(t, kvh, d)
         if self.q_norm is not None:
             qk = torch.cat((self.q_norm(qk[:, :h]), self.k_norm(qk[:, h:])), dim=1)
         qk = apply_rope(qk, cos, sin)
         q, k = qk[:, :h], qk[:, h:]
-        kc, vc = batch.kv.layer(self.layer)
-        kc.index_copy_(0, batch.slots, k)
-        vc.index_copy_(0, batch.slots, v)
-        out = torch.empty(t, h, d, dtype=x.dtype, device=x.device)
-        nd = batch.num_decode
-        if nd:
-            out[:nd] = self._decode(q[:nd], kc, vc, batch)
-        for seg in batch.segments:
-            rows = slice(seg.offset, seg.offset + seg.length)
-            out[rows] = self._prefill(q[rows], k[rows], v[rows], kc, vc, seg)
-        return self.o(out.view(t, h * d))
+        kc, vc = batch.kv.layer(self.layer)  # [kv_heads, slots, head_dim]
+        kc.index_copy_(1, batch.slots, k.transpose(0, 1))
+        vc.index_copy_(1, batch.slots, v.transpose(0, 1))
+        nd, segs = batch.num_decode, batch.segments
+        if not segs:
+            out = self._decode(q, kc, vc, batch)
+        elif not nd and len(segs) == 1:
+            out = self._prefill(q, k, v, kc, vc, segs[0])
+        else:
+            out = torch.empty(t, h, d, dtype=x.dtype, device=x.device)
+            if nd:
+                out[:nd] = self._decode(q[:nd], kc, vc, batch)
+            for seg in segs:
+                rows = slice(seg.offset, seg.offset + seg.length)
+                out[rows] = self._prefill(q[rows], k[rows], v[rows], kc, vc, seg)
+        return self.o(out.reshape(t, h * d))
 
     def _decode(self, q: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """One query per row against its gathered context; GQA by grouping the query heads."""
-        n, L = q.shape[0], batch.decode_len
-        kk = kc.index_select(0, batch.decode_gather).view(n, L, self.kvh, self.d).transpose(1, 2)
-        vv = vc.index_select(0, batch.decode_gather).view(n, L, self.kvh, self.d).transpose(1, 2)
-        qg = q.reshape(n, self.kvh, self.groups, self.d)
-        o = F.scaled_dot_product_attention(qg, kk.contiguous(), vv.contiguous(), attn_mask=batch.decode_mask,
-                                           scale=self.scale)
-        return o.reshape(n, self.h, self.d)
+        n, L, kvh, d = q.shape[0], batch.decode_len, self.kvh, self.d
+        kk = kc.index_select(1, batch.decode_gather).view(kvh, n, L, d).transpose(0, 1)
+        vv = vc.index_select(1, batch.decode_gather).view(kvh, n, L, d).transpose(0, 1)
+        qg = q.reshape(n, kvh, self.groups, d)
+        o = F.scaled_dot_product_attention(qg, kk, vv, attn_mask=batch.decode_mask, scale=self.scale)
+        return o.reshape(n, self.h, d)
 
     def _prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kc: torch.Tensor, vc: torch.Tensor,
                  seg: Segment) -> torch.Tensor:
-        if seg.prefix:
-            k = kc.index_select(0, seg.gather)
-            v = vc.index_select(0, seg.gather)
-        if self.groups > 1:
-            k = k.repeat_interleave(self.groups, dim=1)
-            v = v.repeat_interleave(self.groups, dim=1)
-        qt, kt, vt = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
-        if seg.prefix:
-            o = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=seg.mask, scale=self.scale)
+        qt = q.transpose(0, 1)[None]
+        if seg.prefix:  # attend to the cached prefix too (the new tokens were just written)
+            kt, vt = kc.index_select(1, seg.gather)[None], vc.index_select(1, seg.gather)[None]
+            o = sdpa_gqa(qt, kt, vt, self.groups, attn_mask=seg.mask, scale=self.scale)
         else:
-            o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, scale=self.scale)
+            kt, vt = k.transpose(0, 1)[None], v.transpose(0, 1)[None]
+            o = sdpa_gqa(qt, kt, vt, self.groups, is_causal=True, scale=self.scale)
         return o[0].transpose(0, 1)
+
+
+_HAS_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
+
+
+def sdpa_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, groups: int, **kw: Any) -> torch.Tensor:
+    """SDPA where each k/v head serves `groups` query heads (no copies where torch supports it)."""
+    if groups == 1:
+        return F.scaled_dot_product_attention(q, k, v, **kw)
+    if _HAS_GQA:
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=True, **kw)
+    return F.scaled_dot_product_attention(q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), **kw)
 
 
 class MLP(nn.Module):
