@@ -75,7 +75,10 @@ async def test_bindings_help_and_palette_come_from_the_table(recording):
         footer = {key.action for key in app.screen.query("FooterKey")} - {"command_palette"}
         assert footer == {f"run_command('{c.id}')" for c in COMMANDS if c.footer and c.description in replay}
         await pilot.press("question_mark")
+        await pilot.pause()
         assert {c.description for c in app.screen.commands} == replay
+        box = app.screen.query_one("VerticalScroll")
+        assert box.size.width >= 60 and box.size.height >= len(replay)  # the table is visible, not collapsed
 
 
 def test_docs_list_every_command():

@@ -21,9 +21,10 @@ class HelpScreen(ModalScreen[None]):
     DEFAULT_CSS = """
     HelpScreen { align: center middle; }
     HelpScreen > VerticalScroll {
-        width: auto; max-width: 100; height: auto; max-height: 90%; padding: 0 1;
+        width: 80; max-width: 95%; height: auto; max-height: 90%; padding: 0 1;
         border: round $accent; background: $surface;
     }
+    HelpScreen Static { width: 100%; height: auto; }
     """
 
     def __init__(self, commands: list[Command], note: str = "") -> None:

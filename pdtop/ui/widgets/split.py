@@ -14,7 +14,7 @@ class SplitPanel(Panel):
 
     def paint_key(self, state: DashboardState) -> object:
         return (state.level, state.pinned, state.prefill_units, state.decode_units, tuple(state.levels),
-                state.policy, state.info.unit_name)
+                state.policy, state.info.unit_name, repr(state.config))
 
     def render_state(self, state: DashboardState) -> Group:
         prefill, decode = self.colour("prefill"), self.colour("decode")
@@ -30,7 +30,7 @@ class SplitPanel(Panel):
         bar = split_bar(state.prefill_units, state.decode_units, width, prefill, decode, idle)
         legend = Text.assemble(("■ ", prefill), f"prefill {state.prefill_units} {unit}   ",
                                ("■ ", decode), f"decode {state.decode_units} {unit}")
-        lines: list[Text] = [head, bar, legend]
+        lines: list[Text] = [head, bar, legend, knobs(state.config, self.colour("warning"))]
         levels = state.levels
         columns = 2 if width >= 56 and len(levels) > 3 else 1
         col_w = width // columns
@@ -54,3 +54,20 @@ class SplitPanel(Panel):
         if not levels:
             lines.append(Text("waiting for the engine…", muted))
         return Group(*lines)
+
+
+def knobs(config: dict, warning: str) -> Text:
+    """The knobs an operator changes, as one line: divisor, budget, chunk, rate, manual divisions."""
+    text = Text()
+    for key, label in (("decode_bs_divisor", "divisor"), ("split_forward_token_budget", "budget"),
+                       ("chunk_size", "chunk"), ("workload_rate", "rate")):
+        if key in config:
+            value = config[key]
+            shown = f"{value:g}/s" if key == "workload_rate" and isinstance(value, (int, float)) else str(value)
+            text.append_text(Text.assemble((f"{label} ", "dim"), shown, "  "))
+    if config.get("workload_paused"):
+        text.append("workload paused  ", "bold " + warning)
+    divisions = config.get("manual_divisions") or []
+    if divisions:
+        text.append_text(Text.assemble(("manual ", "dim"), " ".join(f"{p}/{d}@{t}" for p, d, t in divisions)))
+    return text
