@@ -295,9 +295,21 @@ class DashboardState:
     def itl_series(self, buckets: int, rounds: list[RoundPoint] | None = None) -> list[float | None]:
         """Worst decode step per time slice across the window, oldest first."""
         rounds = self.window() if rounds is None else rounds
-        end = self.time if rounds else 0.0
+        start, end = self._slices(buckets, rounds)
         pts = [(r.time, r.decode_step_s) for r in rounds if r.decode_bs > 0]
-        return bucket_max(pts, end - self.window_s, end + 1e-9, buckets)
+        return bucket_max(pts, start, end, buckets)
+
+    def _slices(self, buckets: int, rounds: list[RoundPoint]) -> tuple[float, float]:
+        """The charts' time range: `window_s` ending at the slice boundary after the latest round.
+
+        Slice edges sit on multiples of the slice width, so a column keeps its rounds as time
+        moves on (only the newest column changes until the next slice starts).
+        """
+        if not rounds or buckets <= 0:
+            return 0.0, self.window_s
+        width = self.window_s / buckets
+        end = (math.floor(self.time / width) + 1) * width
+        return end - self.window_s, end
 
     def bandwidth(self, rounds: list[RoundPoint] | None = None) -> tuple[float | None, float | None]:
         """(average over the window, last round) of estimated bytes/s: bytes_moved / round time."""
@@ -310,9 +322,9 @@ class DashboardState:
 
     def bandwidth_series(self, buckets: int, rounds: list[RoundPoint] | None = None) -> list[float | None]:
         rounds = self.window() if rounds is None else rounds
-        end = self.time if rounds else 0.0
+        start, end = self._slices(buckets, rounds)
         pts = [(r.time, r.bytes_moved / r.round_s) for r in rounds if r.round_s > 0]
-        return bucket_max(pts, end - self.window_s, end + 1e-9, buckets)
+        return bucket_max(pts, start, end, buckets)
 
     def tokens_per_s(self, rounds: list[RoundPoint] | None = None) -> float | None:
         """Output tokens per second of engine time over the window."""

@@ -7,6 +7,7 @@ from rich.console import Group, RenderableType
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
+from textual.geometry import Region
 from textual.strip import Strip
 from textual.widgets import Static
 
@@ -69,15 +70,27 @@ class Panel(Static):
             texts = list(renderable.renderables)
             if not force and texts == self._last_texts:
                 return  # same picture: spare the compositor
-            self._last_texts = texts
+            old, self._last_texts = self._last_texts, texts
             if self.LINE_API:
-                width = self.content_size.width
-                console, base = self.app.console, self.rich_style
-                self._strips = [text_strip(t, width, console, base) for t in texts if isinstance(t, Text)]
-                self.refresh()
+                self._paint_lines(texts, old, force)
                 return
         self.update(renderable, layout=lines != self._last_lines)
         self._last_lines = lines
+
+    def _paint_lines(self, texts: list[Any], old: list[Any], force: bool) -> None:
+        """Line API: rebuild and mark dirty only the lines that changed (a chart's last column)."""
+        width = self.content_size.width
+        console, base = self.app.console, self.rich_style
+        same_shape = not force and len(old) == len(texts) == len(self._strips) and \
+            all(s.cell_length == width for s in self._strips[:1])
+        if not same_shape:
+            self._strips = [text_strip(t, width, console, base) for t in texts]
+            self.refresh()
+            return
+        for y, (new, was) in enumerate(zip(texts, old)):
+            if new != was:
+                self._strips[y] = text_strip(new, width, console, base)
+                self.refresh(Region(0, y, width, 1))
 
     def render_line(self, y: int) -> Strip:
         if not self.LINE_API:
