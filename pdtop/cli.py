@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import sys
 
 from pdtop import __version__
@@ -36,33 +35,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"pdtop {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module_name, help_text in COMMANDS:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name != module_name:
-                raise
-            continue  # command not built yet
+        module = importlib.import_module(module_name)
         p = sub.add_parser(name, help=help_text, description=(module.__doc__ or help_text).strip())
         module.add_arguments(p)
         p.set_defaults(_run=module.run)
     return parser
 
 
-def _has_command(name: str) -> bool:
-    module_name = dict((n, m) for n, m, _ in COMMANDS)[name]
-    return importlib.util.find_spec(module_name) is not None
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
     if (not argv or argv[0].startswith("-")) and not {"-h", "--help", "--version"} & set(argv):
-        if _has_command("dashboard"):
-            argv = ["dashboard", *argv]
+        argv = ["dashboard", *argv]  # `pdtop --device sim:H100` means the dashboard
     args = parser.parse_args(argv)
-    if getattr(args, "_run", None) is None:
-        parser.print_help()
-        return 0 if not argv else 2
     try:
         return int(args._run(args) or 0)
     except KeyboardInterrupt:
