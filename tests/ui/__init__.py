@@ -1,0 +1,1 @@
+"""Dashboard tests (a package, so its conftest does not shadow other directories' `conftest` modules)."""
