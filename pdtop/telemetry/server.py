@@ -19,7 +19,7 @@ import time
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.asyncio.server import Server, ServerConnection, broadcast, serve
 from websockets.exceptions import ConnectionClosed
 
 from pdtop.engine.control import ControlError
@@ -32,6 +32,7 @@ from pdtop.telemetry.recorder import Recorder, RecordingError
 log = logging.getLogger("pdtop.telemetry.server")
 
 SERVER_COMMANDS = ("auth", "record_start", "record_stop")
+DIRECT_WRITE_LIMIT = 32 * 1024  # websockets' default high-water mark: above it, queue instead
 
 
 def is_loopback(host: str) -> bool:
@@ -166,8 +167,6 @@ class TelemetryServer:
         self._inbox.refill(max(0, int(self._budget)))
         if shed:
             self.events_shed += shed
-            for client in clients:
-                client.queue.lose(shed)
             self._record(ev.encode(ev.dropped_event(shed)))
         frames: list[str] = []
         for item in items:
@@ -188,19 +187,35 @@ class TelemetryServer:
                     self._send_priority(client, frame)
             else:
                 frames.append(frame)
-        if not frames:
-            return
-        self.events_published += len(frames)
+        if frames or shed:
+            self.events_published += len(frames)
+            self._fan_out(clients, frames, shed)
+
+    def _fan_out(self, clients: list[Client], frames: list[str], shed: int) -> None:
+        """The same text to every client. A batch client that is caught up (nothing queued,
+        little unsent) gets its batch written straight to its socket in one `broadcast` call,
+        no task switch; every other client's frames go through its queue and writer task."""
+        direct: list[ServerConnection] = []
         batch = None
         for client in clients:
+            q = client.queue
+            if client.batch and not q and _unsent(client.ws) < DIRECT_WRITE_LIMIT:
+                direct.append(client.ws)
+                client.frames_sent += 1
+                continue
+            if shed:
+                q.lose(shed)
+            if not frames:
+                continue
             if client.batch:
-                if batch is None:
-                    batch = '{"type":"batch","v":%d,"events":[%s]}' % (ev.PROTOCOL_VERSION, ",".join(frames))
-                client.queue.put(batch, len(frames))
+                batch = batch or _batch(frames)
+                q.put(batch, len(frames))
             else:
-                put = client.queue.put
                 for frame in frames:
-                    put(frame)
+                    q.put(frame)
+        if direct:
+            lost = [ev.encode(ev.dropped_event(shed))] if shed else []
+            broadcast(direct, _batch(lost + frames))
 
     def _record(self, frame: str) -> None:
         if self.recorder is None:
@@ -317,6 +332,18 @@ class TelemetryServer:
             client.authorized = True
             return ev.reply_event(msg_id, True, readonly=False)
         return ev.reply_event(msg_id, False, "token", "wrong token")
+
+
+def _batch(frames: list[str]) -> str:
+    return '{"type":"batch","v":%d,"events":[%s]}' % (ev.PROTOCOL_VERSION, ",".join(frames))
+
+
+def _unsent(ws: ServerConnection) -> int:
+    """Bytes written to the socket's transport but not yet sent (huge if it is gone)."""
+    try:
+        return ws.transport.get_write_buffer_size()
+    except Exception:
+        return 1 << 62
 
 
 def _query(ws: ServerConnection) -> dict[str, str]:

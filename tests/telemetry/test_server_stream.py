@@ -6,6 +6,7 @@ import asyncio
 import importlib.util
 import socket
 
+import pytest
 from websockets.asyncio.client import connect
 
 from conftest import Raw, steps
@@ -44,16 +45,17 @@ async def test_every_client_gets_hello_then_every_round(engine, server):
     assert server.clients == {}
 
 
-async def test_a_client_that_never_reads_does_not_hold_back_the_others(engine):
+@pytest.mark.parametrize("query", ["", "/?batch=1"])
+async def test_a_client_that_never_reads_does_not_hold_back_the_others(engine, query):
     produced = []
     engine.add_sink(produced.append)
     server = TelemetryServer(engine, port=0, tick=0.01, queue_size=256, max_event_rate=1e9)
     await server.start()
     try:
-        reader = await Raw.open(server.url)
+        reader = await Raw.open(server.url + query)
         # The stalled client: it never reads.
         sock = socket.create_connection(("127.0.0.1", server.port))
-        stalled = await connect(server.url, sock=sock, compression=None, max_queue=1)
+        stalled = await connect(server.url + query, sock=sock, compression=None, max_queue=1)
         await reader.wait(lambda c: c.events)
         # a slow link: a small socket buffer on the server's side
         server_side = [c for c in server.clients.values() if c.ws.remote_address[1] == sock.getsockname()[1]]
