@@ -11,7 +11,6 @@ reading only loses its own oldest events (reported with `dropped`).
 from __future__ import annotations
 
 import asyncio
-import hmac
 import ipaddress
 import itertools
 import logging
@@ -22,16 +21,15 @@ from urllib.parse import parse_qs, urlsplit
 from websockets.asyncio.server import Server, ServerConnection, broadcast, serve
 from websockets.exceptions import ConnectionClosed
 
-from pdtop.engine.control import ControlError
 from pdtop.telemetry import events as ev
 from pdtop.telemetry.client_queue import ClientQueue, QueueOverflow
-from pdtop.telemetry.frames import WIRE_MAX_SIZE, FrameError, parse_control
+from pdtop.telemetry.control_channel import handle_control, same_token
+from pdtop.telemetry.frames import WIRE_MAX_SIZE
 from pdtop.telemetry.inbox import Inbox
 from pdtop.telemetry.recorder import Recorder, RecordingError
 
 log = logging.getLogger("pdtop.telemetry.server")
 
-SERVER_COMMANDS = ("auth", "record_start", "record_stop")
 DIRECT_WRITE_LIMIT = 32 * 1024  # websockets' default high-water mark: above it, queue instead
 
 
@@ -244,7 +242,7 @@ class TelemetryServer:
         client_id = f"c{next(self._ids)}"
         query = _query(ws)
         given = query.get("token")
-        authorized = self.token is None or (given is not None and _same(given, self.token))
+        authorized = self.token is None or (given is not None and same_token(given, self.token))
         client = Client(client_id, ws, ClientQueue(self.queue_size), authorized,
                         batch=query.get("batch") in ("1", "true", "yes"))
         client.queue.put_priority(ev.encode(self._hello(client_id, not authorized)))
@@ -256,7 +254,7 @@ class TelemetryServer:
         try:
             async for message in ws:
                 try:
-                    reply = self._on_message(client, message)
+                    reply = handle_control(self, client, message)
                 except Exception as exc:  # no input may crash the server
                     log.exception("control message from %s", client_id)
                     reply = ev.reply_event(None, False, None, f"internal error: {type(exc).__name__}")
@@ -290,49 +288,6 @@ class TelemetryServer:
             log.exception("writer for %s", client.id)
             await ws.close(1011, "server error")
 
-    # -- control ---------------------------------------------------------------------
-    def _on_message(self, client: Client, message: str | bytes) -> dict[str, Any]:
-        try:
-            msg = parse_control(message)
-        except FrameError as exc:
-            return ev.reply_event(exc.msg_id, False, exc.field, exc.reason)
-        msg_id, cmd = msg.get("id"), msg["cmd"]
-        if cmd == "auth":
-            return self._auth(client, msg_id, msg.get("token"))
-        if not client.authorized:
-            return ev.reply_event(msg_id, False, "token", "read-only connection: control needs the server's token")
-        if cmd == "record_start":
-            path = msg.get("path")
-            if not isinstance(path, str) or not path:
-                return ev.reply_event(msg_id, False, "path", "a file path (string) is required")
-            try:
-                rec = self.start_recording(path)
-            except RecordingError as exc:
-                return ev.reply_event(msg_id, False, "path", str(exc))
-            return ev.reply_event(msg_id, True, path=str(rec.path))
-        if cmd == "record_stop":
-            path = self.stop_recording()
-            if path is None:
-                return ev.reply_event(msg_id, False, "cmd", "not recording")
-            return ev.reply_event(msg_id, True, path=path)
-        body = {k: v for k, v in msg.items() if k != "id"}
-        try:
-            self.engine.control(body, client=client.id)
-        except ControlError as exc:
-            return ev.reply_event(msg_id, False, exc.field, exc.reason)
-        except Exception as exc:  # the engine failed to validate: report it, keep serving
-            log.warning("engine.control(%r) raised %r", body, exc)
-            return ev.reply_event(msg_id, False, None, f"{type(exc).__name__}: {exc}")
-        return ev.reply_event(msg_id, True)
-
-    def _auth(self, client: Client, msg_id: Any, token: Any) -> dict[str, Any]:
-        if self.token is None:
-            return ev.reply_event(msg_id, True, readonly=False)
-        if isinstance(token, str) and _same(token, self.token):
-            client.authorized = True
-            return ev.reply_event(msg_id, True, readonly=False)
-        return ev.reply_event(msg_id, False, "token", "wrong token")
-
 
 def _batch(frames: list[str]) -> str:
     return '{"type":"batch","v":%d,"events":[%s]}' % (ev.PROTOCOL_VERSION, ",".join(frames))
@@ -351,7 +306,3 @@ def _query(ws: ServerConnection) -> dict[str, str]:
         return {k: v[0] for k, v in parse_qs(urlsplit(ws.request.path).query).items()}
     except Exception:
         return {}
-
-
-def _same(a: str, b: str) -> bool:
-    return hmac.compare_digest(a.encode(), b.encode())

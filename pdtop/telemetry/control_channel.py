@@ -1,0 +1,69 @@
+"""One control message from a client -> the `reply` event (docs/protocol.md, control).
+
+Server commands (`auth`, `record_start`, `record_stop`) are handled here; the rest go to
+`engine.control`, which validates them at once. Nothing a client sends raises.
+"""
+from __future__ import annotations
+
+import hmac
+import logging
+from typing import Any
+
+from pdtop.engine.control import ControlError
+from pdtop.telemetry import events as ev
+from pdtop.telemetry.frames import FrameError, parse_control
+from pdtop.telemetry.recorder import RecordingError
+
+log = logging.getLogger("pdtop.telemetry.server")
+
+SERVER_COMMANDS = ("auth", "record_start", "record_stop")
+
+
+def same_token(a: str, b: str) -> bool:
+    """Constant-time comparison."""
+    return hmac.compare_digest(a.encode(), b.encode())
+
+
+def handle_control(server: Any, client: Any, message: str | bytes) -> dict[str, Any]:
+    """`server` is the `TelemetryServer`, `client` its record of the connection."""
+    try:
+        msg = parse_control(message)
+    except FrameError as exc:
+        return ev.reply_event(exc.msg_id, False, exc.field, exc.reason)
+    msg_id, cmd = msg.get("id"), msg["cmd"]
+    if cmd == "auth":
+        return _auth(server, client, msg_id, msg.get("token"))
+    if not client.authorized:
+        return ev.reply_event(msg_id, False, "token", "read-only connection: control needs the server's token")
+    if cmd == "record_start":
+        path = msg.get("path")
+        if not isinstance(path, str) or not path:
+            return ev.reply_event(msg_id, False, "path", "a file path (string) is required")
+        try:
+            rec = server.start_recording(path)
+        except RecordingError as exc:
+            return ev.reply_event(msg_id, False, "path", str(exc))
+        return ev.reply_event(msg_id, True, path=str(rec.path))
+    if cmd == "record_stop":
+        path = server.stop_recording()
+        if path is None:
+            return ev.reply_event(msg_id, False, "cmd", "not recording")
+        return ev.reply_event(msg_id, True, path=path)
+    body = {k: v for k, v in msg.items() if k != "id"}
+    try:
+        server.engine.control(body, client=client.id)
+    except ControlError as exc:
+        return ev.reply_event(msg_id, False, exc.field, exc.reason)
+    except Exception as exc:  # the engine failed to validate: report it, keep serving
+        log.warning("engine.control(%r) raised %r", body, exc)
+        return ev.reply_event(msg_id, False, None, f"{type(exc).__name__}: {exc}")
+    return ev.reply_event(msg_id, True)
+
+
+def _auth(server: Any, client: Any, msg_id: Any, token: Any) -> dict[str, Any]:
+    if server.token is None:
+        return ev.reply_event(msg_id, True, readonly=False)
+    if isinstance(token, str) and same_token(token, server.token):
+        client.authorized = True
+        return ev.reply_event(msg_id, True, readonly=False)
+    return ev.reply_event(msg_id, False, "token", "wrong token")
