@@ -1,7 +1,6 @@
 """ReplaySource: same events as recorded, pause / step / seek / speed, read-only."""
 from __future__ import annotations
 
-import asyncio
 
 import pytest
 
