@@ -1,13 +1,16 @@
 """Engine speed on the default model: decode tok/s at batch 1 and 32, and a long prefill,
-side by side with HF transformers on the same GGUF when transformers is installed.
+side by side with HF transformers on the same GGUF when transformers is installed
+(`pip install '.[peers]'`; the GGUF is read offline).
 
     .venv/bin/python bench/engine_bench.py [--threads 2] [--dtypes float32,bfloat16] [--engines pdtop,hf]
 
-Each figure is the best of --repeats runs (other processes on a small machine only
-ever make a run slower). Decode figures exclude the prefill; every sequence in a
-batch has the same prompt length (so HF needs no padding) and greedy decoding.
-The prefill figure is the time to the first token of one --prefill-tokens prompt
-(logits of the last position only, for both engines). Prints a table; asserts nothing.
+Both engines are loaded first and then measured in turns (pdtop, hf, pdtop, hf, ...),
+so load from other processes hits both alike; each figure is the best of --repeats
+turns. Decode figures exclude the prefill: every sequence of a batch has a
+--prompt-tokens prompt (the same length, so HF needs no padding), then --steps
+greedy steps are timed. The prefill figure is the time to the first token of one
+--prefill-tokens prompt (logits of the last position only, for both engines).
+Prints a table; asserts nothing.
 """
 from __future__ import annotations
 
@@ -16,26 +19,30 @@ import gc
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import torch  # noqa: E402
 
+FIGURES = ("b1", "b32", "prefill")
+
 
 @dataclass
-class Row:
-    engine: str
+class Engine:
+    name: str
     dtype: str
-    b1: float | None = None      # tok/s
-    b32: float | None = None     # tok/s
-    prefill: float | None = None  # s
+    decode_rate: Callable[[int], float] | None = None  # batch size -> tok/s
+    prefill_time: Callable[[], float] | None = None    # -> seconds
+    results: dict[str, list[float]] = field(default_factory=dict)
     note: str = ""
 
-
-def best(fn: Callable[[], float], repeats: int) -> float:
-    return min(fn() for _ in range(repeats))
+    def best(self, fig: str) -> float | None:
+        v = self.results.get(fig)
+        if not v:
+            return None
+        return min(v) if fig == "prefill" else max(v)
 
 
 def prompt_ids(n: int, vocab: int, seed: int) -> list[int]:
@@ -43,7 +50,7 @@ def prompt_ids(n: int, vocab: int, seed: int) -> list[int]:
     return torch.randint(100, min(vocab, 40000), (n,), generator=g).tolist()
 
 
-def bench_pdtop(dtype: str, args: argparse.Namespace) -> Row:
+def pdtop_engine(dtype: str, args: argparse.Namespace) -> Engine:
     from pdtop.engine.gguf_loader import load_model
     from pdtop.engine.runner import ModelRunner, SamplingParams
 
@@ -51,13 +58,12 @@ def bench_pdtop(dtype: str, args: argparse.Namespace) -> Row:
     vocab = model.config.vocab
     runner = ModelRunner(model, kv_capacity_tokens=max(args.prefill_tokens + 64,
                                                        32 * (args.prompt_tokens + args.steps + 8) + 256))
-    row = Row("pdtop", dtype)
 
     def decode_rate(bs: int) -> float:
         seqs = [runner.add_sequence(prompt_ids(args.prompt_tokens, vocab, i),
                                     SamplingParams(max_tokens=args.steps + 4, ignore_eos=True)) for i in range(bs)]
         runner.prefill(seqs)
-        runner.decode(seqs)  # warm-up step
+        runner.decode(seqs)  # first step after a prefill is not timed
         t = time.perf_counter()
         for _ in range(args.steps):
             runner.decode(seqs)
@@ -74,16 +80,12 @@ def bench_pdtop(dtype: str, args: argparse.Namespace) -> Row:
         runner.free(seq)
         return dt
 
-    decode_rate(1)  # warm up kernels and allocator
-    row.b1 = -best(lambda: -decode_rate(1), args.repeats)
-    row.b32 = -best(lambda: -decode_rate(32), args.repeats)
-    prefill_time()
-    row.prefill = best(prefill_time, args.repeats)
-    return row
+    return Engine("pdtop", dtype, decode_rate, prefill_time)
 
 
-def bench_hf(dtype: str, args: argparse.Namespace) -> Row:
+def hf_engine(dtype: str, args: argparse.Namespace) -> Engine:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import transformers
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
@@ -95,15 +97,13 @@ def bench_hf(dtype: str, args: argparse.Namespace) -> Row:
     model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
                                                  dtype=getattr(torch, dtype)).eval()
     vocab = model.config.vocab_size
-    row = Row("hf", dtype, note=f"transformers {__import__('transformers').__version__}")
 
     @torch.inference_mode()
     def decode_rate(bs: int) -> float:
         ids = torch.tensor([prompt_ids(args.prompt_tokens, vocab, i) for i in range(bs)])
         out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
-        cache = out.past_key_values
         nxt = out.logits[:, -1].argmax(-1, keepdim=True)
-        out = model(input_ids=nxt, past_key_values=cache, use_cache=True)  # warm-up step
+        out = model(input_ids=nxt, past_key_values=out.past_key_values, use_cache=True)  # not timed
         nxt = out.logits[:, -1].argmax(-1, keepdim=True)
         t = time.perf_counter()
         for _ in range(args.steps):
@@ -119,60 +119,73 @@ def bench_hf(dtype: str, args: argparse.Namespace) -> Row:
         out.logits[:, -1].argmax(-1)
         return time.perf_counter() - t
 
-    decode_rate(1)
-    row.b1 = -best(lambda: -decode_rate(1), args.repeats)
-    row.b32 = -best(lambda: -decode_rate(32), args.repeats)
-    prefill_time()
-    row.prefill = best(prefill_time, args.repeats)
-    return row
+    return Engine("hf", dtype, decode_rate, prefill_time, note=f"transformers {transformers.__version__}")
 
 
-def fmt(x: float | None, spec: str) -> str:
-    return "-" if x is None else format(x, spec)
+def run_turn(e: Engine, fig: str) -> None:
+    if fig == "prefill":
+        value = e.prefill_time()
+    else:
+        value = e.decode_rate(int(fig[1:]))
+    e.results.setdefault(fig, []).append(value)
+
+
+def fmt(x: float | None, spec: str, width: int) -> str:
+    return f"{'-':>{width}}" if x is None else format(x, f"{width}{spec}")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads (default: all cores)")
-    ap.add_argument("--dtypes", default="float32,bfloat16")
-    ap.add_argument("--engines", default="pdtop,hf")
-    ap.add_argument("--steps", type=int, default=32, help="decode steps timed per run")
-    ap.add_argument("--prompt-tokens", type=int, default=32, help="prompt length of the decode runs")
-    ap.add_argument("--prefill-tokens", type=int, default=2048)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--dtypes", default="float32,bfloat16", help="default: float32,bfloat16")
+    ap.add_argument("--engines", default="pdtop,hf", help="default: pdtop,hf")
+    ap.add_argument("--only", default=",".join(FIGURES), help="figures to measure (default: b1,b32,prefill)")
+    ap.add_argument("--steps", type=int, default=32, help="decode steps timed per turn (default 32)")
+    ap.add_argument("--prompt-tokens", type=int, default=32, help="prompt length of the decode runs (default 32)")
+    ap.add_argument("--prefill-tokens", type=int, default=2048, help="default 2048")
+    ap.add_argument("--repeats", type=int, default=3, help="turns per figure and engine (default 3)")
     args = ap.parse_args()
+    figures = [f for f in FIGURES if f in args.only.split(",")]
     torch.set_num_threads(args.threads)
-    rows: list[Row] = []
+    table: list[Engine] = []
     for dtype in args.dtypes.split(","):
-        for engine in args.engines.split(","):
-            if engine == "hf":
-                try:
-                    import transformers  # noqa: F401
-                except ImportError:
-                    rows.append(Row("hf", dtype, note="transformers not installed (pip install '.[peers]')"))
-                    continue
-            fn = bench_pdtop if engine == "pdtop" else bench_hf
+        engines: list[Engine] = []
+        for name in args.engines.split(","):
             try:
-                rows.append(fn(dtype, args))
-            except Exception as e:  # a peer that cannot run is reported, not fatal
-                rows.append(Row(engine, dtype, note=f"failed: {type(e).__name__}: {e}"[:100]))
-            gc.collect()
-            r = rows[-1]
-            print(f"  {r.engine} {r.dtype}: b1 {fmt(r.b1, '.1f')} tok/s, b32 {fmt(r.b32, '.1f')} tok/s, "
-                  f"prefill {fmt(r.prefill, '.2f')} s {r.note}", file=sys.stderr, flush=True)
-    print(f"torch {torch.__version__}, {args.threads} threads, {os.cpu_count()} cores; prompt {args.prompt_tokens} "
-          f"tokens, {args.steps} decode steps, prefill {args.prefill_tokens} tokens; best of {args.repeats}")
+                engines.append((pdtop_engine if name == "pdtop" else hf_engine)(dtype, args))
+            except ImportError as e:
+                table.append(Engine(name, dtype, note=f"not installed ({e.name}); pip install '.[peers]'"))
+            except Exception as e:  # a peer that cannot load is reported, not fatal
+                table.append(Engine(name, dtype, note=f"failed: {type(e).__name__}: {e}"[:100]))
+        for fig in figures:
+            for e in engines:  # warm-up turn, not counted
+                run_turn(e, fig)
+                e.results[fig].clear()
+            for _ in range(args.repeats):
+                for e in engines:
+                    run_turn(e, fig)
+            print(f"  {dtype} {fig}: " + ", ".join(f"{e.name} {e.results[fig]}" for e in engines),
+                  file=sys.stderr, flush=True)
+        table.extend(engines)
+        del engines
+        gc.collect()
+    print(f"torch {torch.__version__}, {args.threads} threads, {os.cpu_count()} cores; decode: {args.prompt_tokens}-token "
+          f"prompts, {args.steps} steps timed; prefill: {args.prefill_tokens} tokens; best of {args.repeats} turns")
     head = f"{'engine':8} {'dtype':9} {'decode b1 tok/s':>16} {'decode b32 tok/s':>17} {'prefill ' + str(args.prefill_tokens) + ' s':>14}  note"
     print(head)
     print("-" * len(head))
-    for r in rows:
-        print(f"{r.engine:8} {r.dtype:9} {fmt(r.b1, '16.1f')} {fmt(r.b32, '17.1f')} {fmt(r.prefill, '14.2f')}  {r.note}")
-    by = {(r.engine, r.dtype): r for r in rows}
+    for e in table:
+        print(f"{e.name:8} {e.dtype:9} {fmt(e.best('b1'), '.1f', 16)} {fmt(e.best('b32'), '.1f', 17)} "
+              f"{fmt(e.best('prefill'), '.2f', 14)}  {e.note}")
+    by = {(e.name, e.dtype): e for e in table}
     for dtype in args.dtypes.split(","):
         p, h = by.get(("pdtop", dtype)), by.get(("hf", dtype))
-        if p and h and None not in (p.b1, h.b1, p.b32, h.b32, p.prefill, h.prefill):
-            print(f"{'pdtop/hf':8} {dtype:9} {p.b1 / h.b1:15.2f}x {p.b32 / h.b32:16.2f}x "
-                  f"{h.prefill / p.prefill:13.2f}x  (prefill: hf time / pdtop time)")
+        if p and h:
+            def ratio(a: float | None, b: float | None, width: int) -> str:
+                return f"{a / b:{width - 1}.2f}x" if a and b else f"{'-':>{width}}"
+            print(f"{'pdtop/hf':8} {dtype:9} {ratio(p.best('b1'), h.best('b1'), 16)} "
+                  f"{ratio(p.best('b32'), h.best('b32'), 17)} {ratio(h.best('prefill'), p.best('prefill'), 14)}  "
+                  "(prefill: hf time / pdtop time)")
     return 0
 
 

@@ -2,8 +2,9 @@
 
 Weights come back in PyTorch's `[out, in]` layout. llama.cpp's converter permutes
 the rows of Q and K so that its interleaved-pair RoPE works on them; `load_gguf`
-undoes that permutation, so the model uses the usual rotate-half RoPE (as HF
-transformers does) and the weights match the original checkpoint.
+undoes that permutation, so the weights match the original (HF) checkpoint and its
+rotate-half RoPE. (`LlamaModel` then reorders Q/K rows its own way, see
+`model.pair_rotary_rows`.)
 
 `load_model` (the entry point everyone calls) lives here too: it accepts a GGUF
 path, `synthetic:NAME` or None (the default model) and returns a `LlamaModel`.

@@ -57,13 +57,13 @@ class ForwardBatch:
     decode_len: int = 0               # L (padded context length of the decode rows)
     decode_mask: torch.Tensor | None = None    # [D, 1, 1, L] float additive mask, None = all valid
     segments: list[Segment] = field(default_factory=list)
-    _rope: tuple[torch.Tensor, torch.Tensor] | None = None
+    _rope: torch.Tensor | None = None
 
-    def rope(self, model: "LlamaModel") -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin `[T, 1, head_dim/2]`, computed once per batch and shared by every layer."""
+    def rope(self, model: "LlamaModel") -> torch.Tensor:
+        """Rotations `[T, 1, head_dim/2]` (complex64), computed once per batch and shared by every layer."""
         if self._rope is None:
             freqs = self.positions.to(torch.float32)[:, None] * model.inv_freq[None, :]
-            self._rope = (freqs.cos().to(model.dtype)[:, None, :], freqs.sin().to(model.dtype)[:, None, :])
+            self._rope = torch.polar(torch.ones_like(freqs), freqs)[:, None, :]
         return self._rope
 
 
@@ -78,10 +78,18 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, self.shape, self.weight, self.eps)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE on `[T, heads, head_dim]` (q and k together)."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+def pair_rotary_rows(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """Reorder each head's rows (or entries) from rotate-half pairs (i, i + d/2) to adjacent
+    pairs (2i, 2i + 1): llama.cpp's `permute`. Q and K get the same order, so q.k is unchanged,
+    and RoPE becomes one complex multiply."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def apply_rope(x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
+    """RoPE on `[T, heads, head_dim]` (q and k together) whose rotary pairs are adjacent."""
+    xf = x if x.dtype == torch.float32 else x.float()  # no complex bfloat16
+    out = torch.view_as_real(torch.view_as_complex(xf.unflatten(-1, (-1, 2))) * rot).flatten(-2)
+    return out if out.dtype == x.dtype else out.to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -95,14 +103,14 @@ class Attention(nn.Module):
         self.qkv, self.o = qkv, o
         self.q_norm, self.k_norm = q_norm, k_norm
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, rot: torch.Tensor) -> torch.Tensor:
         t, h, kvh, d = x.shape[0], self.h, self.kvh, self.d
         qkv = self.qkv(x)
         qk = qkv[:, : (h + kvh) * d].view(t, h + kvh, d)
         v = qkv[:, (h + kvh) * d:].view(t, kvh, d)
         if self.q_norm is not None:
             qk = torch.cat((self.q_norm(qk[:, :h]), self.k_norm(qk[:, h:])), dim=1)
-        qk = apply_rope(qk, cos, sin)
+        qk = apply_rope(qk, rot)
         q, k = qk[:, :h], qk[:, h:]
         kc, vc = batch.kv.layer(self.layer)  # [kv_heads, slots, head_dim]
         kc.index_copy_(1, batch.slots, k.transpose(0, 1))
@@ -170,13 +178,17 @@ class DecoderLayer(nn.Module):
         self.attn, self.mlp = attn, mlp
         self.attn_norm, self.mlp_norm = attn_norm, mlp_norm
 
-    def forward(self, h: torch.Tensor, batch: ForwardBatch, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        h = h + self.attn(self.attn_norm(h), batch, cos, sin)
+    def forward(self, h: torch.Tensor, batch: ForwardBatch, rot: torch.Tensor) -> torch.Tensor:
+        h = h + self.attn(self.attn_norm(h), batch, rot)
         return h + self.mlp(self.mlp_norm(h))
 
 
 class LlamaModel(nn.Module):
-    """A Llama decoder. Build it with `from_gguf`, `synthetic_model` or `gguf_loader.load_model`."""
+    """A Llama decoder. Build it with `from_gguf`, `synthetic_model` or `gguf_loader.load_model`.
+
+    `weights` hold HF-layout tensors (fused `{i}.qkv`, `{i}.gate_up`, ...); the constructor
+    takes them over (the dict is emptied of what it packs).
+    """
 
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device):
         super().__init__()
@@ -188,8 +200,13 @@ class LlamaModel(nn.Module):
             p = f"{i}."
             qn = kn = None
             if cfg.qk_norm:
-                qn, kn = RMSNorm(w[p + "q_norm"], cfg.rms_eps), RMSNorm(w[p + "k_norm"], cfg.rms_eps)
-            attn = Attention(cfg, i, Linear(w.pop(p + "qkv")), Linear(w.pop(p + "o")), qn, kn)
+                qn = RMSNorm(pair_rotary_rows(w[p + "q_norm"], 1), cfg.rms_eps)
+                kn = RMSNorm(pair_rotary_rows(w[p + "k_norm"], 1), cfg.rms_eps)
+            qkv = w.pop(p + "qkv")
+            nq, nk = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+            qkv = torch.cat((pair_rotary_rows(qkv[:nq], cfg.num_heads),
+                             pair_rotary_rows(qkv[nq:nq + nk], cfg.num_kv_heads), qkv[nq + nk:]))
+            attn = Attention(cfg, i, Linear(qkv), Linear(w.pop(p + "o")), qn, kn)
             mlp = MLP(Linear(w.pop(p + "gate_up")), Linear(w.pop(p + "down")))
             layers.append(DecoderLayer(attn, mlp, RMSNorm(w[p + "attn_norm"], cfg.rms_eps),
                                        RMSNorm(w[p + "mlp_norm"], cfg.rms_eps)))
@@ -212,9 +229,9 @@ class LlamaModel(nn.Module):
 
     def forward_layers(self, hidden: torch.Tensor, batch: ForwardBatch, start: int, end: int) -> torch.Tensor:
         """Run layers [start, end) on the packed hidden states, writing their K/V into the cache."""
-        cos, sin = batch.rope(self)
+        rot = batch.rope(self)
         for layer in self.layers[start:end]:
-            hidden = layer(hidden, batch, cos, sin)
+            hidden = layer(hidden, batch, rot)
         return hidden
 
     def logits(self, hidden_last: torch.Tensor) -> torch.Tensor:
