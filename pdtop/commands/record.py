@@ -23,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("url", metavar="URL", help="the server, e.g. ws://127.0.0.1:8765")
     parser.add_argument("-o", "--output", required=True, metavar="FILE", help="recording to write (.gz: gzip)")
-    parser.add_argument("--token", help="the server's token (only needed if it refuses read-only clients)")
+    parser.add_argument("--token", help="the server's token (not needed: anyone may watch; recording only watches)")
     parser.add_argument("--duration", type=float, metavar="S", help="stop after S seconds of recording")
 
 
