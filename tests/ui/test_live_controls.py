@@ -29,12 +29,13 @@ async def test_every_control_reaches_the_engine(served, until):
         await until(pilot, lambda: app.state.rounds_seen > 5 and app.connection == "live", "live rounds")
         cfg = engine.config_dict
 
-        # level down / up pin the level; `a` goes back to automatic
-        start = app.state.level
-        await pilot.press("plus" if start == 0 else "minus")
-        await until(pilot, lambda: cfg()["pinned_level"] is not None, "a pinned level")
-        pinned = cfg()["pinned_level"]
-        assert pinned == (start + 1 if start == 0 else start - 1)
+        # level down / up move the pinned level; `a` goes back to automatic. Start from a level
+        # pinned on the engine's side, so rounds arriving meanwhile cannot move the starting point.
+        engine.control({"cmd": "pin_level", "level": 3})
+        await until(pilot, lambda: app.state.level == 3 and app.state.pinned, "level 3 pinned in the rounds")
+        await pilot.press("minus")
+        await until(pilot, lambda: cfg()["pinned_level"] == 2, "level down")
+        pinned = 2
         await until(pilot, lambda: app.state.level == pinned and app.state.pinned, "the pinned level in the rounds")
         await pilot.press("plus")
         await until(pilot, lambda: cfg()["pinned_level"] == pinned + 1, "level up")
