@@ -24,11 +24,14 @@ class ConfigError(ValueError):
         super().__init__(f"{where}{field}: {reason}")
 
 
-def _int(name: str, value: Any, minimum: int) -> int:
+INT_MAX = 2**31 - 1
+
+
+def _int(name: str, value: Any, minimum: int, maximum: int = INT_MAX) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(name, f"must be an integer, got {value!r}")
-    if value < minimum:
-        raise ConfigError(name, f"must be >= {minimum}, got {value}")
+    if not minimum <= value <= maximum:
+        raise ConfigError(name, f"must be in {minimum}..{maximum}, got {value}")
     return value
 
 
@@ -51,7 +54,7 @@ def _manual_divisions(value: Any) -> list[list[int]]:
 
 
 _VALIDATORS = {
-    "sm_group_num": lambda v: _int("sm_group_num", v, 3),
+    "sm_group_num": lambda v: _int("sm_group_num", v, 3, 256),
     "manual_divisions": _manual_divisions,
     "split_forward_token_budget": lambda v: _int("split_forward_token_budget", v, 1),
     "decode_bs_divisor": lambda v: _int("decode_bs_divisor", v, 1),

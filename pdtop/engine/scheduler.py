@@ -54,7 +54,7 @@ class RoundStats:
 
 class Scheduler:
     def __init__(self, device: Device, executor: Executor, table: SplitTable, config: PdmuxConfig,
-                 policy: str = "pdmux", max_prefill_tokens: int = 8192, keep_finished: int = 10_000):
+                 policy: str = "pdmux", max_prefill_tokens: int = 8192):
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
         self.device, self.executor, self.table, self.config, self.policy = device, executor, table, config, policy
@@ -65,7 +65,6 @@ class Scheduler:
         self.running: list[Request] = []
         self.prefill: PrefillBatch | None = None
         self.chunk_req: Request | None = None
-        self.finished: deque[Request] = deque(maxlen=keep_finished)
         self.round_index = 0
         self.rejected: list[Request] = []  # reported as "finish" records by the next step
         self._reserved = 0  # KV tokens promised to admitted requests (prompt + max_tokens)
@@ -129,7 +128,6 @@ class Scheduler:
     def _finish(self, req: Request, now: float, stats: RoundStats) -> None:
         self.executor.release(req)
         self._reserved -= req.prompt_len + req.max_tokens
-        self.finished.append(req)
         stats.requests.append(RequestRecord("finish", req.id, now, req.prompt_len, len(req.output_ids), req.ttft,
                                             req.itls, req.finish_reason))
 

@@ -114,6 +114,7 @@ def test_control_applies_at_round_boundary_and_is_announced():
     ({"cmd": "set"}, "set"),
     ({"cmd": "set", "decode_bs_divisor": 0}, "decode_bs_divisor"),
     ({"cmd": "set", "decode_bs_divisor": "8"}, "decode_bs_divisor"),
+    ({"cmd": "set", "decode_bs_divisor": 10**30}, "decode_bs_divisor"),
     ({"cmd": "set", "split_forward_token_budget": -1}, "split_forward_token_budget"),
     ({"cmd": "set", "manual_divisions": [[200, 20, 0]]}, "manual_divisions"),
     ({"cmd": "set", "manual_divisions": "x"}, "manual_divisions"),
