@@ -47,9 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_ui_arguments(parser)
 
 
-def serve_command(args: argparse.Namespace, token: str) -> list[str]:
-    """The child's command line: `pdtop serve` on a free loopback port with `token`."""
-    cmd = [sys.executable, "-m", "pdtop", "serve", "--host", "127.0.0.1", "--port", "0", "--token", token]
+def serve_command(args: argparse.Namespace) -> list[str]:
+    """The child's command line: `pdtop serve` on a free loopback port (its token comes in the environment)."""
+    cmd = [sys.executable, "-m", "pdtop", "serve", "--host", "127.0.0.1", "--port", "0"]
     for flag in ("device", "model", "config", "policy", "rate", "record"):
         value = getattr(args, flag, None)
         if value is not None:
@@ -73,7 +73,8 @@ def start_server(args: argparse.Namespace, token: str, log: IO[str]) -> tuple[su
     """Start `pdtop serve` and return it with the URL from its first stdout line; RuntimeError if it fails."""
     parent = os.getpid()
     child = subprocess.Popen(
-        serve_command(args, token), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, text=True,
+        serve_command(args), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, text=True,
+        env={**os.environ, "PDTOP_TOKEN": token},  # not on the command line, where `ps` shows it
         start_new_session=True,  # terminal signals go to the dashboard, which stops the child itself
         preexec_fn=lambda: _tie_to_parent(parent),
     )

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
 import threading
@@ -38,7 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others need --token)")
     parser.add_argument("--port", type=int, default=8765, help="port to bind (default 8765; 0 picks a free one)")
     parser.add_argument("--record", metavar="FILE", help="also record every event to FILE (NDJSON; gzip if it ends in .gz)")
-    parser.add_argument("--token", help="secret a client needs to send control messages")
+    parser.add_argument("--token", default=os.environ.get("PDTOP_TOKEN") or None,
+                        help="secret a client needs to send control messages (default: $PDTOP_TOKEN; "
+                        "the environment keeps it out of `ps`)")
 
 
 def _fail(message: str) -> int:

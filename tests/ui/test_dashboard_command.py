@@ -31,10 +31,11 @@ def _alive(pid: int) -> bool:
 
 
 def test_serve_command_line():
-    cmd = serve_command(ARGS, "tok")
+    cmd = serve_command(ARGS)
     assert cmd[:4] == [sys.executable, "-m", "pdtop", "serve"]
     assert cmd[cmd.index("--port") + 1] == "0" and cmd[cmd.index("--host") + 1] == "127.0.0.1"
-    assert cmd[cmd.index("--token") + 1] == "tok" and cmd[cmd.index("--device") + 1] == "sim:H100"
+    assert "--token" not in cmd  # it goes in the environment, out of `ps`
+    assert cmd[cmd.index("--device") + 1] == "sim:H100"
     assert "--model" not in cmd  # defaults are the server's
 
 
