@@ -74,6 +74,9 @@ class LiveSource:
                             yield event
                 except ConnectionClosed:
                     pass
+                except BaseException:  # the reader stopped (aclose, cancel): start the close handshake now,
+                    asyncio.get_running_loop().create_task(ws.close())  # or the server waits out its timeout
+                    raise
                 finally:
                     self._ws = None
                     self._fail_pending("connection lost")
