@@ -42,7 +42,7 @@ def make_generator(params: SamplingParams) -> torch.Generator | None:
 def sample_one(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator | None) -> int:
     """One token from float32 logits `[vocab]`."""
     if params.greedy or gen is None:
-        return int(logits.argmax())
+        return int(greedy_tokens(logits[None])[0])
     probs = torch.softmax(logits.float().cpu() / params.temperature, dim=-1)
     if params.top_p < 1.0:
         sorted_p, order = probs.sort(descending=True)
@@ -54,9 +54,25 @@ def sample_one(logits: torch.Tensor, params: SamplingParams, gen: torch.Generato
     return int(torch.multinomial(probs, 1, generator=gen))
 
 
+def greedy_tokens(logits: torch.Tensor, chunk: int = 128) -> torch.Tensor:
+    """`logits.argmax(-1)` for `[n, vocab]`, same ties (first index) and NaN handling.
+
+    torch's CPU argmax is not vectorized (about 1.3 ms for 32 x 49152 here); the max of
+    each `chunk` of the row is, so find the first chunk holding the row's max, then the
+    first index inside it.
+    """
+    n, vocab = logits.shape
+    if vocab % chunk or logits.device.type != "cpu":
+        return logits.argmax(dim=-1)
+    blocks = logits.view(n, vocab // chunk, chunk)
+    first = blocks.amax(dim=-1).argmax(dim=-1)
+    inner = blocks[torch.arange(n, device=logits.device), first].argmax(dim=-1)
+    return first * chunk + inner
+
+
 def sample(logits: torch.Tensor, params: list[SamplingParams], gens: list[torch.Generator | None]) -> list[int]:
     """One token per row of `[n, vocab]` logits; greedy rows in one argmax."""
-    out = logits.argmax(dim=-1).tolist()
+    out = greedy_tokens(logits).tolist()
     for i, (p, g) in enumerate(zip(params, gens)):
         if not p.greedy:
             out[i] = sample_one(logits[i], p, g)

@@ -254,3 +254,17 @@ def test_top_p_keeps_only_the_nucleus():
     seen = {sample_one(logits, SamplingParams(temperature=1.0, top_p=0.5), gen) for _ in range(50)}
     assert seen == {0}
     assert sample_one(logits, SamplingParams(), None) == 0
+
+
+def test_greedy_tokens_is_argmax():
+    from pdtop.engine.sampling import greedy_tokens
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 49152, generator=g)
+    x[1, 7] = x[1, 40000] = 100.0  # a tie: the first index wins
+    x[2, 300] = float("nan")
+    x[3] = 1.0                       # all equal
+    x[4, -1] = 100.0                 # last position
+    assert torch.equal(greedy_tokens(x), x.argmax(-1))
+    y = torch.randn(3, 1000, generator=g)  # vocab not a multiple of the chunk
+    assert torch.equal(greedy_tokens(y), y.argmax(-1))
