@@ -1,8 +1,8 @@
 """A paged KV cache of fixed token capacity, shared by every running sequence.
 
-The storage is one K and one V tensor per layer, `[kv_heads, slots + 1, head_dim]`
-(head-major, so a gather yields the `[heads, tokens, dim]` rows attention reads),
-cut into blocks of `block_size` token slots; each sequence owns a `BlockTable`
+The storage is one tensor per layer, `[2 (K, V), kv_heads, slots + 1, head_dim]`
+(head-major, so a gather yields the `[heads, tokens, dim]` rows attention reads, and
+one index op moves K and V together), cut into blocks of `block_size` token slots; each sequence owns a `BlockTable`
 (its block ids in order), so token `i` of a sequence lives in slot
 `blocks[i // block_size] * block_size + i % block_size`. The extra last slot is
 all zeros: padded positions of a decode batch point there, so masked-out rows
@@ -40,10 +40,8 @@ class KVCache:
         slots = self.num_blocks * block_size
         self.pad_slot = slots
         # torch.empty: pages are only touched when written; the pad slot is zeroed.
-        self.k = torch.empty(num_layers, num_kv_heads, slots + 1, head_dim, dtype=dtype, device=device)
-        self.v = torch.empty_like(self.k)
-        self.k[:, :, slots].zero_()
-        self.v[:, :, slots].zero_()
+        self.data = torch.empty(num_layers, 2, num_kv_heads, slots + 1, head_dim, dtype=dtype, device=device)
+        self.data[:, :, :, slots].zero_()
         self._free: list[int] = list(range(self.num_blocks - 1, -1, -1))  # pop() hands out low ids first
         self._used_tokens = 0
         self._lock = threading.Lock()
@@ -67,10 +65,20 @@ class KVCache:
 
     @property
     def bytes(self) -> int:
-        return 2 * self.k.numel() * self.k.element_size()
+        return self.data.numel() * self.data.element_size()
 
-    def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.k[i], self.v[i]
+    @property
+    def k(self) -> torch.Tensor:
+        """`[layers, kv_heads, slots + 1, head_dim]` view of the keys."""
+        return self.data[:, 0]
+
+    @property
+    def v(self) -> torch.Tensor:
+        return self.data[:, 1]
+
+    def layer(self, i: int) -> torch.Tensor:
+        """`[2, kv_heads, slots + 1, head_dim]`: layer i's keys and values."""
+        return self.data[i]
 
     def blocks_needed(self, table: BlockTable, num_tokens: int) -> int:
         have = len(table.blocks)
