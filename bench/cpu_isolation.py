@@ -44,58 +44,39 @@ def main() -> None:
     for r, tok in zip(decoders, ex.finish_prefill(state)):
         r.output_ids.append(tok)
 
-    def decode_steps(whole: bool) -> list[float]:
-        times = []
+    def decode_steps(level: int, with_prefill: bool) -> list[float]:
+        """Decode step times at `level`; `with_prefill` keeps a long prefill running on the prefill side."""
+        device.set_level(level)
+        times: list[float] = []
+        long: list[Request] = []
         for _ in range(args.steps):
+            if with_prefill and not device.prefill_busy():
+                device.wait_prefill()
+                for done in long:
+                    ex.release(done)
+                long = [Request(10_000 + len(times), [7] * args.prompt, 1, 0.0)]  # a fresh long prompt
+                req = long[0]
+                ex.admit(req)
+                st = ex.prefill_begin([req])
+                device.submit_prefill(ex.prefill(st, [req], 0, runner.config.num_layers))
             t0 = time.perf_counter()
-            toks = device.run_whole(ex.decode(decoders)) if whole else device.run_decode(ex.decode(decoders))
+            toks = device.run_decode(ex.decode(decoders))  # a side without cores runs on every core
             times.append(time.perf_counter() - t0)
             for r, tok in zip(decoders, toks):
                 r.output_ids.append(tok)
+        device.wait_prefill()
+        for done in long:
+            ex.release(done)
         return times
 
-    def long_prefill() -> None:
-        """Keep the prefill side busy: a fresh long prompt, all layers, again and again."""
-        req = Request(10_000 + len(rows), [7] * args.prompt, 1, 0.0)
-        ex.admit(req)
-        st = ex.prefill_begin([req])
-        device.submit_prefill(ex.prefill(st, [req], 0, runner.config.num_layers))
-        busy.append(req)
-
-    rows: dict[str, list[float]] = {}
-    split = 1
-    device.set_level(len(table.groups) - 1)
-    decode_steps(False)  # warm-up
-    rows[f"decode on every core {table.groups[-1]}"] = decode_steps(False)
-    device.set_level(split)
-    rows[f"decode on its cores {table.groups[split]}"] = decode_steps(False)
-    busy: list[Request] = []
-    times = []
-    for _ in range(args.steps):
-        if not device.prefill_busy():
-            device.wait_prefill()
-            long_prefill()
-        t0 = time.perf_counter()
-        toks = device.run_decode(ex.decode(decoders))
-        times.append(time.perf_counter() - t0)
-        for r, tok in zip(decoders, toks):
-            r.output_ids.append(tok)
-    rows[f"+ {args.prompt}-token prefill on the others"] = times
-    device.wait_prefill()
-    # time-shared: prefill and decode threads both on every core
-    device.set_level(0)
-    times = []
-    for _ in range(args.steps):
-        if not device.prefill_busy():
-            device.wait_prefill()
-            long_prefill()
-        t0 = time.perf_counter()
-        toks = device.run_decode(ex.decode(decoders))  # level 0 has no decode cores: runs on all
-        times.append(time.perf_counter() - t0)
-        for r, tok in zip(decoders, toks):
-            r.output_ids.append(tok)
-    rows["decode time-shared with the prefill"] = times
-    device.wait_prefill()
+    last, split = len(table.groups) - 1, 1
+    decode_steps(last, False)  # warm-up
+    rows = {
+        f"decode on every core {table.groups[last]}": decode_steps(last, False),
+        f"decode on its cores {table.groups[split]}": decode_steps(split, False),
+        f"+ {args.prompt}-token prefill on the others": decode_steps(split, True),
+        "decode time-shared with the prefill": decode_steps(0, True),  # level 0: decode has no cores of its own
+    }
     device.close()
 
     base = statistics.median(next(iter(rows.values())))
