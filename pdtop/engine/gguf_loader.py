@@ -51,8 +51,31 @@ class GGUFWeights:
     tensors: dict[str, np.ndarray]  # GGUF tensor names -> float32 arrays, [out, in]
 
 
+def _reader_class() -> type:
+    from gguf import GGUFReader
+
+    class Reader(GGUFReader):
+        """`GGUFReader` over a plain ndarray view of its memory map.
+
+        The reader slices its `np.memmap` once per metadata value, and each memmap slice
+        pays for `memmap.__array_finalize__`: about 2 s for SmolLM2's 98k tokenizer
+        strings. Over a plain view of the same mapping it parses in about 0.7 s, and the
+        tensors it hands out dequantize faster too.
+        """
+
+        @property
+        def data(self) -> np.ndarray:
+            return self._plain
+
+        @data.setter
+        def data(self, value: np.ndarray) -> None:
+            self._plain = np.asarray(value) if isinstance(value, np.memmap) else value
+
+    return Reader
+
+
 def _open(path: Path) -> Any:
-    from gguf import GGUF_MAGIC, GGUFReader
+    from gguf import GGUF_MAGIC
 
     if not path.exists():
         raise ModelFileError(f"{path}: model file not found")
@@ -66,7 +89,7 @@ def _open(path: Path) -> Any:
     if len(magic) < 4 or int.from_bytes(magic, "little") != GGUF_MAGIC:
         raise ModelFileError(f"{path}: not a GGUF file (bad magic)")
     try:
-        reader = GGUFReader(path)
+        reader = _reader_class()(path)
     except Exception as e:  # the reader raises ValueError/IndexError/KeyError on short or corrupt files
         raise ModelFileError(f"{path}: truncated or corrupt GGUF ({type(e).__name__}: {e})"[:300]) from None
     size = path.stat().st_size
