@@ -47,6 +47,15 @@ class Segment:
 
 
 @dataclass
+class DecodeGroup:
+    """Decode rows of similar context length, attended together (padding stays within the group)."""
+    rows: torch.Tensor                # [G] long: which decode rows
+    gather: torch.Tensor              # [G * L] long: KV slots each row attends to
+    length: int                       # L, the group's padded context length
+    mask: torch.Tensor | None = None  # [G, 1, 1, L] bool, True = attend; None = all valid
+
+
+@dataclass
 class ForwardBatch:
     """What one forward pass needs besides the hidden states (built by `ModelRunner`)."""
     kv: "KVCache"
@@ -56,6 +65,7 @@ class ForwardBatch:
     decode_gather: torch.Tensor | None = None  # [D * L] long: KV slots each decode row attends to
     decode_len: int = 0               # L (padded context length of the decode rows)
     decode_mask: torch.Tensor | None = None    # [D, 1, 1, L] bool, True = attend; None = all valid
+    decode_groups: list[DecodeGroup] = field(default_factory=list)  # set instead of the three above
     segments: list[Segment] = field(default_factory=list)
     _rope: torch.Tensor | None = None
 
@@ -139,19 +149,28 @@ class Attention(nn.Module):
         return self.o.forward(out.reshape(t, h * d))
 
     def _decode(self, q: torch.Tensor, cache: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        """One query per row against its gathered context."""
-        n, L, kvh, d = q.shape[0], batch.decode_len, self.kvh, self.d
-        ctx = gather(cache, batch.decode_gather).view(2, kvh, n, L, d)
+        """One query per row against its gathered context, by length group when lengths differ widely."""
+        if not batch.decode_groups:
+            return self._attend(q, cache, batch.decode_gather, batch.decode_len, batch.decode_mask)
+        out = torch.empty_like(q)
+        for g in batch.decode_groups:
+            out[g.rows] = self._attend(q[g.rows], cache, g.gather, g.length, g.mask)
+        return out
+
+    def _attend(self, q: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor, L: int,
+                mask: torch.Tensor | None) -> torch.Tensor:
+        n, kvh, d = q.shape[0], self.kvh, self.d
+        ctx = gather(cache, slots).view(2, kvh, n, L, d)
         kk, vv = ctx[0].transpose(0, 1), ctx[1].transpose(0, 1)
         if _HAS_GQA and L <= 256 and q.dtype == torch.float32 and q.is_cpu and torch.get_num_threads() > 1:
             # torch 2.13's CPU flash kernel splits this shape (one query row per head) well over
             # threads, the grouped one below hardly at all: 1.2-1.9x faster for short contexts
             # at 2 threads. Longer contexts re-read K/V per query head and lose.
-            o = F.scaled_dot_product_attention(q[:, :, None], kk, vv, attn_mask=batch.decode_mask,
+            o = F.scaled_dot_product_attention(q[:, :, None], kk, vv, attn_mask=mask,
                                                scale=self.scale, enable_gqa=True)
         else:  # GQA by grouping each K/V head's query heads as rows
             o = F.scaled_dot_product_attention(q.reshape(n, kvh, self.groups, d), kk, vv,
-                                               attn_mask=batch.decode_mask, scale=self.scale)
+                                               attn_mask=mask, scale=self.scale)
         return o.reshape(n, self.h, d)
 
     def _prefill(self, q: torch.Tensor, kv: torch.Tensor, cache: torch.Tensor, seg: Segment) -> torch.Tensor:

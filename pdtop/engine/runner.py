@@ -19,7 +19,7 @@ import torch
 from pdtop.engine.config import ModelConfig
 from pdtop.engine.errors import PromptError
 from pdtop.engine.kv_cache import BlockTable, KVCache
-from pdtop.engine.model import ForwardBatch, LlamaModel, Segment
+from pdtop.engine.model import DecodeGroup, ForwardBatch, LlamaModel, Segment
 from pdtop.engine.sampling import SamplingParams, make_generator, sample
 
 __all__ = ["ModelRunner", "PrefillState", "SamplingParams", "Sequence"]
@@ -68,6 +68,22 @@ class PrefillState:
     @property
     def tokens(self) -> int:
         return sum(s.prompt_len for s in self.seqs)
+
+
+def length_groups(lens: list[int]) -> list[list[int]]:
+    """Decode rows grouped by context length, so a long context does not pad every short one.
+
+    Rows sorted by length start a new group past twice the group's shortest length (+128):
+    one group in the usual case of similar lengths, where batching all rows is cheapest.
+    """
+    order = sorted(range(len(lens)), key=lens.__getitem__)
+    groups: list[list[int]] = []
+    for i in order:
+        if groups and lens[i] <= 2 * lens[groups[-1][0]] + 128:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
 
 
 class ModelRunner:
@@ -190,16 +206,28 @@ class ModelRunner:
         pos = [s.num_cached for s in seqs]
         lens = [p + 1 for p in pos]
         tables = [s.table for s in seqs]
-        idx, L = self.kv.gather_index(tables, lens)
         bs = self.kv.block_size
         slots = np.array([t.blocks[p // bs] * bs + p % bs for t, p in zip(tables, pos)], dtype=np.int64)
+        groups = length_groups(lens)
+        if len(groups) == 1:
+            idx, L, mask = self._gather(tables, lens)
+            fields = dict(num_decode=len(seqs), decode_gather=idx, decode_len=L, decode_mask=mask)
+        else:
+            decode_groups = []
+            for rows in groups:
+                idx, L, mask = self._gather([tables[i] for i in rows], [lens[i] for i in rows])
+                decode_groups.append(DecodeGroup(self._tensor(rows), idx, L, mask))
+            fields = dict(num_decode=len(seqs), decode_groups=decode_groups)
+        return ids, pos, slots, fields
+
+    def _gather(self, tables: list, lens: list[int]) -> tuple[torch.Tensor, int, torch.Tensor | None]:
+        """KV slots of each row's context padded to the longest, and the mask (None if none is padded)."""
+        idx, L = self.kv.gather_index(tables, lens)
         mask = None
         if min(lens) != L:
             valid = np.arange(L)[None, :] < np.asarray(lens)[:, None]
             mask = torch.as_tensor(valid, device=self.model.device)[:, None, None, :]
-        fields = dict(num_decode=len(seqs), decode_gather=self._tensor(idx.reshape(-1)), decode_len=L,
-                      decode_mask=mask)
-        return ids, pos, slots, fields
+        return self._tensor(idx.reshape(-1)), L, mask
 
     @torch.inference_mode()
     def next_logits(self, seqs: list[Sequence]) -> torch.Tensor:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pdtop.engine.errors import KVCapacityError, PromptError
-from pdtop.engine.runner import SamplingParams
+from pdtop.engine.runner import SamplingParams, length_groups
 
 # See test_model.LOGIT_ATOL: different row counts may change float32 summation order.
 LOGIT_ATOL = 1e-3
@@ -268,3 +268,21 @@ def test_greedy_tokens_is_argmax():
     assert torch.equal(greedy_tokens(x), x.argmax(-1))
     y = torch.randn(3, 1000, generator=g)  # vocab not a multiple of the chunk
     assert torch.equal(greedy_tokens(y), y.argmax(-1))
+
+
+def test_length_groups_keep_similar_contexts_together():
+    assert length_groups([100, 90, 120]) == [[1, 0, 2]]
+    assert length_groups([100, 1100, 90, 1000]) == [[2, 0], [3, 1]]
+    assert length_groups([5]) == [[0]]
+
+
+def test_decode_of_widely_different_lengths_matches_alone(runner, tokenizer):
+    """Short rows and a 900-token row fall in separate length groups; logits match each row alone."""
+    r = runner()
+    text = tokenizer.encode("The river carries sand toward the sea. " * 120)
+    seqs = [r.add_sequence(text[:n], params(4)) for n in (7, 30, 900)]
+    r.prefill(seqs)
+    assert len(length_groups([s.num_cached + 1 for s in seqs])) == 2
+    batched = r.next_logits(seqs)
+    for i, s in enumerate(seqs):
+        assert (r.next_logits([s])[0] - batched[i]).abs().max() <= LOGIT_ATOL
