@@ -11,7 +11,7 @@ import time
 from collections import deque
 from typing import Any, Callable
 
-from pdtop.engine.control import Change, ControlError, validate
+from pdtop.engine.control import Change, validate
 from pdtop.engine.devices.base import Device
 from pdtop.engine.executor import Executor
 from pdtop.engine.pdmux_config import PdmuxConfig

@@ -1,7 +1,6 @@
 """The scheduler with the real model on the CPU device: policies change timing, never tokens."""
 from __future__ import annotations
 
-import pytest
 
 from pdtop.engine.engine import build_engine
 from pdtop.engine.pdmux_config import PdmuxConfig

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
 
 from pdtop.telemetry.client import LiveSource
 from pdtop.telemetry.replay import ReplaySource
