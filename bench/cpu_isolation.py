@@ -15,13 +15,13 @@ import statistics
 import time
 
 from pdtop.engine.devices.cpu import CpuDevice, usable_cores
-from pdtop.engine.executor import ModelExecutor
-from pdtop.engine.gguf_loader import default_model_path, load_model
-from pdtop.engine.metrics import percentile
-from pdtop.engine.pdmux_config import PdmuxConfig
+from pdtop.engine.runtime.executor import ModelExecutor
+from pdtop.engine.model.loader import default_model_path, load_model
+from pdtop.analysis.metrics import percentile
+from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
 from pdtop.engine.request import Request
-from pdtop.engine.runner import ModelRunner, SamplingParams
-from pdtop.engine.splits import SplitTable
+from pdtop.engine.runtime.runner import ModelRunner, SamplingParams
+from pdtop.engine.scheduling.splits import SplitTable
 
 
 def main() -> None:

@@ -22,11 +22,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pdtop.engine.engine import build_engine  # noqa: E402
+from pdtop.engine.build import build_engine  # noqa: E402
 from pdtop.engine.records import ConfigChange  # noqa: E402
-from pdtop.engine.workload import WorkloadSpec  # noqa: E402
+from pdtop.engine.scheduling.workload import WorkloadSpec  # noqa: E402
 from pdtop.telemetry import events as ev  # noqa: E402
-from pdtop.telemetry.recorder import Recorder  # noqa: E402
+from pdtop.telemetry.recording.recorder import Recorder  # noqa: E402
 
 
 def record(path: Path, rounds: int, rate: float, seed: int = 0) -> tuple[int, float]:
@@ -56,7 +56,7 @@ def cpu_seconds() -> float:
 
 
 async def replay(path: Path, speed: float, seconds: float, size: tuple[int, int]) -> dict:
-    from pdtop.telemetry.replay import ReplaySource
+    from pdtop.telemetry.sources.replay import ReplaySource
     from pdtop.ui.app import PdtopApp
 
     src = ReplaySource(path, speed=speed, hold_at_end=True)
@@ -75,7 +75,7 @@ async def replay(path: Path, speed: float, seconds: float, size: tuple[int, int]
 
 def ingest_only(path: Path) -> float:
     """Events per second through DashboardState.ingest alone (parsed dicts, no UI)."""
-    from pdtop.telemetry.reader import read_recording
+    from pdtop.telemetry.recording.reader import read_recording
     from pdtop.ui.state import DashboardState
 
     events = [e for _t, e in read_recording(path)]

@@ -56,8 +56,8 @@ def prompt_ids(n: int, vocab: int, seed: int) -> list[int]:
 
 
 def pdtop_engine(dtype: str, args: argparse.Namespace) -> Engine:
-    from pdtop.engine.gguf_loader import load_model
-    from pdtop.engine.runner import ModelRunner, SamplingParams
+    from pdtop.engine.model.loader import load_model
+    from pdtop.engine.runtime.runner import ModelRunner, SamplingParams
 
     model = load_model(None, dtype=dtype)
     vocab = model.config.vocab
@@ -95,7 +95,7 @@ def hf_engine(dtype: str, args: argparse.Namespace) -> Engine:
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
-    from pdtop.engine.gguf_loader import default_model_path
+    from pdtop.engine.model.loader import default_model_path
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()

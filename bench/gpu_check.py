@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from pdtop.engine.config import SYNTHETIC, ModelConfig  # noqa: E402
+from pdtop.engine.model.config import SYNTHETIC, ModelConfig  # noqa: E402
 
 WORKLOAD_LABEL = "synthetic-torch: qwen3-8b shapes in plain torch ops (not pdtop's model runner)"
 
@@ -336,7 +336,7 @@ def level_scaling(dev: Any, size: int, reps: int, copy_mib: int) -> list[dict]:
 def raw_levels() -> list[dict]:
     """When CudaDevice fails: try each level's split directly and record what the driver says."""
     from pdtop.engine.devices.green_ctx import GreenContexts
-    from pdtop.engine.splits import stream_groups
+    from pdtop.engine.scheduling.splits import stream_groups
 
     gc = GreenContexts(0)
     rows = []
@@ -356,7 +356,7 @@ def raw_levels() -> list[dict]:
 def balanced_probe() -> dict:
     """Can this driver give a split level balanced workqueues (CUDA 13.1+)? Not used by the runs below."""
     from pdtop.engine.devices.green_ctx import GreenContexts
-    from pdtop.engine.splits import choose, stream_groups
+    from pdtop.engine.scheduling.splits import choose, stream_groups
 
     gc = GreenContexts(0)
     try:
@@ -476,7 +476,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     default_out = Path(os.environ.get("OUT", ".")) / "gpu_check.json"
     ap.add_argument("--out", type=Path, default=default_out, help=f"JSON report (default {default_out})")
-    ap.add_argument("--model", default="qwen3-8b", help="synthetic shape name from pdtop.engine.config")
+    ap.add_argument("--model", default="qwen3-8b", help="synthetic shape name from pdtop.engine.model.config")
     ap.add_argument("--layers", type=int, default=None, help="fewer layers for a quick run")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--context", type=int, default=2048)
@@ -490,7 +490,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from pdtop.engine.splits import choose, prefill_layers_per_step
+    from pdtop.engine.scheduling.splits import choose, prefill_layers_per_step
 
     rep = Report(args.out)
     t_start = time.perf_counter()
@@ -505,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
 
     sampler = None
     if not args.smoke:
-        from pdtop.telemetry.nvml_sampler import NvmlSampler
+        from pdtop.telemetry.hardware.nvml_sampler import NvmlSampler
 
         sampler = NvmlSampler(0)
         rep.data["nvml"] = {"describe": sampler.describe(), "idle": sampler.sample()}

@@ -31,8 +31,8 @@ CONFIGS = [  # (label, telemetry on, clients, batch frames)
 
 
 def make_engine():
-    from pdtop.engine.engine import build_engine
-    from pdtop.engine.workload import WorkloadSpec
+    from pdtop.engine.build import build_engine
+    from pdtop.engine.scheduling.workload import WorkloadSpec
 
     return build_engine(device="sim:H100", model="synthetic:qwen3-8b", workload=WorkloadSpec(rate=20.0, seed=3))
 
@@ -55,8 +55,8 @@ def run_rounds(engine, n: int) -> tuple[float, float]:
 
 
 async def measure(rounds: int, on: bool, clients: int, batch: bool, server_kw: dict) -> dict:
-    from pdtop.telemetry.hw import HwSampler
-    from pdtop.telemetry.server import TelemetryServer
+    from pdtop.telemetry.hardware.hw import HwSampler
+    from pdtop.telemetry.server.server import TelemetryServer
 
     engine = make_engine()
     if not on:

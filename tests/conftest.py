@@ -14,28 +14,28 @@ import pytest
 
 @pytest.fixture(scope="session")
 def gguf_path() -> Path:
-    from pdtop.engine.gguf_loader import default_model_path
+    from pdtop.engine.model.loader import default_model_path
 
     return default_model_path()
 
 
 @pytest.fixture(scope="session")
 def model_fp32(gguf_path):
-    from pdtop.engine.gguf_loader import load_model
+    from pdtop.engine.model.loader import load_model
 
     return load_model(gguf_path, dtype="float32", device="cpu")
 
 
 @pytest.fixture(scope="session")
 def tokenizer(gguf_path):
-    from pdtop.engine.tokenizer import Tokenizer
+    from pdtop.engine.model.tokenizer import Tokenizer
 
     return Tokenizer.from_gguf(gguf_path)
 
 
 @pytest.fixture
 def runner(model_fp32) -> Callable[..., "ModelRunner"]:  # noqa: F821
-    from pdtop.engine.runner import ModelRunner
+    from pdtop.engine.runtime.runner import ModelRunner
 
     def make(kv_capacity_tokens: int = 4096, block_size: int = 16) -> ModelRunner:
         return ModelRunner(model_fp32, kv_capacity_tokens=kv_capacity_tokens, block_size=block_size)

@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pdtop.telemetry.client import LiveSource
+    from pdtop.telemetry.sources.live import LiveSource
     from pdtop.ui.launch import run_dashboard
 
     try:

@@ -40,10 +40,10 @@ def _table(results: dict[str, dict], device: str) -> str:
 def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from pdtop.engine.bench import SCENARIOS, run_bench
-    from pdtop.engine.engine import build_engine
+    from pdtop.analysis.policy_bench import SCENARIOS, run_bench
+    from pdtop.engine.build import build_engine
     from pdtop.engine.errors import EngineError
-    from pdtop.engine.pdmux_config import ConfigError, PdmuxConfig, load_pdmux_config
+    from pdtop.engine.scheduling.pdmux_config import ConfigError, PdmuxConfig, load_pdmux_config
 
     kind = "sim" if args.device.startswith("sim:") else ("cuda" if args.device.startswith("cuda") else "cpu")
     sc = SCENARIOS[kind]

@@ -158,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _watch(child: subprocess.Popen, url: str, token: str, args: argparse.Namespace, log_path: Path) -> int:
     """Run the dashboard on the child's URL; tell the operator if the child exits under it."""
-    from pdtop.telemetry.client import LiveSource
+    from pdtop.telemetry.sources.live import LiveSource
     from pdtop.ui.app import PdtopApp
 
     app = PdtopApp(LiveSource(url, token=token), theme=args.theme, slo_ms=args.slo_ms)

@@ -69,10 +69,10 @@ def _fail(message: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pdtop.engine.config import synthetic_config
-    from pdtop.engine.estimate import estimate, format_table
-    from pdtop.engine.gpu_specs import parse_gpu
-    from pdtop.engine.pdmux_config import PdmuxConfig, load_pdmux_config
+    from pdtop.engine.model.config import synthetic_config
+    from pdtop.analysis.estimate import estimate, format_table
+    from pdtop.engine.roofline.gpu_specs import parse_gpu
+    from pdtop.engine.scheduling.pdmux_config import PdmuxConfig, load_pdmux_config
 
     try:
         decode_bs = _positive("--decode-bs", args.decode_bs)

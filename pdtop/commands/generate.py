@@ -72,9 +72,9 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from pdtop.engine.errors import EngineError
-    from pdtop.engine.gguf_loader import default_model_path, load_model
-    from pdtop.engine.runner import ModelRunner, SamplingParams
-    from pdtop.engine.tokenizer import Tokenizer
+    from pdtop.engine.model.loader import default_model_path, load_model
+    from pdtop.engine.runtime.runner import ModelRunner, SamplingParams
+    from pdtop.engine.model.tokenizer import Tokenizer
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -50,7 +50,7 @@ def _cuda_device() -> tuple[str, int, int, int]:
 
 def _resolve(args: argparse.Namespace) -> tuple[str, int, int | None, int]:
     """(device name, units, cc major or None for the CPU, cc minor)."""
-    from pdtop.engine.gpu_specs import parse_cc, parse_gpu
+    from pdtop.engine.roofline.gpu_specs import parse_cc, parse_gpu
 
     chosen = [o for o, v in (("--sms/--cc", args.sms or args.cc), ("--gpu", args.gpu), ("--device", args.device)) if v]
     if len(chosen) > 1:
@@ -78,8 +78,8 @@ def _resolve(args: argparse.Namespace) -> tuple[str, int, int | None, int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pdtop.engine.pdmux_config import PdmuxConfig, load_pdmux_config
-    from pdtop.engine.splits import SplitTable
+    from pdtop.engine.scheduling.pdmux_config import PdmuxConfig, load_pdmux_config
+    from pdtop.engine.scheduling.splits import SplitTable
 
     try:
         name, units, major, minor = _resolve(args)

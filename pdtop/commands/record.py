@@ -41,8 +41,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _record(args: argparse.Namespace) -> int:
-    from pdtop.telemetry.client import LiveSource
-    from pdtop.telemetry.recorder import Recorder, RecordingError
+    from pdtop.telemetry.sources.live import LiveSource
+    from pdtop.telemetry.recording.recorder import Recorder, RecordingError
 
     source = LiveSource(args.url, token=args.token, readonly=True)
     recorder: Recorder | None = None

@@ -25,8 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pdtop.telemetry.recorder import RecordingError
-    from pdtop.telemetry.replay import ReplaySource
+    from pdtop.telemetry.recording.recorder import RecordingError
+    from pdtop.telemetry.sources.replay import ReplaySource
     from pdtop.ui.launch import run_dashboard
 
     try:

@@ -50,8 +50,8 @@ def _fail(message: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pdtop.engine.workload import WorkloadSpec
-    from pdtop.telemetry.server import is_loopback
+    from pdtop.engine.scheduling.workload import WorkloadSpec
+    from pdtop.telemetry.server.server import is_loopback
 
     if not 0 <= args.port <= 65535:
         return _fail(f"--port must be 0..65535, got {args.port}")
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         return _fail(f"binding {args.host} (not a loopback address) needs --token")
     try:
         config = _load_config(args.config)
-        from pdtop.engine.engine import build_engine
+        from pdtop.engine.build import build_engine
 
         workload = WorkloadSpec() if args.rate is None else WorkloadSpec(rate=args.rate)
         engine = build_engine(device=args.device, model=args.model, config=config, policy=args.policy,
@@ -77,15 +77,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _load_config(path: str | None):
-    from pdtop.engine.pdmux_config import PdmuxConfig, load_pdmux_config
+    from pdtop.engine.scheduling.pdmux_config import PdmuxConfig, load_pdmux_config
 
     return load_pdmux_config(path) if path else PdmuxConfig()
 
 
 async def _serve(engine, args: argparse.Namespace) -> int:
-    from pdtop.telemetry.hw import HwSampler
-    from pdtop.telemetry.recorder import RecordingError
-    from pdtop.telemetry.server import TelemetryServer
+    from pdtop.telemetry.hardware.hw import HwSampler
+    from pdtop.telemetry.recording.recorder import RecordingError
+    from pdtop.telemetry.server.server import TelemetryServer
 
     server = TelemetryServer(engine, args.host, args.port, token=args.token)
     try:

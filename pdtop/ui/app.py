@@ -21,7 +21,7 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer
 
-from pdtop.telemetry.source import ControlRefused, Source
+from pdtop.telemetry.sources.source import ControlRefused, Source
 from pdtop.ui.commands import BY_ID, COMMANDS, SPEEDS, Command
 from pdtop.ui.screens.help import HelpScreen
 from pdtop.ui.screens.prompt import PromptScreen

@@ -9,8 +9,8 @@ import torch
 
 from pdtop.engine.devices.base import Work
 from pdtop.engine.devices.cpu import CpuDevice
-from pdtop.engine.pdmux_config import PdmuxConfig
-from pdtop.engine.splits import SplitTable
+from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
+from pdtop.engine.scheduling.splits import SplitTable
 
 CORES = sorted(os.sched_getaffinity(0))
 pytestmark = pytest.mark.skipif(len(CORES) < 2, reason="needs at least 2 cores")

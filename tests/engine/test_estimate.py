@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from pdtop.engine.config import synthetic_config
-from pdtop.engine.cost import (
+from pdtop.engine.model.config import synthetic_config
+from pdtop.engine.roofline.cost import (
     chunk_step_time, decode_bytes, decode_flops, decode_time, prefill_bytes, prefill_flops, prefill_head_flops,
     prefill_layer_flops, prefill_time,
 )
-from pdtop.engine.estimate import estimate, text_cells
-from pdtop.engine.gpu_specs import SPECS, parse_gpu
-from pdtop.engine.pdmux_config import PdmuxConfig
+from pdtop.analysis.estimate import estimate, text_cells
+from pdtop.engine.roofline.gpu_specs import SPECS, parse_gpu
+from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 QWEN = synthetic_config("qwen3-8b")

@@ -9,8 +9,8 @@ import pytest
 from gguf.quants import quantize
 
 from pdtop.engine.errors import EngineError, ModelFileError, UnsupportedModelError
-from pdtop.engine.gguf_loader import default_model_path, load_gguf, load_model, read_config
-from pdtop.engine.runner import ModelRunner, SamplingParams
+from pdtop.engine.model.loader import default_model_path, load_gguf, load_model, read_config
+from pdtop.engine.runtime.runner import ModelRunner, SamplingParams
 
 Q = gguf.GGMLQuantizationType
 TINY = dict(layers=2, hidden=256, heads=4, kv_heads=2, ffn=512, vocab=320)

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from pdtop.engine.errors import EngineError
-from pdtop.engine.gguf_loader import load_model
-from pdtop.engine.model import ForwardBatch, Segment, synthetic_model
-from pdtop.engine.runner import ModelRunner, SamplingParams
+from pdtop.engine.model.loader import load_model
+from pdtop.engine.model.llama import ForwardBatch, Segment, synthetic_model
+from pdtop.engine.runtime.runner import ModelRunner, SamplingParams
 
 # Batched and lone runs use different matmul row counts, so oneDNN may sum in another order:
 # logits (magnitude ~10-30) may differ by float32 rounding, never by more than this.

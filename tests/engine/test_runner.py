@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pdtop.engine.errors import KVCapacityError, PromptError
-from pdtop.engine.runner import SamplingParams, length_groups
+from pdtop.engine.runtime.runner import SamplingParams, length_groups
 
 # See test_model.LOGIT_ATOL: different row counts may change float32 summation order.
 LOGIT_ATOL = 1e-3
@@ -38,7 +38,7 @@ def finish(r, seqs) -> None:
 @pytest.fixture(scope="module")
 def alone(model_fp32, prompts):
     """Reference: each prompt prefilled alone in one call, then decoded alone."""
-    from pdtop.engine.runner import ModelRunner
+    from pdtop.engine.runtime.runner import ModelRunner
 
     r = ModelRunner(model_fp32, kv_capacity_tokens=1024)
     logits, tokens = [], []
@@ -244,7 +244,7 @@ def test_seeded_sampling_does_not_depend_on_batching(runner, prompts):
 
 
 def test_top_p_keeps_only_the_nucleus():
-    from pdtop.engine.sampling import sample_one
+    from pdtop.engine.model.sampling import sample_one
 
     logits = torch.tensor([5.0, 4.0, 0.0, -1.0, -2.0])
     gen = torch.Generator().manual_seed(0)
@@ -257,7 +257,7 @@ def test_top_p_keeps_only_the_nucleus():
 
 
 def test_greedy_tokens_is_argmax():
-    from pdtop.engine.sampling import greedy_tokens
+    from pdtop.engine.model.sampling import greedy_tokens
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(5, 49152, generator=g)

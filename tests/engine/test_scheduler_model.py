@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 
-from pdtop.engine.engine import build_engine
-from pdtop.engine.pdmux_config import PdmuxConfig
+from pdtop.engine.build import build_engine
+from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
 from pdtop.engine.records import RoundRecord
-from pdtop.engine.splits import prefill_layers_per_step
+from pdtop.engine.scheduling.splits import prefill_layers_per_step
 
 PROMPTS = [
     ("What is the capital of France?", 12),

@@ -7,15 +7,15 @@ import sys
 
 import pytest
 
-from pdtop.engine.bench import SCENARIOS, run_policy
-from pdtop.engine.control import ControlError
-from pdtop.engine.engine import build_engine
-from pdtop.engine.estimate import estimate
-from pdtop.engine.config import synthetic_config
-from pdtop.engine.gpu_specs import parse_gpu
+from pdtop.analysis.policy_bench import SCENARIOS, run_policy
+from pdtop.engine.scheduling.control import ControlError
+from pdtop.engine.build import build_engine
+from pdtop.analysis.estimate import estimate
+from pdtop.engine.model.config import synthetic_config
+from pdtop.engine.roofline.gpu_specs import parse_gpu
 from pdtop.engine.records import ConfigChange, RoundRecord
-from pdtop.engine.splits import choose, prefill_layers_per_step, stream_groups
-from pdtop.engine.workload import WorkloadSpec
+from pdtop.engine.scheduling.splits import choose, prefill_layers_per_step, stream_groups
+from pdtop.engine.scheduling.workload import WorkloadSpec
 
 
 def _records(seed: int, rounds: int = 400) -> list:

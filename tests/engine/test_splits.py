@@ -1,8 +1,8 @@
 """SGLang's split and selection rules (the seed's tables), the CPU levels and manual divisions."""
 import pytest
 
-from pdtop.engine.pdmux_config import ConfigError, PdmuxConfig
-from pdtop.engine.splits import (
+from pdtop.engine.scheduling.pdmux_config import ConfigError, PdmuxConfig
+from pdtop.engine.scheduling.splits import (
     SplitTable, choose, choose_manual, cpu_groups, divide_sm, manual_groups, prefill_layers_per_step,
     stream_groups,
 )

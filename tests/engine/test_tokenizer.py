@@ -9,7 +9,7 @@ import gguf
 import numpy as np
 import pytest
 
-from pdtop.engine.tokenizer import Tokenizer, _read_metadata
+from pdtop.engine.model.tokenizer import Tokenizer, _read_metadata
 
 USER = "What is the capital of France?"
 

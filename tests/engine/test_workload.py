@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import statistics
 
-from pdtop.engine.workload import PromptMaker, Workload, WorkloadSpec, corpus_text
+from pdtop.engine.scheduling.workload import PromptMaker, Workload, WorkloadSpec, corpus_text
 
 
 def test_arrivals_are_seeded_poisson_within_the_ranges():

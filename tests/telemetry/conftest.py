@@ -8,9 +8,9 @@ import json
 import pytest
 from websockets.asyncio.client import connect
 
-from pdtop.engine.engine import build_engine
-from pdtop.engine.workload import WorkloadSpec
-from pdtop.telemetry.server import TelemetryServer
+from pdtop.engine.build import build_engine
+from pdtop.engine.scheduling.workload import WorkloadSpec
+from pdtop.telemetry.server.server import TelemetryServer
 
 
 def make_engine(rate: float = 50.0):

@@ -7,9 +7,9 @@ import asyncio
 import pytest
 
 from conftest import Pump, steps
-from pdtop.telemetry.client import LiveSource
-from pdtop.telemetry.server import TelemetryServer
-from pdtop.telemetry.source import ControlRefused, Source
+from pdtop.telemetry.sources.live import LiveSource
+from pdtop.telemetry.server.server import TelemetryServer
+from pdtop.telemetry.sources.source import ControlRefused, Source
 
 
 async def next_of(pump: Pump, kind: str) -> dict:

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from pdtop.telemetry.nvml_sampler import KEYS, NA, NvmlSampler
+from pdtop.telemetry.hardware.nvml_sampler import KEYS, NA, NvmlSampler
 
 HAS_PYNVML = importlib.util.find_spec("pynvml") is not None
 HAS_NVML_LIB = ctypes.util.find_library("nvidia-ml") is not None
@@ -15,7 +15,7 @@ HAS_NVML_LIB = ctypes.util.find_library("nvidia-ml") is not None
 
 def test_imports_without_nvml():
     r = subprocess.run([sys.executable, "-c", "import sys; sys.modules['pynvml'] = None\n"
-                        "from pdtop.telemetry.nvml_sampler import NvmlSampler\n"
+                        "from pdtop.telemetry.hardware.nvml_sampler import NvmlSampler\n"
                         "s = NvmlSampler(); print(s.available, '|', s.reason, '|', set(s.sample().values()))"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from pdtop.telemetry.reader import read_recording
-from pdtop.telemetry.recorder import Recorder, RecordingError
+from pdtop.telemetry.recording.reader import read_recording
+from pdtop.telemetry.recording.recorder import Recorder, RecordingError
 
 HELLO = {"type": "hello", "v": 1, "client_id": "recorder", "readonly": True, "engine": {"config": {"x": 1}}}
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from conftest import Pump
-from pdtop.telemetry.recorder import Recorder
-from pdtop.telemetry.replay import ReplaySource
-from pdtop.telemetry.source import ControlRefused
+from pdtop.telemetry.recording.recorder import Recorder
+from pdtop.telemetry.sources.replay import ReplaySource
+from pdtop.telemetry.sources.source import ControlRefused
 
 HELLO = {"type": "hello", "v": 1, "client_id": "recorder", "readonly": True,
          "engine": {"config": {"decode_bs_divisor": 36}}}

@@ -12,10 +12,10 @@ import pytest
 
 from conftest import Pump
 from pdtop.cli import main
-from pdtop.telemetry.client import LiveSource
-from pdtop.telemetry.reader import read_recording
-from pdtop.telemetry.recorder import RecordingError
-from pdtop.telemetry.replay import ReplaySource
+from pdtop.telemetry.sources.live import LiveSource
+from pdtop.telemetry.recording.reader import read_recording
+from pdtop.telemetry.recording.recorder import RecordingError
+from pdtop.telemetry.sources.replay import ReplaySource
 
 PDTOP = [sys.executable, "-m", "pdtop"]
 

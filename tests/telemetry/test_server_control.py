@@ -8,8 +8,8 @@ import random
 import pytest
 
 from conftest import Raw, steps
-from pdtop.telemetry.reader import read_recording
-from pdtop.telemetry.server import TelemetryServer
+from pdtop.telemetry.recording.reader import read_recording
+from pdtop.telemetry.server.server import TelemetryServer
 
 BAD_MESSAGES = [
     {"cmd": "launch_missiles"},

@@ -10,7 +10,7 @@ import pytest
 from websockets.asyncio.client import connect
 
 from conftest import Raw, steps
-from pdtop.telemetry.server import TelemetryServer
+from pdtop.telemetry.server.server import TelemetryServer
 
 
 def counted(client: Raw) -> int:
@@ -104,7 +104,7 @@ async def test_overload_is_shed_and_counted(engine):
 
 
 async def test_hw_events_and_published_events_reach_clients(engine, server):
-    from pdtop.telemetry.hw import HwSampler
+    from pdtop.telemetry.hardware.hw import HwSampler
 
     client = await Raw.open(server.url)
     sampler = HwSampler(server.publish, interval=0.05).start()
@@ -115,7 +115,7 @@ async def test_hw_events_and_published_events_reach_clients(engine, server):
     hw = client.of("hw")[-1]
     assert hw["v"] == 1 and hw["time"] > 1e9
     assert len(hw["cpu_percent"]) >= 1 and 0 < hw["host_mem_used_bytes"] < hw["host_mem_total_bytes"]
-    nvml_module = importlib.util.find_spec("pdtop.telemetry.nvml_sampler") is not None
+    nvml_module = importlib.util.find_spec("pdtop.telemetry.hardware.nvml_sampler") is not None
     if nvml_module and not sampler.gpu_available:  # no NVIDIA driver here: the GPU fields say so
         assert hw["gpu_util_pct"] == "n/a" and hw["gpu_reason"]
     await client.close()

@@ -16,12 +16,12 @@ from typing import Any, Callable
 
 import pytest
 
-from pdtop.engine.engine import build_engine
+from pdtop.engine.build import build_engine
 from pdtop.engine.records import ConfigChange
-from pdtop.engine.workload import WorkloadSpec
+from pdtop.engine.scheduling.workload import WorkloadSpec
 from pdtop.telemetry import events as telemetry_events
-from pdtop.telemetry.recorder import Recorder
-from pdtop.telemetry.server import TelemetryServer
+from pdtop.telemetry.recording.recorder import Recorder
+from pdtop.telemetry.server.server import TelemetryServer
 
 TOKEN = "test-token"
 

@@ -62,7 +62,7 @@ def test_table_invariants():
 
 
 async def test_bindings_help_and_palette_come_from_the_table(recording):
-    from pdtop.telemetry.replay import ReplaySource
+    from pdtop.telemetry.sources.replay import ReplaySource
     from pdtop.ui.app import PdtopApp
 
     app = PdtopApp(ReplaySource(recording))

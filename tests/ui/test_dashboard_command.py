@@ -12,7 +12,7 @@ import time
 import pytest
 
 from pdtop.commands.dashboard import serve_command, start_server, stop_server
-from pdtop.telemetry.client import LiveSource
+from pdtop.telemetry.sources.live import LiveSource
 from pdtop.ui.app import PdtopApp
 
 ARGS = argparse.Namespace(device="sim:H100", model=None, config=None, policy=None, rate=4.0, record=None)

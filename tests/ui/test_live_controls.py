@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from textual.widgets import Input
 
-from pdtop.telemetry.client import LiveSource
+from pdtop.telemetry.sources.live import LiveSource
 from pdtop.ui.app import PdtopApp
 
 SIZE = (130, 40)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import asyncio
 
-from pdtop.telemetry.client import LiveSource
+from pdtop.telemetry.sources.live import LiveSource
 from pdtop.ui.app import PdtopApp
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from textual.widgets import Input
 
-from pdtop.telemetry.replay import ReplaySource
+from pdtop.telemetry.sources.replay import ReplaySource
 from pdtop.ui.app import PdtopApp
 
 SIZE = (130, 40)
@@ -75,7 +75,7 @@ async def test_replay_transport(recording, until):
 
 async def test_replay_state_matches_the_recording(recording, until):
     """Played to the end, the dashboard holds what the file holds (config, counts, levels)."""
-    from pdtop.telemetry.reader import read_recording
+    from pdtop.telemetry.recording.reader import read_recording
 
     rec = read_recording(recording)
     rounds = [e for _t, e in rec if e["type"] == "round"]

@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 
 
-from pdtop.telemetry.client import LiveSource
-from pdtop.telemetry.replay import ReplaySource
+from pdtop.telemetry.sources.live import LiveSource
+from pdtop.telemetry.sources.replay import ReplaySource
 from pdtop.ui.app import PdtopApp
 
 SIZE = (130, 40)

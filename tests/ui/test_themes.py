@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from textual.widgets import Input
 
-from pdtop.telemetry.replay import ReplaySource
+from pdtop.telemetry.sources.replay import ReplaySource
 from pdtop.ui.app import PdtopApp
 from pdtop.ui.launch import check_theme
 from pdtop.ui.themes import ThemeError, load_themes, theme_from_mapping

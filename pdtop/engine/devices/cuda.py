@@ -104,7 +104,7 @@ class CudaDevice(Device):
         self.groups = []
         self.level = 0
         if groups is None:
-            from pdtop.engine.splits import stream_groups
+            from pdtop.engine.scheduling.splits import stream_groups
 
             groups = stream_groups(self.units, self.cc_major, sm_group_num)
         try:

@@ -15,26 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pdtop.engine.devices.base import DeviceError
-from pdtop.engine.splits import arch_constraints
+from pdtop.engine.roofline.partition import round_sms, sm_granularity  # noqa: F401 (re-exported for callers)
 
 GREEN_CTX_MIN_DRIVER = 12040  # cuGreenCtxCreate, cuDevSmResourceSplitByCount
 STREAM_MIN_DRIVER = 12050  # cuGreenCtxStreamCreate
 WORKQUEUE_MIN_DRIVER = 13010  # CU_DEV_RESOURCE_TYPE_WORKQUEUE_CONFIG (balanced workqueues)
 INSTALL_HINT = "pip install 'pdtop[gpu]' (cuda-python)"
-
-
-def sm_granularity(major: int) -> int:
-    """SMs a green-context part must be a multiple of: 2 on 7.x/8.x, 8 from 9.x on (10.x, 12.x too)."""
-    return arch_constraints(major)[1]
-
-
-def round_sms(count: int, major: int) -> int:
-    """`count` rounded up to the split granularity and minimum part size of compute capability `major`."""
-    min_part, multiple = arch_constraints(major)
-    if count < 1:
-        raise ValueError(f"an SM count must be positive, got {count}")
-    count = max(count, min_part)
-    return -(-count // multiple) * multiple
 
 
 def version_str(v: int) -> str:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pdtop.engine.cost import decode_time, prefill_time
+from pdtop.engine.roofline.cost import decode_time, prefill_time
 from pdtop.engine.devices.base import Device, Work
-from pdtop.engine.gpu_specs import GpuSpec, parse_gpu
+from pdtop.engine.roofline.gpu_specs import GpuSpec, parse_gpu
 
 
 class SimDevice(Device):

@@ -10,11 +10,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from pdtop.engine.config import ModelConfig
-from pdtop.engine.cost import chunk_step_time, decode_bytes, decode_time, prefill_flops, prefill_time
-from pdtop.engine.gpu_specs import GpuSpec
-from pdtop.engine.pdmux_config import PdmuxConfig
-from pdtop.engine.splits import SplitTable
+from pdtop.engine.model.config import ModelConfig
+from pdtop.engine.roofline.cost import chunk_step_time, decode_bytes, decode_time, prefill_flops, prefill_time
+from pdtop.engine.roofline.gpu_specs import GpuSpec
+from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
+from pdtop.engine.scheduling.splits import SplitTable
 
 
 @dataclass

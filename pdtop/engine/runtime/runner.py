@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from pdtop.engine.config import ModelConfig
+from pdtop.engine.model.config import ModelConfig
 from pdtop.engine.errors import PromptError
-from pdtop.engine.kv_cache import BlockTable, KVCache
-from pdtop.engine.model import DecodeGroup, ForwardBatch, LlamaModel, Segment
-from pdtop.engine.sampling import SamplingParams, make_generator, sample
+from pdtop.engine.runtime.kv_cache import BlockTable, KVCache
+from pdtop.engine.model.llama import DecodeGroup, ForwardBatch, LlamaModel, Segment
+from pdtop.engine.model.sampling import SamplingParams, make_generator, sample
 
 __all__ = ["ModelRunner", "PrefillState", "SamplingParams", "Sequence"]
 

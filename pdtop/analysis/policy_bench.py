@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from pdtop.engine.engine import Engine
-from pdtop.engine.metrics import summary_ms
+from pdtop.analysis.metrics import summary_ms
 
 
 @dataclass

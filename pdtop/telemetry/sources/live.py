@@ -17,8 +17,8 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from pdtop.telemetry.frames import WIRE_MAX_SIZE
-from pdtop.telemetry.source import ControlRefused
+from pdtop.telemetry.server.frames import WIRE_MAX_SIZE
+from pdtop.telemetry.sources.source import ControlRefused
 
 
 def reconnect_delays(first: float = 0.2, cap: float = 5.0) -> Generator[float, None, None]:

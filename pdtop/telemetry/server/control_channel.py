@@ -9,12 +9,12 @@ import hmac
 import logging
 from typing import Any
 
-from pdtop.engine.control import ControlError
+from pdtop.engine.scheduling.control import ControlError
 from pdtop.telemetry import events as ev
-from pdtop.telemetry.frames import FrameError, parse_control
-from pdtop.telemetry.recorder import RecordingError
+from pdtop.telemetry.server.frames import FrameError, parse_control
+from pdtop.telemetry.recording.recorder import RecordingError
 
-log = logging.getLogger("pdtop.telemetry.server")
+log = logging.getLogger("pdtop.telemetry.server.server")
 
 SERVER_COMMANDS = ("auth", "record_start", "record_stop")
 

@@ -1,6 +1,6 @@
 """Hardware sampler: a daemon thread that publishes an `hw` event about once a second.
 
-Host metrics come from psutil. GPU metrics come from `pdtop.telemetry.nvml_sampler`
+Host metrics come from psutil. GPU metrics come from `pdtop.telemetry.hardware.nvml_sampler`
 (`NvmlSampler`): its keys are always present, "n/a" where NVML, the driver or the
 device lacks them, with `gpu_reason` saying why. Nothing here stops the sampler.
 """
@@ -15,7 +15,7 @@ import psutil
 
 from pdtop.telemetry.events import hw_event
 
-log = logging.getLogger("pdtop.telemetry.hw")
+log = logging.getLogger("pdtop.telemetry.hardware.hw")
 
 
 def host_metrics() -> dict[str, Any]:
@@ -31,7 +31,7 @@ def host_metrics() -> dict[str, Any]:
 
 def _nvml_sampler() -> Any | None:
     try:
-        from pdtop.telemetry.nvml_sampler import NvmlSampler
+        from pdtop.telemetry.hardware.nvml_sampler import NvmlSampler
     except ImportError:
         return None
     try:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from pdtop.engine.config import ModelConfig
-from pdtop.engine.gpu_specs import GpuSpec
+from pdtop.engine.model.config import ModelConfig
+from pdtop.engine.roofline.gpu_specs import GpuSpec
 
 
 def _attn_flops_per_layer(cfg: ModelConfig, tokens: int, start: int) -> int:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
-from pdtop.telemetry.recorder import FORMAT, FORMAT_VERSION, RecordingError
+from pdtop.telemetry.recording.recorder import FORMAT, FORMAT_VERSION, RecordingError
 
 _GZIP_MAGIC = b"\x1f\x8b"
 

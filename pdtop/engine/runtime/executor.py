@@ -10,8 +10,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any
 
-from pdtop.engine import cost
-from pdtop.engine.config import ModelConfig
+from pdtop.engine.roofline import cost
+from pdtop.engine.model.config import ModelConfig
 from pdtop.engine.devices.base import Work
 from pdtop.engine.errors import KVCapacityError
 from pdtop.engine.request import Request

@@ -11,26 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
-if TYPE_CHECKING:
-    from pdtop.engine.pdmux_config import PdmuxConfig
+from pdtop.engine.roofline.partition import MIN_DECODE_SMS, arch_constraints
 
-# compute capability major -> (minimum SMs per part, SM granularity); majors >= 9 use 9's.
-ARCH: dict[int, tuple[int, int]] = {6: (1, 1), 7: (2, 2), 8: (4, 2), 9: (8, 8)}
-MIN_DECODE_SMS = 16  # SGLang never gives decode fewer SMs than this in a split level
+if TYPE_CHECKING:
+    from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
 
 Group = tuple[int, int]
-
-
-def arch_constraints(major: int) -> tuple[int, int]:
-    """(minimum SMs per part, granularity) for a compute capability major version.
-
-    Green contexts split in units of 8 SMs from 9.0 on, so 10.x and 12.x behave like 9.x.
-    """
-    if isinstance(major, bool) or not isinstance(major, int):
-        raise ValueError(f"compute capability major must be an integer, got {major!r}")
-    if major < 6:
-        raise ValueError(f"compute capability {major}.x is not supported: green contexts need 6.0 or newer")
-    return ARCH[min(major, 9)]
 
 
 def _check_total(total: int, unit: str) -> None:
@@ -123,7 +109,7 @@ def check_manual_fit(total: int, manual_divisions: Sequence[Sequence[int]], unit
     """SGLang's checks on a manual division (sgl_kernel's create_greenctx_stream_by_value):
     both sides positive and together no more than the device. Granularity is not checked:
     the driver rounds SM counts up to it, and the cuda device reports the realized counts."""
-    from pdtop.engine.pdmux_config import ConfigError
+    from pdtop.engine.scheduling.pdmux_config import ConfigError
 
     for i, (p, d, _) in enumerate(manual_divisions):
         if p < 1 or d < 1:

@@ -20,11 +20,11 @@ from typing import Any
 
 from pdtop.engine.devices.base import Device
 from pdtop.engine.errors import EngineError, KVCapacityError
-from pdtop.engine.executor import Executor
-from pdtop.engine.pdmux_config import PdmuxConfig
+from pdtop.engine.runtime.executor import Executor
+from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
 from pdtop.engine.records import PrefillProgress, RequestRecord, RoundRecord
 from pdtop.engine.request import Request
-from pdtop.engine.splits import SplitTable, prefill_layers_per_step
+from pdtop.engine.scheduling.splits import SplitTable, prefill_layers_per_step
 
 POLICIES = ("pdmux", "chunked", "prefill-first")
 

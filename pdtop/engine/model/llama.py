@@ -16,13 +16,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pdtop.engine.config import ModelConfig, synthetic_config
+from pdtop.engine.model.config import ModelConfig, synthetic_config
 from pdtop.engine.errors import EngineError, UnsupportedModelError
-from pdtop.engine.linear import Linear
+from pdtop.engine.model.linear import Linear
 
 if TYPE_CHECKING:
-    from pdtop.engine.gguf_loader import GGUFWeights
-    from pdtop.engine.kv_cache import KVCache
+    from pdtop.engine.model.loader import GGUFWeights
+    from pdtop.engine.runtime.kv_cache import KVCache
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 

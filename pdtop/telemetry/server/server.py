@@ -22,13 +22,13 @@ from websockets.asyncio.server import Server, ServerConnection, broadcast, serve
 from websockets.exceptions import ConnectionClosed
 
 from pdtop.telemetry import events as ev
-from pdtop.telemetry.client_queue import ClientQueue, QueueOverflow
-from pdtop.telemetry.control_channel import handle_control, same_token
-from pdtop.telemetry.frames import WIRE_MAX_SIZE
-from pdtop.telemetry.inbox import Inbox
-from pdtop.telemetry.recorder import Recorder, RecordingError
+from pdtop.telemetry.server.client_queue import ClientQueue, QueueOverflow
+from pdtop.telemetry.server.control_channel import handle_control, same_token
+from pdtop.telemetry.server.frames import WIRE_MAX_SIZE
+from pdtop.telemetry.server.inbox import Inbox
+from pdtop.telemetry.recording.recorder import Recorder, RecordingError
 
-log = logging.getLogger("pdtop.telemetry.server")
+log = logging.getLogger("pdtop.telemetry.server.server")
 
 DIRECT_WRITE_LIMIT = 32 * 1024  # websockets' default high-water mark: above it, queue instead
 
