@@ -83,7 +83,8 @@ async def test_replay_state_matches_the_recording(recording, until):
     app = PdtopApp(src)
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.state.rounds_seen == len(rounds), "every round", timeout=30)
-        assert app.state.config["decode_bs_divisor"] == 12
+        assert app.state.config is not None and app.state.config.decode_bs_divisor == 12
         assert app.state.round_index == rounds[-1]["index"]
         assert app.state.level == rounds[-1]["level"]
         assert app.state.arrivals == sum(1 for _t, e in rec if e.get("kind") == "arrival")
+        assert app.state.invalid == 0 and app.state.skipped == 0  # every recorded event decodes
