@@ -180,9 +180,6 @@ def _first_of(options: list[tuple[Check, str]]) -> Check:
     return check
 
 
-_MISSING = object()
-
-
 def _object(cls: type) -> Check:
     """A checker building `cls` (a dataclass) from an object with its fields."""
     hints = typing.get_type_hints(cls)
@@ -193,14 +190,13 @@ def _object(cls: type) -> Check:
             _fail("an object", v)
         values = {}
         for name, field_check, optional in fields:
-            x = v.get(name, _MISSING)
-            if x is _MISSING:
+            if name not in v:
                 if not optional:
                     raise _Invalid(f"missing field {name!r}")
                 values[name] = None
                 continue
             try:
-                values[name] = field_check(x)
+                values[name] = field_check(v[name])
             except _Invalid as exc:
                 exc.where.append(f".{name}")
                 raise

@@ -138,3 +138,18 @@ async def test_hold_at_end_waits_for_a_seek(recording):
     assert (await p.get())["index"] == 19
     src.close()
     await p.task
+
+
+async def test_seek_passes_over_a_config_event_it_cannot_read(tmp_path):
+    broken = config_event(0.3, 3, decode_bs_divisor=24)
+    del broken["config"]["chunk_size"]
+    path = _write(tmp_path / "r.ndjson", [(0.1, config_event(0.1, 1, decode_bs_divisor=12)), (0.3, broken),
+                                          (0.5, {"type": "round", "v": 1, "index": 5, "time": 0.5})])
+    src = ReplaySource(path)
+    src.pause()
+    p = Pump(src)
+    await p.get()
+    src.seek(0.4)
+    assert (await p.get())["config"] == {**CONFIG, "decode_bs_divisor": 12}
+    src.close()
+    await p.task
