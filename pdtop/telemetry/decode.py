@@ -188,7 +188,7 @@ def _object(cls: type) -> Check:
     def check(v: Any) -> Any:
         if v.__class__ is not dict:
             _fail("an object", v)
-        values = {}
+        values: dict[str, Any] = {}
         for name, field_check, optional in fields:
             if name not in v:
                 if not optional:

@@ -10,7 +10,7 @@ A test keeps the field tables of docs/protocol.md equal to these classes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 from pdtop.engine.records import ConfigChange, RequestRecord, RoundRecord
 
@@ -146,7 +146,7 @@ class Seek:
     config: EngineConfig
 
 
-Event = Union[Hello, RoundRecord, RequestRecord, ConfigEvent, Hw, Dropped, Reply, ErrorNotice, Batch, Seek]
+Event = Hello | RoundRecord | RequestRecord | ConfigEvent | Hw | Dropped | Reply | ErrorNotice | Batch | Seek
 
 EVENT_CLASSES: dict[str, type] = {
     "hello": Hello, "round": RoundRecord, "request": RequestRecord, "config": ConfigEvent, "hw": Hw,

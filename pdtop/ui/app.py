@@ -15,7 +15,7 @@ from typing import Any, Iterable
 
 from textual import events
 from textual.app import App, ComposeResult, SystemCommand
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
 from textual.css.query import NoMatches
 from textual.screen import Screen
@@ -39,7 +39,7 @@ from pdtop.ui.widgets.requests import RequestsPanel
 from pdtop.ui.widgets.split import SplitPanel
 
 
-def _bindings(commands: list[Command]) -> list[Binding]:
+def _bindings(commands: list[Command]) -> list[BindingType]:
     return [Binding(c.key, f"run_command('{c.id}')", c.label, show=c.footer, key_display=c.key_display,
                     id=f"pdtop.{c.id}", tooltip=c.description) for c in commands]
 

@@ -40,7 +40,7 @@ def stream():
 
 
 def test_a_real_engine_stream_decodes_to_its_own_records(stream):
-    describe, config, records = stream
+    _, config, records = stream
     assert {type(r) for r in records} == {RoundRecord, RequestRecord, ConfigChange}
     assert [r.client for r in records if isinstance(r, ConfigChange)] == ["c1", None]
     assert any(r.prefills for r in records if isinstance(r, RoundRecord))
@@ -54,7 +54,7 @@ def test_a_real_engine_stream_decodes_to_its_own_records(stream):
 
 
 def test_the_hello_is_the_engines_description(stream):
-    describe, config, _ = stream
+    describe = stream[0]
     hello = decode_event(wire(encode.hello_event("c3", True, describe)))
     assert isinstance(hello, Hello) and hello.client_id == "c3" and hello.readonly
     engine = hello.engine

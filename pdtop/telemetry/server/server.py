@@ -296,6 +296,8 @@ def _unsent(ws: ServerConnection) -> int:
 
 
 def _query(ws: ServerConnection) -> dict[str, str]:
+    if ws.request is None:
+        return {}
     try:
         return {k: v[0] for k, v in parse_qs(urlsplit(ws.request.path).query).items()}
     except Exception:
