@@ -2,14 +2,14 @@
 
 Each field is checked against its class's type hints: integers are integers (not bools),
 numbers are finite, lists, pairs and nested objects have their shape (parts typed `Any`
-are left as they are). A field may be left
-out only where null is allowed; fields a class does not know are ignored (the protocol adds
-fields without a new version). Anything else raises `EventError`, one line naming the
-field (`round.prefills[0].layers_done: expected an integer, got '3'`); a `type` this pdtop
-does not know raises `UnknownEventType`, which consumers skip and count.
+are left as they are). A field may be left out only where null is allowed; fields a class
+does not know are ignored (the protocol adds fields without a new version). Anything else
+raises `EventError`, one line naming the field (`round.prefills[0].layers_done: expected
+an integer, got '3'`); a `type` this pdtop does not know raises `UnknownEventType`, which
+consumers skip and count.
 
-The checkers are built once per class at import, and build no field path unless a check
-fails, so a round costs a few microseconds.
+The checkers are built once per class at import; objects and lists (the bulk of a round)
+build no field path unless a check fails, so a round costs about 5 µs.
 """
 from __future__ import annotations
 
