@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from pdtop.analysis.policy_bench import SCENARIOS, run_policy
-from pdtop.engine.scheduling.control import ControlError
+from pdtop.engine.errors import ControlError
 from pdtop.engine.build import build_engine
 from pdtop.analysis.estimate import estimate
 from pdtop.engine.model.config import synthetic_config
