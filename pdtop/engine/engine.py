@@ -123,12 +123,13 @@ class Engine:
                     note("workload_rate", w.spec.rate, rate)
                     w.set_rate(rate, now)
             if values:
-                old, old_levels = s.config, [list(g) for g in s.table.groups]
+                old, old_levels, old_pin = s.config, [list(g) for g in s.table.groups], s.pinned
                 s.set_config(old.replace(**values), change.table)
                 for name in values:
                     note(name, getattr(old, name), getattr(s.config, name))
                 if change.table is not None:
                     note("levels", old_levels, [list(g) for g in change.table.groups])
+                    note("pinned_level", old_pin, s.pinned)  # a pin past the new last level is dropped
         return diff
 
     def _apply_pending(self) -> None:
