@@ -53,16 +53,13 @@ def _resolve(args: argparse.Namespace) -> tuple[str, int, int | None, int]:
             raise ValueError(f"--sms: expected an integer >= 1, got {sms}")
         major, minor = parse_cc(args.cc)
         return "GPU", sms, major, minor
-    if args.device:
-        where = parse_device(args.device)
-        if where.kind == "cpu":
-            return "cpu", len(os.sched_getaffinity(0)), None, 0
-        if where.kind == "cuda":
-            info = cuda_device_info(where.index)
-            return info["name"], info["sms"], info["major"], info["minor"]
-        spec = where.gpu
-    else:
-        spec = parse_gpu(args.gpu or "H100")
+    where = parse_device(args.device) if args.device else None
+    if where is not None and where.kind == "cpu":
+        return "cpu", len(os.sched_getaffinity(0)), None, 0
+    if where is not None and where.kind == "cuda":
+        info = cuda_device_info(where.index)
+        return info["name"], info["sms"], info["major"], info["minor"]
+    spec = where.gpu if where is not None and where.gpu else parse_gpu(args.gpu or "H100")
     return spec.name, spec.sms, spec.cc_major, spec.cc_minor
 
 

@@ -62,13 +62,12 @@ def build_engine(device: str = "auto", model: str | None = None, config: PdmuxCo
     """
     config = config or PdmuxConfig()
     where = parse_device(device)
-    if where.kind == "sim":
+    if where.gpu is not None:  # sim:GPU
         from pdtop.engine.devices.sim import SimDevice
         from pdtop.engine.model.config import synthetic_config
         from pdtop.engine.runtime.executor import SimExecutor
 
         spec = where.gpu
-        assert spec is not None
         cfg = _model_config(model) if model and not model.startswith("synthetic:") else synthetic_config(
             model or "synthetic:qwen3-8b")
         table = SplitTable.for_gpu(spec.sms, spec.cc_major, config)

@@ -95,8 +95,9 @@ class Engine:
 
         if change.cmd in ("pin_level", "auto_level"):
             level = change.values["level"] if change.cmd == "pin_level" else None
-            note("pinned_level", s.pinned, level)
-            s.pin_level(level)
+            if level is None or level < len(s.table.groups):  # new levels may have come since it was validated
+                note("pinned_level", s.pinned, level)
+                s.pin_level(level)
         elif change.cmd == "inject":
             tokens, max_tokens = change.values.get("prompt_tokens"), change.values.get("max_tokens")
             if w is not None:

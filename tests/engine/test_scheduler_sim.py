@@ -202,3 +202,11 @@ def test_bad_device_strings_are_one_engine_error(text, words):
 def test_bad_policy_is_a_config_error():
     with pytest.raises(ConfigError, match="policy"):
         build_engine("sim:H100", policy="fastest")
+
+
+def test_pin_queued_before_fewer_levels_is_dropped_not_fatal():
+    engine = build_engine("sim:H100")
+    engine.control({"cmd": "set", "manual_divisions": [[112, 20, 0]]})  # 3 levels from the next boundary
+    engine.control({"cmd": "pin_level", "level": 6})  # valid against today's 8 levels
+    rec = engine.step()
+    assert not rec.pinned and engine.describe()["levels"] == [[132, 0], [112, 20], [0, 132]]
