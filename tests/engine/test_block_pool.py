@@ -12,7 +12,7 @@ from pdtop.engine.runtime.block_pool import BlockPool, BlockTable
 def test_admission_holds_the_prompt_and_promises_the_rest():
     pool = BlockPool(160, 16)  # 10 blocks
     a = BlockTable()
-    pool.reserve(a, 20, "a", promise_tokens=70)  # holds 2 blocks, promised 5
+    pool.admit(a, 20, 50, "a")  # holds 2 blocks, promised 5
     assert (len(a.blocks), a.num_tokens, pool.used_tokens) == (2, 20, 20)
     assert (pool.used_blocks, pool.committed_blocks, pool.free_blocks) == (2, 5, 8)
     pool.reserve_many([(a, 70)])  # growth within the promise commits nothing new
@@ -24,11 +24,11 @@ def test_admission_holds_the_prompt_and_promises_the_rest():
 def test_promised_blocks_are_not_given_to_others():
     pool = BlockPool(160, 16)
     a, b, c = BlockTable(), BlockTable(), BlockTable()
-    pool.reserve(a, 16, "a", promise_tokens=96)  # 1 held, 6 promised
-    with pytest.raises(KVCapacityError, match="KV cache full: b needs 5 more blocks"):
-        pool.reserve(b, 16, "b", promise_tokens=80)  # 5 more: only 4 are neither held nor promised
+    pool.admit(a, 16, 80, "a")  # 1 held, 6 promised
+    with pytest.raises(KVCapacityError, match=r"KV cache full: b \(16-token prompt \+ max_tokens 64\) needs 5 more"):
+        pool.admit(b, 16, 64, "b")  # 5 more: only 4 are neither held nor promised
     assert (b.blocks, pool.committed_blocks, pool.free_blocks) == ([], 6, 9)
-    pool.reserve(b, 16, "b", promise_tokens=64)
+    pool.admit(b, 16, 48, "b")
     with pytest.raises(KVCapacityError):  # free blocks exist, but all of them are promised
         pool.reserve_many([(c, 16)], "c")
     assert pool.free_blocks == 8 and c.blocks == []
@@ -52,8 +52,9 @@ def test_a_batch_grows_all_or_nothing():
 
 def test_more_than_the_whole_cache_is_never_admitted():
     pool = BlockPool(160, 16)
-    with pytest.raises(PromptError, match="KV cache too small: r needs 161 tokens, the whole cache holds 160"):
-        pool.reserve(BlockTable(), 100, "r", promise_tokens=161)
+    with pytest.raises(PromptError, match=r"KV cache too small: r \(100-token prompt \+ max_tokens 61\) needs 161 "
+                                          "tokens, the whole cache holds 160"):
+        pool.admit(BlockTable(), 100, 61, "r")
     assert pool.committed_blocks == 0
 
 

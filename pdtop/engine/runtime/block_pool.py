@@ -5,8 +5,8 @@ its tensors beside a `BlockPool`, the simulator's executor has a `BlockPool` alo
 A request's `BlockTable` lists its block ids in order, so token `i` lives in slot
 `blocks[i // block_size] * block_size + i % block_size`.
 
-Admission (`reserve` with `promise_tokens`) takes the prompt's blocks and promises
-the request room for `promise_tokens` in all: promised blocks are counted as
+Admission (`admit`) takes the prompt's blocks and promises the request room for
+its prompt + max_tokens: promised blocks are counted as
 committed, so later growth within a promise can never fail, and a request whose
 promise does not fit waits instead of running out of KV mid-decode (as nano-vllm's
 block manager and SGLang's admission do). Growth past a promise takes free blocks
@@ -68,15 +68,16 @@ class BlockPool:
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def reserve(self, table: BlockTable, num_tokens: int, what: str = "request", promise_tokens: int = 0) -> None:
-        """Grow `table` to hold `num_tokens` tokens and promise it room for `promise_tokens` in all
-        (admission); KVCapacityError (and no change) if that does not fit now, PromptError if it
-        never can (more than the whole cache: waiting would be forever)."""
-        need = max(num_tokens, promise_tokens)
+    def admit(self, table: BlockTable, prompt_tokens: int, max_new_tokens: int, what: str = "request") -> None:
+        """Hold the prompt's blocks and promise room for `max_new_tokens` more: KVCapacityError (and
+        no change) if that does not fit now, PromptError if it never can (more than the whole cache,
+        so waiting would be forever)."""
+        need = prompt_tokens + max_new_tokens
+        what = f"{what} ({prompt_tokens}-token prompt + max_tokens {max_new_tokens})"
         if self.blocks_for(need) > self.num_blocks:
             raise PromptError(f"KV cache too small: {what} needs {need} tokens, the whole cache holds "
                               f"{self.capacity_tokens}")
-        self._grow([(table, num_tokens, self.blocks_for(promise_tokens))], what)
+        self._grow([(table, prompt_tokens, self.blocks_for(need))], what)
 
     def reserve_many(self, wants: list[tuple[BlockTable, int]], what: str = "batch") -> None:
         """Grow several tables at once, all or nothing."""

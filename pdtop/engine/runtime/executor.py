@@ -126,9 +126,7 @@ class SimExecutor(Executor):
         self.pool = BlockPool(kv_capacity_tokens, block_size)
 
     def admit(self, req: Request) -> None:
-        n = req.prompt_len
-        self.pool.reserve(req.table, n, f"request {req.id} ({n}-token prompt + max_tokens {req.params.max_tokens})",
-                          promise_tokens=n + req.params.max_tokens)
+        self.pool.admit(req.table, req.prompt_len, req.params.max_tokens, f"request {req.id}")
 
     def release(self, req: Request) -> None:
         self.pool.release(req.table)

@@ -93,8 +93,7 @@ class ModelRunner:
         if len(prompt) + params.max_tokens > cfg.max_context:
             raise PromptError(f"prompt of {len(prompt)} tokens + max_tokens {params.max_tokens} exceeds the "
                               f"model's context of {cfg.max_context} tokens")
-        self.kv.pool.reserve(req.table, len(prompt), f"request {req.id} ({len(prompt)}-token prompt + max_tokens "
-                             f"{params.max_tokens})", promise_tokens=len(prompt) + params.max_tokens)
+        self.kv.pool.admit(req.table, len(prompt), params.max_tokens, f"request {req.id}")
         req.prompt_ids = prompt
         req.generator = make_generator(params)
 
