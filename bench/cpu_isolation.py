@@ -14,13 +14,14 @@ import argparse
 import statistics
 import time
 
-from pdtop.engine.devices.cpu import CpuDevice, usable_cores
-from pdtop.engine.runtime.executor import ModelExecutor
-from pdtop.engine.model.loader import default_model_path, load_model
 from pdtop.analysis.metrics import percentile
+from pdtop.engine.devices.cpu import CpuDevice, usable_cores
+from pdtop.engine.model.loader import default_model_path, load_model
+from pdtop.engine.request import Request, SamplingParams
+from pdtop.engine.runtime.executor import ModelExecutor
+from pdtop.engine.runtime.runner import ModelRunner
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
-from pdtop.engine.request import Request
-from pdtop.engine.runtime.runner import ModelRunner, SamplingParams
+from pdtop.engine.scheduling.scheduler import append_token
 from pdtop.engine.scheduling.splits import SplitTable
 
 
@@ -34,39 +35,43 @@ def main() -> None:
     table = SplitTable.for_cpu(len(usable_cores()), PdmuxConfig())
     device = CpuDevice(table.groups)
     runner = ModelRunner(load_model(str(default_model_path())), 32768)
-    ex = ModelExecutor(runner, lambda r: SamplingParams(max_tokens=r.max_tokens, ignore_eos=True))
-    decoders = [Request(i, [100 + i] * 64, 4000, 0.0, ignore_eos=True) for i in range(args.decode_bs)]
+    ex = ModelExecutor(runner)
+    eos = runner.config.eos_ids
+    decoders = [Request(i, [100 + i] * 64, SamplingParams(max_tokens=4000, ignore_eos=True))
+                for i in range(args.decode_bs)]
     for r in decoders:
         ex.admit(r)
     state = ex.prefill_begin(decoders)
     device.set_level(0)
     device.run_whole(ex.prefill(state, decoders, 0, runner.config.num_layers))
     for r, tok in zip(decoders, ex.finish_prefill(state)):
-        r.output_ids.append(tok)
+        append_token(r, tok, 0.0, eos)
 
     def decode_steps(level: int, with_prefill: bool) -> list[float]:
         """Decode step times at `level`; `with_prefill` keeps a long prefill running on the prefill side."""
         device.set_level(level)
         times: list[float] = []
-        long: list[Request] = []
+        long: tuple[Request, object] | None = None  # the long prompt in prefill, and its prefill state
+
+        def finish_long() -> None:
+            device.wait_prefill()
+            if long is not None:
+                ex.finish_prefill(long[1])
+                ex.release(long[0])
+
         for _ in range(args.steps):
             if with_prefill and not device.prefill_busy():
-                device.wait_prefill()
-                for done in long:
-                    ex.release(done)
-                long = [Request(10_000 + len(times), [7] * args.prompt, 1, 0.0)]  # a fresh long prompt
-                req = long[0]
+                finish_long()
+                req = Request(10_000 + len(times), [7] * args.prompt, SamplingParams(max_tokens=1))
                 ex.admit(req)
-                st = ex.prefill_begin([req])
-                device.submit_prefill(ex.prefill(st, [req], 0, runner.config.num_layers))
+                long = (req, ex.prefill_begin([req]))  # a fresh long prompt
+                device.submit_prefill(ex.prefill(long[1], [req], 0, runner.config.num_layers))
             t0 = time.perf_counter()
             toks = device.run_decode(ex.decode(decoders))  # a side without cores runs on every core
             times.append(time.perf_counter() - t0)
             for r, tok in zip(decoders, toks):
-                r.output_ids.append(tok)
-        device.wait_prefill()
-        for done in long:
-            ex.release(done)
+                append_token(r, tok, 0.0, eos)
+        finish_long()
         return times
 
     last, split = len(table.groups) - 1, 1

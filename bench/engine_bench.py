@@ -57,33 +57,43 @@ def prompt_ids(n: int, vocab: int, seed: int) -> list[int]:
 
 def pdtop_engine(dtype: str, args: argparse.Namespace) -> Engine:
     from pdtop.engine.model.loader import load_model
-    from pdtop.engine.runtime.runner import ModelRunner, SamplingParams
+    from pdtop.engine.request import Request, SamplingParams
+    from pdtop.engine.runtime.runner import ModelRunner
+    from pdtop.engine.scheduling.scheduler import append_token
 
     model = load_model(None, dtype=dtype)
-    vocab = model.config.vocab
+    vocab, eos = model.config.vocab, model.config.eos_ids
     runner = ModelRunner(model, kv_capacity_tokens=max(args.prefill_tokens + 64,
                                                        32 * (args.prompt_tokens + args.steps + 8) + 256))
 
+    def admitted(i: int, n: int, max_tokens: int) -> Request:
+        req = Request(i, prompt_ids(n, vocab, i), SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+        runner.admit(req)
+        return req
+
+    def take(reqs: list[Request], tokens: list[int]) -> None:
+        for r, t in zip(reqs, tokens):
+            append_token(r, t, 0.0, eos)
+
     def decode_steps(bs: int) -> list[float]:
-        seqs = [runner.add_sequence(prompt_ids(args.prompt_tokens, vocab, i),
-                                    SamplingParams(max_tokens=args.steps + 4, ignore_eos=True)) for i in range(bs)]
-        runner.prefill(seqs)
-        runner.decode(seqs)  # first step after a prefill is not timed
+        reqs = [admitted(i, args.prompt_tokens, args.steps + 4) for i in range(bs)]
+        take(reqs, runner.prefill(reqs))
+        take(reqs, runner.decode(reqs))  # first step after a prefill is not timed
         times = []
         for _ in range(args.steps):
             t = time.perf_counter()
-            runner.decode(seqs)
+            take(reqs, runner.decode(reqs))
             times.append(time.perf_counter() - t)
-        for s in seqs:
-            runner.free(s)
+        for r in reqs:
+            runner.free(r)
         return times
 
     def prefill_time() -> float:
-        seq = runner.add_sequence(prompt_ids(args.prefill_tokens, vocab, 99), SamplingParams(max_tokens=1))
+        req = admitted(99, args.prefill_tokens, 1)
         t = time.perf_counter()
-        runner.prefill([seq])
+        runner.prefill([req])
         dt = time.perf_counter() - t
-        runner.free(seq)
+        runner.free(req)
         return dt
 
     return Engine("pdtop", dtype, decode_steps, prefill_time)

@@ -1,22 +1,25 @@
-"""Serving metrics as vLLM's and SGLang's benchmarks define them: percentiles of TTFT and ITL."""
+"""Serving metrics as vLLM's and SGLang's benchmarks define them: percentiles of TTFT and ITL.
+
+The one percentile of the project: numpy's, with linear interpolation (what vLLM's
+`benchmark_serving.py` reports). The dashboard and the benchmarks use it.
+"""
 from __future__ import annotations
 
 import math
 from typing import Sequence
 
+import numpy as np
+
 
 def percentile(values: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile (numpy's default); NaN for no values."""
-    if not values:
+    """The q-th percentile (0..100), linearly interpolated; NaN for no values."""
+    if len(values) == 0:
         return math.nan
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100.0
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+    return float(np.percentile(values, q))
 
 
 def summary_ms(values: Sequence[float], qs: tuple[int, ...] = (50, 99)) -> dict[str, float]:
-    """Seconds in, milliseconds out: {"p50": ..., "p99": ..., "max": ...}."""
+    """Seconds in, milliseconds out: {"p50": ..., "p99": ..., "max": ...}; NaN for no values."""
     out = {f"p{q}": percentile(values, q) * 1e3 for q in qs}
-    out["max"] = max(values) * 1e3 if values else math.nan
+    out["max"] = max(values) * 1e3 if len(values) else math.nan
     return out

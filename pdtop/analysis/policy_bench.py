@@ -9,12 +9,13 @@ that window. Same seed, same prompts, same scenario for every policy.
 """
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 from typing import Callable
 
+from pdtop.analysis.metrics import percentile, summary_ms
 from pdtop.engine.engine import Engine
-from pdtop.analysis.metrics import summary_ms
+from pdtop.engine.errors import EngineError
+from pdtop.engine.request import Request
 
 
 @dataclass
@@ -35,12 +36,19 @@ SCENARIOS = {
 }
 
 
+def _step_until_first_tokens(engine: Engine, reqs: list[Request]) -> None:
+    while any(not r.token_times for r in reqs):
+        rejected = next((r for r in reqs if r.finished and not r.token_times), None)
+        if rejected is not None:
+            raise EngineError(f"the scenario's request {rejected.id} was rejected: {rejected.error}")
+        engine.step()
+
+
 def run_policy(engine: Engine, sc: Scenario) -> dict:
     budget = min(engine.executor.cfg.max_context - sc.decode_prompt, sc.decode_tokens)
     decoders = [engine.submit(engine.prompts.make(sc.decode_prompt), budget, ignore_eos=True)
                 for _ in range(sc.decode_bs)]
-    while any(not r.token_times for r in decoders):
-        engine.step()
+    _step_until_first_tokens(engine, decoders)
     base = []
     for _ in range(sc.baseline_steps):
         rec = engine.step()
@@ -51,20 +59,19 @@ def run_policy(engine: Engine, sc: Scenario) -> dict:
     for _ in range(sc.long_prompts):
         req = engine.submit(engine.prompts.make(sc.long_tokens), 4, ignore_eos=True)
         longs.append(req)
-        while not req.token_times:
-            engine.step()
+        _step_until_first_tokens(engine, [req])
         ttfts.append(req.ttft)
         for _ in range(sc.settle_rounds):
             engine.step()
     end = engine.device.now()
     if any(r.finished for r in decoders):
-        raise RuntimeError("decode requests finished before the long prompts did; raise Scenario.decode_tokens")
+        raise EngineError("decode requests finished before the long prompts did; raise Scenario.decode_tokens")
     itls = [b - a for r in decoders for a, b in zip(r.token_times, r.token_times[1:]) if start < b <= end]
     tokens = sum(1 for r in decoders + longs for t in r.token_times if start < t <= end)
     return {
         "ttft_ms": {k: v for k, v in summary_ms(ttfts).items() if k != "max"},
         "itl_ms": summary_ms(itls),
-        "itl_baseline_ms": statistics.median(base) * 1e3,
+        "itl_baseline_ms": percentile(base, 50) * 1e3,
         "output_tok_s": tokens / (end - start),
         "decode_units": engine.device.units,
     }

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
+from pdtop.commands._common import fail
 from pdtop.ui.cli_args import add_ui_arguments
 
 
@@ -34,6 +34,5 @@ def run(args: argparse.Namespace) -> int:
     try:
         source = LiveSource(args.url, token=args.token, readonly=args.readonly)
     except ValueError as exc:
-        print(f"pdtop attach: error: {exc}", file=sys.stderr)
-        return 2
+        return fail("attach", exc)
     return run_dashboard(source, args, "attach")

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
-POLICY_CHOICES = ("pdmux", "chunked", "prefill-first", "all")
+from pdtop.commands._common import INPUT_ERRORS, fail
+from pdtop.engine.scheduling.policies import POLICIES
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--policy", choices=POLICY_CHOICES, default="all", help="policy to run (default: all three)")
+    p.add_argument("--policy", choices=(*POLICIES, "all"), default="all", help="policy to run (default: all of them)")
     p.add_argument("--device", default="sim:H100", help="cpu, cuda, or sim:GPU (default: sim:H100)")
     p.add_argument("--model", default=None, help="GGUF path or synthetic:NAME (default: the device's default)")
     p.add_argument("--config", default=None, help="SGLang-compatible pdmux YAML")
@@ -41,27 +41,23 @@ def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from pdtop.analysis.policy_bench import SCENARIOS, run_bench
-    from pdtop.engine.build import build_engine
-    from pdtop.engine.errors import EngineError
-    from pdtop.engine.scheduling.pdmux_config import ConfigError, PdmuxConfig, load_pdmux_config
+    from pdtop.engine.build import build_engine, parse_device
+    from pdtop.engine.scheduling.pdmux_config import PdmuxConfig, load_pdmux_config
 
-    kind = "sim" if args.device.startswith("sim:") else ("cuda" if args.device.startswith("cuda") else "cpu")
-    sc = SCENARIOS[kind]
-    for name in ("decode_bs", "long_tokens", "long_prompts"):
-        value = getattr(args, name)
-        if value is not None:
-            if value < 1:
-                print(f"pdtop bench: --{name.replace('_', '-')} must be >= 1", file=sys.stderr)
-                return 2
-            sc = replace(sc, **{name: value})
-    policies = ["pdmux", "chunked", "prefill-first"] if args.policy == "all" else [args.policy]
     try:
+        sc = SCENARIOS[parse_device(args.device).kind]
+        for name in ("decode_bs", "long_tokens", "long_prompts"):
+            value = getattr(args, name)
+            if value is not None:
+                if value < 1:
+                    return fail("bench", f"--{name.replace('_', '-')} must be >= 1")
+                sc = replace(sc, **{name: value})
+        policies = list(POLICIES) if args.policy == "all" else [args.policy]
         config = load_pdmux_config(args.config) if args.config else PdmuxConfig()
         results = run_bench(lambda policy: build_engine(args.device, args.model, config, policy, seed=args.seed,
                                                         dtype=args.dtype), policies, sc)
-    except (ConfigError, EngineError, ValueError, OSError) as exc:
-        print(f"pdtop bench: {exc}", file=sys.stderr)
-        return 2
+    except INPUT_ERRORS as exc:
+        return fail("bench", exc)
     if args.json:
         print(json.dumps({p: {k: v for k, v in r.items() if k != "decode_units"} for p, r in results.items()}))
     else:

@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import IO
 
+from pdtop.commands._common import INPUT_ERRORS, fail
+from pdtop.engine.scheduling.policies import DEFAULT_POLICY, POLICIES
 from pdtop.ui.cli_args import add_ui_arguments
 
 URL_PREFIX = "pdtop serve: listening on "
@@ -41,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="cpu, cuda, or sim:GPU (H100, H200, A100, H20, custom:...); default: cuda if present, else cpu")
     parser.add_argument("--model", metavar="PATH|synthetic:NAME", help="a GGUF file or synthetic:NAME (default SmolLM2-135M)")
     parser.add_argument("--config", metavar="FILE", help="SGLang-compatible pdmux YAML")
-    parser.add_argument("--policy", choices=["pdmux", "chunked", "prefill-first"], help="scheduling policy (default pdmux)")
+    parser.add_argument("--policy", choices=POLICIES, help=f"scheduling policy (default {DEFAULT_POLICY})")
     parser.add_argument("--rate", type=float, metavar="REQ_PER_S", help="workload arrival rate (default 2)")
     parser.add_argument("--record", metavar="FILE", help="record every event to FILE from the start")
     add_ui_arguments(parser)
@@ -129,8 +131,14 @@ def run(args: argparse.Namespace) -> int:
     if args.slo_ms is not None and args.slo_ms <= 0:
         problem = f"--slo-ms must be positive, got {args.slo_ms:g}"
     if problem:
-        print(f"pdtop dashboard: error: {problem}", file=sys.stderr)
-        return 2
+        return fail("dashboard", problem)
+    if args.device:  # a bad name fails here, not in the engine's log
+        from pdtop.engine.build import parse_device
+
+        try:
+            parse_device(args.device)
+        except INPUT_ERRORS as exc:
+            return fail("dashboard", exc)
     token = secrets.token_urlsafe(24)
     log_file = tempfile.NamedTemporaryFile("w", prefix="pdtop-serve-", suffix=".log", delete=False)
     log_path = Path(log_file.name)
@@ -139,7 +147,8 @@ def run(args: argparse.Namespace) -> int:
         child, url = start_server(args, token, log_file)
     except (RuntimeError, OSError) as exc:
         log_file.close()
-        print(f"pdtop dashboard: error: {exc}\n{_tail(log_path)}", file=sys.stderr, end="")
+        fail("dashboard", exc)
+        print(_tail(log_path), file=sys.stderr, end="")
         return 1
     failed = False
     try:

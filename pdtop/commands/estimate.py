@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+
+from pdtop.commands._common import fail
 
 
 def _int_list(name: str, text: str) -> list[int]:
@@ -63,14 +64,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help='print {"rows": [{"name", "itl_ms", "prefill_ms", "tokens", ...}]} with unrounded values')
 
 
-def _fail(message: str) -> int:
-    print(f"pdtop estimate: error: {message}", file=sys.stderr)
-    return 2
-
-
 def run(args: argparse.Namespace) -> int:
-    from pdtop.engine.model.config import synthetic_config
     from pdtop.analysis.estimate import estimate, format_table
+    from pdtop.engine.errors import EngineError
+    from pdtop.engine.model.config import synthetic_config
     from pdtop.engine.roofline.gpu_specs import parse_gpu
     from pdtop.engine.scheduling.pdmux_config import PdmuxConfig, load_pdmux_config
 
@@ -84,8 +81,8 @@ def run(args: argparse.Namespace) -> int:
         cfg = synthetic_config(args.model)
         config = load_pdmux_config(args.config) if args.config else PdmuxConfig()
         rows = estimate(spec, cfg, decode_bs, context, prompt, chunks, s_sats, config)
-    except ValueError as exc:
-        return _fail(str(exc))
+    except (ValueError, EngineError) as exc:  # ValueError: this command's own argument parsing
+        return fail("estimate", exc)
     if args.json:
         print(json.dumps({"rows": [r.to_dict() for r in rows]}))
         return 0

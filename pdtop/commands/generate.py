@@ -17,6 +17,8 @@ import argparse
 import sys
 import time
 
+from pdtop.commands._common import INPUT_ERRORS, fail
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -38,11 +40,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: torch's choice)")
 
 
-def _fail(message: str) -> int:
-    print(f"pdtop generate: error: {message}", file=sys.stderr)
-    return 2
-
-
 def _check_args(args: argparse.Namespace) -> str | None:
     if not args.prompt.strip():
         return "empty prompt"
@@ -59,32 +56,39 @@ def _check_args(args: argparse.Namespace) -> str | None:
     synthetic = bool(args.model and args.model.startswith("synthetic:"))
     if args.layers is not None and (not synthetic or args.layers < 1):
         return "--layers takes a positive count and applies to synthetic models only"
-    if not (args.device == "cpu" or args.device == "cuda" or args.device.startswith("cuda:")):
-        return f"unknown device {args.device!r}; use cpu or cuda"
     return None
 
 
 def run(args: argparse.Namespace) -> int:
     problem = _check_args(args)
     if problem:
-        return _fail(problem)
+        return fail("generate", problem)
+    from pdtop.engine.build import parse_device
+
+    try:
+        where = parse_device(args.device)
+    except INPUT_ERRORS as exc:
+        return fail("generate", exc)
+    if where.kind == "sim":
+        return fail("generate", f"--device {args.device}: a simulated GPU runs no model; use cpu or cuda")
 
     import torch
 
-    from pdtop.engine.errors import EngineError
     from pdtop.engine.model.loader import default_model_path, load_model
-    from pdtop.engine.runtime.runner import ModelRunner, SamplingParams
     from pdtop.engine.model.tokenizer import Tokenizer
+    from pdtop.engine.request import Request, SamplingParams
+    from pdtop.engine.runtime.runner import ModelRunner
+    from pdtop.engine.scheduling.scheduler import generate
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        return _fail("--device cuda: no CUDA GPU available to torch")
+    if where.kind == "cuda" and not torch.cuda.is_available():
+        return fail("generate", "--device cuda: no CUDA GPU available to torch")
     synthetic = bool(args.model and args.model.startswith("synthetic:"))
     try:
         # Synthetic models have no tokenizer: prompts are tokenized with the default model's.
         tok_path = default_model_path() if synthetic or not args.model else args.model
-        model = load_model(args.model, dtype=args.dtype, device=args.device, num_layers=args.layers)
+        model = load_model(args.model, dtype=args.dtype, device=where.torch_device, num_layers=args.layers)
         tokenizer = Tokenizer.from_gguf(tok_path)
         text = args.prompt
         if args.chat:
@@ -93,34 +97,28 @@ def run(args: argparse.Namespace) -> int:
         cfg = model.config
         kv_tokens = args.kv_tokens or cfg.max_context
         runner = ModelRunner(model, kv_capacity_tokens=kv_tokens, block_size=min(16, kv_tokens))
-        params = SamplingParams(temperature=args.temperature, top_p=args.top_p, seed=args.seed,
-                                max_tokens=args.max_tokens)
-        seq = runner.add_sequence(ids, params)
+        req = Request(0, ids, SamplingParams(temperature=args.temperature, top_p=args.top_p, seed=args.seed,
+                                             max_tokens=args.max_tokens))
         out = sys.stdout
         stream = tokenizer.stream_decoder()
-        eos = set(cfg.eos_ids)
-
-        def emit(token: int) -> None:
-            if token in eos and seq.finish_reason == "eos":
-                return
+        t0 = time.perf_counter()
+        t1 = t0
+        for token in generate(runner, req):
+            if len(req.output_ids) == 1:
+                t1 = time.perf_counter()
+            if req.finish_reason == "eos":
+                break
             out.write(f"{token} " if synthetic else stream.push(token))
             out.flush()
-
-        t0 = time.perf_counter()
-        first = runner.prefill([seq])[0]
-        t1 = time.perf_counter()
-        emit(first)
-        while not seq.finished:
-            emit(runner.decode([seq])[0])
         t2 = time.perf_counter()
         out.write(("" if synthetic else stream.flush()) + "\n")
         out.flush()
-    except (EngineError, ValueError) as e:
-        return _fail(str(e).splitlines()[0] if str(e) else type(e).__name__)
+    except INPUT_ERRORS as e:
+        return fail("generate", e)
     except KeyboardInterrupt:
         return 130
-    n_decode = len(seq.output_ids) - 1
+    n_decode = len(req.output_ids) - 1
     rate = f"{n_decode / (t2 - t1):.1f} tok/s" if n_decode and t2 > t1 else "n/a"
     print(f"prefill {len(ids)} tokens in {(t1 - t0) * 1e3:.1f} ms; decode {n_decode} tokens at {rate}; "
-          f"finish: {seq.finish_reason}; {cfg.name} {args.dtype} on {args.device}", file=sys.stderr)
+          f"finish: {req.finish_reason}; {cfg.name} {args.dtype} on {args.device}", file=sys.stderr)
     return 0

@@ -14,7 +14,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
+
+from pdtop.commands._common import fail
 
 SAMPLE_BS = (1, 6, 12, 18, 24, 30, 36, 64)
 
@@ -32,24 +33,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.epilog = "With no device option, the levels of an H100 (132 SMs, 9.0) are shown."
 
 
-def _fail(message: str) -> int:
-    print(f"pdtop levels: error: {message}", file=sys.stderr)
-    return 2
-
-
-def _cuda_device() -> tuple[str, int, int, int]:
-    try:
-        import torch
-    except ImportError:
-        raise ValueError("--device cuda needs torch") from None
-    if not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is available")
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    return props.name, props.multi_processor_count, props.major, props.minor
-
-
 def _resolve(args: argparse.Namespace) -> tuple[str, int, int | None, int]:
     """(device name, units, cc major or None for the CPU, cc minor)."""
+    from pdtop.engine.build import parse_device
+    from pdtop.engine.devices.cuda import cuda_device_info
     from pdtop.engine.roofline.gpu_specs import parse_cc, parse_gpu
 
     chosen = [o for o, v in (("--sms/--cc", args.sms or args.cc), ("--gpu", args.gpu), ("--device", args.device)) if v]
@@ -66,18 +53,18 @@ def _resolve(args: argparse.Namespace) -> tuple[str, int, int | None, int]:
             raise ValueError(f"--sms: expected an integer >= 1, got {sms}")
         major, minor = parse_cc(args.cc)
         return "GPU", sms, major, minor
-    device = args.device or ""
-    if device == "cpu":
+    where = parse_device(args.device) if args.device else None
+    if where is not None and where.kind == "cpu":
         return "cpu", len(os.sched_getaffinity(0)), None, 0
-    if device == "cuda" or device.startswith("cuda:"):
-        return _cuda_device()
-    if device and not device.startswith("sim:"):
-        raise ValueError(f"--device: expected cpu, cuda or sim:NAME, got {device!r}")
-    spec = parse_gpu(args.gpu or device.removeprefix("sim:") or "H100")
+    if where is not None and where.kind == "cuda":
+        info = cuda_device_info(where.index)
+        return info["name"], info["sms"], info["major"], info["minor"]
+    spec = where.gpu if where is not None and where.gpu else parse_gpu(args.gpu or "H100")
     return spec.name, spec.sms, spec.cc_major, spec.cc_minor
 
 
 def run(args: argparse.Namespace) -> int:
+    from pdtop.engine.errors import EngineError
     from pdtop.engine.scheduling.pdmux_config import PdmuxConfig, load_pdmux_config
     from pdtop.engine.scheduling.splits import SplitTable
 
@@ -95,8 +82,8 @@ def run(args: argparse.Namespace) -> int:
             config = config.replace(sm_group_num=k)
         table = (SplitTable.for_cpu(units, config) if major is None
                  else SplitTable.for_gpu(units, major, config))
-    except ValueError as exc:
-        return _fail(str(exc))
+    except (ValueError, EngineError) as exc:  # ValueError: this command's own argument parsing
+        return fail("levels", exc)
 
     groups = [list(g) for g in table.groups]
     if args.json:

@@ -18,6 +18,8 @@ import json
 import signal
 import sys
 
+from pdtop.commands._common import fail
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -27,16 +29,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--duration", type=float, metavar="S", help="stop after S seconds of recording")
 
 
-def _fail(message: str) -> int:
-    print(f"pdtop record: error: {message}", file=sys.stderr)
-    return 2
-
-
 def run(args: argparse.Namespace) -> int:
     if not args.url.startswith(("ws://", "wss://")):
-        return _fail(f"not a websocket URL (ws://HOST:PORT): {args.url!r}")
+        return fail("record", f"not a websocket URL (ws://HOST:PORT): {args.url!r}")
     if args.duration is not None and not args.duration > 0:
-        return _fail(f"--duration must be positive, got {args.duration:g}")
+        return fail("record", f"--duration must be positive, got {args.duration:g}")
     return asyncio.run(_record(args))
 
 
@@ -81,9 +78,9 @@ async def _record(args: argparse.Namespace) -> int:
     except asyncio.CancelledError:
         pass
     except RecordingError as exc:
-        code = _fail(str(exc))
+        code = fail("record", str(exc))
     except Exception as exc:  # a fatal connection error (HTTP status, bad host)
-        code = _fail(f"{args.url}: {exc}")
+        code = fail("record", f"{args.url}: {exc}")
     finally:
         timer.cancel()
         await source.close()

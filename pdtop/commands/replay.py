@@ -11,8 +11,8 @@ Examples:
 from __future__ import annotations
 
 import argparse
-import sys
 
+from pdtop.commands._common import fail
 from pdtop.ui.cli_args import add_ui_arguments
 
 
@@ -32,8 +32,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         source = ReplaySource(args.file, speed=args.speed)
     except (RecordingError, ValueError, OSError) as exc:
-        print(f"pdtop replay: error: {exc}", file=sys.stderr)
-        return 2
+        return fail("replay", exc)
     if args.paused:
         source.pause()
     return run_dashboard(source, args, "replay")

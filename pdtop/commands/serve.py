@@ -24,6 +24,9 @@ import signal
 import sys
 import threading
 
+from pdtop.commands._common import INPUT_ERRORS, fail
+from pdtop.engine.scheduling.policies import DEFAULT_POLICY, POLICIES
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -33,8 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a GGUF file or a synthetic model (synthetic:qwen3-8b, synthetic:llama3.1-8b); "
                              "default: SmolLM2-135M (sim devices: synthetic:qwen3-8b)")
     parser.add_argument("--config", metavar="FILE", help="SGLang-compatible pdmux YAML (sm_group_num, manual_divisions, ...)")
-    parser.add_argument("--policy", default="pdmux", choices=["pdmux", "chunked", "prefill-first"],
-                        help="scheduling policy (default pdmux)")
+    parser.add_argument("--policy", default=DEFAULT_POLICY, choices=POLICIES,
+                        help=f"scheduling policy (default {DEFAULT_POLICY})")
     parser.add_argument("--rate", type=float, metavar="REQ_PER_S", help="Poisson arrival rate of the workload (default 2)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others need --token)")
     parser.add_argument("--port", type=int, default=8765, help="port to bind (default 8765; 0 picks a free one)")
@@ -44,23 +47,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "the environment keeps it out of `ps`)")
 
 
-def _fail(message: str) -> int:
-    print(f"pdtop serve: error: {message}", file=sys.stderr)
-    return 2
-
-
 def run(args: argparse.Namespace) -> int:
     from pdtop.engine.scheduling.workload import WorkloadSpec
     from pdtop.telemetry.server.server import is_loopback
 
     if not 0 <= args.port <= 65535:
-        return _fail(f"--port must be 0..65535, got {args.port}")
+        return fail("serve", f"--port must be 0..65535, got {args.port}")
     if args.rate is not None and not 0 <= args.rate <= 1000:
-        return _fail(f"--rate must be 0..1000 requests/s, got {args.rate:g}")
+        return fail("serve", f"--rate must be 0..1000 requests/s, got {args.rate:g}")
     if args.token is not None and not args.token:
-        return _fail("--token must not be empty")
+        return fail("serve", "--token must not be empty")
     if not is_loopback(args.host) and not args.token:
-        return _fail(f"binding {args.host} (not a loopback address) needs --token")
+        return fail("serve", f"binding {args.host} (not a loopback address) needs --token")
     try:
         config = _load_config(args.config)
         from pdtop.engine.build import build_engine
@@ -68,8 +66,8 @@ def run(args: argparse.Namespace) -> int:
         workload = WorkloadSpec() if args.rate is None else WorkloadSpec(rate=args.rate)
         engine = build_engine(device=args.device, model=args.model, config=config, policy=args.policy,
                               workload=workload)
-    except (ValueError, OSError, RuntimeError, ImportError) as exc:
-        return _fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    except INPUT_ERRORS as exc:
+        return fail("serve", exc)
     try:
         return asyncio.run(_serve(engine, args))
     finally:
@@ -94,10 +92,10 @@ async def _serve(engine, args: argparse.Namespace) -> int:
             server.start_recording(args.record)
     except OSError as exc:
         await server.stop()
-        return _fail(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}")
+        return fail("serve", f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}")
     except RecordingError as exc:
         await server.stop()
-        return _fail(str(exc))
+        return fail("serve", str(exc))
     print(f"pdtop serve: listening on {server.url}", flush=True)
     if args.record:
         print(f"pdtop serve: recording to {args.record}", file=sys.stderr, flush=True)

@@ -11,15 +11,15 @@ import time
 from collections import deque
 from typing import Any, Callable
 
-from pdtop.engine.scheduling.control import Change, validate
 from pdtop.engine.devices.base import Device
-from pdtop.engine.runtime.executor import Executor
-from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
 from pdtop.engine.records import ConfigChange, RequestRecord, RoundRecord
-from pdtop.engine.request import Request
+from pdtop.engine.request import Request, SamplingParams
+from pdtop.engine.runtime.executor import Executor
+from pdtop.engine.scheduling.control import Change, validate
+from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
 from pdtop.engine.scheduling.scheduler import Scheduler
 from pdtop.engine.scheduling.splits import SplitTable
-from pdtop.engine.scheduling.workload import Arrival, PromptMaker, Workload
+from pdtop.engine.scheduling.workload import LONG_PROMPT_TOKENS, Arrival, PromptMaker, Workload
 
 Record = RoundRecord | RequestRecord | ConfigChange
 Sink = Callable[[Record], None]
@@ -31,7 +31,6 @@ class Engine:
                  policy: str, workload: Workload | None, prompts: PromptMaker, model_name: str,
                  temperature: float = 0.0, seed: int = 0):
         self.device, self.executor, self.model_name = device, executor, model_name
-        self.config = config
         self.scheduler = Scheduler(device, executor, table, config, policy)
         self.workload = workload
         self.prompts = prompts
@@ -53,6 +52,10 @@ class Engine:
     def _emit(self, record: Record) -> None:
         for sink in list(self._sinks):
             sink(record)
+
+    @property
+    def config(self) -> PdmuxConfig:
+        return self.scheduler.config
 
     def config_dict(self) -> dict[str, Any]:
         s = self.scheduler
@@ -90,19 +93,18 @@ class Engine:
             if old != new:
                 diff[name] = {"old": old, "new": new}
 
-        if change.cmd == "pin_level":
-            note("pinned_level", s.pinned, change.values["level"])
-            s.pinned = change.values["level"]
-        elif change.cmd == "auto_level":
-            note("pinned_level", s.pinned, None)
-            s.pinned = None
+        if change.cmd in ("pin_level", "auto_level"):
+            level = change.values["level"] if change.cmd == "pin_level" else None
+            if level is None or level < len(s.table.groups):  # new levels may have come since it was validated
+                note("pinned_level", s.pinned, level)
+                s.pin_level(level)
         elif change.cmd == "inject":
+            tokens, max_tokens = change.values.get("prompt_tokens"), change.values.get("max_tokens")
             if w is not None:
-                w.inject(now, change.values.get("prompt_tokens"), change.values.get("max_tokens"))
+                w.inject(now, tokens, max_tokens)
             else:
-                self.submit(self.prompts.make(change.values.get("prompt_tokens", 2048)),
-                            change.values.get("max_tokens", 64))
-            diff["inject"] = {"old": None, "new": change.values.get("prompt_tokens", "default")}
+                self.submit(self.prompts.make(tokens or LONG_PROMPT_TOKENS), max_tokens or 64)
+            diff["inject"] = {"old": None, "new": tokens or "default"}
         elif change.cmd in ("pause_workload", "resume_workload") and w is not None:
             paused = change.cmd == "pause_workload"
             note("workload_paused", w.spec.paused, paused)
@@ -115,27 +117,28 @@ class Engine:
                     self._deferred_policy = (policy, client)  # switched once in-flight prefill is done
                 else:
                     note("policy", s.policy, policy)
-                    s.policy = policy
+                    s.set_policy(policy)
             if "workload_rate" in values:
                 rate = values.pop("workload_rate")
                 if w is not None:
                     note("workload_rate", w.spec.rate, rate)
                     w.set_rate(rate, now)
             if values:
-                old = self.config
-                self.config = s.config = old.replace(**values)
+                old, old_levels, old_pin = s.config, [list(g) for g in s.table.groups], s.pinned
+                s.set_config(old.replace(**values), change.table)
                 for name in values:
-                    note(name, getattr(old, name), getattr(self.config, name))
+                    note(name, getattr(old, name), getattr(s.config, name))
                 if change.table is not None:
-                    note("levels", [list(g) for g in s.table.groups], [list(g) for g in change.table.groups])
-                    s.set_table(change.table)
+                    note("levels", old_levels, [list(g) for g in change.table.groups])
+                    note("pinned_level", old_pin, s.pinned)  # a pin past the new last level is dropped
         return diff
 
     def _apply_pending(self) -> None:
         s = self.scheduler
         if self._deferred_policy and not s.prefill_in_flight:
             (policy, client), self._deferred_policy = self._deferred_policy, None
-            old, s.policy = s.policy, policy
+            old = s.policy
+            s.set_policy(policy)
             if old != policy:
                 self._emit(ConfigChange(self.device.now(), s.round_index, {"policy": {"old": old, "new": policy}}, client))
         while self._pending:
@@ -148,8 +151,9 @@ class Engine:
     # -- requests --------------------------------------------------------------------------
     def submit(self, prompt_ids: list[int], max_tokens: int, *, ignore_eos: bool = False,
                arrival: float | None = None) -> Request:
-        req = Request(self._next_id, list(prompt_ids), max_tokens, self.device.now() if arrival is None else arrival,
-                      temperature=self.temperature, seed=self.seed + self._next_id, ignore_eos=ignore_eos)
+        params = SamplingParams(temperature=self.temperature, seed=self.seed + self._next_id, max_tokens=max_tokens,
+                                ignore_eos=ignore_eos)
+        req = Request(self._next_id, list(prompt_ids), params, self.device.now() if arrival is None else arrival)
         self._next_id += 1
         self._emit(self.scheduler.add(req))
         return req

@@ -1,7 +1,8 @@
-"""The engine's exception types.
+"""The engine's exception types: one root, `EngineError`, so callers catch one type.
 
 Every message is one line that a user can act on (the CLI prints it as is), so
-each names the file, request or limit involved.
+each names the file, request, field or limit involved. Programming errors (calling
+the runner out of order, say) stay `ValueError`: they are bugs, not bad input.
 """
 from __future__ import annotations
 
@@ -24,3 +25,27 @@ class KVCapacityError(EngineError):
 
 class PromptError(EngineError):
     """A request is invalid: empty prompt, too long for the context, bad sampling parameters."""
+
+
+class DeviceError(EngineError):
+    """The device cannot be used (unknown name, missing driver, no green contexts, bad GPU spec)."""
+
+
+class FieldError(EngineError):
+    """A bad value of a named field: `.field` names it, `.reason` says what is wrong."""
+
+    def __init__(self, field: str, reason: str, prefix: str = ""):
+        self.field, self.reason = field, reason
+        super().__init__(f"{prefix}{field}: {reason}")
+
+
+class ConfigError(FieldError):
+    """A bad pdmux configuration value (from a file, the constructor or a live override)."""
+
+    def __init__(self, field: str, reason: str, path: str | None = None):
+        self.path = path
+        super().__init__(field, reason, f"pdmux config {path}: " if path else "pdmux config: ")
+
+
+class ControlError(FieldError):
+    """A refused control message; the engine changed nothing."""

@@ -1,31 +1,64 @@
-"""A request as the scheduler sees it: lengths, tokens and timings.
+"""A request, the one type every part of the engine passes around (nano-vllm's `Sequence`).
 
-The executor keeps the model-side state (`handle`: a runner `Sequence` on real
-devices); everything the scheduler and metrics need lives here.
+Who writes what, so that each fact has one owner:
+- the scheduler (`scheduling/scheduler.py::append_token`) appends tokens and their
+  times, moves `status` along and decides when a request is finished;
+- the executor (the model runner, or the simulator's bookkeeping) owns the KV side:
+  `table` (blocks, through the `BlockPool`), `num_cached` and the sampling `generator`.
+No torch here: the simulator runs without it.
 """
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from pdtop.engine.errors import PromptError
+from pdtop.engine.runtime.block_pool import BlockTable
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"  # queued; KV not yet reserved, or reserved but no prefill started
+    PREFILLING = "prefilling"  # its prompt is being prefilled (a layer-split batch or chunks)
+    DECODING = "decoding"  # has its first token; one more per decode step
+    FINISHED = "finished"  # "eos", "length" or "rejected": see finish_reason
+
 
 @dataclass
+class SamplingParams:
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    seed: int = 0
+    max_tokens: int = 64
+    ignore_eos: bool = False
+
+    def validate(self) -> None:
+        if not self.temperature >= 0:
+            raise PromptError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise PromptError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_tokens < 1:
+            raise PromptError(f"max_tokens must be >= 1, got {self.max_tokens}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(eq=False)
 class Request:
     id: int
     prompt_ids: list[int]
-    max_tokens: int
-    arrival: float
+    params: SamplingParams = field(default_factory=SamplingParams)
+    arrival: float = 0.0
+    status: RequestStatus = RequestStatus.WAITING
     output_ids: list[int] = field(default_factory=list)
     token_times: list[float] = field(default_factory=list)
-    prefilled: int = 0  # prompt tokens whose KV is computed (chunked prefill progress)
-    finished: bool = False
     finish_reason: str | None = None  # "eos" | "length" | "rejected"
     error: str | None = None  # why a request was rejected
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int = 0
-    ignore_eos: bool = False
-    handle: Any = None  # executor state
+    num_cached: int = 0  # tokens whose K/V is in the cache (chunked prefill progress, decode position)
+    table: BlockTable = field(default_factory=BlockTable, repr=False)
+    generator: Any = field(default=None, repr=False)  # torch.Generator of a sampling request, else None
 
     @property
     def prompt_len(self) -> int:
@@ -34,6 +67,14 @@ class Request:
     @property
     def context_len(self) -> int:
         return self.prompt_len + len(self.output_ids)
+
+    @property
+    def last_token(self) -> int:
+        return self.output_ids[-1] if self.output_ids else self.prompt_ids[-1]
+
+    @property
+    def finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
 
     @property
     def ttft(self) -> float | None:

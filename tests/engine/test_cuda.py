@@ -8,7 +8,8 @@ import time
 import pytest
 import torch
 
-from pdtop.engine.devices.base import DeviceError, Work
+from pdtop.engine.devices.base import Work
+from pdtop.engine.errors import DeviceError
 from pdtop.engine.devices.cuda import CudaDevice, cuda_unavailable_reason
 from pdtop.engine.devices.green_ctx import (
     GreenContexts, call, check_driver_versions, load_driver, round_sms, sm_granularity,
@@ -41,9 +42,9 @@ def test_round_sms(count, major, expected):
     assert round_sms(count, major) == expected
 
 
-@pytest.mark.parametrize("count,major", [(0, 9), (-8, 9), (8, 5)])
-def test_round_sms_rejects(count, major):
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize("count,major,error", [(0, 9, ValueError), (-8, 9, ValueError), (8, 5, DeviceError)])
+def test_round_sms_rejects(count, major, error):
+    with pytest.raises(error):
         round_sms(count, major)
 
 
@@ -90,7 +91,7 @@ def test_constructing_says_what_is_missing():
 def test_without_cuda_python_the_error_names_it():
     # `sys.modules["cuda"] = None` makes `import cuda...` fail as on a machine without cuda-python.
     r = _run("import sys; sys.modules['cuda'] = None\n"
-             "from pdtop.engine.devices.base import DeviceError\n"
+             "from pdtop.engine.errors import DeviceError\n"
              "from pdtop.engine.devices import green_ctx\n"
              "from pdtop.engine.devices.cuda import CudaDevice\n"
              "for f in (green_ctx.load_driver, green_ctx.GreenContexts, CudaDevice):\n"

@@ -13,6 +13,7 @@ from pdtop.engine.roofline.cost import (
     prefill_layer_flops, prefill_time,
 )
 from pdtop.analysis.estimate import estimate, text_cells
+from pdtop.engine.errors import DeviceError
 from pdtop.engine.roofline.gpu_specs import SPECS, parse_gpu
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
 
@@ -137,13 +138,13 @@ def test_parse_gpu():
     assert (spec.name, spec.sms, spec.cc_major, spec.cc_minor, spec.mem_bw, spec.peak_flops, spec.s_sat) == \
         ("mine", 132, 9, 0, 3.35e12, 989e12, 44)
     assert parse_gpu("custom:sms=188,cc=10.0,bw=8e12,flops=2.25e15").cc_major == 10
-    with pytest.raises(ValueError, match="'speed'"):
+    with pytest.raises(DeviceError, match="'speed'"):
         parse_gpu("custom:sms=132,cc=9.0,bw=3e12,flops=1e15,speed=2")
-    with pytest.raises(ValueError, match="sms"):
+    with pytest.raises(DeviceError, match="sms"):
         parse_gpu("custom:sms=many,cc=9.0,bw=3e12,flops=1e15")
-    with pytest.raises(ValueError, match="cc"):
+    with pytest.raises(DeviceError, match="cc"):
         parse_gpu("custom:sms=132,cc=nine,bw=3e12,flops=1e15")
-    with pytest.raises(ValueError, match="mfu"):
+    with pytest.raises(DeviceError, match="mfu"):
         parse_gpu("custom:sms=132,cc=9.0,bw=3e12,flops=1e15,mfu=1.5")
-    with pytest.raises(ValueError, match="unknown GPU"):
+    with pytest.raises(DeviceError, match="unknown GPU"):
         parse_gpu("TPU")

@@ -39,7 +39,11 @@ def test_seeded_sampling_is_reproducible_and_stops_at_max_tokens(tokenizer):
     (["--model", "synthetic:nope", "hi"], "unknown synthetic model"),
     (["--chat", "--max-tokens", "8180", "What is the capital of France?"],
      "prompt of 37 tokens + max_tokens 8180 exceeds the model's context of 8192 tokens"),
-    (["--chat", "--kv-tokens", "32", "What is the capital of France?"], "KV cache full"),
+    (["--chat", "--kv-tokens", "32", "What is the capital of France?"],
+     "KV cache too small: request 0 (37-token prompt + max_tokens 128) needs 165 tokens, the whole cache holds 32"),
+    (["--device", "sim:H100", "hi"], "a simulated GPU runs no model"),
+    (["--device", "cuda:x", "hi"], "the GPU index must be a number"),
+    (["--device", "tpu", "hi"], "unknown device 'tpu'"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message):
     p = generate(*args)

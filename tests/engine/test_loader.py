@@ -10,7 +10,9 @@ from gguf.quants import quantize
 
 from pdtop.engine.errors import EngineError, ModelFileError, UnsupportedModelError
 from pdtop.engine.model.loader import default_model_path, load_gguf, load_model, read_config
-from pdtop.engine.runtime.runner import ModelRunner, SamplingParams
+from pdtop.engine.request import Request, SamplingParams
+from pdtop.engine.runtime.runner import ModelRunner
+from pdtop.engine.scheduling.scheduler import generate
 
 Q = gguf.GGMLQuantizationType
 TINY = dict(layers=2, hidden=256, heads=4, kv_heads=2, ffn=512, vocab=320)
@@ -134,10 +136,8 @@ def test_q6_k_and_tiny_model_runs(tmp_path):
     assert np.all(loaded.tensors["blk.0.ffn_down.weight"] == 1.5)
     model = load_model(path)
     runner = ModelRunner(model, kv_capacity_tokens=64)
-    seq = runner.add_sequence([5, 6, 7], SamplingParams(max_tokens=4, ignore_eos=True))
-    runner.prefill([seq])
-    while not seq.finished:
-        runner.decode([seq])
+    seq = Request(0, [5, 6, 7], SamplingParams(max_tokens=4, ignore_eos=True))
+    assert list(generate(runner, seq)) == seq.output_ids
     assert len(seq.output_ids) == 4 and all(0 <= t < TINY["vocab"] for t in seq.output_ids)
 
 

@@ -9,7 +9,9 @@ import torch
 from pdtop.engine.errors import EngineError
 from pdtop.engine.model.loader import load_model
 from pdtop.engine.model.llama import ForwardBatch, Segment, synthetic_model
-from pdtop.engine.runtime.runner import ModelRunner, SamplingParams
+from pdtop.engine.request import Request, SamplingParams
+from pdtop.engine.runtime.runner import ModelRunner
+from pdtop.engine.scheduling.scheduler import append_token, generate
 
 # Batched and lone runs use different matmul row counts, so oneDNN may sum in another order:
 # logits (magnitude ~10-30) may differ by float32 rounding, never by more than this.
@@ -21,11 +23,7 @@ def chat_ids(tokenizer, text: str) -> list[int]:
 
 
 def greedy(runner, ids: list[int], max_tokens: int = 32) -> list[int]:
-    seq = runner.add_sequence(ids, SamplingParams(max_tokens=max_tokens))
-    runner.prefill([seq])
-    while not seq.finished:
-        runner.decode([seq])
-    return seq.output_ids
+    return list(generate(runner, Request(0, ids, SamplingParams(max_tokens=max_tokens))))
 
 
 def test_reference_answer(runner, tokenizer, model_fp32):
@@ -41,7 +39,8 @@ def test_layer_ranges_compose(model_fp32, tokenizer):
 
     def run(cuts: list[int]) -> torch.Tensor:
         r = ModelRunner(model_fp32, kv_capacity_tokens=256)
-        seq = r.add_sequence(ids)
+        seq = Request(0, ids)
+        r.admit(seq)
         slots = torch.as_tensor(r.kv.slots(seq.table, 0, len(ids)))
         batch = ForwardBatch(kv=r.kv, positions=torch.arange(len(ids)), slots=slots,
                              segments=[Segment(offset=0, length=len(ids), prefix=0)])
@@ -63,7 +62,9 @@ def test_bfloat16_model_agrees_with_float32(gguf_path, tokenizer, model_fp32):
     logits = {}
     for name, m in (("bf16", bf16), ("fp32", model_fp32)):
         r = ModelRunner(m, kv_capacity_tokens=256)
-        state = r.prefill_begin([r.add_sequence(ids)])
+        req = Request(0, ids)
+        r.admit(req)
+        state = r.prefill_begin([req])
         r.prefill_layers(state, 0, m.num_layers)
         r.prefill_finish(state)
         logits[name] = state.logits[0]
@@ -81,14 +82,22 @@ def test_synthetic_qwen3_8b_two_layers_on_cpu():
     cfg = m.config
     assert (cfg.num_layers, cfg.hidden, cfg.vocab, cfg.qk_norm) == (2, 4096, 151936, True)
     r = ModelRunner(m, kv_capacity_tokens=128)
-    seqs = [r.add_sequence(list(range(100, 100 + n)), SamplingParams(max_tokens=3, ignore_eos=True)) for n in (9, 20)]
+    seqs = [Request(n, list(range(100, 100 + n)), SamplingParams(max_tokens=3, ignore_eos=True)) for n in (9, 20)]
+    for s in seqs:
+        r.admit(s)
+
+    def take(tokens: list[int]) -> None:
+        for s, t in zip(seqs, tokens):
+            append_token(s, t, 0.0, cfg.eos_ids)
+
     state = r.prefill_begin(seqs)
     r.prefill_layers(state, 0, 1)
     r.prefill_layers(state, 1, 2)
-    r.prefill_finish(state)
+    take(r.prefill_finish(state))
     assert torch.isfinite(state.logits).all() and state.logits.std() > 0
-    r.decode(seqs)
+    take(r.decode(seqs))
     toks, first = r.chunk_step(seqs, None, 0)
+    take(toks)
     assert all(s.finished and len(s.output_ids) == 3 for s in seqs) and first is None
     assert all(0 <= t < cfg.vocab for s in seqs for t in s.output_ids)
     del m, r

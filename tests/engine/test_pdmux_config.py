@@ -1,7 +1,8 @@
 """PdmuxConfig: SGLang-compatible YAML, per-field validation, live replacement."""
 import pytest
 
-from pdtop.engine.scheduling.pdmux_config import ConfigError, PdmuxConfig, load_pdmux_config, validate
+from pdtop.engine.errors import ConfigError
+from pdtop.engine.scheduling.pdmux_config import PdmuxConfig, load_pdmux_config, validate
 
 
 def write(tmp_path, text, name="pdmux.yaml"):

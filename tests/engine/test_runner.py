@@ -1,14 +1,18 @@
 """ModelRunner on the real model: batching, layer-split prefill, chunked steps, bad input,
-KV accounting, threads and seeded sampling."""
+KV accounting, threads and seeded sampling. The runner returns tokens; the tests hand them
+to the scheduler's `append_token`, as the scheduler does."""
 from __future__ import annotations
 
+import itertools
 import threading
 
 import pytest
 import torch
 
 from pdtop.engine.errors import KVCapacityError, PromptError
-from pdtop.engine.runtime.runner import SamplingParams, length_groups
+from pdtop.engine.request import Request, RequestStatus, SamplingParams
+from pdtop.engine.runtime.runner import length_groups
+from pdtop.engine.scheduling.scheduler import append_token, generate
 
 # See test_model.LOGIT_ATOL: different row counts may change float32 summation order.
 LOGIT_ATOL = 1e-3
@@ -19,6 +23,7 @@ TEXTS = [
     "Hi",
     "Explain in two sentences why the sky is blue, for a child of seven.",
 ]
+_ids = itertools.count()
 
 
 @pytest.fixture(scope="module")
@@ -30,9 +35,22 @@ def params(n: int = 8, **kw) -> SamplingParams:
     return SamplingParams(max_tokens=n, ignore_eos=True, **kw)
 
 
-def finish(r, seqs) -> None:
-    while live := [s for s in seqs if not s.finished]:
-        r.decode(live)
+def admit(r, prompt: list[int], p: SamplingParams | None = None) -> Request:
+    req = Request(next(_ids), list(prompt), p or params())
+    r.admit(req)
+    return req
+
+
+def take(r, reqs: list[Request], tokens: list[int]) -> None:
+    """What the scheduler does with sampled tokens: append each, free the requests that finished."""
+    for req, tok in zip(reqs, tokens):
+        if append_token(req, tok, 0.0, r.config.eos_ids):
+            r.free(req)
+
+
+def finish(r, reqs: list[Request]) -> None:
+    while live := [q for q in reqs if not q.finished]:
+        take(r, live, r.decode(live))
 
 
 @pytest.fixture(scope="module")
@@ -43,14 +61,14 @@ def alone(model_fp32, prompts):
     r = ModelRunner(model_fp32, kv_capacity_tokens=1024)
     logits, tokens = [], []
     for p in prompts:
-        s = r.add_sequence(p, params())
+        s = admit(r, p)
         state = r.prefill_begin([s])
         r.prefill_layers(state, 0, model_fp32.num_layers)
-        r.prefill_finish(state)
+        take(r, [s], r.prefill_finish(state))
         logits.append(state.logits[0])
         finish(r, [s])
         tokens.append(s.output_ids)
-    assert r.kv.used_tokens == 0
+    assert r.kv.pool.used_tokens == 0
     return logits, tokens
 
 
@@ -61,12 +79,14 @@ def test_prompts_have_different_lengths(prompts):
 @pytest.mark.parametrize("per_call", [1, 3, 7, 30])
 def test_batched_layer_split_prefill_matches_alone(runner, prompts, alone, per_call):
     r = runner()
-    seqs = [r.add_sequence(p, params()) for p in prompts]
+    seqs = [admit(r, p) for p in prompts]
     state = r.prefill_begin(seqs)
     assert state.tokens == sum(map(len, prompts))
     for start in range(0, 30, per_call):
         r.prefill_layers(state, start, min(30, start + per_call))
     first = r.prefill_finish(state)
+    assert all(s.output_ids == [] for s in seqs)  # returned, not appended
+    take(r, seqs, first)
     for i, s in enumerate(seqs):
         assert (state.logits[i] - alone[0][i]).abs().max() <= LOGIT_ATOL
         assert s.num_cached == len(prompts[i]) and s.output_ids == [first[i]] == alone[1][i][:1]
@@ -76,14 +96,16 @@ def test_batched_layer_split_prefill_matches_alone(runner, prompts, alone, per_c
 
 def test_batched_decode_of_different_lengths_matches_alone(runner, prompts):
     r = runner()
-    seqs = [r.add_sequence(p, params(16)) for p in prompts]
-    r.prefill(seqs)
-    r.decode(seqs[:2])  # contexts now differ further: two sequences are one token ahead
+    seqs = [admit(r, p, params(16)) for p in prompts]
+    take(r, seqs, r.prefill(seqs))
+    take(r, seqs[:2], r.decode(seqs[:2]))  # contexts now differ further: two requests are one token ahead
     batched = r.next_logits(seqs)
     for i, s in enumerate(seqs):
         assert (r.next_logits([s])[0] - batched[i]).abs().max() <= LOGIT_ATOL
     before = [list(s.output_ids) for s in seqs]
-    r.decode(seqs)
+    tokens = r.decode(seqs)
+    assert [s.output_ids for s in seqs] == before  # the runner appends nothing
+    take(r, seqs, tokens)
     assert [s.output_ids[:-1] for s in seqs] == before
 
 
@@ -91,8 +113,8 @@ def test_batched_decode_of_different_lengths_matches_alone(runner, prompts):
 def test_chunk_step_matches_whole_prompt_prefill(runner, prompts, alone, chunk, count):
     """Prompts 1.. arrive while earlier ones decode; each is prefilled in chunks mixed with decode rows."""
     r = runner()
-    seqs = [r.add_sequence(p, params()) for p in prompts[:count]]
-    r.prefill(seqs[:1])
+    seqs = [admit(r, p) for p in prompts[:count]]
+    take(r, seqs[:1], r.prefill(seqs[:1]))
     decoding = [seqs[0]]
     for s in seqs[1:]:
         first = None
@@ -102,6 +124,8 @@ def test_chunk_step_matches_whole_prompt_prefill(runner, prompts, alone, chunk, 
             toks, first = r.chunk_step(live, s, chunk)
             assert len(toks) == len(live)
             assert s.num_cached == min(before + chunk, len(s.prompt_ids))
+            take(r, live, toks)
+        take(r, [s], [first])
         assert s.output_ids == [first]
         decoding.append(s)
     finish(r, seqs)
@@ -110,84 +134,139 @@ def test_chunk_step_matches_whole_prompt_prefill(runner, prompts, alone, chunk, 
 
 def test_chunk_step_without_chunk_is_a_decode(runner, prompts, alone):
     r = runner()
-    seqs = [r.add_sequence(p, params()) for p in prompts[:2]]
-    r.prefill(seqs)
-    while not all(s.finished for s in seqs):
-        toks, first = r.chunk_step([s for s in seqs if not s.finished], None, 0)
+    seqs = [admit(r, p) for p in prompts[:2]]
+    take(r, seqs, r.prefill(seqs))
+    while live := [s for s in seqs if not s.finished]:
+        toks, first = r.chunk_step(live, None, 0)
         assert first is None
+        take(r, live, toks)
     assert [s.output_ids for s in seqs] == alone[1][:2]
 
 
 def test_bad_requests_change_nothing_and_runner_goes_on(runner, prompts, alone):
     r = runner(kv_capacity_tokens=160, block_size=16)  # 10 blocks
-    cfg = r.config
+    pool, cfg = r.kv.pool, r.config
     with pytest.raises(PromptError, match="empty prompt"):
-        r.add_sequence([], params())
+        admit(r, [])
     with pytest.raises(PromptError, match=f"exceeds the model's context of {cfg.max_context}"):
-        r.add_sequence(prompts[0], params(cfg.max_context))
+        admit(r, prompts[0], params(cfg.max_context))
     with pytest.raises(PromptError, match="outside the vocabulary"):
-        r.add_sequence([1, cfg.vocab], params())
+        admit(r, [1, cfg.vocab])
     with pytest.raises(PromptError, match="max_tokens"):
-        r.add_sequence([1, 2], SamplingParams(max_tokens=0))
+        admit(r, [1, 2], SamplingParams(max_tokens=0))
     with pytest.raises(PromptError, match="top_p"):
-        r.add_sequence([1, 2], SamplingParams(temperature=1.0, top_p=0.0))
-    with pytest.raises(KVCapacityError, match="KV cache full"):
-        r.add_sequence(list(range(10, 10 + 161)), params())
-    assert r.kv.used_tokens == 0 and r.kv.free_blocks == 10
+        admit(r, [1, 2], SamplingParams(temperature=1.0, top_p=0.0))
+    with pytest.raises(PromptError, match="KV cache too small"):  # could never fit: waiting would be forever
+        admit(r, list(range(10, 10 + 150)), params(20))
+    assert pool.used_tokens == 0 and pool.free_blocks == 10 and pool.committed_blocks == 0
 
-    # fill the cache so that a decode step needs a block nobody has
-    a = r.add_sequence(prompts[3], params(200))     # longest prompt
-    b = r.add_sequence(list(range(200, 200 + 16 * (10 - len(a.table.blocks)))), params(200))
-    assert r.kv.free_blocks == 0
-    r.prefill([a, b])
-    state = [(list(s.output_ids), s.num_cached, list(s.table.blocks)) for s in (a, b)]
-    used = r.kv.used_tokens
-    while a.num_cached + 1 <= len(a.table.blocks) * 16:
-        r.decode([a])  # a fills its last block
-        state[0] = (list(a.output_ids), a.num_cached, list(a.table.blocks))
-        used = r.kv.used_tokens
+    # admission promises prompt + max_tokens: a request that does not fit beside the others waits
+    a = admit(r, prompts[3], params(8))  # longest prompt
+    promised_a = pool.blocks_for(len(prompts[3]) + 8)
+    assert (len(a.table.blocks), pool.committed_blocks) == (-(-len(prompts[3]) // 16), promised_a)
+    rest = 16 * (10 - promised_a)
     with pytest.raises(KVCapacityError, match="KV cache full"):
-        r.decode([a, b])  # b needs a new block right away
+        admit(r, list(range(200, 200 + rest)), params(1))  # one token more than the blocks left
+    assert pool.committed_blocks == promised_a
+    b = admit(r, list(range(200, 200 + rest - 1)), params(1))
+    assert pool.committed_blocks == 10
+    take(r, [a, b], r.prefill([a, b]))
+    assert b.finished and pool.committed_blocks == promised_a  # b's one token ended it and freed its KV
+    finish(r, [a])  # growth within a promise never fails
+    assert a.output_ids == alone[1][3][:8] and pool.used_tokens == 0 and pool.free_blocks == 10
+
+    # a caller that decodes past max_tokens grows past the promise: free blocks or KVCapacityError
+    a = admit(r, prompts[3], params(8))
+    b = admit(r, list(range(200, 200 + rest - 2)), params(2))  # stays: every block is held or promised
+    take(r, [a, b], r.prefill([a, b]))
+    a.params.max_tokens = 1000  # not what a scheduler does: it keeps a within its promise
+    while a.num_cached + 1 <= promised_a * 16:
+        take(r, [a], r.decode([a]))
+    state = (list(a.output_ids), a.num_cached, list(a.table.blocks), pool.used_tokens)
+    with pytest.raises(KVCapacityError, match="KV cache full"):
+        r.decode([a])
     with pytest.raises(KVCapacityError):
-        r.chunk_step([a, b], None, 0)
-    assert [(list(s.output_ids), s.num_cached, list(s.table.blocks)) for s in (a, b)] == state
-    assert r.kv.used_tokens == used
+        r.chunk_step([a], None, 0)
+    assert (list(a.output_ids), a.num_cached, list(a.table.blocks), pool.used_tokens) == state
 
-    r.free(b)
-    r.free(b)  # idempotent
     r.free(a)
-    assert r.kv.used_tokens == 0 and r.kv.free_blocks == 10
-    s = r.add_sequence(prompts[0], params())
-    r.prefill([s])
+    r.free(a)  # idempotent
+    r.free(b)
+    assert pool.used_tokens == 0 and pool.free_blocks == 10 and pool.committed_blocks == 0
+    s = admit(r, prompts[0])
+    take(r, [s], r.prefill([s]))
     finish(r, [s])
     assert s.output_ids == alone[1][0]
 
 
 def test_kv_accounting_and_release_on_finish(runner, prompts):
     r = runner(kv_capacity_tokens=1024)
-    s = r.add_sequence(prompts[2], params(3))
-    assert r.kv.used_tokens == len(prompts[2]) and len(s.table.blocks) == -(-len(prompts[2]) // 16)
-    r.prefill([s])
-    r.decode([s])
-    assert r.kv.used_tokens == len(prompts[2]) + 1 == s.num_cached
-    r.decode([s])
+    pool = r.kv.pool
+    s = admit(r, prompts[2], params(3))
+    assert pool.used_tokens == len(prompts[2]) and len(s.table.blocks) == -(-len(prompts[2]) // 16)
+    take(r, [s], r.prefill([s]))
+    take(r, [s], r.decode([s]))
+    assert pool.used_tokens == len(prompts[2]) + 1 == s.num_cached
+    take(r, [s], r.decode([s]))
     assert s.finished and s.finish_reason == "length" and len(s.output_ids) == 3
-    assert r.kv.used_tokens == 0 and r.kv.used_blocks == 0
+    assert pool.used_tokens == 0 and pool.used_blocks == 0
     with pytest.raises(ValueError, match="not decoding"):
         r.decode([s])
 
 
+def test_a_token_must_be_appended_between_steps(runner, prompts):
+    """The runner returns tokens and never appends them: decoding again without appending is refused."""
+    r = runner()
+    s = admit(r, prompts[2])
+    with pytest.raises(ValueError, match="not decoding"):
+        r.decode([s])  # not prefilled
+    first = r.prefill([s])
+    assert s.output_ids == [] and s.status is RequestStatus.WAITING
+    with pytest.raises(ValueError, match="not decoding"):
+        r.decode([s])  # its first token was not appended
+    take(r, [s], first)
+    assert s.status is RequestStatus.DECODING
+    r.decode([s])
+    with pytest.raises(ValueError, match="one token must be appended per step"):
+        r.decode([s])
+
+
+def test_free_is_refused_while_the_prefill_is_in_flight(runner, prompts):
+    r = runner()
+    s = admit(r, prompts[0])
+    state = r.prefill_begin([s])
+    r.prefill_layers(state, 0, 10)
+    with pytest.raises(ValueError, match="in flight"):
+        r.free(s)
+    assert s.table.blocks  # nothing was released
+    r.prefill_layers(state, 10, 30)
+    r.prefill_finish(state)
+    r.free(s)
+    assert r.kv.pool.used_tokens == 0
+
+
+def test_generate_runs_one_request_through_the_schedulers_rule(runner, prompts, alone):
+    r = runner()
+    req = Request(0, prompts[1], params())
+    assert list(generate(r, req)) == req.output_ids == alone[1][1]
+    assert req.finish_reason == "length" and len(req.token_times) == 8 and r.kv.pool.used_tokens == 0
+    stopped = Request(1, prompts[1], params())
+    for _ in generate(r, stopped):
+        break  # a caller that stops early still frees the KV
+    assert stopped.output_ids == alone[1][1][:1] and r.kv.pool.used_tokens == 0
+
+
 def test_eos_finishes(runner, prompts, model_fp32):
     r = runner()
-    s = r.add_sequence(prompts[0], SamplingParams(max_tokens=64))
-    r.prefill([s])
+    s = admit(r, prompts[0], SamplingParams(max_tokens=64))
+    take(r, [s], r.prefill([s]))
     finish(r, [s])
     assert s.finish_reason == "eos" and s.output_ids[-1] in model_fp32.config.eos_ids
 
 
 def test_layer_calls_must_come_in_order(runner, prompts):
     r = runner()
-    state = r.prefill_begin([r.add_sequence(prompts[0], params())])
+    state = r.prefill_begin([admit(r, prompts[0])])
     with pytest.raises(ValueError, match="next layer is 0"):
         r.prefill_layers(state, 1, 2)
     r.prefill_layers(state, 0, 10)
@@ -200,17 +279,18 @@ def test_layer_calls_must_come_in_order(runner, prompts):
 def test_prefill_on_one_thread_while_decode_runs_on_another(runner, prompts, alone):
     """What the CPU device does: a layer-split prefill and decode steps at the same time."""
     r = runner()
-    dec = [r.add_sequence(p, params()) for p in prompts[:2]]
-    pre = [r.add_sequence(p, params()) for p in prompts[2:]]
-    r.prefill(dec)
+    dec = [admit(r, p) for p in prompts[:2]]
+    pre = [admit(r, p) for p in prompts[2:]]
+    take(r, dec, r.prefill(dec))
     errors: list[BaseException] = []
+    firsts: list[int] = []
     state = r.prefill_begin(pre)
 
     def prefill_side() -> None:
         try:
             for start in range(0, 30, 2):
                 r.prefill_layers(state, start, start + 2)
-            r.prefill_finish(state)
+            firsts.extend(r.prefill_finish(state))
         except BaseException as e:  # surfaced below
             errors.append(e)
 
@@ -219,9 +299,10 @@ def test_prefill_on_one_thread_while_decode_runs_on_another(runner, prompts, alo
     while t.is_alive() or not all(s.finished for s in dec):
         live = [s for s in dec if not s.finished]
         if live:
-            r.decode(live)
+            take(r, live, r.decode(live))
     t.join()
     assert not errors
+    take(r, pre, firsts)
     finish(r, pre)
     assert [s.output_ids for s in dec + pre] == alone[1]
 
@@ -229,14 +310,15 @@ def test_prefill_on_one_thread_while_decode_runs_on_another(runner, prompts, alo
 def test_seeded_sampling_does_not_depend_on_batching(runner, prompts):
     p = dict(temperature=0.9, top_p=0.95, seed=1234)
     r = runner()
-    lone = r.add_sequence(prompts[1], params(12, **p))
-    r.prefill([lone])
+    lone = admit(r, prompts[1], params(12, **p))
+    take(r, [lone], r.prefill([lone]))
     finish(r, [lone])
-    others = [r.add_sequence(q, params(12, temperature=1.0, seed=i)) for i, q in enumerate(prompts)]
-    again = r.add_sequence(prompts[1], params(12, **p))
-    r.prefill(others[:2])
-    r.decode(others[:2])
-    r.prefill([others[2], again, others[3]])
+    others = [admit(r, q, params(12, temperature=1.0, seed=i)) for i, q in enumerate(prompts)]
+    again = admit(r, prompts[1], params(12, **p))
+    take(r, others[:2], r.prefill(others[:2]))
+    take(r, others[:2], r.decode(others[:2]))
+    batch = [others[2], again, others[3]]
+    take(r, batch, r.prefill(batch))
     finish(r, others + [again])
     assert again.output_ids == lone.output_ids
     seeds = {tuple(s.output_ids) for s in others}
@@ -280,8 +362,8 @@ def test_decode_of_widely_different_lengths_matches_alone(runner, tokenizer):
     """Short rows and a 900-token row fall in separate length groups; logits match each row alone."""
     r = runner()
     text = tokenizer.encode("The river carries sand toward the sea. " * 120)
-    seqs = [r.add_sequence(text[:n], params(4)) for n in (7, 30, 900)]
-    r.prefill(seqs)
+    seqs = [admit(r, text[:n], params(4)) for n in (7, 30, 900)]
+    take(r, seqs, r.prefill(seqs))
     assert len(length_groups([s.num_cached + 1 for s in seqs])) == 2
     batched = r.next_logits(seqs)
     for i, s in enumerate(seqs):

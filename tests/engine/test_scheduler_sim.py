@@ -8,12 +8,13 @@ import sys
 import pytest
 
 from pdtop.analysis.policy_bench import SCENARIOS, run_policy
-from pdtop.engine.scheduling.control import ControlError
-from pdtop.engine.build import build_engine
 from pdtop.analysis.estimate import estimate
+from pdtop.engine.build import build_engine, parse_device
+from pdtop.engine.errors import ConfigError, ControlError, EngineError
 from pdtop.engine.model.config import synthetic_config
+from pdtop.engine.records import ConfigChange, RequestRecord, RoundRecord
+from pdtop.engine.request import RequestStatus
 from pdtop.engine.roofline.gpu_specs import parse_gpu
-from pdtop.engine.records import ConfigChange, RoundRecord
 from pdtop.engine.scheduling.splits import choose, prefill_layers_per_step, stream_groups
 from pdtop.engine.scheduling.workload import WorkloadSpec
 
@@ -145,3 +146,67 @@ def test_policy_switch_waits_for_in_flight_prefill():
     engine.run_until_idle()
     engine.step()
     assert engine.scheduler.policy == "chunked"
+
+
+def test_kv_admission_waits_for_room_and_rejects_what_can_never_fit():
+    """The simulator counts KV with the runner's block pool: a request is admitted once its
+    prompt + max_tokens fits beside the others' promises; more than the whole cache is rejected."""
+    engine = build_engine("sim:H100", kv_capacity_tokens=4096)
+    pool = engine.executor.pool
+    reqs = [engine.submit(engine.prompts.make(1000), 500, ignore_eos=True) for _ in range(4)]  # 94 of 256 blocks each
+    huge = engine.submit(engine.prompts.make(5000), 4, ignore_eos=True)
+    seen: list = []
+    engine.add_sink(seen.append)
+    rounds = []
+    while not engine.scheduler.idle():
+        rounds.append(engine.step())
+        assert pool.committed_blocks <= pool.num_blocks
+        live = [r for r in reqs if r.status is not RequestStatus.WAITING and not r.finished]
+        assert pool.used_tokens == sum(r.num_cached for r in live if r.num_cached) + \
+            sum(r.prompt_len for r in live if not r.num_cached)
+    assert max(r.running for r in rounds) == 2 and rounds[0].waiting == 3  # two at a time; FIFO: huge waits too
+    assert all(len(r.output_ids) == 500 for r in reqs) and pool.used_tokens == pool.committed_blocks == 0
+    assert huge.finish_reason == "rejected" and "KV cache too small" in huge.error
+    assert any(isinstance(r, RequestRecord) and r.request_id == huge.id and r.finish_reason == "rejected" for r in seen)
+
+
+def test_pin_dropped_by_new_levels_is_announced():
+    engine = build_engine("sim:H100")
+    seen: list = []
+    engine.add_sink(seen.append)
+    engine.control({"cmd": "pin_level", "level": 6})
+    engine.step()
+    engine.control({"cmd": "set", "manual_divisions": [[112, 20, 0]]})
+    rec = engine.step()
+    change = [r for r in seen if isinstance(r, ConfigChange)][-1]
+    assert not rec.pinned and engine.config_dict()["pinned_level"] is None
+    assert change.changes["pinned_level"] == {"old": 6, "new": None} and "levels" in change.changes
+
+
+@pytest.mark.parametrize("text, kind, index, gpu", [
+    ("cpu", "cpu", 0, None), ("cuda", "cuda", 0, None), ("cuda:3", "cuda", 3, None), ("sim:h20", "sim", 0, "H20"),
+    ("sim:custom:sms=16,cc=8.0,bw=1e12,flops=1e14,name=tiny", "sim", 0, "tiny"),
+])
+def test_parse_device(text, kind, index, gpu):
+    d = parse_device(text)
+    assert (d.kind, d.index, d.gpu.name if d.gpu else None) == (kind, index, gpu)
+
+
+@pytest.mark.parametrize("text, words", [("tpu", "unknown device 'tpu'"), ("cuda:x", "GPU index"),
+                                         ("sim:B300", "unknown GPU 'B300'"), ("sim:", "unknown GPU")])
+def test_bad_device_strings_are_one_engine_error(text, words):
+    with pytest.raises(EngineError, match=words):
+        build_engine(text)
+
+
+def test_bad_policy_is_a_config_error():
+    with pytest.raises(ConfigError, match="policy"):
+        build_engine("sim:H100", policy="fastest")
+
+
+def test_pin_queued_before_fewer_levels_is_dropped_not_fatal():
+    engine = build_engine("sim:H100")
+    engine.control({"cmd": "set", "manual_divisions": [[112, 20, 0]]})  # 3 levels from the next boundary
+    engine.control({"cmd": "pin_level", "level": 6})  # valid against today's 8 levels
+    rec = engine.step()
+    assert not rec.pinned and engine.describe()["levels"] == [[132, 0], [112, 20], [0, 132]]

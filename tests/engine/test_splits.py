@@ -1,7 +1,8 @@
 """SGLang's split and selection rules (the seed's tables), the CPU levels and manual divisions."""
 import pytest
 
-from pdtop.engine.scheduling.pdmux_config import ConfigError, PdmuxConfig
+from pdtop.engine.errors import ConfigError, DeviceError
+from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
 from pdtop.engine.scheduling.splits import (
     SplitTable, choose, choose_manual, cpu_groups, divide_sm, manual_groups, prefill_layers_per_step,
     stream_groups,
@@ -84,11 +85,11 @@ def test_newer_architectures_behave_like_hopper():
 
 
 def test_unsupported_or_too_small_is_a_clear_error():
-    with pytest.raises(ValueError, match="compute capability 5"):
+    with pytest.raises(DeviceError, match="compute capability 5"):
         stream_groups(132, 5)
-    with pytest.raises(ValueError, match="31 SMs"):
+    with pytest.raises(DeviceError, match="31 SMs"):
         stream_groups(31, 9)
-    with pytest.raises(ValueError, match="SMs"):
+    with pytest.raises(DeviceError, match="SMs"):
         stream_groups(0, 9)
 
 
@@ -130,7 +131,7 @@ def test_cpu_level_rule():
 
 
 def test_cpu_needs_two_cores():
-    with pytest.raises(ValueError, match="at least 2 cores"):
+    with pytest.raises(DeviceError, match="at least 2 cores"):
         cpu_groups(1)
 
 

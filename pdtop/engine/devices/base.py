@@ -22,10 +22,6 @@ class Work:
     run: Callable[[], Any] | None = None  # None on simulated devices
 
 
-class DeviceError(RuntimeError):
-    """The device cannot be used (missing driver, no green contexts, bad spec)."""
-
-
 class Device(ABC):
     name: str
     kind: str  # "cpu" | "cuda" | "sim"

@@ -18,7 +18,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from pdtop.engine.devices.base import Device, DeviceError, Work
+from pdtop.engine.devices.base import Device, Work
+from pdtop.engine.errors import DeviceError
 from pdtop.engine.devices.green_ctx import INSTALL_HINT, GreenContexts, GreenPair
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from pdtop.engine.devices.base import DeviceError
+from pdtop.engine.errors import DeviceError
 from pdtop.engine.roofline.partition import round_sms, sm_granularity  # noqa: F401 (re-exported for callers)
 
 GREEN_CTX_MIN_DRIVER = 12040  # cuGreenCtxCreate, cuDevSmResourceSplitByCount

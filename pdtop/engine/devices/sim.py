@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pdtop.engine.roofline.cost import decode_time, prefill_time
 from pdtop.engine.devices.base import Device, Work
+from pdtop.engine.roofline.cost import decode_time, memory_time, prefill_time
 from pdtop.engine.roofline.gpu_specs import GpuSpec, parse_gpu
 
 
@@ -43,12 +43,11 @@ class SimDevice(Device):
         return units if units > 0 else self.units  # an empty side's work time-shares the other side
 
     def decode_seconds(self, work: Work, sms: int) -> float:
-        compute = work.flops / (self.spec.peak_flops * self.spec.mfu * sms / self.spec.sms)
-        return max(compute, decode_time(self.spec, work.bytes, sms))
+        """Memory-bound on `sms` SMs, unless its FLOPs (at prefill's MFU) take longer."""
+        return max(prefill_time(self.spec, work.flops, sms), decode_time(self.spec, work.bytes, sms))
 
     def prefill_seconds(self, work: Work, sms: int) -> float:
-        memory = work.bytes / (self.spec.mem_bw * self.spec.bw_eff)
-        return max(prefill_time(self.spec, work.flops, sms), memory)
+        return max(prefill_time(self.spec, work.flops, sms), memory_time(self.spec, work.bytes))
 
     def idle(self, seconds: float) -> None:
         self.clock += seconds
@@ -78,7 +77,6 @@ class SimDevice(Device):
         self.wait_prefill()
         if work.kind == "decode":
             self.clock += self.decode_seconds(work, self.units)
-        else:  # the seed's chunked step: compute of everything at full SMs, or the decode step if longer
-            compute = work.flops / (self.spec.peak_flops * self.spec.mfu)
-            self.clock += max(compute, work.bytes / (self.spec.mem_bw * self.spec.bw_eff))
+        else:  # the seed's chunked step: compute of everything at full SMs, or its bytes if longer
+            self.clock += self.prefill_seconds(work, self.units)
         return work.run() if work.run else None

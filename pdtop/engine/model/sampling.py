@@ -6,32 +6,9 @@ its batch or in what order the scheduler ran them.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from pdtop.engine.errors import PromptError
-
-
-@dataclass
-class SamplingParams:
-    temperature: float = 0.0   # 0 = greedy
-    top_p: float = 1.0
-    seed: int = 0
-    max_tokens: int = 64
-    ignore_eos: bool = False
-
-    def validate(self) -> None:
-        if not self.temperature >= 0:
-            raise PromptError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise PromptError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.max_tokens < 1:
-            raise PromptError(f"max_tokens must be >= 1, got {self.max_tokens}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
+from pdtop.engine.request import SamplingParams
 
 
 def make_generator(params: SamplingParams) -> torch.Generator | None:

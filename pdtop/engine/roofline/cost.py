@@ -63,6 +63,11 @@ def decode_time(spec: GpuSpec, nbytes: float, sms: int) -> float:
     return nbytes / (spec.mem_bw * spec.bw_eff * min(1.0, sms / spec.s_sat))
 
 
+def memory_time(spec: GpuSpec, nbytes: float) -> float:
+    """Seconds to stream `nbytes` at the achieved bandwidth of the whole GPU (peak * bw_eff)."""
+    return nbytes / (spec.mem_bw * spec.bw_eff)
+
+
 def prefill_time(spec: GpuSpec, flops: float, sms: int) -> float:
     """Seconds for `flops` on `sms` SMs: peak * mfu, proportional to the share of SMs."""
     if sms <= 0:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from pdtop.engine.errors import DeviceError
+
 
 @dataclass(frozen=True)
 class GpuSpec:
@@ -40,14 +42,14 @@ CUSTOM_HELP = "custom:sms=132,cc=9.0,bw=3.35e12,flops=989e12[,bw_eff=0.85,mfu=0.
 
 
 def parse_cc(text: str) -> tuple[int, int]:
-    """'9.0' or '9' -> (9, 0)."""
+    """'9.0' or '9' -> (9, 0); DeviceError otherwise."""
     major, _, minor = text.strip().partition(".")
     try:
         cc = (int(major), int(minor or 0))
     except ValueError:
-        raise ValueError(f"compute capability must look like 9.0, got {text!r}") from None
+        raise DeviceError(f"compute capability must look like 9.0, got {text!r}") from None
     if cc[0] < 0 or cc[1] < 0:
-        raise ValueError(f"compute capability must look like 9.0, got {text!r}")
+        raise DeviceError(f"compute capability must look like 9.0, got {text!r}")
     return cc
 
 
@@ -55,42 +57,43 @@ def _positive(key: str, text: str, kind: type) -> float:
     try:
         value = kind(float(text)) if kind is int and "e" in text.lower() else kind(text)
     except ValueError:
-        raise ValueError(f"custom GPU: {key}={text!r} is not a {'whole ' if kind is int else ''}number") from None
+        raise DeviceError(f"custom GPU: {key}={text!r} is not a {'whole ' if kind is int else ''}number") from None
     if not (value > 0 and math.isfinite(value)):
-        raise ValueError(f"custom GPU: {key} must be > 0, got {text}")
+        raise DeviceError(f"custom GPU: {key} must be > 0, got {text}")
     return value
 
 
 def parse_gpu(text: str) -> GpuSpec:
-    """A known name (case-insensitive: H100, H200, A100, H20) or a `custom:key=value,...` spec."""
+    """A known name (case-insensitive: H100, H200, A100, H20) or a `custom:key=value,...` spec;
+    DeviceError naming what is wrong otherwise."""
     text = text.strip()
     if not text.lower().startswith("custom:"):
         for name, spec in SPECS.items():
             if name.lower() == text.lower():
                 return spec
-        raise ValueError(f"unknown GPU {text!r}; known: {', '.join(SPECS)}, or {CUSTOM_HELP}")
+        raise DeviceError(f"unknown GPU {text!r}; known: {', '.join(SPECS)}, or {CUSTOM_HELP}")
     fields: dict[str, str] = {}
     for item in filter(None, (s.strip() for s in text[len("custom:"):].split(","))):
         key, eq, value = item.partition("=")
         key = key.strip().lower()
         if not eq or not value.strip():
-            raise ValueError(f"custom GPU: {item!r} must be key=value")
+            raise DeviceError(f"custom GPU: {item!r} must be key=value")
         if key not in _CUSTOM_KEYS:
-            raise ValueError(f"custom GPU: unknown key {key!r}; known: {', '.join(_CUSTOM_KEYS)}")
+            raise DeviceError(f"custom GPU: unknown key {key!r}; known: {', '.join(_CUSTOM_KEYS)}")
         fields[key] = value.strip()
     missing = [k for k in _REQUIRED if k not in fields]
     if missing:
-        raise ValueError(f"custom GPU: missing {', '.join(missing)} (format: {CUSTOM_HELP})")
+        raise DeviceError(f"custom GPU: missing {', '.join(missing)} (format: {CUSTOM_HELP})")
     try:
         major, minor = parse_cc(fields["cc"])
-    except ValueError as exc:
-        raise ValueError(f"custom GPU: cc: {exc}") from None
+    except DeviceError as exc:
+        raise DeviceError(f"custom GPU: cc: {exc}") from None
     extra: dict[str, float] = {}
     for key in ("bw_eff", "mfu"):
         if key in fields:
             extra[key] = _positive(key, fields[key], float)
             if extra[key] > 1:
-                raise ValueError(f"custom GPU: {key} is a fraction in (0, 1], got {fields[key]}")
+                raise DeviceError(f"custom GPU: {key} is a fraction in (0, 1], got {fields[key]}")
     if "s_sat" in fields:
         extra["s_sat"] = _positive("s_sat", fields["s_sat"], float)
     return GpuSpec(

@@ -4,6 +4,8 @@ Per compute capability major version (the seed's table); 10.x and 12.x behave li
 """
 from __future__ import annotations
 
+from pdtop.engine.errors import DeviceError
+
 # compute capability major -> (minimum SMs per part, SM granularity); majors >= 9 use 9's.
 ARCH: dict[int, tuple[int, int]] = {6: (1, 1), 7: (2, 2), 8: (4, 2), 9: (8, 8)}
 MIN_DECODE_SMS = 16  # SGLang never gives decode fewer SMs than this in a split level
@@ -17,7 +19,7 @@ def arch_constraints(major: int) -> tuple[int, int]:
     if isinstance(major, bool) or not isinstance(major, int):
         raise ValueError(f"compute capability major must be an integer, got {major!r}")
     if major < 6:
-        raise ValueError(f"compute capability {major}.x is not supported: green contexts need 6.0 or newer")
+        raise DeviceError(f"compute capability {major}.x is not supported: green contexts need 6.0 or newer")
     return ARCH[min(major, 9)]
 
 

@@ -1,36 +1,39 @@
 """Turns scheduler decisions into device `Work`: the real model, or bookkeeping for the simulator.
 
-Both executors price work the same way (`cost.py`, the seed's roofline terms), so
-bytes moved and FLOPs per round are reported for every device. `Work.run` returns
-the sampled tokens; on the simulator the tokens are placeholders and requests
-finish by length.
+Both executors price work the same way (`roofline/cost.py`, the seed's roofline terms),
+so bytes moved and FLOPs per round are reported for every device, and both count KV
+the same way: a `BlockPool` (inside the runner's `KVCache`, or alone for the simulator)
+is the one owner of KV reservation. `Work.run` returns the sampled tokens, which the
+scheduler appends; on the simulator the tokens are placeholders and requests finish by length.
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from typing import Any
 
-from pdtop.engine.roofline import cost
-from pdtop.engine.model.config import ModelConfig
 from pdtop.engine.devices.base import Work
-from pdtop.engine.errors import KVCapacityError
+from pdtop.engine.model.config import ModelConfig
 from pdtop.engine.request import Request
+from pdtop.engine.roofline import cost
+from pdtop.engine.runtime.block_pool import BlockPool
 
 
 class Executor(ABC):
     cfg: ModelConfig
+    pool: BlockPool  # the one count of KV blocks held and promised
     dtype_bytes: int = 2
 
     @abstractmethod
     def admit(self, req: Request) -> None:
-        """Reserve KV for the prompt; raises KVCapacityError and changes nothing when full."""
+        """Reserve KV for the prompt and promise room for its max_tokens; KVCapacityError (nothing
+        changed) when that does not fit, another EngineError when the request is invalid."""
 
     @abstractmethod
     def release(self, req: Request) -> None: ...
 
-    @abstractmethod
     def kv_usage(self) -> tuple[int, int]:
         """(used tokens, capacity tokens)."""
+        return self.pool.used_tokens, self.pool.capacity_tokens
 
     @abstractmethod
     def _run_decode(self, reqs: list[Request]) -> list[int]: ...
@@ -74,7 +77,7 @@ class Executor(ABC):
         flops = cost.decode_flops(self.cfg, lens) if decode else 0.0
         nbytes = cost.decode_bytes(self.cfg, lens, self.dtype_bytes)
         if req is not None and n:
-            flops += cost.prefill_flops(self.cfg, n, req.prefilled)
+            flops += cost.prefill_flops(self.cfg, n, req.num_cached)
             nbytes += n * self.cfg.kv_bytes_per_token(self.dtype_bytes)
         return Work("mixed", flops, nbytes, lambda: self._run_chunk(decode, req, n))
 
@@ -82,28 +85,23 @@ class Executor(ABC):
 class ModelExecutor(Executor):
     """Runs the real model through a `ModelRunner`."""
 
-    def __init__(self, runner: Any, params_for: Any):
+    def __init__(self, runner: Any):
         self.runner = runner
         self.cfg = runner.config
         self.dtype_bytes = runner.dtype_bytes
-        self._params_for = params_for  # Request -> SamplingParams
+        self.pool = runner.kv.pool
 
     def admit(self, req: Request) -> None:
-        req.handle = self.runner.add_sequence(req.prompt_ids, self._params_for(req))
+        self.runner.admit(req)
 
     def release(self, req: Request) -> None:
-        if req.handle is not None:
-            self.runner.free(req.handle)
-            req.handle = None
-
-    def kv_usage(self) -> tuple[int, int]:
-        return self.runner.kv.used_tokens, self.runner.kv.capacity_tokens
+        self.runner.free(req)
 
     def _run_decode(self, reqs: list[Request]) -> list[int]:
-        return self.runner.decode([r.handle for r in reqs])
+        return self.runner.decode(reqs)
 
     def prefill_begin(self, reqs: list[Request]) -> Any:
-        return self.runner.prefill_begin([r.handle for r in reqs])
+        return self.runner.prefill_begin(reqs)
 
     def _run_prefill(self, state: Any, start: int, end: int) -> None:
         self.runner.prefill_layers(state, start, end)
@@ -112,45 +110,50 @@ class ModelExecutor(Executor):
         return self.runner.prefill_finish(state)
 
     def _run_chunk(self, decode: list[Request], req: Request | None, n: int) -> tuple[list[int], int | None]:
-        return self.runner.chunk_step([r.handle for r in decode], req.handle if req else None, n)
+        return self.runner.chunk_step(decode, req, n)
 
 
 class SimExecutor(Executor):
-    """No weights: KV accounting and placeholder tokens; time comes from the simulated device."""
+    """No weights: the runner's KV bookkeeping on a `BlockPool` and placeholder tokens; time comes
+    from the simulated device."""
 
     PLACEHOLDER = 0
 
-    def __init__(self, cfg: ModelConfig, kv_capacity_tokens: int = 1 << 20, dtype_bytes: int = 2):
+    def __init__(self, cfg: ModelConfig, kv_capacity_tokens: int = 1 << 20, dtype_bytes: int = 2,
+                 block_size: int = 16):
         self.cfg = cfg
         self.dtype_bytes = dtype_bytes
-        self.capacity = kv_capacity_tokens
-        self._admitted: dict[int, Request] = {}
+        self.pool = BlockPool(kv_capacity_tokens, block_size)
 
     def admit(self, req: Request) -> None:
-        used = self.kv_usage()[0]
-        if used + req.prompt_len > self.capacity:
-            raise KVCapacityError(f"KV cache full: request {req.id} needs {req.prompt_len} tokens, "
-                                  f"{self.capacity - used} of {self.capacity} free")
-        self._admitted[req.id] = req
+        self.pool.admit(req.table, req.prompt_len, req.params.max_tokens, f"request {req.id}")
 
     def release(self, req: Request) -> None:
-        self._admitted.pop(req.id, None)
+        self.pool.release(req.table)
 
-    def kv_usage(self) -> tuple[int, int]:
-        return sum(r.context_len for r in self._admitted.values()), self.capacity
+    def _grow(self, reqs: list[Request]) -> None:
+        self.pool.reserve_many([(r.table, r.num_cached + 1) for r in reqs], what=f"decode batch of {len(reqs)}")
+        for r in reqs:
+            r.num_cached += 1
 
     def _run_decode(self, reqs: list[Request]) -> list[int]:
+        self._grow(reqs)
         return [self.PLACEHOLDER] * len(reqs)
 
     def prefill_begin(self, reqs: list[Request]) -> Any:
-        return len(reqs)
+        return list(reqs)
 
     def _run_prefill(self, state: Any, start: int, end: int) -> None:
         return None
 
     def finish_prefill(self, state: Any) -> list[int]:
-        return [self.PLACEHOLDER] * state
+        for r in state:
+            r.num_cached = r.prompt_len
+        return [self.PLACEHOLDER] * len(state)
 
     def _run_chunk(self, decode: list[Request], req: Request | None, n: int) -> tuple[list[int], int | None]:
-        done = req is not None and req.prefilled + n >= req.prompt_len
-        return [self.PLACEHOLDER] * len(decode), (self.PLACEHOLDER if done else None)
+        self._grow(decode)
+        if req is None or not n:
+            return [self.PLACEHOLDER] * len(decode), None
+        req.num_cached += n
+        return [self.PLACEHOLDER] * len(decode), (self.PLACEHOLDER if req.num_cached >= req.prompt_len else None)

@@ -10,22 +10,15 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from pdtop.engine.errors import ConfigError, ControlError
 from pdtop.engine.scheduling.pdmux_config import FIELDS as PDMUX_FIELDS
-from pdtop.engine.scheduling.pdmux_config import ConfigError, PdmuxConfig
-from pdtop.engine.scheduling.scheduler import POLICIES
+from pdtop.engine.scheduling.pdmux_config import PdmuxConfig, check_int
+from pdtop.engine.scheduling.policies import check_policy
 from pdtop.engine.scheduling.splits import SplitTable
 
 COMMANDS = ("pin_level", "auto_level", "set", "inject", "pause_workload", "resume_workload")
 SETTABLE = (*PDMUX_FIELDS, "policy", "workload_rate")
 MAX_RATE = 1000.0
-
-
-class ControlError(ValueError):
-    """A refused control message: `.field` names what was wrong, `.reason` says why."""
-
-    def __init__(self, field: str, reason: str):
-        self.field, self.reason = field, reason
-        super().__init__(f"{field}: {reason}")
 
 
 @dataclass
@@ -37,14 +30,6 @@ class Change:
     table: SplitTable | None = None  # new levels when manual_divisions / sm_group_num change
 
 
-def _int(name: str, value: Any, lo: int, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ControlError(name, f"must be an integer, got {value!r}")
-    if not lo <= value <= hi:
-        raise ControlError(name, f"must be in {lo}..{hi}, got {value}")
-    return value
-
-
 def _no_extra(msg: dict, allowed: set[str]) -> None:
     extra = sorted(set(msg) - allowed - {"cmd", "id"})
     if extra:
@@ -53,6 +38,13 @@ def _no_extra(msg: dict, allowed: set[str]) -> None:
 
 def validate(msg: Any, *, config: PdmuxConfig, table: SplitTable, max_prompt: int) -> Change:
     """Check one control message; `max_prompt` is the longest prompt the engine can take."""
+    try:
+        return _validate(msg, config, table, max_prompt)
+    except ConfigError as exc:
+        raise ControlError(exc.field, exc.reason) from None
+
+
+def _validate(msg: Any, config: PdmuxConfig, table: SplitTable, max_prompt: int) -> Change:
     if not isinstance(msg, dict):
         raise ControlError("message", f"must be a JSON object, got {type(msg).__name__}")
     cmd = msg.get("cmd")
@@ -62,14 +54,14 @@ def validate(msg: Any, *, config: PdmuxConfig, table: SplitTable, max_prompt: in
         _no_extra(msg, {"level"})
         if "level" not in msg:
             raise ControlError("level", "missing")
-        return Change(cmd, {"level": _int("level", msg["level"], 0, len(table.groups) - 1)})
+        return Change(cmd, {"level": check_int("level", msg["level"], 0, len(table.groups) - 1)})
     if cmd == "inject":
         _no_extra(msg, {"prompt_tokens", "max_tokens"})
         values = {}
         if "prompt_tokens" in msg:
-            values["prompt_tokens"] = _int("prompt_tokens", msg["prompt_tokens"], 1, max_prompt)
+            values["prompt_tokens"] = check_int("prompt_tokens", msg["prompt_tokens"], 1, max_prompt)
         if "max_tokens" in msg:
-            values["max_tokens"] = _int("max_tokens", msg["max_tokens"], 1, 4096)
+            values["max_tokens"] = check_int("max_tokens", msg["max_tokens"], 1, 4096)
         return Change(cmd, values)
     if cmd != "set":
         _no_extra(msg, set())
@@ -82,9 +74,7 @@ def validate(msg: Any, *, config: PdmuxConfig, table: SplitTable, max_prompt: in
             raise ControlError(name, f"not settable; settable: {', '.join(SETTABLE)}")
     change = Change(cmd)
     if "policy" in values:
-        if values["policy"] not in POLICIES:
-            raise ControlError("policy", f"must be one of {', '.join(POLICIES)}, got {values['policy']!r}")
-        change.values["policy"] = values.pop("policy")
+        change.values["policy"] = check_policy(values.pop("policy"))
     if "workload_rate" in values:
         rate = values.pop("workload_rate")
         if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not math.isfinite(rate) \
@@ -92,11 +82,8 @@ def validate(msg: Any, *, config: PdmuxConfig, table: SplitTable, max_prompt: in
             raise ControlError("workload_rate", f"must be a number in 0..{MAX_RATE:g} requests/s, got {rate!r}")
         change.values["workload_rate"] = float(rate)
     if values:
-        try:
-            new = config.replace(**values)
-            if {"manual_divisions", "sm_group_num"} & set(values):
-                change.table = table.rebuilt(new)
-        except ConfigError as exc:
-            raise ControlError(exc.field, exc.reason) from None
+        new = config.replace(**values)
+        if {"manual_divisions", "sm_group_num"} & set(values):
+            change.table = table.rebuilt(new)
         change.values.update({k: getattr(new, k) for k in values})
     return change

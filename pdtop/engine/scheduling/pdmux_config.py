@@ -12,22 +12,14 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-
-class ConfigError(ValueError):
-    """A bad configuration value: `.field` names it, `.reason` says what is wrong."""
-
-    def __init__(self, field: str, reason: str, path: str | None = None):
-        self.field = field
-        self.reason = reason
-        self.path = path
-        where = f"pdmux config {path}: " if path else "pdmux config: "
-        super().__init__(f"{where}{field}: {reason}")
+from pdtop.engine.errors import ConfigError
 
 
 INT_MAX = 2**31 - 1
 
 
-def _int(name: str, value: Any, minimum: int, maximum: int = INT_MAX) -> int:
+def check_int(name: str, value: Any, minimum: int, maximum: int = INT_MAX) -> int:
+    """`value` if it is an integer (not a bool) in `minimum..maximum`, else ConfigError naming `name`."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(name, f"must be an integer, got {value!r}")
     if not minimum <= value <= maximum:
@@ -54,11 +46,11 @@ def _manual_divisions(value: Any) -> list[list[int]]:
 
 
 _VALIDATORS = {
-    "sm_group_num": lambda v: _int("sm_group_num", v, 3, 256),
+    "sm_group_num": lambda v: check_int("sm_group_num", v, 3, 256),
     "manual_divisions": _manual_divisions,
-    "split_forward_token_budget": lambda v: _int("split_forward_token_budget", v, 1),
-    "decode_bs_divisor": lambda v: _int("decode_bs_divisor", v, 1),
-    "chunk_size": lambda v: _int("chunk_size", v, 1),
+    "split_forward_token_budget": lambda v: check_int("split_forward_token_budget", v, 1),
+    "decode_bs_divisor": lambda v: check_int("decode_bs_divisor", v, 1),
+    "chunk_size": lambda v: check_int("chunk_size", v, 1),
 }
 FIELDS: tuple[str, ...] = tuple(_VALIDATORS)
 

@@ -11,22 +11,69 @@
   decode continues.
 
 With greedy sampling the policies give the same tokens: only timing differs.
+
+The scheduler is the one owner of what a token means (nano-vllm's `Scheduler.postprocess`):
+`append_token` appends it, moves the request's status along and decides "finished";
+the executor only returns tokens. `generate` runs one request alone on a `ModelRunner`
+through the same rule (`pdtop generate`, tests).
 """
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from pdtop.engine.devices.base import Device
 from pdtop.engine.errors import EngineError, KVCapacityError
+from pdtop.engine.records import PrefillProgress, RequestRecord, RoundRecord
+from pdtop.engine.request import Request, RequestStatus
 from pdtop.engine.runtime.executor import Executor
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
-from pdtop.engine.records import PrefillProgress, RequestRecord, RoundRecord
-from pdtop.engine.request import Request
+from pdtop.engine.scheduling.policies import check_policy
 from pdtop.engine.scheduling.splits import SplitTable, prefill_layers_per_step
 
-POLICIES = ("pdmux", "chunked", "prefill-first")
+if TYPE_CHECKING:
+    from pdtop.engine.runtime.runner import ModelRunner
+
+MAX_PREFILL_TOKENS = 8192  # prompt tokens a pdmux / prefill-first batch may gather
+
+
+def append_token(req: Request, token: int, now: float, eos_ids: Sequence[int]) -> bool:
+    """Append one sampled token at time `now`; True when that finishes the request.
+
+    The one place a request's status moves past prefill and "finished" is decided:
+    on an end-of-sequence token (unless `ignore_eos`) or at `max_tokens`.
+    """
+    req.output_ids.append(token)
+    req.token_times.append(now)
+    if not req.params.ignore_eos and token in eos_ids:
+        req.status, req.finish_reason = RequestStatus.FINISHED, "eos"
+    elif len(req.output_ids) >= req.params.max_tokens:
+        req.status, req.finish_reason = RequestStatus.FINISHED, "length"
+    else:
+        req.status = RequestStatus.DECODING
+    return req.finished
+
+
+def generate(runner: ModelRunner, req: Request) -> Iterator[int]:
+    """Run one new request alone: admit, prefill, decode until `append_token` finishes it.
+
+    Yields each token once appended (the first right after the prefill); the request's
+    KV is freed at the end, also when the caller stops early.
+    """
+    runner.admit(req)
+    try:
+        req.status = RequestStatus.PREFILLING
+        tokens = runner.prefill([req])
+        while True:
+            finished = append_token(req, tokens[0], time.perf_counter(), runner.config.eos_ids)
+            yield tokens[0]
+            if finished:
+                return
+            tokens = runner.decode([req])
+    finally:
+        runner.free(req)
 
 
 @dataclass
@@ -54,10 +101,9 @@ class RoundStats:
 
 class Scheduler:
     def __init__(self, device: Device, executor: Executor, table: SplitTable, config: PdmuxConfig,
-                 policy: str = "pdmux", max_prefill_tokens: int = 8192):
-        if policy not in POLICIES:
-            raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
-        self.device, self.executor, self.table, self.config, self.policy = device, executor, table, config, policy
+                 policy: str = "pdmux", max_prefill_tokens: int = MAX_PREFILL_TOKENS):
+        self.device, self.executor, self.table, self.config = device, executor, table, config
+        self.policy = check_policy(policy)
         self.device.set_groups(table.groups)
         self.max_prefill_tokens = max_prefill_tokens
         self.pinned: int | None = None
@@ -67,7 +113,6 @@ class Scheduler:
         self.chunk_req: Request | None = None
         self.round_index = 0
         self.rejected: list[Request] = []  # reported as "finish" records by the next step
-        self._reserved = 0  # KV tokens promised to admitted requests (prompt + max_tokens)
 
     # -- requests --------------------------------------------------------------------------
     def add(self, req: Request) -> RequestRecord:
@@ -86,28 +131,25 @@ class Scheduler:
         return not (self.waiting or self.running or self.prefill_in_flight)
 
     def _admit(self, limit_tokens: int | None) -> list[Request]:
-        """Take waiting requests FIFO while the batch fits `limit_tokens` and the KV cache."""
+        """Take waiting requests FIFO while the batch fits `limit_tokens` and the executor admits them
+        (KV for the prompt, and the promise of room for max_tokens); they start prefilling."""
         batch: list[Request] = []
         total = 0
-        capacity = self.executor.kv_usage()[1]
         while self.waiting:
             req = self.waiting[0]
-            need = req.prompt_len + req.max_tokens
             if batch and limit_tokens is not None and total + req.prompt_len > limit_tokens:
                 break
-            if self._reserved + need > capacity:
-                break  # waits until running requests finish and free their KV
             try:
                 self.executor.admit(req)
             except KVCapacityError:
-                break
+                break  # waits until running requests finish and free their KV
             except EngineError as exc:  # a request the model cannot take: it ends here, the rest go on
                 self.waiting.popleft()
-                req.finished, req.finish_reason, req.error = True, "rejected", str(exc)
+                req.status, req.finish_reason, req.error = RequestStatus.FINISHED, "rejected", str(exc)
                 self.rejected.append(req)
                 continue
             self.waiting.popleft()
-            self._reserved += need
+            req.status = RequestStatus.PREFILLING
             batch.append(req)
             total += req.prompt_len
             if limit_tokens is None:
@@ -115,26 +157,18 @@ class Scheduler:
         return batch
 
     def _emit(self, req: Request, token: int, now: float, stats: RoundStats) -> None:
-        req.output_ids.append(token)
-        req.token_times.append(now)
+        finished = append_token(req, token, now, self.executor.cfg.eos_ids)
         stats.tokens += 1
         if len(req.output_ids) == 1:
             stats.requests.append(RequestRecord("first_token", req.id, now, req.prompt_len, 1, req.ttft))
-        eos = not req.ignore_eos and token in self.executor.cfg.eos_ids
-        if eos or len(req.output_ids) >= req.max_tokens:
-            req.finished, req.finish_reason = True, "eos" if eos else "length"
-            self._finish(req, now, stats)
-
-    def _finish(self, req: Request, now: float, stats: RoundStats) -> None:
-        self.executor.release(req)
-        self._reserved -= req.prompt_len + req.max_tokens
-        stats.requests.append(RequestRecord("finish", req.id, now, req.prompt_len, len(req.output_ids), req.ttft,
-                                            req.itls, req.finish_reason))
+        if finished:
+            self.executor.release(req)
+            stats.requests.append(RequestRecord("finish", req.id, now, req.prompt_len, len(req.output_ids),
+                                                req.ttft, req.itls, req.finish_reason))
 
     def _join_decode(self, reqs: list[Request], tokens: list[int], stats: RoundStats) -> None:
         now = self.device.now()
         for req, tok in zip(reqs, tokens):
-            req.prefilled = req.prompt_len
             self._emit(req, tok, now, stats)
             if not req.finished:
                 self.running.append(req)
@@ -217,7 +251,7 @@ class Scheduler:
         req = self.chunk_req
         if req is None and not self.running:
             return
-        n = min(self.config.chunk_size, req.prompt_len - req.prefilled) if req else 0
+        n = min(self.config.chunk_size, req.prompt_len - req.num_cached) if req else 0
         batch = list(self.running)
         work = self.executor.chunk(batch, req, n)
         stats.split = (self.device.units, self.device.units)
@@ -231,11 +265,9 @@ class Scheduler:
         for r, tok in zip(batch, tokens):
             self._emit(r, tok, now, stats)
         self.running = [r for r in self.running if not r.finished]
-        if req is not None:
-            req.prefilled += n
-            if first is not None:
-                self.chunk_req = None
-                self._join_decode([req], [first], stats)
+        if first is not None:
+            self.chunk_req = None
+            self._join_decode([req], [first], stats)
 
     # -- the round -------------------------------------------------------------------------
     def step(self) -> tuple[RoundRecord, list[RequestRecord]]:
@@ -271,13 +303,30 @@ class Scheduler:
             return [PrefillProgress([r.id for r in pf.reqs], pf.tokens, pf.layers_done, L, pf.layers_per_round)]
         if self.chunk_req is not None:
             r = self.chunk_req
-            return [PrefillProgress([r.id], r.prompt_len, L * r.prefilled // r.prompt_len, L, 0)]
+            return [PrefillProgress([r.id], r.prompt_len, L * r.num_cached // r.prompt_len, L, 0)]
         return []
 
-    # -- changes at a round boundary ---------------------------------------------------------
-    def set_table(self, table: SplitTable) -> None:
-        """New levels (manual divisions, sm_group_num); the level is chosen again next round."""
-        self.table = table
-        self.device.set_groups(table.groups)
-        if self.pinned is not None and self.pinned >= len(table.groups):
-            self.pinned = None
+    # -- changes at a round boundary (the engine's control goes through these) ---------------
+    def pin_level(self, level: int | None) -> None:
+        """Pin a level (an index into the table), or None: back to automatic choice."""
+        if level is not None and not 0 <= level < len(self.table.groups):
+            raise ValueError(f"level {level} out of range 0..{len(self.table.groups) - 1}")
+        self.pinned = level
+
+    def set_policy(self, policy: str) -> None:
+        """Switch policy (ConfigError if unknown); refused (ValueError) while a prefill is in flight,
+        which the old policy owns."""
+        check_policy(policy)
+        if policy != self.policy and self.prefill_in_flight:
+            raise ValueError("a prefill is in flight: switch policy once it is done")
+        self.policy = policy
+
+    def set_config(self, config: PdmuxConfig, table: SplitTable | None = None) -> None:
+        """New knobs, and new levels when manual divisions or sm_group_num changed; with new levels
+        the level is chosen again next round (a pin past the last level is dropped)."""
+        self.config = config
+        if table is not None:
+            self.table = table
+            self.device.set_groups(table.groups)
+            if self.pinned is not None and self.pinned >= len(table.groups):
+                self.pinned = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
+from pdtop.engine.errors import ConfigError, DeviceError
 from pdtop.engine.roofline.partition import MIN_DECODE_SMS, arch_constraints
 
 if TYPE_CHECKING:
@@ -21,7 +22,7 @@ Group = tuple[int, int]
 
 def _check_total(total: int, unit: str) -> None:
     if isinstance(total, bool) or not isinstance(total, int) or total < 1:
-        raise ValueError(f"the number of {unit} must be a positive integer, got {total!r}")
+        raise DeviceError(f"the number of {unit} must be a positive integer, got {total!r}")
 
 
 def divide_sm(total_sms: int, major: int, groups: int) -> list[Group]:
@@ -35,7 +36,7 @@ def divide_sm(total_sms: int, major: int, groups: int) -> list[Group]:
     cand = [x for x in range(min_per_part, total_sms - min_per_part + 1, multiple)
             if x >= total_sms - x and total_sms - x >= MIN_DECODE_SMS]
     if not cand:
-        raise ValueError(
+        raise DeviceError(
             f"{total_sms} SMs cannot be split at compute capability {major}.x: no split gives prefill "
             f"at least half and decode at least {MIN_DECODE_SMS} SMs in steps of {multiple}")
     if len(cand) >= groups:
@@ -98,7 +99,7 @@ def cpu_groups(cores: int, sm_group_num: int = 8) -> list[Group]:
     _check_total(cores, "cores")
     cand = [x for x in range(1, cores) if x >= cores - x]
     if not cand:
-        raise ValueError(f"the CPU device needs at least 2 cores to split prefill and decode, got {cores}")
+        raise DeviceError(f"the CPU device needs at least 2 cores to split prefill and decode, got {cores}")
     groups = sm_group_num - 2
     if len(cand) >= groups:
         cand = cand[::max(1, len(cand) // groups)][:groups]
@@ -109,8 +110,6 @@ def check_manual_fit(total: int, manual_divisions: Sequence[Sequence[int]], unit
     """SGLang's checks on a manual division (sgl_kernel's create_greenctx_stream_by_value):
     both sides positive and together no more than the device. Granularity is not checked:
     the driver rounds SM counts up to it, and the cuda device reports the realized counts."""
-    from pdtop.engine.scheduling.pdmux_config import ConfigError
-
     for i, (p, d, _) in enumerate(manual_divisions):
         if p < 1 or d < 1:
             raise ConfigError("manual_divisions", f"entry {i} [{p}, {d}]: each side needs at least 1 {unit[:-1]}")

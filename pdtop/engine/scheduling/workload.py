@@ -12,13 +12,18 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Callable
 
+# Tokens of an injected long prompt when none is given (the `inject` control, the dashboard's
+# `i` key): long enough to see prefill interfere with decode, short enough for the CPU device
+# and SmolLM2's 8192-token context. `pdtop bench` and `pdtop estimate` use the seed's 8192.
+LONG_PROMPT_TOKENS = 2048
+
 
 @dataclass
 class WorkloadSpec:
     rate: float = 2.0  # requests per second (Poisson); 0 stops arrivals
     prompt_tokens: tuple[int, int] = (32, 256)  # uniform range, inclusive
     output_tokens: tuple[int, int] = (32, 128)
-    long_prompt_tokens: int = 2048  # default size of an injected prompt
+    long_prompt_tokens: int = LONG_PROMPT_TOKENS  # default size of an injected prompt
     seed: int = 0
     paused: bool = False
 

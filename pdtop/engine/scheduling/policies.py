@@ -1,0 +1,17 @@
+"""The scheduling policies, named once for the scheduler, live control, the CLI and the dashboard.
+
+What each does is in `scheduler.py`. Cheap to import (the CLI builds its parsers from it).
+"""
+from __future__ import annotations
+
+from pdtop.engine.errors import ConfigError
+
+POLICIES = ("pdmux", "chunked", "prefill-first")
+DEFAULT_POLICY = "pdmux"
+
+
+def check_policy(policy: object) -> str:
+    """`policy` if it names a policy, else ConfigError."""
+    if policy not in POLICIES:
+        raise ConfigError("policy", f"must be one of {', '.join(POLICIES)}, got {policy!r}")
+    return policy  # type: ignore[return-value]
