@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pdtop.engine.build import build_engine  # noqa: E402
 from pdtop.engine.records import ConfigChange  # noqa: E402
 from pdtop.engine.scheduling.workload import WorkloadSpec  # noqa: E402
-from pdtop.telemetry import events as ev  # noqa: E402
+from pdtop.telemetry import encode as ev  # noqa: E402
 from pdtop.telemetry.recording.recorder import Recorder  # noqa: E402
 
 

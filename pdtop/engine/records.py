@@ -56,7 +56,7 @@ class RequestRecord:
     output_tokens: int = 0
     ttft_s: float | None = None  # set on first_token and finish
     itls_s: list[float] = field(default_factory=list)  # set on finish: gaps between consecutive tokens
-    finish_reason: str | None = None  # "eos" | "length" | "aborted" on finish
+    finish_reason: str | None = None  # "eos" | "length" | "rejected" (the engine could not take it) on finish
 
 
 @dataclass

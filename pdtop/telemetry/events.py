@@ -1,114 +1,154 @@
-"""Event dicts for the wire and the recordings (docs/protocol.md is the reference).
+"""The protocol's events as typed classes (docs/protocol.md is the reference).
 
-Every event is a flat JSON object with `type` and `v`. Engine records become events
-with their dataclass fields; the server encodes each event once and sends the same
-text to every client and the recorder.
+Every event on the wire is a flat JSON object with `type` and `v`. The engine's records
+(`pdtop.engine.records`) are the `round` and `request` payloads, and a `ConfigChange` plus
+the whole configuration is a `config` event; telemetry adds the rest here. Consumers turn
+a received object into one of these classes with `pdtop.telemetry.decode.decode_event`,
+once, and read typed attributes from then on; `pdtop.telemetry.encode` writes them.
+A test keeps the field tables of docs/protocol.md equal to these classes.
 """
 from __future__ import annotations
 
-import dataclasses
-import json
-import math
+from dataclasses import dataclass, field
 from typing import Any
 
-from pdtop import __version__
-from pdtop.engine.records import ConfigChange, PrefillProgress, RequestRecord, RoundRecord
+from pdtop.engine.records import ConfigChange, RequestRecord, RoundRecord
 
 PROTOCOL_VERSION = 1
 
-# Event types a client may see from a server; `seek` is replay-only (see protocol.md).
-EVENT_TYPES = ("hello", "round", "request", "config", "hw", "dropped", "reply", "error")
 
-_PREFILL_FIELDS = tuple(f.name for f in dataclasses.fields(PrefillProgress))
+@dataclass
+class EngineConfig:
+    """The whole configuration (`Engine.config_dict()`), in `hello`, `config` and `seek`."""
 
-
-def _event(type_: str, **body: Any) -> dict[str, Any]:
-    return {"type": type_, "v": PROTOCOL_VERSION, **body}
-
-
-def round_event(rec: RoundRecord) -> dict[str, Any]:
-    """`dataclasses.asdict` with the type, done by hand: asdict deep-copies and is slow per round."""
-    body = dict(vars(rec))
-    body["prefills"] = [{name: _copy(getattr(p, name)) for name in _PREFILL_FIELDS} for p in rec.prefills]
-    return {"type": "round", "v": PROTOCOL_VERSION, **body}
-
-
-def _copy(value: Any) -> Any:
-    return list(value) if isinstance(value, list) else value
+    sm_group_num: int
+    manual_divisions: list[tuple[int, int, int]]  # [prefill units, decode units, decode_bs_threshold]
+    split_forward_token_budget: int
+    decode_bs_divisor: int
+    chunk_size: int
+    policy: str
+    pinned_level: int | None
+    levels: list[tuple[int, int]]  # (prefill units, decode units); index = level
+    workload_rate: float
+    workload_paused: bool
 
 
-def request_event(rec: RequestRecord) -> dict[str, Any]:
-    body = dict(vars(rec))
-    body["itls_s"] = list(rec.itls_s)
-    return {"type": "request", "v": PROTOCOL_VERSION, **body}
+@dataclass
+class DeviceDescription:
+    """`hello.engine.device`: what every device describes (devices add facts of their own)."""
+
+    name: str
+    kind: str
+    unit_name: str
+    units: int
+    peak_bw: float | None = None  # bytes/s, when the device knows it (simulated GPUs)
 
 
-def config_event(change: ConfigChange, config: dict[str, Any]) -> dict[str, Any]:
-    """`config` is the whole configuration after the change (`Engine.config_dict()`)."""
-    return _event("config", **dataclasses.asdict(change), config=config)
+@dataclass
+class EngineDescription:
+    """`hello.engine`: `Engine.describe()`."""
+
+    model: str
+    num_layers: int
+    max_context: int
+    device: DeviceDescription
+    unit_name: str
+    units: int
+    virtual_clock: bool
+    levels: list[tuple[int, int]]
+    config: EngineConfig
+    policy: str
 
 
-_RECORD_TYPES = {RoundRecord: "round", RequestRecord: "request"}
-_JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False, default=vars)
+@dataclass
+class Hello:
+    """The first event on every connection, and the header of a recording."""
+
+    pdtop: str
+    client_id: str
+    readonly: bool
+    engine: EngineDescription
 
 
-def encode_record(rec: RoundRecord | RequestRecord) -> str:
-    """The same text as `encode(record_event(rec))`, without building the dicts first."""
-    try:
-        body = _JSON.encode(vars(rec))
-    except (ValueError, TypeError):
-        return encode(record_event(rec))
-    return f'{{"type":"{_RECORD_TYPES[rec.__class__]}","v":{PROTOCOL_VERSION},{body[1:]}'
+@dataclass
+class ConfigEvent(ConfigChange):
+    """An accepted control change with the whole configuration after it."""
+
+    config: EngineConfig = field(kw_only=True)
 
 
-def record_event(rec: Any, config: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Any engine record -> its event. A `ConfigChange` needs the config after the change."""
-    if isinstance(rec, RoundRecord):
-        return round_event(rec)
-    if isinstance(rec, RequestRecord):
-        return request_event(rec)
-    if isinstance(rec, ConfigChange):
-        return config_event(rec, config if config is not None else {})
-    raise TypeError(f"not an engine record: {type(rec).__name__}")
+@dataclass
+class Hw:
+    """A hardware sample. The GPU fields are absent without NVML, "n/a" where the device lacks them."""
+
+    time: float  # Unix seconds
+    cpu_percent: list[float]
+    host_mem_used_bytes: int
+    host_mem_total_bytes: int
+    host_mem_percent: float
+    gpu_name: str | None = None
+    gpu_reason: str | None = None
+    gpu_util_pct: float | str | None = None
+    mem_busy_pct: float | str | None = None
+    dram_bw_util_pct: float | str | None = None
+    sm_util_pct: float | str | None = None
+    sm_occupancy_pct: float | str | None = None
+    sm_clock_mhz: float | str | None = None
+    mem_clock_mhz: float | str | None = None
+    power_w: float | str | None = None
+    mem_used_mib: float | str | None = None
+    mem_total_mib: float | str | None = None
 
 
-def hello_event(client_id: str, readonly: bool, engine: dict[str, Any]) -> dict[str, Any]:
-    return _event("hello", pdtop=__version__, client_id=client_id, readonly=readonly, engine=engine)
+@dataclass
+class Dropped:
+    count: int  # events this client did not get, just before this point
 
 
-def hw_event(time: float, metrics: dict[str, Any]) -> dict[str, Any]:
-    return _event("hw", time=time, **metrics)
+@dataclass
+class ReplyError:
+    field: str | None
+    reason: str
 
 
-def dropped_event(count: int) -> dict[str, Any]:
-    return _event("dropped", count=count)
+@dataclass
+class Reply:
+    """The answer to one control message."""
+
+    id: str | int | float | None
+    ok: bool
+    error: ReplyError | None = None  # when ok is false
+    path: str | None = None  # record_start / record_stop: the recording file
+    readonly: bool | None = None  # auth: whether the connection stays read-only
 
 
-def reply_event(msg_id: Any, ok: bool, field: str | None = None, reason: str | None = None,
-                **extra: Any) -> dict[str, Any]:
-    event = _event("reply", id=msg_id, ok=ok, **extra)
-    if not ok:
-        event["error"] = {"field": field, "reason": reason}
-    return event
+@dataclass
+class ErrorNotice:
+    """Something the server reports unprompted (a wrong token, a recording that failed)."""
+
+    field: str | None
+    reason: str
 
 
-def error_event(field: str | None, reason: str) -> dict[str, Any]:
-    return _event("error", field=field, reason=reason)
+@dataclass
+class Batch:
+    """Stream events sent together (`?batch=1`). They stay undecoded: each is decoded on its
+    own, so one event of an unknown type does not cost the others."""
+
+    events: list[dict[str, Any]]
 
 
-def encode(event: dict[str, Any]) -> str:
-    """Compact JSON; NaN and infinities (not JSON) become null."""
-    try:
-        return json.dumps(event, separators=(",", ":"), allow_nan=False)
-    except (ValueError, TypeError):  # non-finite floats, or a value JSON cannot hold
-        return json.dumps(_finite(event), separators=(",", ":"), allow_nan=False, default=str)
+@dataclass
+class Seek:
+    """Replay only: playback moved to `position` (recording seconds); `config` is in force there."""
+
+    position: float
+    config: EngineConfig
 
 
-def _finite(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {str(k): _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
+Event = Hello | RoundRecord | RequestRecord | ConfigEvent | Hw | Dropped | Reply | ErrorNotice | Batch | Seek
+
+EVENT_CLASSES: dict[str, type] = {
+    "hello": Hello, "round": RoundRecord, "request": RequestRecord, "config": ConfigEvent, "hw": Hw,
+    "dropped": Dropped, "reply": Reply, "error": ErrorNotice, "batch": Batch, "seek": Seek,
+}

@@ -15,12 +15,14 @@ from typing import Any, Iterable
 
 from textual import events
 from textual.app import App, ComposeResult, SystemCommand
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.containers import Horizontal
 from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer
 
+from pdtop.telemetry.events import ErrorNotice, Hello
+from pdtop.telemetry.sources.replay import ReplaySource
 from pdtop.telemetry.sources.source import ControlRefused, Source
 from pdtop.ui.commands import BY_ID, COMMANDS, SPEEDS, Command
 from pdtop.ui.screens.help import HelpScreen
@@ -37,7 +39,7 @@ from pdtop.ui.widgets.requests import RequestsPanel
 from pdtop.ui.widgets.split import SplitPanel
 
 
-def _bindings(commands: list[Command]) -> list[Binding]:
+def _bindings(commands: list[Command]) -> list[BindingType]:
     return [Binding(c.key, f"run_command('{c.id}')", c.label, show=c.footer, key_display=c.key_display,
                     id=f"pdtop.{c.id}", tooltip=c.description) for c in commands]
 
@@ -53,7 +55,8 @@ class PdtopApp(App[None]):
     def __init__(self, source: Source, *, theme: str | None = None, tick_hz: float = 10.0,
                  slo_ms: float | None = None, themes_dirs: list[Path] | None = None) -> None:
         self.source = source
-        self.replay = getattr(source, "state", None) == "replay"
+        self.replay_source = source if isinstance(source, ReplaySource) else None  # for the transport keys
+        self.replay = self.replay_source is not None
         self.state = DashboardState()
         if slo_ms:
             self.state.itl_slo_s = slo_ms / 1e3
@@ -139,15 +142,17 @@ class PdtopApp(App[None]):
         """Take every event into the state as it arrives; repaint happens on the tick."""
         was_readonly = self.readonly
         try:
-            async for event in self.source.events():
-                kind = event.get("type")
-                self.state.ingest(event)
-                if kind == "hello" and self.readonly != was_readonly:
+            async for raw in self.source.events():
+                event = self.state.ingest(raw)
+                if isinstance(event, Hello) and self.readonly != was_readonly:
                     was_readonly = self.readonly
                     self.refresh_bindings()
-                elif kind == "error":
-                    self.notify(f"{event.get('field') or 'engine'}: {event.get('reason')}", title="pdtop server",
+                elif isinstance(event, ErrorNotice):
+                    self.notify(f"{event.field or 'engine'}: {event.reason}", title="pdtop server",
                                 severity="error", timeout=8)
+                elif event is None and self.state.invalid == 1:  # the first only: a server bug floods
+                    self.notify(self.state.invalid_reason, title="unreadable event skipped", severity="warning",
+                                timeout=8)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a source that fails is shown, not swallowed
@@ -157,16 +162,16 @@ class PdtopApp(App[None]):
 
     @property
     def connection(self) -> str:
-        return str(getattr(self.source, "state", "closed"))
+        return self.source.state
 
     @property
     def readonly(self) -> bool:
-        return self.replay or bool(getattr(self.source, "readonly", False)) or self.state.readonly
+        return self.replay or self.source.readonly or self.state.readonly
 
     # ---- repaint ----------------------------------------------------------------------------
 
     def _tick(self) -> None:
-        replay = replay_state(self.source) if self.replay else ()
+        replay = replay_state(self.replay_source) if self.replay_source is not None else ()
         key = (self.state.version, self.connection, self.readonly, replay, self.state.itl_slo_s)
         if key == self._painted and not self._force_paint:
             return
@@ -180,8 +185,8 @@ class PdtopApp(App[None]):
         header.paint(state, self.connection, self.readonly)
         for panel in main.query(Panel):
             panel.paint(state, force)
-        if self.replay:
-            main.query_one(ReplayBar).paint(self.source)
+        if self.replay_source is not None:
+            main.query_one(ReplayBar).paint(self.replay_source)
 
     # ---- the command table -----------------------------------------------------------------
 
@@ -263,11 +268,11 @@ class PdtopApp(App[None]):
             self.notify(f"{cmd.description}\n{type(exc).__name__}: {exc}", title="not sent", severity="error", timeout=8)
             return
         if msg["cmd"] == "record_start":
-            self.state.recording = str(reply.get("path") or msg.get("path"))
+            self.state.recording = reply.path or msg["path"]
             self.notify(f"recording to {self.state.recording}", title="recording")
         elif msg["cmd"] == "record_stop":
             self.state.recording = None
-            self.notify(f"saved {reply.get('path', '')}", title="recording stopped")
+            self.notify(f"saved {reply.path or ''}", title="recording stopped")
         else:
             shown = ", ".join(f"{k}={v}" for k, v in msg.items() if k not in ("cmd", "id"))
             self.notify(f"{msg['cmd']} {shown}".strip(), title="accepted", timeout=3)
@@ -305,7 +310,9 @@ class PdtopApp(App[None]):
         self.notify(f"theme {self.theme}", timeout=2)
 
     def action_replay_toggle(self) -> None:
-        src: Any = self.source
+        src = self.replay_source
+        if src is None:
+            return
         if src.at_end:  # play again from the start
             src.seek(0.0)
             src.resume()
@@ -316,21 +323,26 @@ class PdtopApp(App[None]):
         self._repaint_soon()
 
     def action_replay_step(self) -> None:
-        self.source.step()  # type: ignore[attr-defined]
-        self._repaint_soon()
+        if self.replay_source is not None:
+            self.replay_source.step()
+            self._repaint_soon()
 
     def action_replay_seek(self, t: float) -> None:
-        self.source.seek(t)  # type: ignore[attr-defined]
-        self._repaint_soon()
+        if self.replay_source is not None:
+            self.replay_source.seek(t)
+            self._repaint_soon()
 
     def action_replay_seek_relative(self, delta: float) -> None:
-        self.action_replay_seek(float(self.source.position) + delta)  # type: ignore[attr-defined]
+        if self.replay_source is not None:
+            self.action_replay_seek(self.replay_source.position + delta)
 
     def action_replay_speed(self, direction: int) -> None:
-        speed = float(self.source.speed)  # type: ignore[attr-defined]
-        options = [s for s in SPEEDS if (s > speed if direction > 0 else s < speed)]
-        if not options:
-            self.notify(f"speed stays {speed:g}x (0.25x to 16x)", severity="warning", timeout=2)
+        src = self.replay_source
+        if src is None:
             return
-        self.source.speed = min(options) if direction > 0 else max(options)  # type: ignore[attr-defined]
+        options = [s for s in SPEEDS if (s > src.speed if direction > 0 else s < src.speed)]
+        if not options:
+            self.notify(f"speed stays {src.speed:g}x (0.25x to 16x)", severity="warning", timeout=2)
+            return
+        src.speed = min(options) if direction > 0 else max(options)
         self._repaint_soon()

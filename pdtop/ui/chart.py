@@ -74,11 +74,6 @@ def _merge(cells: list[tuple[str, str]]) -> Text:
     return text
 
 
-def sparkline(values: list[float | None], top: float, colour: str) -> Text:
-    """One row of eighth blocks."""
-    return block_chart(values, 1, top, colour)[0]
-
-
 def split_bar(prefill: int, decode: int, width: int, prefill_colour: str, decode_colour: str,
               idle_colour: str = "grey30") -> Text:
     """A bar of `width` cells: prefill's share on the left, decode's on the right."""

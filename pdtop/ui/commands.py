@@ -135,7 +135,7 @@ def _set(key: str) -> Callable[[DashboardState, Any], dict[str, Any]]:
 
 
 def _workload_toggle(state: DashboardState, _value: Any) -> dict[str, Any]:
-    paused = bool(state.config.get("workload_paused", False))
+    paused = state.config is not None and state.config.workload_paused
     return {"cmd": "resume_workload" if paused else "pause_workload"}
 
 
@@ -147,10 +147,11 @@ def _record_toggle(state: DashboardState, value: Any) -> dict[str, Any]:
 
 
 def _config_default(key: str, fallback: str = "") -> Callable[[DashboardState], str]:
+    """The prompt's text: the setting `key` of the configuration in force (an `EngineConfig` field)."""
     def default(state: DashboardState) -> str:
-        value = state.config.get(key)
-        if value is None:
+        if state.config is None:
             return fallback
+        value = getattr(state.config, key)
         return json.dumps(value) if isinstance(value, list) else str(value)
 
     return default
@@ -199,6 +200,4 @@ COMMANDS: list[Command] = [
     Command("quit", "q", "quit", "quit", mode="any", action="quit"),
 ]
 
-BY_ID: dict[str, Command] = {c.id: c for c in COMMANDS}
-assert len(BY_ID) == len(COMMANDS), "duplicate command ids"
-assert len({c.key for c in COMMANDS}) == len(COMMANDS), "duplicate command keys"
+BY_ID: dict[str, Command] = {c.id: c for c in COMMANDS}  # ids and keys are unique (a test checks)

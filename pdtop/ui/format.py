@@ -1,6 +1,8 @@
 """Number formatting shared by the panels."""
 from __future__ import annotations
 
+from rich import filesize
+
 
 def ms(seconds: float | None) -> str:
     """Seconds as milliseconds, 3 significant figures: 0.00912 -> '9.12 ms'."""
@@ -35,14 +37,10 @@ def clock(seconds: float | None) -> str:
 
 
 def rate_bytes(bytes_per_s: float | None) -> str:
-    """Bytes per second as GB/s or TB/s (decimal units)."""
+    """Bytes per second in decimal units: '863.0 GB/s', '3.35 TB/s' (peaks are quoted in TB/s)."""
     if bytes_per_s is None:
         return "–"
-    if bytes_per_s >= 1e12:
-        return f"{bytes_per_s / 1e12:.2f} TB/s"
-    if bytes_per_s >= 1e9:
-        return f"{bytes_per_s / 1e9:.1f} GB/s"
-    return f"{bytes_per_s / 1e6:.1f} MB/s"
+    return filesize.decimal(int(bytes_per_s), precision=2 if bytes_per_s >= 1e12 else 1) + "/s"
 
 
 def count(n: float | None) -> str:

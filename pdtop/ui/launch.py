@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
 
+from pdtop.telemetry.sources.source import Source
 from pdtop.ui.themes import DEFAULT_THEME, ThemeError, load_themes
 
 
@@ -23,10 +23,10 @@ def check_theme(name: str | None) -> str | None:
     return f"unknown theme {name!r}; known: {', '.join(sorted(themes) + sorted(BUILTIN_THEMES))}"
 
 
-def run_dashboard(source: Any, args: argparse.Namespace, prog: str) -> int:
+def run_dashboard(source: Source, args: argparse.Namespace, prog: str) -> int:
     """Run the app until the operator quits; 2 for bad options, 0 otherwise."""
-    problem = check_theme(getattr(args, "theme", None))
-    slo = getattr(args, "slo_ms", None)
+    problem = check_theme(args.theme)
+    slo = args.slo_ms
     if slo is not None and slo <= 0:
         problem = f"--slo-ms must be positive, got {slo:g}"
     if problem:
@@ -34,7 +34,7 @@ def run_dashboard(source: Any, args: argparse.Namespace, prog: str) -> int:
         return 2
     from pdtop.ui.app import PdtopApp
 
-    app = PdtopApp(source, theme=getattr(args, "theme", None), slo_ms=slo)
+    app = PdtopApp(source, theme=args.theme, slo_ms=slo)
     app.run()
     if app.source_error:
         print(f"pdtop {prog}: {app.source_error}", file=sys.stderr)

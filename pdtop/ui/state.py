@@ -1,16 +1,21 @@
-"""The dashboard's state, filled from event dicts (live or replayed: the same events).
+"""The dashboard's state, filled from events (live or replayed: the same events).
 
-`DashboardState.ingest` is cheap (keep the latest values, append to bounded buffers),
-so events are taken at full rate; panels read the derived figures on the repaint tick.
-Nothing here imports Textual, so the model is tested with plain event dicts.
+`DashboardState.ingest` decodes each received event once (`decode_event`: a field that is
+missing or of the wrong type is refused, never read as 0) and keeps the latest values and
+appends to bounded buffers, so it is cheap and events are taken at full rate; panels read
+the derived figures on the repaint tick. Nothing here imports Textual, so the model is
+tested with plain event dicts.
 """
 from __future__ import annotations
 
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
+from pdtop.engine.records import PrefillProgress, RequestRecord, RoundRecord
+from pdtop.telemetry.decode import EventError, UnknownEventType, decode_event
+from pdtop.telemetry.events import ConfigEvent, Dropped, EngineConfig, ErrorNotice, Event, Hello, Hw, Seek
 from pdtop.ui.stats import bucket_max, summary
 
 
@@ -28,46 +33,19 @@ class RoundPoint:
 
 @dataclass
 class EngineInfo:
-    """What `hello` says about the engine (its `Engine.describe()`)."""
+    """What `hello` says about the engine, with what to show before it came."""
 
     model: str = "?"
     device: str = "?"
     unit_name: str = "units"
     units: int = 0
-    levels: list[tuple[int, int]] = field(default_factory=list)
-    policy: str = "?"
     peak_bytes_per_s: float | None = None
 
     @classmethod
-    def from_describe(cls, d: dict[str, Any]) -> "EngineInfo":
-        device = d.get("device", "?")
-        dev = device if isinstance(device, dict) else {}
-        model = d.get("model", "?")
-        if isinstance(model, dict):
-            model = model.get("name", "?")
-        return cls(
-            model=str(model),
-            device=str(dev.get("name", "?") if dev else device),
-            unit_name=str(d.get("unit_name") or dev.get("unit_name") or "units"),
-            units=int(d.get("units") or dev.get("units") or 0),
-            levels=_levels(d.get("levels") or dev.get("levels") or []),
-            policy=str(d.get("policy", "?")),
-            peak_bytes_per_s=_peak_bandwidth(d),
-        )
-
-
-def _levels(raw: Any) -> list[tuple[int, int]]:
-    return [(int(p), int(q)) for p, q in raw]
-
-
-def _peak_bandwidth(d: dict[str, Any]) -> float | None:
-    """The device's peak memory bandwidth in bytes/s, if `describe()` gives one."""
-    for src in (d, d.get("device") if isinstance(d.get("device"), dict) else {}, d.get("spec") or {}):
-        for key, scale in (("peak_bw", 1.0), ("peak_bandwidth", 1.0), ("peak_bandwidth_gbs", 1e9)):
-            value = src.get(key) if isinstance(src, dict) else None
-            if isinstance(value, (int, float)) and value > 0:
-                return float(value) * scale
-    return None
+    def from_hello(cls, hello: Hello) -> "EngineInfo":
+        e = hello.engine
+        return cls(model=e.model, device=e.device.name, unit_name=e.unit_name, units=e.units,
+                   peak_bytes_per_s=e.device.peak_bw)
 
 
 @dataclass
@@ -95,8 +73,8 @@ class DashboardState:
     readonly: bool = False
     server_version: str | None = None
     info: EngineInfo = field(default_factory=EngineInfo)
-    config: dict[str, Any] = field(default_factory=dict)
-    recording: str | None = None  # path being recorded to, when the server says so
+    config: EngineConfig | None = None  # the whole configuration, from hello, config and seek events
+    recording: str | None = None  # path this dashboard asked the server to record to
 
     # the latest round
     rounds_seen: int = 0
@@ -120,12 +98,15 @@ class DashboardState:
     arrivals: int = 0
     first_tokens: int = 0
     finished: int = 0
-    config_changes: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=64))
-    errors: deque[tuple[str, str]] = field(default_factory=lambda: deque(maxlen=64))
+    config_changes: deque[ConfigEvent] = field(default_factory=lambda: deque(maxlen=64))
+    errors: deque[ErrorNotice] = field(default_factory=lambda: deque(maxlen=64))
     dropped: int = 0
-    hw: dict[str, Any] = field(default_factory=dict)
-    events: int = 0
-    version: int = 0  # bumped by every ingested event; the tick repaints when it moved
+    hw: Hw | None = None
+    events: int = 0  # events received, whether understood or not
+    skipped: int = 0  # of a type this pdtop does not know (a newer server's): ignored
+    invalid: int = 0  # refused by `decode_event`; `invalid_reason` says why the latest was
+    invalid_reason: str = ""
+    version: int = 0  # bumped by every event that changed something; the tick repaints when it moved
 
     itl_slo_s: float | None = None  # the operator's ITL SLO line (a dashboard setting)
     _prefill_first_seen: dict[tuple[int, ...], tuple[float, int]] = field(default_factory=dict, repr=False)
@@ -138,59 +119,64 @@ class DashboardState:
 
     # ---- ingest -------------------------------------------------------------------------
 
-    def ingest(self, ev: dict[str, Any]) -> None:
-        """Take one event dict of the envelope (`type`, `v`, ...); unknown types are ignored."""
-        handler = _HANDLERS.get(ev.get("type"))  # type: ignore[arg-type]
+    def ingest(self, raw: dict[str, Any]) -> Event | None:
+        """Take one received event; returns it decoded, or None when it was skipped (unknown
+        type) or refused (not valid: counted in `invalid`, nothing else changes)."""
         self.events += 1
+        try:
+            event = decode_event(raw)
+        except UnknownEventType:
+            self.skipped += 1
+            return None
+        except EventError as exc:
+            self.invalid += 1
+            self.invalid_reason = str(exc)
+            return None
+        handler = _HANDLERS.get(type(event))
         if handler is not None:
-            handler(self, ev)
+            handler(self, event)
             self.version += 1
+        return event
 
-    def _on_hello(self, ev: dict[str, Any]) -> None:
+    def _on_hello(self, hello: Hello) -> None:
         self.hello = True
-        self.client_id = ev.get("client_id")
-        self.readonly = bool(ev.get("readonly", False))
-        self.server_version = ev.get("pdtop")
-        engine = ev.get("engine") or {}
-        self.info = EngineInfo.from_describe(engine)
-        self.config = dict(engine.get("config") or {})
-        self.policy = self.info.policy
-        if "recording" in ev:
-            rec = ev["recording"]
-            self.recording = (rec.get("path") if isinstance(rec, dict) else rec) or None
+        self.client_id = hello.client_id
+        self.readonly = hello.readonly
+        self.server_version = hello.pdtop
+        self.info = EngineInfo.from_hello(hello)
+        self._set_config(hello.engine.config)
 
-    def _on_round(self, ev: dict[str, Any]) -> None:
-        t = float(ev.get("time", 0.0))
+    def _set_config(self, config: EngineConfig) -> None:
+        self.config = config
+        self.policy = config.policy
+
+    def _on_round(self, r: RoundRecord) -> None:
+        t = r.time
         if self.rounds and t < self.rounds[-1].time:
             self.reset_series()  # the clock went back: a new engine, or a replay seek
         self.rounds_seen += 1
-        self.round_index = int(ev.get("index", self.round_index + 1))
+        self.round_index = r.index
         self.time = t
-        self.policy = ev.get("policy", self.policy)
-        self.level = ev.get("level")
-        self.pinned = bool(ev.get("pinned", False))
-        self.prefill_units = int(ev.get("prefill_units", 0))
-        self.decode_units = int(ev.get("decode_units", 0))
-        self.decode_bs = int(ev.get("decode_bs", 0))
-        self.waiting = int(ev.get("waiting", 0))
-        self.running = int(ev.get("running", 0))
-        self.kv_used = int(ev.get("kv_used_tokens", 0))
-        self.kv_capacity = int(ev.get("kv_capacity_tokens", 0))
-        step = float(ev.get("decode_step_s", 0.0))
-        round_s = float(ev.get("round_s", 0.0))
-        self.rounds.append(RoundPoint(t, step, round_s, float(ev.get("bytes_moved", 0.0)),
-                                      int(ev.get("tokens_emitted", 0)), self.decode_bs))
-        self._update_prefills(ev.get("prefills") or [], t)
+        self.policy = r.policy
+        self.level = r.level
+        self.pinned = r.pinned
+        self.prefill_units = r.prefill_units
+        self.decode_units = r.decode_units
+        self.decode_bs = r.decode_bs
+        self.waiting = r.waiting
+        self.running = r.running
+        self.kv_used = r.kv_used_tokens
+        self.kv_capacity = r.kv_capacity_tokens
+        self.rounds.append(RoundPoint(t, r.decode_step_s, r.round_s, r.bytes_moved, r.tokens_emitted, r.decode_bs))
+        self._update_prefills(r.prefills, t)
 
-    def _update_prefills(self, raw: list[dict[str, Any]], t: float) -> None:
+    def _update_prefills(self, progress: list[PrefillProgress], t: float) -> None:
         seen: dict[tuple[int, ...], tuple[float, int]] = {}
         views: list[PrefillView] = []
         mean_round = self.mean_round_s()
-        for p in raw:
-            ids = [int(i) for i in p.get("request_ids", [])]
-            key = tuple(ids)
-            done, total = int(p.get("layers_done", 0)), int(p.get("layers_total", 0))
-            k = int(p.get("layers_per_round", 0))
+        for p in progress:
+            key = tuple(p.request_ids)
+            done, total, k = p.layers_done, p.layers_total, p.layers_per_round
             first = self._prefill_first_seen.get(key, (t, done))
             seen[key] = first
             remaining = max(0, total - done)
@@ -203,51 +189,38 @@ class DashboardState:
                 eta = remaining / ((done - first[1]) / (t - first[0]))
             else:
                 eta = None
-            views.append(PrefillView(ids, int(p.get("tokens", 0)), done, total, k, eta))
+            views.append(PrefillView(p.request_ids, p.tokens, done, total, k, eta))
         self._prefill_first_seen = seen
         self.prefills = views
 
-    def _on_request(self, ev: dict[str, Any]) -> None:
-        kind = ev.get("kind")
-        if kind == "arrival":
+    def _on_request(self, r: RequestRecord) -> None:
+        if r.kind == "arrival":
             self.arrivals += 1
-        elif kind == "first_token":
+        elif r.kind == "first_token":
             self.first_tokens += 1
-            if ev.get("ttft_s") is not None:
-                self.ttfts.append(float(ev["ttft_s"]))
-        elif kind == "finish":
+            if r.ttft_s is not None:
+                self.ttfts.append(r.ttft_s)
+        elif r.kind == "finish":
             self.finished += 1
-            self.itls.extend(float(x) for x in ev.get("itls_s") or ())
+            self.itls.extend(r.itls_s)
 
-    def _on_config(self, ev: dict[str, Any]) -> None:
-        if isinstance(ev.get("config"), dict):
-            self.config = dict(ev["config"])
-        changes = ev.get("changes") or {}
-        self.config_changes.append({"time": ev.get("time"), "changes": changes, "client": ev.get("client")})
-        if "policy" in self.config:
-            self.policy = str(self.config["policy"])
-        levels = ev.get("levels") or self.config.get("levels")
-        if levels:
-            self.info.levels = _levels(levels)
+    def _on_config(self, change: ConfigEvent) -> None:
+        self._set_config(change.config)
+        self.config_changes.append(change)
 
-    def _on_hw(self, ev: dict[str, Any]) -> None:
-        self.hw = {k: v for k, v in ev.items() if k not in ("type", "v")}
+    def _on_hw(self, hw: Hw) -> None:
+        self.hw = hw
 
-    def _on_dropped(self, ev: dict[str, Any]) -> None:
-        self.dropped += int(ev.get("count", 0))
+    def _on_dropped(self, dropped: Dropped) -> None:
+        self.dropped += dropped.count
 
-    def _on_error(self, ev: dict[str, Any]) -> None:
-        self.errors.append((str(ev.get("field", "")), str(ev.get("reason", ""))))
+    def _on_error(self, error: ErrorNotice) -> None:
+        self.errors.append(error)
 
-    def _on_seek(self, ev: dict[str, Any]) -> None:
-        """A replay moved to `position`: drop what was accumulated, take the config in force there."""
+    def _on_seek(self, seek: Seek) -> None:
+        """A replay moved: drop what was accumulated, take the configuration in force there."""
         self.reset_series()
-        if isinstance(ev.get("config"), dict) and ev["config"]:
-            self.config = dict(ev["config"])
-            if "policy" in self.config:
-                self.policy = str(self.config["policy"])
-            if self.config.get("levels"):
-                self.info.levels = _levels(self.config["levels"])
+        self._set_config(seek.config)
 
     def reset_series(self) -> None:
         """Forget the rolling buffers (after a replay seek or when a new engine starts)."""
@@ -348,16 +321,17 @@ class DashboardState:
 
     @property
     def levels(self) -> list[tuple[int, int]]:
-        return self.info.levels
+        """The device's split levels (prefill units, decode units); index = level."""
+        return self.config.levels if self.config is not None else []
 
 
-_HANDLERS = {
-    "hello": DashboardState._on_hello,
-    "round": DashboardState._on_round,
-    "request": DashboardState._on_request,
-    "config": DashboardState._on_config,
-    "hw": DashboardState._on_hw,
-    "dropped": DashboardState._on_dropped,
-    "error": DashboardState._on_error,
-    "seek": DashboardState._on_seek,
+_HANDLERS: dict[type, Callable[[DashboardState, Any], None]] = {
+    Hello: DashboardState._on_hello,
+    RoundRecord: DashboardState._on_round,
+    RequestRecord: DashboardState._on_request,
+    ConfigEvent: DashboardState._on_config,
+    Hw: DashboardState._on_hw,
+    Dropped: DashboardState._on_dropped,
+    ErrorNotice: DashboardState._on_error,
+    Seek: DashboardState._on_seek,
 }

@@ -1,32 +1,30 @@
-"""Small, dependency-free statistics used by the dashboard panels."""
+"""The statistics the dashboard panels show, on numpy.
+
+Percentiles are numpy's default (linear interpolation), the definition
+`pdtop.analysis.metrics.percentile` uses for the benchmarks, so the dashboard and
+`pdtop bench` agree on what "p99" means.
+"""
 from __future__ import annotations
 
-import math
 from typing import Iterable, Sequence
 
-
-def percentile(sorted_values: Sequence[float], q: float) -> float | None:
-    """The q-th percentile (0..100) of already sorted values, nearest-rank; None when empty."""
-    if not sorted_values:
-        return None
-    if q <= 0:
-        return sorted_values[0]
-    rank = math.ceil(q / 100.0 * len(sorted_values))
-    return sorted_values[min(len(sorted_values), max(1, rank)) - 1]
+import numpy as np
 
 
 def summary(values: Iterable[float]) -> tuple[float | None, float | None, float | None]:
     """(p50, p99, max) of values; Nones when there are none."""
-    ordered = sorted(values)
-    if not ordered:
+    array = np.fromiter(values, dtype=float)
+    if array.size == 0:
         return None, None, None
-    return percentile(ordered, 50), percentile(ordered, 99), ordered[-1]
+    p50, p99, top = np.percentile(array, (50, 99, 100))
+    return float(p50), float(p99), float(top)
 
 
 def bucket_max(points: Sequence[tuple[float, float]], start: float, end: float, buckets: int) -> list[float | None]:
     """Split [start, end) into `buckets` equal slices of time; each slice's largest value (None if empty).
 
-    `points` are (time, value) pairs in time order. Points outside the range are ignored.
+    `points` are (time, value) pairs in time order. Points outside the range are ignored,
+    but one exactly at `end` counts in the last slice.
     """
     if buckets <= 0:
         return []

@@ -9,12 +9,34 @@ import pytest
 from websockets.asyncio.client import connect
 
 from pdtop.engine.build import build_engine
+from pdtop.engine.records import ConfigChange
 from pdtop.engine.scheduling.workload import WorkloadSpec
+from pdtop.telemetry import encode
 from pdtop.telemetry.server.server import TelemetryServer
 
 
 def make_engine(rate: float = 50.0):
     return build_engine(device="sim:H100", model="synthetic:qwen3-8b", workload=WorkloadSpec(rate=rate, seed=1))
+
+
+def hello_event(client_id: str = "recorder", readonly: bool = True) -> dict:
+    """The hello a real engine (a fresh sim H100) gets from the server."""
+    eng = make_engine()
+    try:
+        return json.loads(encode.encode(encode.hello_event(client_id, readonly, eng.describe())))
+    finally:
+        eng.close()
+
+
+def config_event(time: float, round_index: int, **settings) -> dict:
+    """A `config` event setting `settings` in a real engine's configuration."""
+    eng = make_engine()
+    try:
+        old = eng.config_dict()
+    finally:
+        eng.close()
+    change = ConfigChange(time, round_index, {k: {"old": old[k], "new": v} for k, v in settings.items()})
+    return json.loads(encode.encode(encode.config_event(change, {**old, **settings})))
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ import dataclasses
 import json
 
 from pdtop.engine.records import ConfigChange, PrefillProgress, RequestRecord, RoundRecord
-from pdtop.telemetry import events as ev
+from pdtop.telemetry import encode as ev
 
 
 def test_engine_records_encode_as_asdict_plus_type():

@@ -7,6 +7,8 @@ import asyncio
 import pytest
 
 from conftest import Pump, steps
+from pdtop.telemetry.decode import decode_event
+from pdtop.telemetry.events import Reply
 from pdtop.telemetry.sources.live import LiveSource
 from pdtop.telemetry.server.server import TelemetryServer
 from pdtop.telemetry.sources.source import ControlRefused, Source
@@ -24,12 +26,12 @@ async def test_stream_and_control(engine, server):
     assert isinstance(src, Source) and src.state == "connecting" and not src.readonly
     pump = Pump(src)
     hello = await pump.get()
-    assert hello["type"] == "hello" and src.state == "live" and src.hello == hello
+    assert hello["type"] == "hello" and src.state == "live" and src.hello == decode_event(hello)
     await steps(engine, 40)
     rounds = [(await next_of(pump, "round"))["index"] for _ in range(40)]
     assert rounds == list(range(40))  # batch frames come out one event at a time
     reply = await src.send({"cmd": "set", "decode_bs_divisor": 18})
-    assert reply["ok"] is True
+    assert isinstance(reply, Reply) and reply.ok is True and reply.error is None
     with pytest.raises(ControlRefused) as refused:
         await src.send({"cmd": "pin_level", "level": 1000})
     assert refused.value.field == "level" and "0.." in refused.value.reason
@@ -55,7 +57,7 @@ async def test_readonly_sources_refuse_locally(engine):
         src = LiveSource(server.url, token="tok")
         pump = Pump(src)
         assert (await pump.get())["readonly"] is False
-        assert (await src.send({"cmd": "auto_level"}))["ok"]
+        assert (await src.send({"cmd": "auto_level"})).ok
         await src.close()
     finally:
         await server.stop()
@@ -88,7 +90,7 @@ async def test_reconnects_when_the_server_comes_back(engine):
         second = await next_of(pump, "hello")
         assert src.state == "live" and src.connections == 2
         assert second is not first and second["engine"] == first["engine"]
-        assert (await src.send({"cmd": "auto_level"}))["ok"]
+        assert (await src.send({"cmd": "auto_level"})).ok
     finally:
         await src.close()
         await server.stop()

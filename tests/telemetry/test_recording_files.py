@@ -6,10 +6,11 @@ import json
 
 import pytest
 
+from conftest import hello_event
 from pdtop.telemetry.recording.reader import read_recording
 from pdtop.telemetry.recording.recorder import Recorder, RecordingError
 
-HELLO = {"type": "hello", "v": 1, "client_id": "recorder", "readonly": True, "engine": {"config": {"x": 1}}}
+HELLO = hello_event()
 
 
 def _event(i: int) -> dict:
@@ -82,7 +83,12 @@ def test_unknown_event_types_are_kept_for_the_consumer_to_ignore(tmp_path):
     (b"hello world\n", "not a pdtop recording"),
     (b'{"format": "asciicast"}\n', "not a pdtop recording"),
     (b'{"format": "pdtop-recording", "format_version": 99, "hello": {}}\n', "format version 99"),
-    (b'{"format": "pdtop-recording", "format_version": 1}\n', "no hello"),
+    (b'{"format": "pdtop-recording", "format_version": 1}\n', "hello in its header cannot be read: .* not null"),
+    (json.dumps({"format": "pdtop-recording", "format_version": 1, "hello": {**HELLO, "v": 2}}).encode() + b"\n",
+     "hello in its header cannot be read: hello: protocol version 2"),
+    (json.dumps({"format": "pdtop-recording", "format_version": 1,
+                 "hello": {**HELLO, "engine": {**HELLO["engine"], "units": "132"}}}).encode() + b"\n",
+     r"hello\.engine\.units: expected an integer, got '132'"),
     (b"\x1f\x8bgarbage", "not a pdtop recording"),
 ])
 def test_not_a_recording(tmp_path, content, words):

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import Pump
+from conftest import Pump, config_event, hello_event
 from pdtop.telemetry.recording.recorder import Recorder
 from pdtop.telemetry.sources.replay import ReplaySource
 from pdtop.telemetry.sources.source import ControlRefused
 
-HELLO = {"type": "hello", "v": 1, "client_id": "recorder", "readonly": True,
-         "engine": {"config": {"decode_bs_divisor": 36}}}
+HELLO = hello_event()
+CONFIG = HELLO["engine"]["config"]  # decode_bs_divisor 36
 
 
 def _write(path, events):
@@ -30,7 +30,7 @@ def recording(tmp_path):
         events.append((t, {"type": "round", "v": 1, "index": i, "time": t}))
         events.append((t + 0.05, {"type": "request", "v": 1, "kind": "arrival", "request_id": i}))
         if i == 10:
-            events.append((t + 0.06, {"type": "config", "v": 1, "changes": {}, "config": {"decode_bs_divisor": 12}}))
+            events.append((t + 0.06, config_event(t, i, decode_bs_divisor=12)))
     return _write(tmp_path / "r.ndjson.gz", events)
 
 
@@ -77,12 +77,12 @@ async def test_seek_announces_itself_with_the_config_in_force(recording):
     src.seek(1.5)
     marker = await p.get()
     assert marker["type"] == "seek" and marker["position"] == 1.5
-    assert marker["config"] == {"decode_bs_divisor": 12}  # the change at 1.06 s
+    assert marker["config"] == {**CONFIG, "decode_bs_divisor": 12}  # the change at 1.06 s
     src.step()
     assert (await p.get())["index"] == 15
     src.seek(0.25)  # backwards, before the change
     marker = await p.get()
-    assert marker["config"] == {"decode_bs_divisor": 36}
+    assert marker["config"] == CONFIG
     src.step()
     assert (await p.get())["type"] == "request"  # 0.25 is the request after round 2
     assert (await p.get())["index"] == 3
@@ -136,5 +136,20 @@ async def test_hold_at_end_waits_for_a_seek(recording):
     src.seek(1.9)
     assert (await p.get())["type"] == "seek"
     assert (await p.get())["index"] == 19
+    src.close()
+    await p.task
+
+
+async def test_seek_passes_over_a_config_event_it_cannot_read(tmp_path):
+    broken = config_event(0.3, 3, decode_bs_divisor=24)
+    del broken["config"]["chunk_size"]
+    path = _write(tmp_path / "r.ndjson", [(0.1, config_event(0.1, 1, decode_bs_divisor=12)), (0.3, broken),
+                                          (0.5, {"type": "round", "v": 1, "index": 5, "time": 0.5})])
+    src = ReplaySource(path)
+    src.pause()
+    p = Pump(src)
+    await p.get()
+    src.seek(0.4)
+    assert (await p.get())["config"] == {**CONFIG, "decode_bs_divisor": 12}
     src.close()
     await p.task

@@ -17,9 +17,9 @@ from typing import Any, Callable
 import pytest
 
 from pdtop.engine.build import build_engine
-from pdtop.engine.records import ConfigChange
+from pdtop.engine.records import ConfigChange, PrefillProgress, RequestRecord, RoundRecord
 from pdtop.engine.scheduling.workload import WorkloadSpec
-from pdtop.telemetry import events as telemetry_events
+from pdtop.telemetry import encode as telemetry_events
 from pdtop.telemetry.recording.recorder import Recorder
 from pdtop.telemetry.server.server import TelemetryServer
 
@@ -157,34 +157,49 @@ def stepped():
     es.close()
 
 
-# ---- event dicts shaped exactly like the envelope (docs/architecture.md, pdtop/engine/records.py) ----
+# ---- events as the server sends them: built from the engine's records and a real engine's hello ----
 
-LEVELS = [[132, 0], [112, 20], [104, 28], [96, 36], [88, 44], [80, 52], [72, 60], [0, 132]]
-HELLO = {
-    "type": "hello", "v": 1, "pdtop": "0.1.0", "client_id": "c1", "readonly": False,
-    "engine": {"model": "synthetic:qwen3-8b", "num_layers": 36,
-               "device": {"name": "sim:H100", "kind": "sim", "unit_name": "SMs", "units": 132, "peak_bw": 3.35e12},
-               "unit_name": "SMs", "units": 132, "levels": LEVELS, "policy": "pdmux",
-               "config": {"decode_bs_divisor": 36, "policy": "pdmux", "levels": LEVELS, "workload_paused": False}},
-}
+def _real_hello() -> dict:
+    engine = sim_engine()
+    try:
+        return telemetry_events.hello_event("c1", False, engine.describe())
+    finally:
+        engine.close()
+
+
+HELLO = _real_hello()  # a sim H100: 132 SMs, 8 levels, decode_bs_divisor 36, policy pdmux
+LEVELS = HELLO["engine"]["levels"]
 
 
 def _round_event(i: int, t: float, *, step: float = 0.01, bs: int = 4, prefills=(), level: int = 4,
-                bytes_moved: float = 2e10, tokens: int = 4) -> dict:
+                 bytes_moved: float = 2e10, tokens: int = 4) -> dict:
     p, d = LEVELS[level]
-    return {"type": "round", "v": 1, "index": i, "time": t, "policy": "pdmux", "level": level,
-            "prefill_units": p, "decode_units": d, "pinned": False, "decode_bs": bs,
-            "decode_step_s": step if bs else 0.0, "round_s": step, "prefills": list(prefills),
-            "tokens_emitted": tokens, "waiting": 1, "running": bs, "kv_used_tokens": 500,
-            "kv_capacity_tokens": 1000, "bytes_moved": bytes_moved, "flops": 1e12}
+    return telemetry_events.record_event(RoundRecord(
+        index=i, time=t, policy="pdmux", level=level, prefill_units=p, decode_units=d, pinned=False, decode_bs=bs,
+        decode_step_s=step if bs else 0.0, round_s=step, prefills=list(prefills), tokens_emitted=tokens, waiting=1,
+        running=bs, kv_used_tokens=500, kv_capacity_tokens=1000, bytes_moved=bytes_moved, flops=1e12))
 
 
-def _prefill(ids, done, total=36, k=8, tokens=8192) -> dict:
-    return {"request_ids": ids, "tokens": tokens, "layers_done": done, "layers_total": total, "layers_per_round": k}
+def _prefill(ids, done, total=36, k=8, tokens=8192) -> PrefillProgress:
+    return PrefillProgress(request_ids=list(ids), tokens=tokens, layers_done=done, layers_total=total,
+                           layers_per_round=k)
 
+
+def _request(kind: str, request_id: int, time: float = 0.0, *, prompt_tokens: int = 10, output_tokens: int = 0,
+             ttft_s: float | None = None, itls_s=(), finish_reason: str | None = None) -> dict:
+    return telemetry_events.record_event(RequestRecord(kind, request_id, time, prompt_tokens, output_tokens, ttft_s,
+                                                       list(itls_s), finish_reason))
+
+
+def _config(time: float, round_index: int, client: str | None = None, **settings) -> dict:
+    old = HELLO["engine"]["config"]
+    change = ConfigChange(time, round_index, {k: {"old": old[k], "new": v} for k, v in settings.items()}, client)
+    return telemetry_events.config_event(change, {**old, **settings})
 
 
 @pytest.fixture
 def ev() -> SimpleNamespace:
-    """Builders of envelope-shaped events: `ev.hello`, `ev.round(i, t, ...)`, `ev.prefill(ids, done)`, `ev.levels`."""
-    return SimpleNamespace(hello=copy.deepcopy(HELLO), round=_round_event, prefill=_prefill, levels=LEVELS)
+    """Builders of events as the server sends them: `ev.hello`, `ev.round(i, t, ...)`, `ev.prefill(ids, done)`,
+    `ev.request(kind, id, ...)`, `ev.config(time, round_index, client, **settings)`, `ev.levels`."""
+    return SimpleNamespace(hello=copy.deepcopy(HELLO), round=_round_event, prefill=_prefill, request=_request,
+                           config=_config, levels=LEVELS)

@@ -1,6 +1,8 @@
 """The one command table: parsers, message builders, and that it drives bindings, help and palette."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from pdtop.ui.commands import BY_ID, COMMANDS, parse_divisions, parse_seconds, parse_slo_ms
@@ -33,7 +35,7 @@ def test_set_builders_and_toggles(state_at):
     assert BY_ID["decode_bs_divisor"].build(s, 24) == {"cmd": "set", "decode_bs_divisor": 24}
     assert BY_ID["budget"].build(s, 4096) == {"cmd": "set", "split_forward_token_budget": 4096}
     assert BY_ID["workload_toggle"].build(s, None) == {"cmd": "pause_workload"}
-    s.config["workload_paused"] = True
+    s.config = dataclasses.replace(s.config, workload_paused=True)
     assert BY_ID["workload_toggle"].build(s, None) == {"cmd": "resume_workload"}
     start = BY_ID["record"].build(s, None)
     assert start["cmd"] == "record_start" and start["path"].endswith(".ndjson")
@@ -41,6 +43,15 @@ def test_set_builders_and_toggles(state_at):
     assert BY_ID["record"].build(s, None) == {"cmd": "record_stop"}
     assert BY_ID["decode_bs_divisor"].arg.default(s) == "36"
 
+
+def test_every_prompt_has_a_default_before_and_after_hello(state_at):
+    """Prompts start from the configuration in force: each names a real setting."""
+    s = state_at()
+    for cmd in COMMANDS:
+        if cmd.arg is not None:
+            assert isinstance(cmd.arg.default(DashboardState()), str), cmd.id
+            assert isinstance(cmd.arg.default(s), str), cmd.id
+    assert BY_ID["manual_divisions"].arg.default(s) == "[]" and BY_ID["policy"].arg.default(s) == "pdmux"
 
 def test_parsers():
     assert parse_divisions("112 20 1; 96,36,16") == [[112, 20, 1], [96, 36, 16]]
@@ -55,6 +66,8 @@ def test_parsers():
 
 
 def test_table_invariants():
+    assert len(BY_ID) == len(COMMANDS), "duplicate command ids"
+    assert len({c.key for c in COMMANDS}) == len(COMMANDS), "duplicate command keys"
     for cmd in COMMANDS:
         assert (cmd.build is None) != (cmd.action is None), cmd.id  # a message or a local action
         assert not (cmd.needs_write and cmd.mode == "replay"), cmd.id

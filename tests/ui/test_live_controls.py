@@ -56,7 +56,8 @@ async def test_every_control_reaches_the_engine(served, until):
         await until(pilot, lambda: cfg()["workload_rate"] == 3.5, "workload rate 3.5")
         await pilot.press("w")
         await until(pilot, lambda: cfg()["workload_paused"] is True, "workload paused")
-        await until(pilot, lambda: app.state.config.get("workload_paused") is True, "the dashboard saw the pause")
+        await until(pilot, lambda: app.state.config is not None and app.state.config.workload_paused,
+                    "the dashboard saw the pause")
         await pilot.press("w")
         await until(pilot, lambda: cfg()["workload_paused"] is False, "workload resumed")
         await _answer(pilot, "p", "chunked")

@@ -83,7 +83,26 @@ async def test_replay_state_matches_the_recording(recording, until):
     app = PdtopApp(src)
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.state.rounds_seen == len(rounds), "every round", timeout=30)
-        assert app.state.config["decode_bs_divisor"] == 12
+        assert app.state.config is not None and app.state.config.decode_bs_divisor == 12
         assert app.state.round_index == rounds[-1]["index"]
         assert app.state.level == rounds[-1]["level"]
         assert app.state.arrivals == sum(1 for _t, e in rec if e.get("kind") == "arrival")
+        assert app.state.invalid == 0 and app.state.skipped == 0  # every recorded event decodes
+
+
+async def test_an_unreadable_event_is_skipped_and_shown_once(tmp_path, ev, until):
+    from pdtop.telemetry.recording.recorder import Recorder
+
+    rec = Recorder(tmp_path / "bad.ndjson", ev.hello)
+    for i in range(3):
+        bad = ev.round(i, 0.01 * (i + 1))
+        del bad["kv_used_tokens"]  # a renamed or dropped field: never read as 0
+        rec.write_event(bad, t=0.01 * i)
+    rec.write_event(ev.round(3, 0.04), t=0.03)
+    rec.close()
+    app = PdtopApp(ReplaySource(tmp_path / "bad.ndjson", speed=16))
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.state.rounds_seen == 1, "the good round")
+        assert app.state.invalid == 3 and app.state.round_index == 3
+        shown = [n for n in app.notices if n[1] == "unreadable event skipped"]
+        assert [n[2] for n in shown] == ["round: missing field 'kv_used_tokens'"]

@@ -1,19 +1,20 @@
-"""The dashboard state model, fed event dicts shaped exactly like the envelope (docs/architecture.md)."""
+"""The dashboard state model, fed events as the server sends them (docs/protocol.md)."""
 from __future__ import annotations
 
 import pytest
 
+from pdtop.telemetry.events import ErrorNotice, Hello
 from pdtop.ui.state import DashboardState
 
 
 def test_hello_fills_engine_info_and_config(ev):
     s = DashboardState()
-    s.ingest(ev.hello)
+    assert isinstance(s.ingest(ev.hello), Hello)
     assert s.hello and s.client_id == "c1" and not s.readonly
     assert s.info.device == "sim:H100" and s.info.units == 132 and s.info.unit_name == "SMs"
-    assert s.info.levels[4] == (88, 44) and len(s.levels) == 8
+    assert s.levels[4] == (88, 44) and len(s.levels) == 8
     assert s.info.peak_bytes_per_s == 3.35e12
-    assert s.config["decode_bs_divisor"] == 36 and s.policy == "pdmux"
+    assert s.config is not None and s.config.decode_bs_divisor == 36 and s.policy == "pdmux"
 
 
 def test_rounds_give_split_itl_bandwidth_and_throughput(ev):
@@ -27,7 +28,8 @@ def test_rounds_give_split_itl_bandwidth_and_throughput(ev):
     s.ingest(ev.round(5, t + 0.02, step=0.02, bs=0))  # a prefill-only round: not a decode step
     assert (s.level, s.prefill_units, s.decode_units) == (4, 88, 44)
     p50, p99, worst = s.itl_summary()
-    assert p50 == 0.011 and p99 == 0.050 and worst == 0.050
+    # sorted 10, 10, 11, 12, 50 ms: p99 sits 0.96 of the way from 12 to 50 (linear, numpy's default)
+    assert p50 == pytest.approx(0.011) and p99 == pytest.approx(0.012 + 0.96 * 0.038) and worst == 0.050
     avg, last = s.bandwidth()
     assert avg == pytest.approx(6 * 2e10 / (sum(steps) + 0.02))
     assert last == pytest.approx(2e10 / 0.02)
@@ -72,25 +74,25 @@ def test_prefill_eta_from_layers_per_round_and_from_progress(ev):
 def test_requests_give_ttft_and_pooled_itl(ev):
     s = DashboardState()
     for i in range(100):
-        s.ingest({"type": "request", "v": 1, "kind": "arrival", "request_id": i, "time": 0.0, "prompt_tokens": 10})
-        s.ingest({"type": "request", "v": 1, "kind": "first_token", "request_id": i, "time": 0.1,
-                  "prompt_tokens": 10, "output_tokens": 1, "ttft_s": (i + 1) / 1000})
-    s.ingest({"type": "request", "v": 1, "kind": "finish", "request_id": 0, "time": 1.0, "prompt_tokens": 10,
-              "output_tokens": 4, "ttft_s": 0.001, "itls_s": [0.01, 0.02, 0.03], "finish_reason": "length"})
+        s.ingest(ev.request("arrival", i))
+        s.ingest(ev.request("first_token", i, 0.1, output_tokens=1, ttft_s=(i + 1) / 1000))
+    s.ingest(ev.request("finish", 0, 1.0, output_tokens=4, ttft_s=0.001, itls_s=[0.01, 0.02, 0.03],
+                        finish_reason="length"))
     assert s.arrivals == 100 and s.first_tokens == 100 and s.finished == 1
-    assert s.ttft_summary() == (0.050, 0.099)
-    assert s.pooled_itl_summary() == (0.02, 0.03, 0.03)
+    # 1..100 ms: p50 halfway between 50 and 51 ms, p99 at 99.01 ms (positions 49.5 and 98.01)
+    assert s.ttft_summary() == pytest.approx((0.0505, 0.09901))
+    assert s.pooled_itl_summary() == pytest.approx((0.02, 0.0298, 0.03))
 
 
 def test_config_event_replaces_config_and_levels(ev):
     s = DashboardState()
     s.ingest(ev.hello)
     new_levels = [[132, 0], [112, 20], [96, 36], [0, 132]]
-    s.ingest({"type": "config", "v": 1, "time": 1.0, "round_index": 10, "client": "c2",
-              "changes": {"manual_divisions": {"old": [], "new": [[112, 20, 1], [96, 36, 16]]}},
-              "config": {**ev.hello["engine"]["config"], "levels": new_levels, "policy": "chunked"}})
+    s.ingest(ev.config(1.0, 10, "c2", manual_divisions=[[112, 20, 1], [96, 36, 16]], levels=new_levels,
+                       policy="chunked"))
     assert s.levels == [tuple(x) for x in new_levels] and s.policy == "chunked"
-    assert s.config_changes[-1]["client"] == "c2"
+    assert s.config is not None and s.config.manual_divisions == [(112, 20, 1), (96, 36, 16)]
+    assert s.config_changes[-1].client == "c2"
 
 
 def test_dropped_errors_hw_and_unknown_types(ev):
@@ -98,12 +100,31 @@ def test_dropped_errors_hw_and_unknown_types(ev):
     s.ingest({"type": "dropped", "v": 1, "count": 3})
     s.ingest({"type": "dropped", "v": 1, "count": 2})
     s.ingest({"type": "error", "v": 1, "field": "path", "reason": "disk full"})
-    s.ingest({"type": "hw", "v": 1, "time": 5.0, "cpu_percent": [10.0, 20.0], "dram_bw_util_pct": "n/a"})
+    s.ingest({"type": "hw", "v": 1, "time": 5.0, "cpu_percent": [10.0, 20.0], "host_mem_used_bytes": 1 << 30,
+              "host_mem_total_bytes": 1 << 32, "host_mem_percent": 25.0, "dram_bw_util_pct": "n/a"})
     version = s.version
-    s.ingest({"type": "from-the-future", "v": 2})
-    assert s.dropped == 5 and s.errors[-1] == ("path", "disk full")
-    assert s.hw["cpu_percent"] == [10.0, 20.0] and "type" not in s.hw
-    assert s.version == version and s.events == 5
+    assert s.ingest({"type": "from-the-future", "v": 2}) is None
+    assert s.dropped == 5 and s.errors[-1] == ErrorNotice("path", "disk full")
+    assert s.hw is not None and s.hw.cpu_percent == [10.0, 20.0] and s.hw.dram_bw_util_pct == "n/a"
+    assert s.hw.sm_util_pct is None  # absent: the server has no NVML figure for it
+    assert s.version == version and s.events == 5 and s.skipped == 1 and s.invalid == 0
+
+
+def test_invalid_events_are_refused_whole_and_counted(ev):
+    """A field missing or of the wrong type never reads as 0: the event changes nothing."""
+    s = DashboardState()
+    s.ingest(ev.hello)
+    s.ingest(ev.round(0, 0.01, level=4))
+    version = s.version
+    renamed = ev.round(1, 0.02, level=5)
+    renamed["decode_units_v2"] = renamed.pop("decode_units")
+    nan = ev.round(1, 0.02, level=5) | {"decode_step_s": float("nan")}
+    text = ev.round(1, 0.02, level=5) | {"waiting": "3"}
+    newer = ev.round(1, 0.02, level=5) | {"v": 2}
+    for bad in (renamed, nan, text, newer):
+        assert s.ingest(bad) is None
+    assert s.invalid == 4 and s.version == version and s.rounds_seen == 1 and s.level == 4
+    assert s.invalid_reason == "round: protocol version 2; this pdtop reads version 1"
 
 
 def test_clock_going_back_or_a_seek_resets_the_series(ev):
@@ -111,16 +132,17 @@ def test_clock_going_back_or_a_seek_resets_the_series(ev):
     s.ingest(ev.hello)
     for i in range(10):
         s.ingest(ev.round(i, 5.0 + i * 0.01))
-    s.ingest({"type": "request", "v": 1, "kind": "first_token", "request_id": 1, "time": 5.0, "ttft_s": 0.2})
+    s.ingest(ev.request("first_token", 1, 5.0, output_tokens=1, ttft_s=0.2))
     s.ingest(ev.round(0, 0.01))  # a new engine (its clock restarted)
     assert len(s.rounds) == 1 and not s.ttfts
-    s.ingest({"type": "seek", "v": 1, "position": 3.0, "config": {"decode_bs_divisor": 12, "levels": ev.levels[:3]}})
-    assert not s.rounds and s.config["decode_bs_divisor"] == 12 and len(s.levels) == 3
+    config = {**ev.hello["engine"]["config"], "decode_bs_divisor": 12, "levels": ev.levels[:3]}
+    s.ingest({"type": "seek", "v": 1, "position": 3.0, "config": config})
+    assert not s.rounds and s.config is not None and s.config.decode_bs_divisor == 12 and len(s.levels) == 3
 
 
 def test_buffers_are_bounded(ev):
     s = DashboardState(max_rounds=100, max_requests=10)
     for i in range(1000):
         s.ingest(ev.round(i, i * 0.001))
-        s.ingest({"type": "request", "v": 1, "kind": "first_token", "request_id": i, "time": 0.0, "ttft_s": 0.1})
+        s.ingest(ev.request("first_token", i, output_tokens=1, ttft_s=0.1))
     assert len(s.rounds) == 100 and len(s.ttfts) == 10 and s.rounds_seen == 1000

@@ -13,7 +13,8 @@ from typing import Any, Callable
 
 import psutil
 
-from pdtop.telemetry.events import hw_event
+from pdtop.telemetry.encode import hw_event
+from pdtop.telemetry.hardware.nvml_sampler import NvmlSampler
 
 log = logging.getLogger("pdtop.telemetry.hardware.hw")
 
@@ -29,11 +30,7 @@ def host_metrics() -> dict[str, Any]:
     }
 
 
-def _nvml_sampler() -> Any | None:
-    try:
-        from pdtop.telemetry.hardware.nvml_sampler import NvmlSampler
-    except ImportError:
-        return None
+def _nvml_sampler() -> NvmlSampler | None:
     try:
         return NvmlSampler()
     except Exception as exc:  # a broken driver must not stop telemetry
@@ -54,15 +51,15 @@ class HwSampler:
 
     @property
     def gpu_available(self) -> bool:
-        return bool(getattr(self._gpu, "available", False))
+        return self._gpu is not None and self._gpu.available
 
     def sample(self) -> dict[str, Any]:
         metrics = host_metrics()
         if self._gpu is not None:
             try:
                 metrics.update(self._gpu.sample())
-                metrics["gpu_name"] = getattr(self._gpu, "name", "n/a")
-                metrics["gpu_reason"] = getattr(self._gpu, "reason", "")
+                metrics["gpu_name"] = self._gpu.name
+                metrics["gpu_reason"] = self._gpu.reason
             except Exception as exc:
                 log.debug("NVML sample failed: %s", exc)
         return hw_event(time.time(), metrics)
@@ -76,9 +73,8 @@ class HwSampler:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=2 * self.interval + 1)
-        close = getattr(self._gpu, "close", None)
-        if close is not None:
-            close()
+        if self._gpu is not None:
+            self._gpu.close()
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):

@@ -132,7 +132,7 @@ class NvmlSampler:
         req.sample1, req.sample2 = prev, cur
         for i, metric in enumerate(ids):
             req.metrics[i].metricId = metric
-        got = {k: NA for k in _GPM_KEYS}
+        got: dict[str, float | str] = {k: NA for k in _GPM_KEYS}
         if _quiet(nv.nvmlGpmMetricsGet, req) is not None:
             for i, key in enumerate(_GPM_KEYS):
                 m = req.metrics[i]

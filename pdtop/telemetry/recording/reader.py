@@ -3,7 +3,9 @@
 Tolerant by design: a gzip stream without its end (the writer was killed) is read up to
 the last flush, a truncated last line is dropped (`truncated`), and lines that are not
 `{"t": number, "event": {"type": ...}}` are skipped and counted (`skipped`). A file that
-is not a recording at all raises `RecordingError` with a one-line reason.
+is not a recording at all, or whose header's `hello` does not decode, raises
+`RecordingError` with a one-line reason. Events are checked where they are consumed
+(`decode_event`), so events of types this pdtop does not know stay for the consumer to skip.
 
 Events are kept as their JSON text and parsed on access, so a long recording costs
 about its own size in memory.
@@ -17,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from pdtop.telemetry.decode import EventError, decode_event
+from pdtop.telemetry.events import Hello
 from pdtop.telemetry.recording.recorder import FORMAT, FORMAT_VERSION, RecordingError
 
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -34,6 +38,7 @@ class Recording:
 
     @property
     def hello(self) -> dict[str, Any]:
+        """The header's hello as recorded (what a replay yields first)."""
         return self.header["hello"]
 
     @property
@@ -116,8 +121,12 @@ def _parse_header(path: Path, line: str) -> dict[str, Any]:
     if not isinstance(version, int) or version > FORMAT_VERSION:
         raise RecordingError(f"{str(path)!r} has recording format version {version!r}; "
                              f"this pdtop reads up to {FORMAT_VERSION}")
-    if not isinstance(header.get("hello"), dict):
-        raise RecordingError(f"{not_rec} (its header has no hello event)")
+    try:
+        hello = decode_event(header.get("hello"))
+    except EventError as exc:
+        raise RecordingError(f"{str(path)!r}: the hello in its header cannot be read: {exc}") from None
+    if not isinstance(hello, Hello):
+        raise RecordingError(f"{str(path)!r}: its header holds a {type(hello).__name__} event, not a hello")
     return header
 
 

@@ -7,16 +7,17 @@ from __future__ import annotations
 
 import hmac
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pdtop.engine.scheduling.control import ControlError
-from pdtop.telemetry import events as ev
+from pdtop.telemetry import encode as ev
 from pdtop.telemetry.server.frames import FrameError, parse_control
 from pdtop.telemetry.recording.recorder import RecordingError
 
-log = logging.getLogger("pdtop.telemetry.server.server")
+if TYPE_CHECKING:  # the server calls in here with itself: no import at run time
+    from pdtop.telemetry.server.server import Client, TelemetryServer
 
-SERVER_COMMANDS = ("auth", "record_start", "record_stop")
+log = logging.getLogger("pdtop.telemetry.server.server")
 
 
 def same_token(a: str, b: str) -> bool:
@@ -24,8 +25,8 @@ def same_token(a: str, b: str) -> bool:
     return hmac.compare_digest(a.encode(), b.encode())
 
 
-def handle_control(server: Any, client: Any, message: str | bytes) -> dict[str, Any]:
-    """`server` is the `TelemetryServer`, `client` its record of the connection."""
+def handle_control(server: TelemetryServer, client: Client, message: str | bytes) -> dict[str, Any]:
+    """The `reply` event to one message from `client`, a connection of `server`."""
     try:
         msg = parse_control(message)
     except FrameError as exc:
@@ -60,7 +61,7 @@ def handle_control(server: Any, client: Any, message: str | bytes) -> dict[str, 
     return ev.reply_event(msg_id, True)
 
 
-def _auth(server: Any, client: Any, msg_id: Any, token: Any) -> dict[str, Any]:
+def _auth(server: TelemetryServer, client: Client, msg_id: Any, token: Any) -> dict[str, Any]:
     if server.token is None:
         return ev.reply_event(msg_id, True, readonly=False)
     if isinstance(token, str) and same_token(token, server.token):

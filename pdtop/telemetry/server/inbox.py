@@ -6,48 +6,59 @@ counts the record as shed. Either way the record itself is freed at once: queuei
 records instead would keep thousands of young objects alive across garbage
 collections, which costs the engine more than the encoding does. The event loop sets
 the room once per tick (`refill`) and takes what was admitted (`take`). Config changes
-are always admitted, with the configuration captured right after them. An engine producing tens of thousands of rounds a second (an
-unpaced simulation) thus costs telemetry a fixed budget; at real-time pace nothing is shed.
+are always admitted, encoded with the configuration captured right after them. An engine
+producing tens of thousands of rounds a second (an unpaced simulation) thus costs
+telemetry a fixed budget; at real-time pace nothing is shed.
 """
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
-from pdtop.engine.records import ConfigChange
-from pdtop.telemetry.events import encode_record
+from pdtop.engine.records import ConfigChange, RequestRecord, RoundRecord
+from pdtop.telemetry.encode import config_event, encode, encode_record
+
+
+class Outgoing(NamedTuple):
+    """One event on its way out, as JSON text. `priority` events (config changes) reach every
+    client, never dropped; the others join the stream, which a slow client may lose."""
+
+    text: str
+    priority: bool
 
 
 class Inbox:
     def __init__(self, config_dict: Callable[[], dict[str, Any]]) -> None:
-        q: deque[Any] = deque()
+        q: deque[Outgoing] = deque()
         gate = [0, 0]  # [records the current tick may still admit, records shed so far]
-        append, cc = q.append, ConfigChange
+        append = q.append
 
-        def sink(record: Any) -> None:
-            if record.__class__ is cc:
-                append((record, config_dict()))
-            elif gate[0] > 0:
-                gate[0] -= 1
-                try:
-                    append(encode_record(record))
-                except Exception:  # never raise into the engine's loop
+        def sink(record: RoundRecord | RequestRecord | ConfigChange) -> None:
+            try:
+                if isinstance(record, ConfigChange):
+                    append(Outgoing(encode(config_event(record, config_dict())), True))
+                elif gate[0] > 0:
+                    gate[0] -= 1
+                    append(Outgoing(encode_record(record), False))
+                else:
                     gate[1] += 1
-            else:
+            except Exception:  # never raise into the engine's loop
                 gate[1] += 1
+
+        def publish(event: dict[str, Any]) -> None:
+            append(Outgoing(encode(event), False))
 
         self._q, self._gate = q, gate
         self._shed_taken = 0
         self.sink = sink
-        self.publish = append  # ready-made event dicts (the hardware sampler's); thread-safe
+        self.publish = publish  # ready-made event dicts (the hardware sampler's); thread-safe
 
     def refill(self, room: int) -> None:
         """Admit up to `room` more records (set, not added; races only cost a record or two)."""
         self._gate[0] = room
 
-    def take(self) -> tuple[list[Any], int]:
-        """What was admitted since the last call (JSON text of rounds and requests, (ConfigChange,
-        config) pairs, published event dicts), and how many records were shed meanwhile."""
+    def take(self) -> tuple[list[Outgoing], int]:
+        """What was admitted since the last call, and how many records were shed meanwhile."""
         q = self._q
         items = [q.popleft() for _ in range(len(q))]
         shed_total = self._gate[1]

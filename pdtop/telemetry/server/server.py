@@ -15,18 +15,22 @@ import ipaddress
 import itertools
 import logging
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
 from websockets.asyncio.server import Server, ServerConnection, broadcast, serve
 from websockets.exceptions import ConnectionClosed
 
-from pdtop.telemetry import events as ev
+from pdtop.telemetry import encode as ev
 from pdtop.telemetry.server.client_queue import ClientQueue, QueueOverflow
 from pdtop.telemetry.server.control_channel import handle_control, same_token
 from pdtop.telemetry.server.frames import WIRE_MAX_SIZE
 from pdtop.telemetry.server.inbox import Inbox
 from pdtop.telemetry.recording.recorder import Recorder, RecordingError
+
+if TYPE_CHECKING:
+    from pdtop.engine.engine import Engine
 
 log = logging.getLogger("pdtop.telemetry.server.server")
 
@@ -42,22 +46,23 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+@dataclass(eq=False)
 class Client:
-    def __init__(self, client_id: str, ws: ServerConnection, queue: ClientQueue, authorized: bool,
-                 batch: bool) -> None:
-        self.id = client_id
-        self.ws = ws
-        self.queue = queue
-        self.authorized = authorized
-        self.batch = batch
-        self.frames_sent = 0
+    """The server's record of one connection."""
+
+    id: str
+    ws: ServerConnection
+    queue: ClientQueue
+    authorized: bool  # may send control messages
+    batch: bool  # asked for `batch` frames
+    frames_sent: int = 0
 
 
 class TelemetryServer:
     """Serve `engine`'s events and control on ws://host:port. Registers its sink with the
     engine at construction; `start()` inside a running event loop, `stop()` to finish."""
 
-    def __init__(self, engine: Any, host: str = "127.0.0.1", port: int = 8765, *, token: str | None = None,
+    def __init__(self, engine: Engine, host: str = "127.0.0.1", port: int = 8765, *, token: str | None = None,
                  queue_size: int = 1024, tick: float = 0.05, max_event_rate: float = 1000.0,
                  record_path: str | None = None) -> None:
         if token is not None and not token:
@@ -167,24 +172,13 @@ class TelemetryServer:
             self.events_shed += shed
             self._record(ev.encode(ev.dropped_event(shed)))
         frames: list[str] = []
-        for item in items:
-            kind = item.__class__
-            try:
-                if kind is str:  # a round or request, encoded by the sink
-                    frame = item
-                elif kind is tuple:
-                    frame = ev.encode(ev.config_event(*item))
-                else:
-                    frame = ev.encode(item)
-            except Exception:
-                log.exception("cannot encode %r", kind.__name__)
-                continue
-            self._record(frame)
-            if kind is tuple:  # a config change is never dropped: every client must see it
+        for text, priority in items:
+            self._record(text)
+            if priority:  # a config change is never dropped: every client must see it
                 for client in clients:
-                    self._send_priority(client, frame)
+                    self._send_priority(client, text)
             else:
-                frames.append(frame)
+                frames.append(text)
         if frames or shed:
             self.events_published += len(frames)
             self._fan_out(clients, frames, shed)
@@ -302,6 +296,8 @@ def _unsent(ws: ServerConnection) -> int:
 
 
 def _query(ws: ServerConnection) -> dict[str, str]:
+    if ws.request is None:
+        return {}
     try:
         return {k: v[0] for k, v in parse_qs(urlsplit(ws.request.path).query).items()}
     except Exception:

@@ -17,6 +17,8 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
+from pdtop.telemetry.decode import EventError, decode_event
+from pdtop.telemetry.events import Batch, Hello, Reply
 from pdtop.telemetry.server.frames import WIRE_MAX_SIZE
 from pdtop.telemetry.sources.source import ControlRefused
 
@@ -51,12 +53,12 @@ class LiveSource:
         self.want_readonly = readonly
         self.readonly = readonly
         self.state = "connecting"
-        self.hello: dict[str, Any] | None = None
+        self.hello: Hello | None = None
         self.connections = 0  # how many times a connection delivered its hello
         self.reply_timeout = reply_timeout
         self.open_timeout = open_timeout
         self._ws: ClientConnection | None = None
-        self._pending: dict[str, asyncio.Future] = {}
+        self._pending: dict[str, asyncio.Future[Reply]] = {}
         self._ids = itertools.count(1)
         self._closed = False
 
@@ -88,27 +90,30 @@ class LiveSource:
             self._fail_pending("source closed")
 
     def _accept(self, frame: str | bytes) -> list[dict[str, Any]]:
+        """A frame -> the events it holds, as received (consumers decode them); a frame that
+        is not JSON holds none. Hellos and replies are decoded here, for the connection's state."""
         try:
             event = json.loads(frame)
         except ValueError:
             return []
-        if not isinstance(event, dict):
-            return []
-        kind = event.get("type")
-        if kind == "batch":
-            return [e for e in event.get("events") or () if isinstance(e, dict)]
-        if kind == "hello":
-            self.hello = event
-            self.readonly = self.want_readonly or bool(event.get("readonly"))
+        try:
+            typed = decode_event(event)
+        except EventError:  # not ours to judge: the consumer skips or reports it
+            return [event] if isinstance(event, dict) else []
+        if isinstance(typed, Batch):
+            return typed.events
+        if isinstance(typed, Hello):
+            self.hello = typed
+            self.readonly = self.want_readonly or typed.readonly
             self.state = "live"
             self.connections += 1
-        elif kind == "reply":
-            future = self._pending.pop(str(event.get("id")), None)
+        elif isinstance(typed, Reply):
+            future = self._pending.pop(str(typed.id), None)
             if future is not None and not future.done():
-                future.set_result(event)
+                future.set_result(typed)
         return [event]
 
-    async def send(self, msg: dict[str, Any]) -> dict[str, Any]:
+    async def send(self, msg: dict[str, Any]) -> Reply:
         """Send one control message; the reply (ok true) is returned, a refusal raises."""
         if self.readonly:
             raise ControlRefused(None, "read-only connection")
@@ -118,7 +123,7 @@ class LiveSource:
         msg = dict(msg)
         msg_id = str(msg.get("id") or f"m{next(self._ids)}")
         msg["id"] = msg_id
-        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         self._pending[msg_id] = future
         try:
             await ws.send(json.dumps(msg))
@@ -129,9 +134,9 @@ class LiveSource:
             raise ControlRefused(None, f"no reply within {self.reply_timeout:g} s") from None
         finally:
             self._pending.pop(msg_id, None)
-        if not reply.get("ok"):
-            error = reply.get("error") or {}
-            raise ControlRefused(error.get("field"), str(error.get("reason") or "refused"))
+        if not reply.ok:
+            error = reply.error
+            raise ControlRefused(error.field if error else None, error.reason if error else "refused")
         return reply
 
     def _fail_pending(self, reason: str) -> None:

@@ -14,7 +14,9 @@ import time
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
-from pdtop.telemetry.events import PROTOCOL_VERSION
+from pdtop.telemetry.decode import EventError, decode_event
+from pdtop.telemetry.encode import seek_event
+from pdtop.telemetry.events import Reply
 from pdtop.telemetry.recording.reader import Recording, read_recording
 from pdtop.telemetry.sources.source import ControlRefused
 
@@ -107,14 +109,14 @@ class ReplaySource:
         if self._anchor is not None:
             self._anchor = self._clock()
         self._step_to = None
-        self._seek_marker = {"type": "seek", "v": PROTOCOL_VERSION, "position": t, "config": self._config_at()}
+        self._seek_marker = seek_event(t, self._config_at())
         self._changed.set()
 
     def close(self) -> None:
         self._closed = True
         self._changed.set()
 
-    async def send(self, msg: dict[str, Any]) -> dict[str, Any]:
+    async def send(self, msg: dict[str, Any]) -> Reply:
         raise ControlRefused(None, "a replay is read-only")
 
     # -- the stream ------------------------------------------------------------------
@@ -171,10 +173,15 @@ class ReplaySource:
             self._anchor = self._clock()
 
     def _config_at(self) -> dict[str, Any]:
-        k = bisect.bisect_left(self._config_idx, self._cursor) - 1
-        if k >= 0:
-            return dict(self.recording.event(self._config_idx[k]).get("config") or {})
-        return dict(self.recording.hello.get("engine", {}).get("config") or {})
+        """The configuration of the last readable `config` event before the cursor, else the hello's."""
+        for i in reversed(self._config_idx[:bisect.bisect_left(self._config_idx, self._cursor)]):
+            event = self.recording.event(i)
+            try:
+                decode_event(event)
+            except EventError:
+                continue
+            return event["config"]
+        return dict(self.recording.hello["engine"]["config"])
 
 
 def _check_speed(value: float) -> float:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Any, AsyncIterator, Protocol, runtime_checkable
 
+from pdtop.telemetry.events import Reply
+
 
 class ControlRefused(Exception):
     """A control message was refused: by the server (its `reply` had ok false) or locally
@@ -20,9 +22,10 @@ class Source(Protocol):
     readonly: bool
 
     def events(self) -> AsyncIterator[dict[str, Any]]:
-        """Events as dicts; the first is `hello` (again after each reconnect)."""
+        """Events as received (JSON objects: what `pdtop record` writes), for the consumer to
+        decode with `decode_event`; the first is `hello` (again after each reconnect)."""
         ...
 
-    async def send(self, msg: dict[str, Any]) -> dict[str, Any]:
+    async def send(self, msg: dict[str, Any]) -> Reply:
         """Send a control message; returns the ok reply, raises `ControlRefused` otherwise."""
         ...

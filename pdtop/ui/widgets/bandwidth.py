@@ -1,21 +1,18 @@
 """Bandwidth: estimated bytes moved per round over round time, against the device's peak."""
 from __future__ import annotations
 
-from typing import Any
-
 from rich.console import Group
 from rich.text import Text
 
+from pdtop.telemetry.events import Hw
 from pdtop.ui import format as fmt
 from pdtop.ui.chart import block_chart
 from pdtop.ui.state import DashboardState
 from pdtop.ui.widgets.base import Panel
 
 
-def _hw_value(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.3g}"
-    return str(value)
+def _hw_value(value: float | str) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else value
 
 
 class BandwidthPanel(Panel):
@@ -47,25 +44,22 @@ _GPU_FIELDS = (("dram_bw_util_pct", "DRAM bw", "%"), ("mem_busy_pct", "mem busy"
 NA = "n/a"
 
 
-def hw_text(hw: dict[str, Any]) -> list[Text]:
+def hw_text(hw: Hw | None) -> list[Text]:
     """The latest `hw` event as up to two lines: NVML figures when the server has them, then the host."""
     lines: list[Text] = []
-    gpu = {key: hw[key] for key, _label, _unit in _GPU_FIELDS if key in hw}
-    if gpu:
-        known = [f"{label} {_hw_value(gpu[key])}{unit}".strip() for key, label, unit in _GPU_FIELDS
-                 if key in gpu and gpu[key] != NA]
+    if hw is None:
+        return lines
+    gpu = [(label, value, unit) for key, label, unit in _GPU_FIELDS if (value := getattr(hw, key)) is not None]
+    if gpu:  # the server samples NVML
+        known = [f"{label} {_hw_value(value)}{unit}".strip() for label, value, unit in gpu if value != NA]
         if known:
             lines.append(Text.assemble(("NVML ", "dim"), "  ".join(known)))
         else:
-            reason = str(hw.get("gpu_reason") or "")
+            reason = hw.gpu_reason or ""
             lines.append(Text.assemble(("NVML n/a", "dim"), (f"  {reason}" if reason else "", "dim")))
-    cpu = hw.get("cpu_percent")
-    if isinstance(cpu, list) and cpu:
-        host = Text.assemble(("host cpu ", "dim"), " ".join(f"{c:.0f}%" for c in cpu[:16]))
-        mem = hw.get("host_mem_percent", hw.get("mem_percent"))
-        if isinstance(mem, (int, float)):
-            host.append_text(Text.assemble(("  mem ", "dim"), f"{mem:.0f}%"))
-        lines.append(host)
+    if hw.cpu_percent:
+        lines.append(Text.assemble(("host cpu ", "dim"), " ".join(f"{c:.0f}%" for c in hw.cpu_percent[:16]),
+                                   ("  mem ", "dim"), f"{hw.host_mem_percent:.0f}%"))
     for line in lines:
         line.no_wrap, line.overflow = True, "ellipsis"
     return lines

@@ -6,15 +6,16 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import Static
 
+from pdtop.telemetry.sources.replay import ReplaySource
 from pdtop.ui import format as fmt
 
 
 class ReplayBar(Static):
     """One line above the footer, shown only when replaying."""
 
-    def paint(self, source: Any) -> None:
+    def paint(self, source: ReplaySource) -> None:
         colours = self.app.theme_variables
-        position, duration = float(source.position), float(source.duration)
+        position, duration = source.position, source.duration
         if source.at_end:
             status = ("■ end", "bold " + colours.get("warning", ""))
         elif source.paused:
@@ -30,6 +31,6 @@ class ReplayBar(Static):
         self.update(head + bar, layout=False)
 
 
-def replay_state(source: Any) -> tuple[Any, ...]:
+def replay_state(source: ReplaySource) -> tuple[Any, ...]:
     """What the bar shows, to repaint only when it changed."""
-    return (round(float(source.position), 1), source.paused, source.at_end, source.speed)
+    return (round(source.position, 1), source.paused, source.at_end, source.speed)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from rich.console import Group
 from rich.text import Text
 
+from pdtop.telemetry.events import EngineConfig
 from pdtop.ui.chart import split_bar
 from pdtop.ui.state import DashboardState
 from pdtop.ui.widgets.base import Panel
@@ -14,7 +15,7 @@ class SplitPanel(Panel):
 
     def paint_key(self, state: DashboardState) -> object:
         return (state.level, state.pinned, state.prefill_units, state.decode_units, tuple(state.levels),
-                state.policy, state.info.unit_name, repr(state.config))
+                state.policy, state.info.unit_name, state.config)
 
     def render_state(self, state: DashboardState) -> Group:
         prefill, decode = self.colour("prefill"), self.colour("decode")
@@ -56,18 +57,17 @@ class SplitPanel(Panel):
         return Group(*lines)
 
 
-def knobs(config: dict, warning: str) -> Text:
+def knobs(config: EngineConfig | None, warning: str) -> Text:
     """The knobs an operator changes, as one line: divisor, budget, chunk, rate, manual divisions."""
     text = Text()
-    for key, label in (("decode_bs_divisor", "divisor"), ("split_forward_token_budget", "budget"),
-                       ("chunk_size", "chunk"), ("workload_rate", "rate")):
-        if key in config:
-            value = config[key]
-            shown = f"{value:g}/s" if key == "workload_rate" and isinstance(value, (int, float)) else str(value)
-            text.append_text(Text.assemble((f"{label} ", "dim"), shown, "  "))
-    if config.get("workload_paused"):
+    if config is None:
+        return text
+    for label, shown in (("divisor", str(config.decode_bs_divisor)), ("budget", str(config.split_forward_token_budget)),
+                         ("chunk", str(config.chunk_size)), ("rate", f"{config.workload_rate:g}/s")):
+        text.append_text(Text.assemble((f"{label} ", "dim"), shown, "  "))
+    if config.workload_paused:
         text.append("workload paused  ", "bold " + warning)
-    divisions = config.get("manual_divisions") or []
-    if divisions:
-        text.append_text(Text.assemble(("manual ", "dim"), " ".join(f"{p}/{d}@{t}" for p, d, t in divisions)))
+    if config.manual_divisions:
+        text.append_text(Text.assemble(("manual ", "dim"),
+                                       " ".join(f"{p}/{d}@{t}" for p, d, t in config.manual_divisions)))
     return text

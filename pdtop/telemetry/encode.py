@@ -1,0 +1,116 @@
+"""Events as the wire and the recordings hold them: dicts, and their JSON text.
+
+Engine records become events with their dataclass fields (rounds and requests straight to
+JSON text: they are most of the stream); the server encodes each event once and sends the
+same text to every client and the recorder. What these build decodes, with
+`pdtop.telemetry.decode.decode_event`, into the classes of `pdtop.telemetry.events`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from typing import Any
+
+from pdtop import __version__
+from pdtop.engine.records import ConfigChange, PrefillProgress, RequestRecord, RoundRecord
+from pdtop.telemetry.events import PROTOCOL_VERSION
+
+_PREFILL_FIELDS = tuple(f.name for f in dataclasses.fields(PrefillProgress))
+
+
+def _event(type_: str, **body: Any) -> dict[str, Any]:
+    return {"type": type_, "v": PROTOCOL_VERSION, **body}
+
+
+def round_event(rec: RoundRecord) -> dict[str, Any]:
+    """`dataclasses.asdict` with the type, done by hand: asdict deep-copies and is slow per round."""
+    body = dict(vars(rec))
+    body["prefills"] = [{name: _copy(getattr(p, name)) for name in _PREFILL_FIELDS} for p in rec.prefills]
+    return {"type": "round", "v": PROTOCOL_VERSION, **body}
+
+
+def _copy(value: Any) -> Any:
+    return list(value) if isinstance(value, list) else value
+
+
+def request_event(rec: RequestRecord) -> dict[str, Any]:
+    body = dict(vars(rec))
+    body["itls_s"] = list(rec.itls_s)
+    return {"type": "request", "v": PROTOCOL_VERSION, **body}
+
+
+def config_event(change: ConfigChange, config: dict[str, Any]) -> dict[str, Any]:
+    """`config` is the whole configuration after the change (`Engine.config_dict()`)."""
+    return _event("config", **dataclasses.asdict(change), config=config)
+
+
+_RECORD_TYPES = {RoundRecord: "round", RequestRecord: "request"}
+_JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=False, default=vars)
+
+
+def encode_record(rec: RoundRecord | RequestRecord) -> str:
+    """The same text as `encode(record_event(rec))`, without building the dicts first."""
+    try:
+        body = _JSON.encode(vars(rec))
+    except (ValueError, TypeError):
+        return encode(record_event(rec))
+    return f'{{"type":"{_RECORD_TYPES[rec.__class__]}","v":{PROTOCOL_VERSION},{body[1:]}'
+
+
+def record_event(rec: Any, config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Any engine record -> its event. A `ConfigChange` needs the config after the change."""
+    if isinstance(rec, RoundRecord):
+        return round_event(rec)
+    if isinstance(rec, RequestRecord):
+        return request_event(rec)
+    if isinstance(rec, ConfigChange):
+        return config_event(rec, config if config is not None else {})
+    raise TypeError(f"not an engine record: {type(rec).__name__}")
+
+
+def hello_event(client_id: str, readonly: bool, engine: dict[str, Any]) -> dict[str, Any]:
+    return _event("hello", pdtop=__version__, client_id=client_id, readonly=readonly, engine=engine)
+
+
+def hw_event(time: float, metrics: dict[str, Any]) -> dict[str, Any]:
+    return _event("hw", time=time, **metrics)
+
+
+def dropped_event(count: int) -> dict[str, Any]:
+    return _event("dropped", count=count)
+
+
+def reply_event(msg_id: Any, ok: bool, field: str | None = None, reason: str | None = None,
+                **extra: Any) -> dict[str, Any]:
+    event = _event("reply", id=msg_id, ok=ok, **extra)
+    if not ok:
+        event["error"] = {"field": field, "reason": reason}
+    return event
+
+
+def error_event(field: str | None, reason: str) -> dict[str, Any]:
+    return _event("error", field=field, reason=reason)
+
+
+def seek_event(position: float, config: dict[str, Any]) -> dict[str, Any]:
+    """Replay only: playback moved to `position`; `config` is the configuration in force there."""
+    return _event("seek", position=position, config=config)
+
+
+def encode(event: dict[str, Any]) -> str:
+    """Compact JSON; NaN and infinities (not JSON) become null."""
+    try:
+        return json.dumps(event, separators=(",", ":"), allow_nan=False)
+    except (ValueError, TypeError):  # non-finite floats, or a value JSON cannot hold
+        return json.dumps(_finite(event), separators=(",", ":"), allow_nan=False, default=str)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value

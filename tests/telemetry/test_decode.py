@@ -1,0 +1,133 @@
+"""decode_event: what a real engine and server send decodes to the classes, with the same
+values; anything else is refused with one line naming the field."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from conftest import make_engine
+from pdtop.engine.records import ConfigChange, RequestRecord, RoundRecord
+from pdtop.telemetry import encode
+from pdtop.telemetry.decode import EventError, UnknownEventType, decode_event
+from pdtop.telemetry.events import (
+    Batch, ConfigEvent, DeviceDescription, Dropped, EngineConfig, EngineDescription, ErrorNotice, Hello, Hw, Reply,
+    ReplyError, Seek,
+)
+from pdtop.telemetry.hardware.hw import HwSampler
+
+
+def wire(event: dict) -> dict:
+    """Through JSON text, as a client gets it."""
+    return json.loads(encode.encode(event))
+
+
+@pytest.fixture(scope="module")
+def stream():
+    """A sim engine's hello and every record of 1500 rounds (with a config change and a long prompt)."""
+    engine = make_engine(rate=20.0)
+    records: list = []
+    engine.add_sink(records.append)
+    for i in range(1500):
+        if i == 500:
+            engine.control({"cmd": "set", "decode_bs_divisor": 12}, client="c1")
+        if i == 700:
+            engine.control({"cmd": "inject", "prompt_tokens": 16384})
+        engine.step()
+    yield engine.describe(), engine.config_dict(), records
+    engine.close()
+
+
+def test_a_real_engine_stream_decodes_to_its_own_records(stream):
+    _, config, records = stream
+    assert {type(r) for r in records} == {RoundRecord, RequestRecord, ConfigChange}
+    assert [r.client for r in records if isinstance(r, ConfigChange)] == ["c1", None]
+    assert any(r.prefills for r in records if isinstance(r, RoundRecord))
+    for rec in records:
+        if isinstance(rec, ConfigChange):
+            got = decode_event(wire(encode.config_event(rec, config)))
+            assert isinstance(got, ConfigEvent) and got.changes == rec.changes and got.client == rec.client
+            assert got.round_index == rec.round_index and got.config.decode_bs_divisor == config["decode_bs_divisor"]
+        else:
+            assert decode_event(json.loads(encode.encode_record(rec))) == rec  # every field, prefills too
+
+
+def test_the_hello_is_the_engines_description(stream):
+    describe = stream[0]
+    hello = decode_event(wire(encode.hello_event("c3", True, describe)))
+    assert isinstance(hello, Hello) and hello.client_id == "c3" and hello.readonly
+    engine = hello.engine
+    assert engine.device == DeviceDescription("sim:H100", "sim", "SMs", 132, 3.35e12)
+    assert engine.levels == [tuple(x) for x in describe["levels"]] == engine.config.levels
+    assert engine.config.decode_bs_divisor == 12 and engine.config.pinned_level is None
+
+
+def test_the_classes_hold_what_the_engine_describes(stream):
+    """Both ways: a field the engine adds, drops or renames shows up here first."""
+    describe, config, _ = stream
+    assert {f.name for f in dataclasses.fields(EngineDescription)} == set(describe)
+    assert {f.name for f in dataclasses.fields(EngineConfig)} == set(config)
+    required = {f.name for f in dataclasses.fields(DeviceDescription) if f.name != "peak_bw"}
+    assert required <= set(describe["device"])
+
+
+def test_what_the_server_builds_decodes():
+    assert decode_event(wire(encode.dropped_event(3))) == Dropped(3)
+    assert decode_event(wire(encode.error_event("path", "disk full"))) == ErrorNotice("path", "disk full")
+    assert decode_event(wire(encode.reply_event("m1", False, "level", "too big"))) == Reply(
+        "m1", False, ReplyError("level", "too big"))
+    assert decode_event(wire(encode.reply_event(7, True, path="run.ndjson"))) == Reply(7, True, path="run.ndjson")
+    assert decode_event(wire(encode.reply_event(None, True, readonly=False))) == Reply(None, True, readonly=False)
+    config = make_engine().config_dict()
+    seek = decode_event(wire(encode.seek_event(2.5, config)))
+    assert isinstance(seek, Seek) and seek.position == 2.5 and seek.config.chunk_size == config["chunk_size"]
+    batch = decode_event({"type": "batch", "v": 1, "events": [{"type": "dropped", "v": 1, "count": 1}, {"x": 1}]})
+    assert batch == Batch([{"type": "dropped", "v": 1, "count": 1}, {"x": 1}])  # inner events: decoded one by one
+
+
+def test_a_real_hardware_sample_decodes():
+    sample = HwSampler(lambda e: None).sample()
+    hw = decode_event(wire(sample))
+    assert isinstance(hw, Hw) and len(hw.cpu_percent) >= 1 and hw.host_mem_total_bytes > 0
+    assert hw.gpu_util_pct == sample.get("gpu_util_pct")  # a number, "n/a", or absent (None) without NVML
+
+
+@pytest.fixture
+def round_event(stream):
+    rec = next(r for r in stream[2] if isinstance(r, RoundRecord) and r.prefills)
+    return json.loads(encode.encode_record(rec))
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda e: e.pop("level"), "round: missing field 'level'"),
+    (lambda e: e.update(level=True), "round.level: expected an integer, got true"),
+    (lambda e: e.update(level=4.0), "round.level: expected an integer, got 4.0"),
+    (lambda e: e.update(waiting="3"), "round.waiting: expected an integer, got '3'"),
+    (lambda e: e.update(decode_step_s=float("nan")), "round.decode_step_s: not a finite number: nan"),
+    (lambda e: e.update(bytes_moved=float("inf")), "round.bytes_moved: not a finite number: inf"),
+    (lambda e: e.update(decode_step_s=None), "round.decode_step_s: expected a number, got null"),
+    (lambda e: e["prefills"][0]["request_ids"].insert(0, "7"), "round.prefills[0].request_ids[0]: expected an integer"),
+    (lambda e: e["prefills"][0].pop("tokens"), "round.prefills[0]: missing field 'tokens'"),
+    (lambda e: e.update(prefills={}), "round.prefills: expected a list, got an object"),
+    (lambda e: e.update(v=2), "round: protocol version 2; this pdtop reads version 1"),
+    (lambda e: e.pop("v"), "round: protocol version null"),
+])
+def test_invalid_fields_are_named(round_event, change, message):
+    change(round_event)
+    with pytest.raises(EventError) as refused:
+        decode_event(round_event)
+    assert str(refused.value).startswith(message) and "\n" not in str(refused.value)
+
+
+def test_unknown_types_and_fields_and_non_events():
+    with pytest.raises(UnknownEventType, match="unknown event type 'from_the_future'"):
+        decode_event({"type": "from_the_future", "v": 9})
+    assert decode_event({"type": "dropped", "v": 1, "count": 2, "new_field": [1]}) == Dropped(2)  # ignored
+    assert decode_event({"type": "error", "v": 1, "reason": "x"}) == ErrorNotice(None, "x")  # nullable: may be absent
+    for obj, message in (([1], "not a list"), ({"v": 1}, "string 'type', got null"), ("round", "not 'round'")):
+        with pytest.raises(EventError, match=message):
+            decode_event(obj)
+    hello = {"type": "hello", "v": 1, "pdtop": "0.1.0", "client_id": "c1", "readonly": False, "engine": {}}
+    with pytest.raises(EventError, match=r"^hello.engine: missing field 'model'$"):
+        decode_event(hello)
