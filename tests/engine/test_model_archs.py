@@ -8,8 +8,17 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from tiny_models import TINY, hf_logits, hf_weights, llama3_rope_divisors, pdtop_logits, reference_logits, \
-    write_gguf, gguf_tensors, write_tiny
+from tiny_models import (
+    TINY,
+    gguf_tensors,
+    hf_logits,
+    hf_weights,
+    llama3_rope_divisors,
+    pdtop_logits,
+    reference_logits,
+    write_gguf,
+    write_tiny,
+)
 
 from pdtop.engine.errors import UnsupportedModelError
 from pdtop.engine.model import rope
@@ -43,7 +52,7 @@ def tiny(request, tmp_path_factory):
 
 
 def test_config_read_from_metadata(tiny):
-    kind, t, _, path, model = tiny
+    _, t, _, path, model = tiny
     cfg = read_config(path)
     assert cfg == model.config
     assert (cfg.arch, cfg.num_layers, cfg.hidden, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.ffn,
@@ -64,7 +73,7 @@ def test_logits_match_transformers(tiny):
 
 
 def test_bfloat16_and_a_short_generation(tiny):
-    _, t, w, path, _ = tiny
+    _, t, _, path, _ = tiny
     from pdtop.engine.runtime.runner import ModelRunner, SamplingParams
 
     m = load_model(path, dtype="bfloat16", num_layers=1)

@@ -274,7 +274,7 @@ def test_sentencepiece_stream_holds_back_byte_fallback(tmp_path, spm_vocab):
 # ---------------------------------------------------------------- refusals and errors
 
 def test_unsupported_tokenizer_model_and_missing_data(tmp_path, spm_vocab):
-    tokens, types, scores = spm_vocab
+    tokens, types, _ = spm_vocab
     write_vocab(tmp_path / "bert.gguf", "bert", tokens, types)
     with pytest.raises(UnsupportedModelError, match=r"bert\.gguf: unsupported tokenizer model 'bert' \(supported: "):
         Tokenizer.from_gguf(tmp_path / "bert.gguf")

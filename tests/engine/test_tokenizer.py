@@ -9,7 +9,7 @@ import gguf
 import numpy as np
 import pytest
 
-from pdtop.engine.errors import EngineError, ModelFileError, PromptError
+from pdtop.engine.errors import ModelFileError, PromptError
 from pdtop.engine.model.gguf_file import read_gguf
 from pdtop.engine.model.tokenizer import Tokenizer
 

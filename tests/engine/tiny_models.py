@@ -238,9 +238,9 @@ def hf_logits(t: Tiny, w: dict[str, np.ndarray], ids: list[int]) -> torch.Tensor
         factor, low, high, original = t.llama3_rope
         rope = {"rope_type": "llama3", "factor": factor, "low_freq_factor": low, "high_freq_factor": high,
                 "original_max_position_embeddings": original}
-    kw = dict(vocab_size=t.vocab, hidden_size=t.hidden, intermediate_size=t.ffn, num_hidden_layers=t.layers,
-              num_attention_heads=t.heads, num_key_value_heads=t.kv_heads, head_dim=t.head_dim,
-              rms_norm_eps=t.eps, tie_word_embeddings=t.tied, max_position_embeddings=512)
+    kw = {"vocab_size": t.vocab, "hidden_size": t.hidden, "intermediate_size": t.ffn, "num_hidden_layers": t.layers,
+          "num_attention_heads": t.heads, "num_key_value_heads": t.kv_heads, "head_dim": t.head_dim,
+          "rms_norm_eps": t.eps, "tie_word_embeddings": t.tied, "max_position_embeddings": 512}
     if "rope_parameters" in inspect.signature(config_cls.__init__).parameters:  # transformers >= 5
         kw["rope_parameters"] = {**rope, "rope_theta": t.theta}
     else:

@@ -155,11 +155,11 @@ def _parse(buf: mmap.mmap, order: str, path: Path, with_tensors: bool) -> GGUFFi
             if n > end - off:  # every element takes at least one byte
                 raise _Corrupt
             return [read_value(etype) for _ in range(n)]
-        fmt = _SCALAR_FORMATS.get(vtype)
-        if fmt is None:
+        code = _SCALAR_FORMATS.get(vtype)
+        if code is None:
             raise _Corrupt
-        (v,) = struct.unpack_from(order + fmt, buf, off)
-        off += struct.calcsize(fmt)
+        (v,) = struct.unpack_from(order + code, buf, off)
+        off += struct.calcsize(code)
         return v
 
     meta: dict[str, Any] = {}

@@ -213,7 +213,7 @@ def supported_types() -> list[str]:
     for qtype, (_block, size) in GGML_QUANT_SIZES.items():
         try:
             dequantize(np.zeros((1, size), dtype=np.uint8), GGMLQuantizationType(qtype))
-        except Exception:
+        except NotImplementedError:
             continue
         names.append(GGMLQuantizationType(qtype).name)
     return names
@@ -280,7 +280,7 @@ def _model_weights(w: GGUFWeights, dtype: Any, device: Any) -> dict[str, Any]:
 
 
 def load_model(source: str | os.PathLike | None = None, dtype: Any = "float32", device: Any = "cpu",
-               num_layers: int | None = None) -> "LlamaModel":
+               num_layers: int | None = None) -> LlamaModel:
     """A ready `LlamaModel` from a GGUF path, `synthetic:NAME`, or None (the default model).
 
     `num_layers` keeps only the first layers (GGUF) or sets the layer count (synthetic),

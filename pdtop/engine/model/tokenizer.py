@@ -22,6 +22,7 @@ import os
 from datetime import datetime
 from typing import Any
 
+from jinja2 import Template
 from jinja2.exceptions import TemplateError
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -33,7 +34,7 @@ from pdtop.engine.errors import ModelFileError, PromptError, UnsupportedModelErr
 from pdtop.engine.model.gguf_file import read_gguf
 from pdtop.engine.model.pretokenizers import PRE_TOKENIZERS, byte_level_pre_tokenizer
 
-__all__ = ["Tokenizer", "StreamDecoder"]
+__all__ = ["StreamDecoder", "Tokenizer"]
 
 # llama.cpp token types (tokenizer.ggml.token_type)
 TYPE_NORMAL, TYPE_UNKNOWN, TYPE_CONTROL, TYPE_USER_DEFINED, TYPE_UNUSED, TYPE_BYTE = 1, 2, 3, 4, 5, 6
@@ -50,7 +51,7 @@ class StreamDecoder:
     which they are decoded as they are (U+FFFD for broken bytes).
     """
 
-    def __init__(self, tokenizer: "Tokenizer", skip_special: bool = False):
+    def __init__(self, tokenizer: Tokenizer, skip_special: bool = False):
         self._tok = tokenizer
         self._skip = skip_special
         self._stream = DecodeStream(skip_special_tokens=skip_special)
@@ -88,10 +89,10 @@ class Tokenizer:
         self.special_ids = set(special_ids)
         self.chat_template = chat_template
         self.source = source
-        self._template = None
+        self._template: Template | None = None
 
     @classmethod
-    def from_gguf(cls, path: str | os.PathLike) -> "Tokenizer":
+    def from_gguf(cls, path: str | os.PathLike) -> Tokenizer:
         path = os.fspath(path)
         meta = read_gguf(path, tensors=False).metadata
         tokens = meta.get("tokenizer.ggml.tokens")
