@@ -187,15 +187,19 @@ def _dequantize(f: GGUFFile, info: TensorInfo) -> np.ndarray:
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
+    def unsupported() -> UnsupportedModelError:
+        return UnsupportedModelError(f"{f.path}: tensor {info.name} has unsupported type {info.type_name} "
+                                     f"(supported: {', '.join(supported_types())})")
+
     try:
         qtype = GGMLQuantizationType(info.qtype)
-        raw = f.raw(info)
+    except ValueError:
+        raise unsupported() from None
+    raw = f.raw(info)
+    try:
         arr = dequantize(raw, qtype)
-    except (ValueError, NotImplementedError):
-        raise UnsupportedModelError(f"{f.path}: tensor {info.name} has unsupported type {info.type_name} "
-                                    f"(supported: {', '.join(supported_types())})") from None
-    except ModelFileError:
-        raise
+    except NotImplementedError:
+        raise unsupported() from None
     except Exception as e:
         raise ModelFileError(f"{f.path}: cannot decode tensor {info.name} ({type(e).__name__}: {e})"[:300]) from None
     arr = np.asarray(arr, dtype=np.float32)
