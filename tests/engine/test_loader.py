@@ -1,26 +1,23 @@
-"""GGUF loading: metadata, every supported tensor type, llama.cpp's Q/K permutation, bad files."""
+"""GGUF loading: metadata, every tensor type gguf.quants dequantizes, Q/K layout, bad files."""
 from __future__ import annotations
 
-from pathlib import Path
+from dataclasses import replace
 
 import gguf
 import numpy as np
 import pytest
-from gguf.quants import quantize
+from gguf.quants import dequantize
+from tiny_models import TINY, gguf_tensors, hf_weights, write_gguf, write_tiny
 
 from pdtop.engine.errors import EngineError, ModelFileError, UnsupportedModelError
-from pdtop.engine.model.loader import default_model_path, load_gguf, load_model, read_config
+from pdtop.engine.model.loader import default_model_path, load_gguf, load_model, read_config, supported_types
 from pdtop.engine.request import Request, SamplingParams
 from pdtop.engine.runtime.runner import ModelRunner
 from pdtop.engine.scheduling.scheduler import generate
 
 Q = gguf.GGMLQuantizationType
-TINY = dict(layers=2, hidden=256, heads=4, kv_heads=2, ffn=512, vocab=320)
-
-
-def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """llama.cpp's convert_hf_to_gguf.py `permute` (HF rotate-half rows -> interleaved pairs)."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+TINY1 = replace(TINY["llama"], layers=1)
+MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
 
 def q6_k_constant(rows: int, cols: int, d: float, scale: int, q: int) -> np.ndarray:
@@ -32,70 +29,6 @@ def q6_k_constant(rows: int, cols: int, d: float, scale: int, q: int) -> np.ndar
     block[192:208] = np.array([scale] * 16, dtype=np.int8).view(np.uint8)
     block[208:210] = np.array([d], dtype=np.float16).view(np.uint8)
     return np.tile(block, (rows, cols // 256))
-
-
-def write_tiny_llama(path: Path, arch: str = "llama", types: dict[str, str] | None = None,
-                     seed: int = 0) -> dict[str, np.ndarray]:
-    """A small random Llama GGUF written the way llama.cpp writes one (Q/K permuted).
-
-    `types` maps a tensor name suffix (e.g. "ffn_up") to a GGML type name; default F32.
-    Returns the original (unpermuted, unquantized) float32 weights by GGUF name.
-    """
-    types = types or {}
-    c = TINY
-    rng = np.random.default_rng(seed)
-    head_dim = c["hidden"] // c["heads"]
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_block_count(c["layers"])
-    w.add_context_length(512)
-    w.add_embedding_length(c["hidden"])
-    w.add_feed_forward_length(c["ffn"])
-    w.add_head_count(c["heads"])
-    w.add_head_count_kv(c["kv_heads"])
-    w.add_rope_freq_base(10000.0)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_vocab_size(c["vocab"])
-    w.add_uint32("tokenizer.ggml.bos_token_id", 1)
-    w.add_uint32("tokenizer.ggml.eos_token_id", 2)
-    shapes = {"token_embd.weight": (c["vocab"], c["hidden"]), "output_norm.weight": (c["hidden"],)}
-    for i in range(c["layers"]):
-        p = f"blk.{i}."
-        shapes.update({
-            p + "attn_norm.weight": (c["hidden"],), p + "ffn_norm.weight": (c["hidden"],),
-            p + "attn_q.weight": (c["heads"] * head_dim, c["hidden"]),
-            p + "attn_k.weight": (c["kv_heads"] * head_dim, c["hidden"]),
-            p + "attn_v.weight": (c["kv_heads"] * head_dim, c["hidden"]),
-            p + "attn_output.weight": (c["hidden"], c["heads"] * head_dim),
-            p + "ffn_gate.weight": (c["ffn"], c["hidden"]), p + "ffn_up.weight": (c["ffn"], c["hidden"]),
-            p + "ffn_down.weight": (c["hidden"], c["ffn"]),
-        })
-    originals = {}
-    for name, shape in shapes.items():
-        arr = (1.0 + 0.1 * rng.standard_normal(shape) if len(shape) == 1
-               else 0.05 * rng.standard_normal(shape)).astype(np.float32)
-        originals[name] = arr
-        stored = arr
-        if name.endswith("attn_q.weight"):
-            stored = llama_cpp_permute(arr, c["heads"])
-        elif name.endswith("attn_k.weight"):
-            stored = llama_cpp_permute(arr, c["kv_heads"])
-        kind = types.get(name.split(".")[-2], "F32")
-        if kind == "F32":
-            w.add_tensor(name, stored)
-        elif kind == "F16":
-            w.add_tensor(name, stored.astype(np.float16))
-        elif kind == "Q6_K":
-            w.add_tensor(name, q6_k_constant(*shape, d=0.5, scale=3, q=33), raw_dtype=Q.Q6_K)
-            originals[name] = np.full(shape, 1.5, dtype=np.float32)
-        elif kind == "Q5_K":
-            w.add_tensor(name, np.zeros((shape[0], shape[1] // 256 * 176), dtype=np.uint8), raw_dtype=Q.Q5_K)
-        else:
-            w.add_tensor(name, quantize(stored, Q[kind]), raw_dtype=Q[kind])
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return originals
 
 
 def test_default_model_config(gguf_path):
@@ -115,36 +48,70 @@ def test_default_model_config(gguf_path):
     assert cfg.tie_embeddings and not any(t.name == "output.weight" for t in reader.tensors)
 
 
-@pytest.mark.parametrize("kind", ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1"])
-def test_tensor_types_dequantize_and_qk_permutation_is_undone(tmp_path, kind):
+@pytest.mark.parametrize("kind", ["F32", "F16", "BF16", "Q8_0", "Q5_1", "Q5_0", "Q4_1", "Q4_0"])
+def test_quantized_weights_keep_their_values_and_llama_qk_stays_as_stored(tmp_path, kind):
     path = tmp_path / f"tiny-{kind}.gguf"
-    types = {n: kind for n in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")}
-    originals = write_tiny_llama(path, types=types)
+    w = write_tiny(path, TINY["llama"], types={n: kind for n in MATRICES})
     loaded = load_gguf(path)
-    assert loaded.config.num_layers == TINY["layers"] and loaded.config.tie_embeddings
-    # quantization error bound per type (the weights have std 0.05, |w| < 0.3)
-    tol = {"F32": 0, "F16": 2e-4, "BF16": 2e-3, "Q8_0": 3e-3, "Q4_0": 0.05, "Q4_1": 0.03}[kind]
-    for name, orig in originals.items():
+    assert loaded.config.num_layers == TINY["llama"].layers and loaded.config.tie_embeddings
+    # quantization error bound per type (the weights have std 0.05, |w| < 0.3); Q and K are compared
+    # in the stored (llama.cpp, adjacent-pair) layout, which the model uses as is
+    tol = {"F32": 0, "F16": 2e-4, "BF16": 2e-3, "Q8_0": 3e-3, "Q5_1": 0.015, "Q5_0": 0.025, "Q4_1": 0.03,
+           "Q4_0": 0.05}[kind]
+    for name, orig in gguf_tensors(TINY["llama"], w).items():
         err = np.abs(loaded.tensors[name] - orig).max()
         assert err <= tol, f"{name}: max error {err} > {tol}"
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # random bits make some float16 scales NaN or inf
+@pytest.mark.parametrize("kind", supported_types())
+def test_every_type_gguf_dequantizes_loads_as_gguf_dequantizes_it(tmp_path, kind):
+    """Random raw blocks of each type (K-quants, IQ, ternary, FP4 included) through the loader,
+    bit for bit as `gguf.quants.dequantize` decodes the same bytes."""
+    qtype = Q[kind]
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    rng = np.random.default_rng(int(qtype))
+    tensors = gguf_tensors(TINY1, hf_weights(TINY1))
+    raw = {}
+    for name, arr in tensors.items():
+        if arr.ndim == 2 and name.split(".")[-2] in MATRICES:
+            rows, cols = arr.shape
+            raw[name] = (rng.integers(0, 256, (rows, cols // block * size), dtype=np.uint8), qtype)
+    path = tmp_path / f"raw-{kind}.gguf"
+    write_gguf(path, TINY1, tensors, raw=raw)
+    loaded = load_gguf(path)
+    for name, (blocks, _) in raw.items():
+        want = dequantize(blocks, qtype)
+        assert loaded.tensors[name].shape == want.shape == tensors[name].shape
+        np.testing.assert_array_equal(loaded.tensors[name], want, err_msg=name)
+
+
+def test_k_quants_are_among_the_types():
+    assert {"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "BF16", "F16", "F32"} <= set(supported_types())
+
+
 def test_q6_k_and_tiny_model_runs(tmp_path):
     path = tmp_path / "tiny-q6k.gguf"
-    write_tiny_llama(path, types={"ffn_down": "Q6_K"})
+    tensors = gguf_tensors(TINY["llama"], hf_weights(TINY["llama"]))
+    raw = {n: (q6_k_constant(*a.shape, d=0.5, scale=3, q=33), Q.Q6_K) for n, a in tensors.items()
+           if n.endswith("ffn_down.weight")}
+    write_gguf(path, TINY["llama"], tensors, raw=raw)
     loaded = load_gguf(path)
     assert np.all(loaded.tensors["blk.0.ffn_down.weight"] == 1.5)
     model = load_model(path)
     runner = ModelRunner(model, kv_capacity_tokens=64)
     seq = Request(0, [5, 6, 7], SamplingParams(max_tokens=4, ignore_eos=True))
     assert list(generate(runner, seq)) == seq.output_ids
-    assert len(seq.output_ids) == 4 and all(0 <= t < TINY["vocab"] for t in seq.output_ids)
+    assert len(seq.output_ids) == 4 and all(0 <= t < TINY["llama"].vocab for t in seq.output_ids)
 
 
 def test_unsupported_tensor_type(tmp_path):
-    path = tmp_path / "q5k.gguf"
-    write_tiny_llama(path, types={"ffn_up": "Q5_K"})
-    with pytest.raises(UnsupportedModelError, match=r"q5k\.gguf: tensor blk\.0\.ffn_up\.weight has unsupported type Q5_K"):
+    path = tmp_path / "i8.gguf"
+    tensors = gguf_tensors(TINY1, hf_weights(TINY1))
+    tensors["blk.0.ffn_up.weight"] = np.zeros(tensors["blk.0.ffn_up.weight"].shape, dtype=np.int8)  # stored as I8
+    write_gguf(path, TINY1, tensors)
+    with pytest.raises(UnsupportedModelError, match=r"i8\.gguf: tensor blk\.0\.ffn_up\.weight has unsupported "
+                                                     r"type I8 \(supported: F32, F16, .*Q4_K"):
         load_gguf(path)
 
 
@@ -160,7 +127,7 @@ def test_unsupported_architecture(tmp_path):
     with pytest.raises(UnsupportedModelError) as exc:
         load_model(path)
     msg = str(exc.value)
-    assert str(path) in msg and "'mamba'" in msg and "\n" not in msg
+    assert str(path) in msg and "'mamba'" in msg and "supported: llama, qwen2, qwen3" in msg and "\n" not in msg
 
 
 @pytest.mark.parametrize("keep", [100, 2_000_000, -4096])

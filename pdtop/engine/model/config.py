@@ -5,7 +5,17 @@ so timing runs are meaningful where real weights cannot be downloaded.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Stretching RoPE to longer contexts, as HF's `rope_scaling` says (see `rope.py`)."""
+    kind: str                       # "linear" or "llama3"
+    factor: float
+    low_freq_factor: float = 1.0    # llama3 only
+    high_freq_factor: float = 4.0   # llama3 only
+    original_context: int = 8192    # llama3 only: the context the model was pre-trained with
 
 
 @dataclass(frozen=True)
@@ -22,6 +32,9 @@ class ModelConfig:
     rms_eps: float = 1e-5
     tie_embeddings: bool = False
     qk_norm: bool = False  # Qwen3 normalizes q and k per head before RoPE
+    attn_bias: bool = False  # Qwen2 adds biases to q, k and v
+    rope_scaling: RopeScaling | None = None
+    arch: str = "llama"      # the GGUF `general.architecture` this config came from
     max_context: int = 8192
     bos_id: int | None = None
     eos_ids: tuple[int, ...] = ()
@@ -46,12 +59,12 @@ SYNTHETIC: dict[str, ModelConfig] = {
     "qwen3-8b": ModelConfig(
         name="synthetic:qwen3-8b", num_layers=36, hidden=4096, num_heads=32, num_kv_heads=8,
         head_dim=128, ffn=12288, vocab=151936, rope_theta=1e6, rms_eps=1e-6, qk_norm=True,
-        max_context=40960, eos_ids=(151645,),
+        max_context=40960, eos_ids=(151645,), arch="qwen3",
     ),
     "llama3.1-8b": ModelConfig(
         name="synthetic:llama3.1-8b", num_layers=32, hidden=4096, num_heads=32, num_kv_heads=8,
         head_dim=128, ffn=14336, vocab=128256, rope_theta=5e5, max_context=131072,
-        bos_id=128000, eos_ids=(128009,),
+        bos_id=128000, eos_ids=(128009,), rope_scaling=RopeScaling("llama3", 8.0, 1.0, 4.0, 8192),
     ),
     "smollm2-135m": ModelConfig(
         name="synthetic:smollm2-135m", num_layers=30, hidden=576, num_heads=9, num_kv_heads=3,
@@ -68,6 +81,3 @@ def synthetic_config(name: str) -> ModelConfig:
         raise ValueError(f"unknown synthetic model {name!r}; known: {', '.join('synthetic:' + k for k in SYNTHETIC)}")
     return SYNTHETIC[key]
 
-
-def with_context(cfg: ModelConfig, max_context: int) -> ModelConfig:
-    return replace(cfg, max_context=max_context)

@@ -1,4 +1,4 @@
-"""A bias-free linear layer whose CPU weights are pre-packed for oneDNN.
+"""A linear layer (optional bias) whose CPU weights are pre-packed for oneDNN.
 
 `F.linear` on a plain `[out, in]` float32 weight reaches about half the memory
 bandwidth of this machine for one-row inputs (decode) and runs small batches
@@ -32,23 +32,27 @@ def packing_available(dtype: torch.dtype) -> bool:
             return False
         g = torch.Generator().manual_seed(0)
         w = torch.randn(48, 40, generator=g).to(dtype)
+        b = torch.randn(48, generator=g).to(dtype)
         x = torch.randn(3, 40, generator=g).to(dtype)
         with torch.inference_mode():
             packed = torch.ops.mkldnn._reorder_linear_weight(w, PACK_BATCH_HINT)
             y = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
-        return bool(torch.allclose(y.float(), F.linear(x, w).float(), atol=0.05, rtol=0.02))
+            yb = torch.ops.mkldnn._linear_pointwise(x, packed, b, "none", [], "")
+        return bool(torch.allclose(y.float(), F.linear(x, w).float(), atol=0.05, rtol=0.02)
+                    and torch.allclose(yb.float(), F.linear(x, w, b).float(), atol=0.05, rtol=0.02))
     except Exception:
         return False
 
 
 class Linear(nn.Module):
-    """`y = x @ weight.T`. On CPU the packed copy replaces the weight unless `keep_weight`."""
+    """`y = x @ weight.T (+ bias)`. On CPU the packed copy replaces the weight unless `keep_weight`."""
 
-    def __init__(self, weight: torch.Tensor, keep_weight: bool = False):
+    def __init__(self, weight: torch.Tensor, keep_weight: bool = False, bias: torch.Tensor | None = None):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.packed: torch.Tensor | None = None
         self.weight: torch.Tensor | None = weight
+        self.bias = bias
         if weight.device.type == "cpu" and packing_available(weight.dtype):
             with torch.inference_mode():
                 self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_BATCH_HINT)
@@ -57,8 +61,9 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
-        return F.linear(x, self.weight)
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}, packed={self.packed is not None}"
+        return (f"in={self.in_features}, out={self.out_features}, bias={self.bias is not None}, "
+                f"packed={self.packed is not None}")

@@ -16,12 +16,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pdtop.engine.model.config import ModelConfig, synthetic_config
 from pdtop.engine.errors import EngineError, UnsupportedModelError
+from pdtop.engine.model import rope
+from pdtop.engine.model.config import ModelConfig, synthetic_config
 from pdtop.engine.model.linear import Linear
 
 if TYPE_CHECKING:
-    from pdtop.engine.model.loader import GGUFWeights
     from pdtop.engine.runtime.kv_cache import KVCache
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
@@ -93,13 +93,6 @@ class RMSNorm(nn.Module):
         xf = x.float()
         out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True).add_(self.eps)) * self.weight_f32
         return out if out.dtype == x.dtype else out.to(x.dtype)
-
-
-def pair_rotary_rows(w: torch.Tensor, n_head: int) -> torch.Tensor:
-    """Reorder each head's rows (or entries) from rotate-half pairs (i, i + d/2) to adjacent
-    pairs (2i, 2i + 1): llama.cpp's `permute`. Q and K get the same order, so q.k is unchanged,
-    and RoPE becomes one complex multiply."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
 def rope_(x: torch.Tensor, rot: torch.Tensor) -> None:
@@ -226,10 +219,14 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    """A Llama decoder. Build it with `from_gguf`, `synthetic_model` or `gguf_loader.load_model`.
+    """A Llama-family decoder (Llama, Qwen2, Qwen3). Build it with `synthetic_model` or
+    `loader.load_model`.
 
-    `weights` hold HF-layout tensors (fused `{i}.qkv`, `{i}.gate_up`, ...); the constructor
-    takes them over (the dict is emptied of what it packs).
+    `weights` are fused (`{i}.qkv`, `{i}.gate_up`, ...), with the rows of Q and K (and of
+    their biases and norms) in adjacent-pair RoPE order, as llama.cpp stores Llama GGUFs
+    (the loader converts other layouts once; see `rope.py`). Optional: `{i}.qkv_bias`,
+    `{i}.o_bias`, `{i}.q_norm`/`{i}.k_norm` (with `cfg.qk_norm`), `rope_freqs` (per-frequency
+    divisors). The constructor takes the tensors over (the dict is emptied of what it packs).
     """
 
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device):
@@ -242,21 +239,16 @@ class LlamaModel(nn.Module):
             p = f"{i}."
             qn = kn = None
             if cfg.qk_norm:
-                qn = RMSNorm(pair_rotary_rows(w[p + "q_norm"], 1), cfg.rms_eps)
-                kn = RMSNorm(pair_rotary_rows(w[p + "k_norm"], 1), cfg.rms_eps)
-            qkv = w.pop(p + "qkv")
-            nq, nk = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-            qkv = torch.cat((pair_rotary_rows(qkv[:nq], cfg.num_heads),
-                             pair_rotary_rows(qkv[nq:nq + nk], cfg.num_kv_heads), qkv[nq + nk:]))
-            attn = Attention(cfg, i, Linear(qkv), Linear(w.pop(p + "o")), qn, kn)
+                qn, kn = RMSNorm(w.pop(p + "q_norm"), cfg.rms_eps), RMSNorm(w.pop(p + "k_norm"), cfg.rms_eps)
+            attn = Attention(cfg, i, Linear(w.pop(p + "qkv"), bias=w.pop(p + "qkv_bias", None)),
+                             Linear(w.pop(p + "o"), bias=w.pop(p + "o_bias", None)), qn, kn)
             mlp = MLP(Linear(w.pop(p + "gate_up")), Linear(w.pop(p + "down")))
-            layers.append(DecoderLayer(attn, mlp, RMSNorm(w[p + "attn_norm"], cfg.rms_eps),
-                                       RMSNorm(w[p + "mlp_norm"], cfg.rms_eps)))
+            layers.append(DecoderLayer(attn, mlp, RMSNorm(w.pop(p + "attn_norm"), cfg.rms_eps),
+                                       RMSNorm(w.pop(p + "mlp_norm"), cfg.rms_eps)))
         self.layers = nn.ModuleList(layers)
-        self.norm = RMSNorm(w["norm"], cfg.rms_eps)
+        self.norm = RMSNorm(w.pop("norm"), cfg.rms_eps)
         self.lm_head = Linear(w["embed"] if cfg.tie_embeddings else w.pop("lm_head"), keep_weight=cfg.tie_embeddings)
-        half = cfg.head_dim // 2
-        self.inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(half, dtype=torch.float32, device=device) / half))
+        self.inv_freq = rope.inv_freq(cfg, w.pop("rope_freqs", None), device=device)
 
     @property
     def num_layers(self) -> int:
@@ -279,36 +271,6 @@ class LlamaModel(nn.Module):
     def logits(self, hidden_last: torch.Tensor) -> torch.Tensor:
         """Final norm + LM head on the rows that need a next token; float32 `[n, vocab]`."""
         return self.lm_head(self.norm(hidden_last)).float()
-
-    @classmethod
-    def from_gguf(cls, weights: "GGUFWeights", dtype: Any = "float32", device: Any = "cpu",
-                  num_layers: int | None = None) -> "LlamaModel":
-        cfg = weights.config
-        if num_layers is not None:
-            if not 1 <= num_layers <= cfg.num_layers:
-                raise EngineError(f"num_layers must be in 1..{cfg.num_layers}, got {num_layers}")
-            cfg = replace(cfg, num_layers=num_layers)
-        dt, dev = parse_dtype(dtype), torch.device(device)
-        t = weights.tensors
-
-        def get(*names: str) -> torch.Tensor:
-            arrs = [torch.from_numpy(t[n]) for n in names]
-            out = arrs[0] if len(arrs) == 1 else torch.cat(arrs, dim=0)
-            return out.to(device=dev, dtype=dt).contiguous()
-
-        w: dict[str, torch.Tensor] = {"embed": get("token_embd.weight"), "norm": get("output_norm.weight")}
-        if not cfg.tie_embeddings:
-            w["lm_head"] = get("output.weight")
-        for i in range(cfg.num_layers):
-            b, p = f"blk.{i}.", f"{i}."
-            w[p + "qkv"] = get(b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight")
-            w[p + "o"] = get(b + "attn_output.weight")
-            w[p + "gate_up"] = get(b + "ffn_gate.weight", b + "ffn_up.weight")
-            w[p + "down"] = get(b + "ffn_down.weight")
-            w[p + "attn_norm"] = get(b + "attn_norm.weight")
-            w[p + "mlp_norm"] = get(b + "ffn_norm.weight")
-        with torch.inference_mode():
-            return cls(cfg, w, dt, dev)
 
 
 _POOL = 1_000_003  # prime

