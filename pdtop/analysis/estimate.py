@@ -10,8 +10,15 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from pdtop.engine.errors import EngineError
 from pdtop.engine.model.config import ModelConfig
-from pdtop.engine.roofline.cost import chunk_step_time, decode_bytes, decode_time, prefill_flops, prefill_time
+from pdtop.engine.roofline.cost import (
+    chunk_step_time,
+    decode_bytes,
+    decode_time,
+    prefill_flops,
+    prefill_time,
+)
 from pdtop.engine.roofline.gpu_specs import GpuSpec
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
 from pdtop.engine.scheduling.splits import SplitTable
@@ -47,9 +54,9 @@ def estimate(spec: GpuSpec, cfg: ModelConfig, decode_bs: int = 32, context: int 
     """The comparison rows; the pdmux split is the level `SplitTable.choose` picks for `decode_bs`."""
     for name, value in (("decode batch", decode_bs), ("context", context), ("prompt", prompt)):
         if value < 1:
-            raise ValueError(f"{name} must be >= 1, got {value}")
+            raise EngineError(f"{name} must be >= 1, got {value}")
     if any(c < 1 for c in chunks) or any(not s > 0 for s in s_sats):
-        raise ValueError("chunk sizes must be >= 1 and S_SAT values > 0")
+        raise EngineError("chunk sizes must be >= 1 and S_SAT values > 0")
     config = config or PdmuxConfig()
     base = decode_time(spec, decode_bytes(cfg, [context] * decode_bs), spec.sms)  # S_SAT has no effect on all SMs
     rows = [EstimateRow("decode only (reference)", "decode-only", base * 1e3)]

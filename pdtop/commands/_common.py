@@ -6,9 +6,7 @@ import sys
 from pdtop.engine.errors import EngineError
 
 # Bad input a command reports as one line: the engine's errors, and files it cannot read.
-# ValueError stays until model/config.py (unknown synthetic model) and model/tokenizer.py raise
-# EngineError (issue 9, model part); then drop it.
-INPUT_ERRORS: tuple[type[BaseException], ...] = (EngineError, OSError, ValueError)
+INPUT_ERRORS: tuple[type[BaseException], ...] = (EngineError, OSError)
 
 
 def fail(command: str, problem: str | BaseException, code: int = 2) -> int:

@@ -12,9 +12,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from pdtop.engine.scheduling.policies import POLICIES
+from pdtop.engine.scheduling.workload import LONG_PROMPT_TOKENS
 from pdtop.ui.state import DashboardState
 
-POLICIES = ("pdmux", "chunked", "prefill-first")
 SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
 
 
@@ -176,7 +177,7 @@ COMMANDS: list[Command] = [
             arg=Arg(f"policy ({' | '.join(POLICIES)})", parse_policy, _config_default("policy", "pdmux"))),
     # live: the workload
     Command("inject", "i", "inject", "inject a long prompt", lambda s, v: {"cmd": "inject", "prompt_tokens": v}, True,
-            arg=Arg("prompt tokens of the injected request", parse_int, lambda s: "8192")),
+            arg=Arg("prompt tokens of the injected request", parse_int, lambda s: str(LONG_PROMPT_TOKENS))),
     Command("workload_rate", "r", "rate", "set workload rate (requests/s)", _set("workload_rate"), True,
             arg=Arg("workload_rate (requests per second)", parse_float, _config_default("workload_rate")), footer=False),
     Command("workload_toggle", "w", "workload", "pause / resume the workload", _workload_toggle, True),

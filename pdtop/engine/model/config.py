@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pdtop.engine.errors import UnsupportedModelError
+
 
 @dataclass(frozen=True)
 class RopeScaling:
@@ -78,6 +80,6 @@ def synthetic_config(name: str) -> ModelConfig:
     """`qwen3-8b` or `synthetic:qwen3-8b` -> its config; unknown names list the known ones."""
     key = name.removeprefix("synthetic:")
     if key not in SYNTHETIC:
-        raise ValueError(f"unknown synthetic model {name!r}; known: {', '.join('synthetic:' + k for k in SYNTHETIC)}")
+        raise UnsupportedModelError(f"unknown synthetic model {name!r}; known: {', '.join('synthetic:' + k for k in SYNTHETIC)}")
     return SYNTHETIC[key]
 

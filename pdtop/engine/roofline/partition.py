@@ -17,7 +17,7 @@ def arch_constraints(major: int) -> tuple[int, int]:
     Green contexts split in units of 8 SMs from 9.0 on, so 10.x and 12.x behave like 9.x.
     """
     if isinstance(major, bool) or not isinstance(major, int):
-        raise ValueError(f"compute capability major must be an integer, got {major!r}")
+        raise DeviceError(f"compute capability major must be an integer, got {major!r}")
     if major < 6:
         raise DeviceError(f"compute capability {major}.x is not supported: green contexts need 6.0 or newer")
     return ARCH[min(major, 9)]
