@@ -40,8 +40,9 @@ class EstimateRow:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
 
-def _fmt(value: float) -> str:
-    return f"{value:.0f}"
+def _fmt(value: float | None, unit: str = "") -> str:
+    """Rounded, with its unit; "-" for what a row does not have."""
+    return "-" if value is None else f"{value:.0f}{unit}"
 
 
 def _num(value: float) -> str:
@@ -85,14 +86,12 @@ HEADINGS = ("approach", "decode ITL", "prefill time", "tokens per decode request
 
 def text_cells(row: EstimateRow) -> tuple[str, str, str, str]:
     """The rounded cells of one row, as the text table prints them."""
-    if row.kind == "decode-only":
-        return row.name, f"{_fmt(row.itl_ms)} ms", "-", "-"
-    itl = f"{_fmt(row.itl_ms)} ms"
+    itl = _fmt(row.itl_ms, " ms")
     if row.kind == "prefill-first":
         itl = f"one step of {itl}"
     elif row.kind == "chunked":
         itl = f"{itl} x {row.steps} steps"
-    return row.name, itl, f"{_fmt(row.prefill_ms)} ms", _fmt(row.tokens)
+    return row.name, itl, _fmt(row.prefill_ms, " ms"), _fmt(row.tokens)
 
 
 def format_table(rows: Sequence[EstimateRow]) -> list[str]:

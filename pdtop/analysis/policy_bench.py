@@ -36,12 +36,14 @@ SCENARIOS = {
 }
 
 
-def _step_until_first_tokens(engine: Engine, reqs: list[Request]) -> None:
+def _step_until_first_tokens(engine: Engine, reqs: list[Request]) -> list[float]:
+    """Step until each request has its first token (EngineError if one is rejected); their TTFTs."""
     while any(not r.token_times for r in reqs):
         rejected = next((r for r in reqs if r.finished and not r.token_times), None)
         if rejected is not None:
             raise EngineError(f"the scenario's request {rejected.id} was rejected: {rejected.error}")
         engine.step()
+    return [r.token_times[0] - r.arrival for r in reqs]
 
 
 def run_policy(engine: Engine, sc: Scenario) -> dict:
@@ -55,12 +57,12 @@ def run_policy(engine: Engine, sc: Scenario) -> dict:
         if rec.decode_bs:
             base.append(rec.decode_step_s)
     start = engine.device.now()
-    ttfts, longs = [], []
+    ttfts: list[float] = []
+    longs: list[Request] = []
     for _ in range(sc.long_prompts):
         req = engine.submit(engine.prompts.make(sc.long_tokens), 4, ignore_eos=True)
         longs.append(req)
-        _step_until_first_tokens(engine, [req])
-        ttfts.append(req.ttft)
+        ttfts += _step_until_first_tokens(engine, [req])
         for _ in range(sc.settle_rounds):
             engine.step()
     end = engine.device.now()

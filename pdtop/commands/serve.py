@@ -23,9 +23,14 @@ import os
 import signal
 import sys
 import threading
+from typing import TYPE_CHECKING
 
 from pdtop.commands._common import INPUT_ERRORS, fail
 from pdtop.engine.scheduling.policies import DEFAULT_POLICY, POLICIES
+
+if TYPE_CHECKING:
+    from pdtop.engine.engine import Engine
+    from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -74,13 +79,13 @@ def run(args: argparse.Namespace) -> int:
         engine.close()
 
 
-def _load_config(path: str | None):
+def _load_config(path: str | None) -> PdmuxConfig:
     from pdtop.engine.scheduling.pdmux_config import PdmuxConfig, load_pdmux_config
 
     return load_pdmux_config(path) if path else PdmuxConfig()
 
 
-async def _serve(engine, args: argparse.Namespace) -> int:
+async def _serve(engine: Engine, args: argparse.Namespace) -> int:
     from pdtop.telemetry.hardware.hw import HwSampler
     from pdtop.telemetry.recording.recorder import RecordingError
     from pdtop.telemetry.server.server import TelemetryServer

@@ -19,7 +19,7 @@ class Work:
     kind: str  # "decode" | "prefill" | "mixed"
     flops: float
     bytes: float
-    run: Callable[[], Any] | None = None  # None on simulated devices
+    run: Callable[[], Any]  # the computation; on a simulated device, bookkeeping only
 
 
 class Device(ABC):

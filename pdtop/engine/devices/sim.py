@@ -59,7 +59,7 @@ class SimDevice(Device):
     def submit_prefill(self, work: Work) -> None:
         start = max(self.clock, self._prefill_free_at)
         self._prefill_free_at = start + self.prefill_seconds(work, self._side_units(0))
-        self._prefill_result = work.run() if work.run else None
+        self._prefill_result = work.run()
 
     def prefill_busy(self) -> bool:
         return self.clock < self._prefill_free_at
@@ -71,7 +71,7 @@ class SimDevice(Device):
 
     def run_decode(self, work: Work) -> Any:
         self.clock += self.decode_seconds(work, self._side_units(1))
-        return work.run() if work.run else None
+        return work.run()
 
     def run_whole(self, work: Work) -> Any:
         self.wait_prefill()
@@ -79,4 +79,4 @@ class SimDevice(Device):
             self.clock += self.decode_seconds(work, self.units)
         else:  # the seed's chunked step: compute of everything at full SMs, or its bytes if longer
             self.clock += self.prefill_seconds(work, self.units)
-        return work.run() if work.run else None
+        return work.run()

@@ -45,25 +45,22 @@ def packing_available(dtype: torch.dtype) -> bool:
 
 
 class Linear(nn.Module):
-    """`y = x @ weight.T (+ bias)`. On CPU the packed copy replaces the weight unless `keep_weight`."""
+    """`y = x @ weight.T (+ bias)`. On CPU the weight is held in oneDNN's packed layout instead."""
 
-    def __init__(self, weight: torch.Tensor, keep_weight: bool = False, bias: torch.Tensor | None = None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
         super().__init__()
         self.out_features, self.in_features = weight.shape
-        self.packed: torch.Tensor | None = None
-        self.weight: torch.Tensor | None = weight
         self.bias = bias
-        if weight.device.type == "cpu" and packing_available(weight.dtype):
+        self.packed = weight.device.type == "cpu" and packing_available(weight.dtype)
+        if self.packed:
             with torch.inference_mode():
-                self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_BATCH_HINT)
-            if not keep_weight:
-                self.weight = None
+                weight = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_BATCH_HINT)
+        self.weight = weight  # `[out, in]`, or oneDNN's blocked copy of it when `packed`
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is not None:
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        if self.packed:
+            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
-        return (f"in={self.in_features}, out={self.out_features}, bias={self.bias is not None}, "
-                f"packed={self.packed is not None}")
+        return f"in={self.in_features}, out={self.out_features}, bias={self.bias is not None}, packed={self.packed}"

@@ -49,7 +49,7 @@ class Segment:
 @dataclass
 class DecodeGroup:
     """Decode rows of similar context length, attended together (padding stays within the group)."""
-    rows: torch.Tensor                # [G] long: which decode rows
+    rows: torch.Tensor | slice        # [G] long: which decode rows; slice(None) for a batch's only group
     gather: torch.Tensor              # [G * L] long: KV slots each row attends to
     length: int                       # L, the group's padded context length
     mask: torch.Tensor | None = None  # [G, 1, 1, L] bool, True = attend; None = all valid
@@ -62,10 +62,7 @@ class ForwardBatch:
     positions: torch.Tensor           # [T] long
     slots: torch.Tensor               # [T] long: KV slot each token's K/V is written to
     num_decode: int = 0               # the first rows are single-token decode rows
-    decode_gather: torch.Tensor | None = None  # [D * L] long: KV slots each decode row attends to
-    decode_len: int = 0               # L (padded context length of the decode rows)
-    decode_mask: torch.Tensor | None = None    # [D, 1, 1, L] bool, True = attend; None = all valid
-    decode_groups: list[DecodeGroup] = field(default_factory=list)  # set instead of the three above
+    decode_groups: list[DecodeGroup] = field(default_factory=list)  # those rows, by context length
     segments: list[Segment] = field(default_factory=list)
     _rope: torch.Tensor | None = None
 
@@ -105,7 +102,7 @@ def rope_(x: torch.Tensor, rot: torch.Tensor) -> None:
 
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int, qkv: Linear, o: Linear,
-                 q_norm: RMSNorm | None = None, k_norm: RMSNorm | None = None):
+                 qk_norm: tuple[RMSNorm, RMSNorm] | None = None):
         super().__init__()
         self.layer = layer
         self.h, self.kvh, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -113,15 +110,16 @@ class Attention(nn.Module):
         self.groups = self.h // self.kvh
         self.scale = self.d ** -0.5
         self.qkv, self.o = qkv, o
-        self.q_norm, self.k_norm = q_norm, k_norm
+        self.qk_norm = qk_norm  # (q norm, k norm): Qwen3's per-head RMSNorm before RoPE
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, rot: torch.Tensor) -> torch.Tensor:
         t, h, kvh, d, nq, nk = x.shape[0], self.h, self.kvh, self.d, self.nq, self.nk
         qkv = self.qkv.forward(x)  # [t, q | k | v]; q and k are rotated in place
         qk = qkv[:, : nq + nk].view(t, h + kvh, d)
-        if self.q_norm is not None:
-            qk[:, :h] = self.q_norm.forward(qk[:, :h])
-            qk[:, h:] = self.k_norm.forward(qk[:, h:])
+        if self.qk_norm is not None:
+            q_norm, k_norm = self.qk_norm
+            qk[:, :h] = q_norm.forward(qk[:, :h])
+            qk[:, h:] = k_norm.forward(qk[:, h:])
         rope_(qk, rot)
         q = qk[:, :h]
         kv = qkv[:, nq:].view(t, 2, kvh, d)
@@ -143,10 +141,12 @@ class Attention(nn.Module):
 
     def _decode(self, q: torch.Tensor, cache: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """One query per row against its gathered context, by length group when lengths differ widely."""
-        if not batch.decode_groups:
-            return self._attend(q, cache, batch.decode_gather, batch.decode_len, batch.decode_mask)
+        groups = batch.decode_groups
+        if len(groups) == 1:  # the usual case: every row in one group
+            g = groups[0]
+            return self._attend(q, cache, g.gather, g.length, g.mask)
         out = torch.empty_like(q)
-        for g in batch.decode_groups:
+        for g in groups:
             out[g.rows] = self._attend(q[g.rows], cache, g.gather, g.length, g.mask)
         return out
 
@@ -168,7 +168,7 @@ class Attention(nn.Module):
 
     def _prefill(self, q: torch.Tensor, kv: torch.Tensor, cache: torch.Tensor, seg: Segment) -> torch.Tensor:
         qt = q.transpose(0, 1)[None]
-        if seg.prefix:  # attend to the cached prefix too (the new tokens were just written)
+        if seg.gather is not None:  # attend to the cached prefix too (the new tokens were just written)
             ctx = gather(cache, seg.gather)
             o = sdpa_gqa(qt, ctx[0][None], ctx[1][None], self.groups, attn_mask=seg.mask, scale=self.scale)
         else:
@@ -237,17 +237,17 @@ class LlamaModel(nn.Module):
         layers = []
         for i in range(cfg.num_layers):
             p = f"{i}."
-            qn = kn = None
+            qk_norm = None
             if cfg.qk_norm:
-                qn, kn = RMSNorm(w.pop(p + "q_norm"), cfg.rms_eps), RMSNorm(w.pop(p + "k_norm"), cfg.rms_eps)
+                qk_norm = RMSNorm(w.pop(p + "q_norm"), cfg.rms_eps), RMSNorm(w.pop(p + "k_norm"), cfg.rms_eps)
             attn = Attention(cfg, i, Linear(w.pop(p + "qkv"), bias=w.pop(p + "qkv_bias", None)),
-                             Linear(w.pop(p + "o"), bias=w.pop(p + "o_bias", None)), qn, kn)
+                             Linear(w.pop(p + "o"), bias=w.pop(p + "o_bias", None)), qk_norm)
             mlp = MLP(Linear(w.pop(p + "gate_up")), Linear(w.pop(p + "down")))
             layers.append(DecoderLayer(attn, mlp, RMSNorm(w.pop(p + "attn_norm"), cfg.rms_eps),
                                        RMSNorm(w.pop(p + "mlp_norm"), cfg.rms_eps)))
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(w.pop("norm"), cfg.rms_eps)
-        self.lm_head = Linear(w["embed"] if cfg.tie_embeddings else w.pop("lm_head"), keep_weight=cfg.tie_embeddings)
+        self.lm_head = Linear(w["embed"] if cfg.tie_embeddings else w.pop("lm_head"))
         self.inv_freq = rope.inv_freq(cfg, w.pop("rope_freqs", None), device=device)
 
     @property

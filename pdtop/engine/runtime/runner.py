@@ -37,7 +37,7 @@ _PREFILLABLE = (RequestStatus.WAITING, RequestStatus.PREFILLING)
 class PrefillState:
     """An in-flight prefill: packed hidden states after `next_layer` layers."""
     reqs: list[Request]
-    hidden: torch.Tensor | None
+    hidden: torch.Tensor | None    # None once finished (the activations are dropped)
     batch: ForwardBatch
     last_rows: torch.Tensor        # row of each prompt's last token
     next_layer: int = 0
@@ -46,6 +46,13 @@ class PrefillState:
     @property
     def tokens(self) -> int:
         return sum(r.prompt_len for r in self.reqs)
+
+
+def _unfinished(state: PrefillState) -> torch.Tensor:
+    """The hidden states of a prefill still in flight (ValueError for a finished one)."""
+    if state.hidden is None:
+        raise ValueError(f"the prefill of requests {[r.id for r in state.reqs]} is already finished")
+    return state.hidden
 
 
 def length_groups(lens: list[int]) -> list[list[int]]:
@@ -144,7 +151,7 @@ class ModelRunner:
         if start != state.next_layer or not start < end <= self.config.num_layers:
             raise ValueError(f"prefill_layers({start}, {end}): next layer is {state.next_layer} "
                              f"of {self.config.num_layers}")
-        state.hidden = self.model.forward_layers(state.hidden, state.batch, start, end)
+        state.hidden = self.model.forward_layers(_unfinished(state), state.batch, start, end)
         state.next_layer = end
 
     @torch.inference_mode()
@@ -152,7 +159,7 @@ class ModelRunner:
         """Final norm + logits at each prompt's last token: each request's first token (not appended)."""
         if state.next_layer != self.config.num_layers:
             raise ValueError(f"prefill_finish after {state.next_layer} of {self.config.num_layers} layers")
-        logits = self.model.logits(state.hidden.index_select(0, state.last_rows))
+        logits = self.model.logits(_unfinished(state).index_select(0, state.last_rows))
         state.hidden, state.logits = None, logits
         tokens = self._sample(logits, state.reqs)
         for r in state.reqs:
@@ -179,8 +186,8 @@ class ModelRunner:
         """KV room for one more token of each decode row (KVCapacityError, nothing changed, if full)."""
         self.kv.pool.reserve_many([(r.table, r.num_cached + 1) for r in reqs], what=f"decode batch of {len(reqs)}")
 
-    def _decode_batch(self, reqs: list[Request]) -> tuple[list[int], list[int], np.ndarray, dict]:
-        """Ids, positions, slots of the decode rows and the gather/mask fields of a ForwardBatch."""
+    def _decode_batch(self, reqs: list[Request]) -> tuple[list[int], list[int], np.ndarray, list[DecodeGroup]]:
+        """Ids, positions, slots of the decode rows and their groups (what each row attends to)."""
         ids = [r.last_token for r in reqs]
         pos = [r.num_cached for r in reqs]
         lens = [p + 1 for p in pos]
@@ -188,16 +195,14 @@ class ModelRunner:
         bs = self.kv.block_size
         slots = np.array([t.blocks[p // bs] * bs + p % bs for t, p in zip(tables, pos)], dtype=np.int64)
         groups = length_groups(lens)
-        if len(groups) == 1:
+        if len(groups) == 1:  # the usual case: every row, in batch order
             idx, L, mask = self._gather(tables, lens)
-            fields = dict(num_decode=len(reqs), decode_gather=idx, decode_len=L, decode_mask=mask)
-        else:
-            decode_groups = []
-            for rows in groups:
-                idx, L, mask = self._gather([tables[i] for i in rows], [lens[i] for i in rows])
-                decode_groups.append(DecodeGroup(self._tensor(rows), idx, L, mask))
-            fields = dict(num_decode=len(reqs), decode_groups=decode_groups)
-        return ids, pos, slots, fields
+            return ids, pos, slots, [DecodeGroup(slice(None), idx, L, mask)]
+        decode_groups = []
+        for rows in groups:
+            idx, L, mask = self._gather([tables[i] for i in rows], [lens[i] for i in rows])
+            decode_groups.append(DecodeGroup(self._tensor(rows), idx, L, mask))
+        return ids, pos, slots, decode_groups
 
     def _gather(self, tables: list[BlockTable], lens: list[int]) -> tuple[torch.Tensor, int, torch.Tensor | None]:
         """KV slots of each row's context padded to the longest, and the mask (None if none is padded)."""
@@ -214,8 +219,9 @@ class ModelRunner:
         K/V of each last token but counts it nowhere (`decode` does), so it may be called again."""
         self._check_decoding(reqs)
         self._grow(reqs)
-        ids, pos, slots, fields = self._decode_batch(reqs)
-        batch = ForwardBatch(kv=self.kv, positions=self._tensor(pos), slots=self._tensor(slots), **fields)
+        ids, pos, slots, groups = self._decode_batch(reqs)
+        batch = ForwardBatch(kv=self.kv, positions=self._tensor(pos), slots=self._tensor(slots),
+                             num_decode=len(reqs), decode_groups=groups)
         h = self.model.forward_layers(self.model.embed(self._tensor(ids)), batch, 0, self.config.num_layers)
         return self.model.logits(h)
 
@@ -236,7 +242,7 @@ class ModelRunner:
         tokens of `chunk_req` (attending to its cached prefix). Returns the decode tokens and, when
         this chunk ends the prompt, chunk_req's first token (else None)."""
         self._check_decoding(decode_reqs)
-        n = start = 0
+        n = start = 0  # the prompt piece this step carries: tokens [start, start + n) of chunk_req
         if chunk_req is not None:
             if chunk_req.status not in _PREFILLABLE or not chunk_req.table.blocks \
                     or chunk_req.num_cached >= chunk_req.prompt_len:
@@ -245,20 +251,20 @@ class ModelRunner:
                 raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
             start = chunk_req.num_cached
             n = min(chunk_tokens, chunk_req.prompt_len - start)
-        if not decode_reqs and not n:
+        elif not decode_reqs:
             return [], None
         ids: list[int] = []
         pos: list[np.ndarray] = []
         slots: list[np.ndarray] = []
-        fields: dict = {}
+        groups: list[DecodeGroup] = []
         if decode_reqs:
             self._grow(decode_reqs)
-            d_ids, d_pos, d_slots, fields = self._decode_batch(decode_reqs)
+            d_ids, d_pos, d_slots, groups = self._decode_batch(decode_reqs)
             ids += d_ids
             pos.append(np.asarray(d_pos, dtype=np.int64))
             slots.append(d_slots)
         segments = []
-        if n:
+        if chunk_req is not None:
             ids += chunk_req.prompt_ids[start:start + n]
             pos.append(np.arange(start, start + n))
             slots.append(self.kv.slots(chunk_req.table, start, start + n))
@@ -269,17 +275,20 @@ class ModelRunner:
                 seg.mask = torch.as_tensor(causal, device=self.model.device)
             segments.append(seg)
         batch = ForwardBatch(kv=self.kv, positions=self._tensor(np.concatenate(pos)),
-                             slots=self._tensor(np.concatenate(slots)), segments=segments, **fields)
+                             slots=self._tensor(np.concatenate(slots)), num_decode=len(decode_reqs),
+                             decode_groups=groups, segments=segments)
         h = self.model.forward_layers(self.model.embed(self._tensor(ids)), batch, 0, self.config.num_layers)
         for r in decode_reqs:
             r.num_cached += 1
-        if n:
-            chunk_req.num_cached = start + n
         nd = len(decode_reqs)
-        done = bool(n) and start + n == chunk_req.prompt_len
-        rows = list(range(nd)) + ([nd + n - 1] if done else [])
+        rows = list(range(nd))
+        sampled = list(decode_reqs)
+        if chunk_req is not None:
+            chunk_req.num_cached = start + n
+            if chunk_req.num_cached == chunk_req.prompt_len:  # the prompt is done: its first token too
+                rows.append(nd + n - 1)
+                sampled.append(chunk_req)
         if not rows:
             return [], None
-        logits = self.model.logits(h.index_select(0, self._tensor(rows)))
-        tokens = self._sample(logits, decode_reqs + ([chunk_req] if done else []))
-        return tokens[:nd], (tokens[-1] if done else None)
+        tokens = self._sample(self.model.logits(h.index_select(0, self._tensor(rows))), sampled)
+        return tokens[:nd], (tokens[nd] if len(tokens) > nd else None)

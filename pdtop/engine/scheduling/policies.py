@@ -12,6 +12,6 @@ DEFAULT_POLICY = "pdmux"
 
 def check_policy(policy: object) -> str:
     """`policy` if it names a policy, else ConfigError."""
-    if policy not in POLICIES:
+    if not isinstance(policy, str) or policy not in POLICIES:
         raise ConfigError("policy", f"must be one of {', '.join(POLICIES)}, got {policy!r}")
-    return policy  # type: ignore[return-value]
+    return policy

@@ -265,7 +265,7 @@ class Scheduler:
         for r, tok in zip(batch, tokens):
             self._emit(r, tok, now, stats)
         self.running = [r for r in self.running if not r.finished]
-        if first is not None:
+        if req is not None and first is not None:  # this chunk ended req's prompt
             self.chunk_req = None
             self._join_decode([req], [first], stats)
 
