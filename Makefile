@@ -1,4 +1,4 @@
-# One-command set-up: `make run` (dashboard on the embedded engine) and `make test`.
+# One-command set-up: `make run` (dashboard on the embedded engine) and `make test` (lint, types, tests).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -22,6 +22,8 @@ run: $(STAMP)
 	$(BIN)/pdtop $(ARGS)
 
 test: $(STAMP)
+	$(BIN)/ruff check pdtop
+	$(BIN)/mypy pdtop
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 bench: $(STAMP)

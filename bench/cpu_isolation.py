@@ -44,7 +44,7 @@ def main() -> None:
     state = ex.prefill_begin(decoders)
     device.set_level(0)
     device.run_whole(ex.prefill(state, decoders, 0, runner.config.num_layers))
-    for r, tok in zip(decoders, ex.finish_prefill(state)):
+    for r, tok in zip(decoders, ex.finish_prefill(state), strict=True):
         append_token(r, tok, 0.0, eos)
 
     def decode_steps(level: int, with_prefill: bool) -> list[float]:
@@ -69,7 +69,7 @@ def main() -> None:
             t0 = time.perf_counter()
             toks = device.run_decode(ex.decode(decoders))  # a side without cores runs on every core
             times.append(time.perf_counter() - t0)
-            for r, tok in zip(decoders, toks):
+            for r, tok in zip(decoders, toks, strict=True):
                 append_token(r, tok, 0.0, eos)
         finish_long()
         return times

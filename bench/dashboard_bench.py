@@ -22,11 +22,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pdtop.engine.build import build_engine  # noqa: E402
-from pdtop.engine.records import ConfigChange  # noqa: E402
-from pdtop.engine.scheduling.workload import WorkloadSpec  # noqa: E402
-from pdtop.telemetry import encode as ev  # noqa: E402
-from pdtop.telemetry.recording.recorder import Recorder  # noqa: E402
+from pdtop.engine.build import build_engine
+from pdtop.engine.records import ConfigChange
+from pdtop.engine.scheduling.workload import WorkloadSpec
+from pdtop.telemetry import encode as ev
+from pdtop.telemetry.recording.recorder import Recorder
 
 
 def record(path: Path, rounds: int, rate: float, seed: int = 0) -> tuple[int, float]:
@@ -38,7 +38,8 @@ def record(path: Path, rounds: int, rate: float, seed: int = 0) -> tuple[int, fl
 
     def sink(r):
         last[0] = max(last[0], r.time - t0)
-        rec.write(ev.encode(ev.record_event(r, engine.config_dict() if isinstance(r, ConfigChange) else None)), t=last[0])
+        config = engine.config_dict() if isinstance(r, ConfigChange) else None
+        rec.write(ev.encode(ev.record_event(r, config)), t=last[0])
 
     engine.add_sink(sink)
     for i in range(rounds):
@@ -101,7 +102,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench.ndjson"
-        probe_events, probe_s = record(path, 2000, args.workload)
+        _, probe_s = record(path, 2000, args.workload)
         rounds_per_engine_s = 2000 / probe_s
         speed = min(16.0, max(0.25, args.rate / rounds_per_engine_s))
         rounds = math.ceil(args.seconds * speed * rounds_per_engine_s * 1.3) + 500

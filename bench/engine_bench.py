@@ -21,12 +21,12 @@ import gc
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import torch  # noqa: E402
+import torch
 
 FIGURES = ("b1", "b32", "prefill")
 
@@ -72,7 +72,7 @@ def pdtop_engine(dtype: str, args: argparse.Namespace) -> Engine:
         return req
 
     def take(reqs: list[Request], tokens: list[int]) -> None:
-        for r, t in zip(reqs, tokens):
+        for r, t in zip(reqs, tokens, strict=True):
             append_token(r, t, 0.0, eos)
 
     def decode_steps(bs: int) -> list[float]:
@@ -191,10 +191,11 @@ def main() -> int:
         table.extend(engines)
         del engines
         gc.collect()
-    print(f"torch {torch.__version__}, {args.threads} threads, {os.cpu_count()} cores; decode: {args.prompt_tokens}-token "
-          f"prompts, {args.steps} steps x {args.repeats} turns, tok/s at the q{args.quantile:g} step time; prefill: "
-          f"{args.prefill_tokens} tokens, best of {args.repeats}")
-    head = f"{'engine':8} {'dtype':9} {'decode b1 tok/s':>16} {'decode b32 tok/s':>17} {'prefill ' + str(args.prefill_tokens) + ' s':>14}  note"
+    print(f"torch {torch.__version__}, {args.threads} threads, {os.cpu_count()} cores; "
+          f"decode: {args.prompt_tokens}-token prompts, {args.steps} steps x {args.repeats} turns, "
+          f"tok/s at the q{args.quantile:g} step time; prefill: {args.prefill_tokens} tokens, best of {args.repeats}")
+    prefill = f"prefill {args.prefill_tokens} s"
+    head = f"{'engine':8} {'dtype':9} {'decode b1 tok/s':>16} {'decode b32 tok/s':>17} {prefill:>14}  note"
     print(head)
     print("-" * len(head))
     q = args.quantile

@@ -33,16 +33,17 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import torch
+import torch.nn.functional as F
 
-from pdtop.engine.model.config import SYNTHETIC, ModelConfig  # noqa: E402
+from pdtop.engine.model.config import SYNTHETIC, ModelConfig
 
 WORKLOAD_LABEL = "synthetic-torch: qwen3-8b shapes in plain torch ops (not pdtop's model runner)"
 
@@ -84,8 +85,9 @@ class SyntheticModel:
         self.embed = w(cfg.vocab, self.H)
         self.lm_head = w(self.H, cfg.vocab)
         self.norm = ones(self.H)
-        self.layers = [dict(ln1=ones(self.H), wqkv=w(self.H, q_out + 2 * kv_out), qn=ones(self.hd), kn=ones(self.hd),
-                            wo=w(q_out, self.H), ln2=ones(self.H), wgu=w(self.H, 2 * cfg.ffn), wd=w(cfg.ffn, self.H))
+        self.layers = [{"ln1": ones(self.H), "wqkv": w(self.H, q_out + 2 * kv_out), "qn": ones(self.hd),
+                        "kn": ones(self.hd), "wo": w(q_out, self.H), "ln2": ones(self.H),
+                        "wgu": w(self.H, 2 * cfg.ffn), "wd": w(cfg.ffn, self.H)}
                        for _ in range(num_layers)]
         inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, self.hd, 2, device=device, dtype=torch.float32) / self.hd))
         ang = torch.outer(torch.arange(max_pos, device=device, dtype=torch.float32), inv)
@@ -320,7 +322,7 @@ def level_scaling(dev: Any, size: int, reps: int, copy_mib: int) -> list[dict]:
         return best
 
     rows = []
-    for level, (group, real) in enumerate(zip(dev.groups, dev.realized)):
+    for level, (group, real) in enumerate(zip(dev.groups, dev.realized, strict=True)):
         dev.set_level(level)
         row: dict[str, Any] = {"level": level, "requested": list(group), "realized": list(real)}
         for side, sms in (("prefill", real[0]), ("decode", real[1])):
@@ -527,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
             dev = CudaDevice(index=0)
             return {"create_s": round(time.perf_counter() - t, 3), "describe": dev.describe(),
                     "groups": [list(g) for g in dev.groups], "realized": [list(r) for r in dev.realized],
-                    "all_match": all(tuple(r) == tuple(g) for g, r in zip(dev.groups, dev.realized))}
+                    "all_match": all(tuple(r) == tuple(g) for g, r in zip(dev.groups, dev.realized, strict=True))}
 
         rep.section("levels", levels)
         if dev is None:
@@ -551,9 +553,11 @@ def main(argv: list[str] | None = None) -> int:
         ps = model.prefill_state(args.prompt)
         if device.type == "cuda":
             torch.cuda.synchronize()
-        return {"model": cfg.name, "layers": layers, "dtype": str(dtype), "weights_gib": round(model.weight_bytes / 2**30, 2),
+        return {"model": cfg.name, "layers": layers, "dtype": str(dtype),
+                "weights_gib": round(model.weight_bytes / 2**30, 2),
                 "kv_decode_gib": round(2 * st.k.numel() * st.k.element_size() / 2**30, 2),
-                "batch": args.batch, "context": args.context, "prompt": args.prompt, "build_s": round(time.perf_counter() - t, 2)}
+                "batch": args.batch, "context": args.context, "prompt": args.prompt,
+                "build_s": round(time.perf_counter() - t, 2)}
 
     rep.section("workload_shape", build)
     if model is None:

@@ -152,9 +152,9 @@ def main() -> None:
         shed = med(label, "shed") * m / args.rounds
         print(f"{label:31} {b:13.0f} {100 * (b / b0 - 1):+6.1f}% {m:8.0f} {100 * (m / m0 - 1):+6.1f}% "
               f"{c:9.0f} {100 * (c / c0 - 1):+6.1f}% {med(label, 'client_events_per_s'):21.0f} {shed:7.0f}")
-    spread = [100 * (max(r["rounds_per_s"] for r in results["off"]) / min(r["rounds_per_s"] for r in results["off"]) - 1)]
-    print(f"noise: the 'off' runs alone spread by {spread[0]:.0f}% (best/worst); per CPU-s divides by the "
-          "process's CPU time (engine thread + telemetry), median.")
+    off = [r["rounds_per_s"] for r in results["off"]]
+    print(f"noise: the 'off' runs alone spread by {100 * (max(off) / min(off) - 1):.0f}% (best/worst); "
+          "per CPU-s divides by the process's CPU time (engine thread + telemetry), median.")
 
 
 if __name__ == "__main__":

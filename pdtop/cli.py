@@ -21,7 +21,8 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("generate", "pdtop.commands.generate", "complete one prompt with the embedded model"),
     ("bench", "pdtop.commands.bench", "compare scheduling policies on a fixed, seeded workload"),
     ("levels", "pdtop.commands.levels", "print the split levels (stream groups) for a device"),
-    ("estimate", "pdtop.commands.estimate", "print the seed's roofline comparison of prefill-first, chunked and PD multiplexing"),
+    ("estimate", "pdtop.commands.estimate",
+     "print the seed's roofline comparison of prefill-first, chunked and PD multiplexing"),
 ]
 
 

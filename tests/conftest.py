@@ -6,10 +6,14 @@ model: `runner()` or `runner(kv_capacity_tokens=256, block_size=16)`.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from pdtop.engine.runtime.runner import ModelRunner
 
 
 @pytest.fixture(scope="session")
@@ -34,7 +38,7 @@ def tokenizer(gguf_path):
 
 
 @pytest.fixture
-def runner(model_fp32) -> Callable[..., "ModelRunner"]:  # noqa: F821
+def runner(model_fp32) -> Callable[..., ModelRunner]:
     from pdtop.engine.runtime.runner import ModelRunner
 
     def make(kv_capacity_tokens: int = 4096, block_size: int = 16) -> ModelRunner:

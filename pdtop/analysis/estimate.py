@@ -7,8 +7,9 @@ several S_SAT values. Times are roofline estimates from `cost`.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from pdtop.engine.errors import EngineError
 from pdtop.engine.model.config import ModelConfig

@@ -6,7 +6,7 @@ The one percentile of the project: numpy's, with linear interpolation (what vLLM
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

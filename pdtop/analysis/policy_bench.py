@@ -9,8 +9,9 @@ that window. Same seed, same prompts, same scenario for every policy.
 """
 from __future__ import annotations
 
+import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from pdtop.analysis.metrics import percentile, summary_ms
 from pdtop.engine.engine import Engine
@@ -68,7 +69,7 @@ def run_policy(engine: Engine, sc: Scenario) -> dict:
     end = engine.device.now()
     if any(r.finished for r in decoders):
         raise EngineError("decode requests finished before the long prompts did; raise Scenario.decode_tokens")
-    itls = [b - a for r in decoders for a, b in zip(r.token_times, r.token_times[1:]) if start < b <= end]
+    itls = [b - a for r in decoders for a, b in itertools.pairwise(r.token_times) if start < b <= end]
     tokens = sum(1 for r in decoders + longs for t in r.token_times if start < t <= end)
     return {
         "ttft_ms": {k: v for k, v in summary_ms(ttfts).items() if k != "max"},

@@ -28,7 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _table(results: dict[str, dict], device: str) -> str:
-    head = f"{'policy':<14}{'TTFT p50':>10}{'TTFT p99':>10}{'ITL p50':>9}{'ITL p99':>9}{'ITL max':>9}{'baseline':>10}{'p99/base':>10}{'out tok/s':>11}"
+    head = (f"{'policy':<14}{'TTFT p50':>10}{'TTFT p99':>10}{'ITL p50':>9}{'ITL p99':>9}{'ITL max':>9}"
+            f"{'baseline':>10}{'p99/base':>10}{'out tok/s':>11}")
     lines = [f"pdtop bench on {device} (ms unless noted)", head]
     for policy, r in results.items():
         t, i, b = r["ttft_ms"], r["itl_ms"], r["itl_baseline_ms"]

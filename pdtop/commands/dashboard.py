@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-from pdtop.commands._common import INPUT_ERRORS, fail
+from pdtop.commands._common import DEVICE_HELP, INPUT_ERRORS, fail
 from pdtop.engine.scheduling.policies import DEFAULT_POLICY, POLICIES
 from pdtop.ui.cli_args import add_ui_arguments
 
@@ -39,9 +39,9 @@ START_TIMEOUT_S = 300.0  # loading a real model on a slow CPU can take a while
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("--device", metavar="DEV",
-                        help="cpu, cuda, or sim:GPU (H100, H200, A100, H20, custom:...); default: cuda if present, else cpu")
-    parser.add_argument("--model", metavar="PATH|synthetic:NAME", help="a GGUF file or synthetic:NAME (default SmolLM2-135M)")
+    parser.add_argument("--device", metavar="DEV", help=DEVICE_HELP)
+    parser.add_argument("--model", metavar="PATH|synthetic:NAME",
+                        help="a GGUF file or synthetic:NAME (default SmolLM2-135M)")
     parser.add_argument("--config", metavar="FILE", help="SGLang-compatible pdmux YAML")
     parser.add_argument("--policy", choices=POLICIES, help=f"scheduling policy (default {DEFAULT_POLICY})")
     parser.add_argument("--rate", type=float, metavar="REQ_PER_S", help="workload arrival rate (default 2)")
@@ -97,7 +97,8 @@ def start_server(args: argparse.Namespace, token: str, log: IO[str]) -> tuple[su
         except queue.Empty:
             if child.poll() is not None or time.monotonic() > deadline:
                 stop_server(child)
-                raise RuntimeError("the engine did not start" if child.returncode else "the engine timed out starting")
+                reason = "the engine did not start" if child.returncode else "the engine timed out starting"
+                raise RuntimeError(reason) from None
             continue
         if line.startswith(URL_PREFIX):
             return child, line[len(URL_PREFIX):].strip()

@@ -59,7 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--s-sat", default="44,66,88",
                         help="SM counts at which decode saturates bandwidth, one pdmux row each (default: 44,66,88)")
     parser.add_argument("--config", metavar="FILE",
-                        help="SGLang pdmux YAML (sm_group_num, manual_divisions, decode_bs_divisor) for the split choice")
+                        help="SGLang pdmux YAML (sm_group_num, manual_divisions, decode_bs_divisor) "
+                             "for the split choice")
     parser.add_argument("--json", action="store_true",
                         help='print {"rows": [{"name", "itl_ms", "prefill_ms", "tokens", ...}]} with unrounded values')
 

@@ -24,7 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("prompt", help="the text to complete")
     parser.add_argument("--chat", action="store_true", help="send PROMPT as a user message through the chat template")
-    parser.add_argument("--max-tokens", type=int, default=128, metavar="N", help="most tokens to generate (default 128)")
+    parser.add_argument("--max-tokens", type=int, default=128, metavar="N",
+                        help="most tokens to generate (default 128)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                         help="weights and activations (default float32)")
     parser.add_argument("--model", metavar="PATH|synthetic:NAME",

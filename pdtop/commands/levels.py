@@ -24,11 +24,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--sms", metavar="N", help="SM count of the GPU (with --cc)")
     parser.add_argument("--cc", metavar="X.Y", help="compute capability of the GPU, e.g. 9.0 (with --sms)")
-    parser.add_argument("--gpu", metavar="NAME", help="a known GPU (H100, H200, A100, H20) or custom:sms=..,cc=..,bw=..,flops=..")
+    parser.add_argument("--gpu", metavar="NAME",
+                        help="a known GPU (H100, H200, A100, H20) or custom:sms=..,cc=..,bw=..,flops=..")
     parser.add_argument("--device", metavar="DEV",
                         help="cpu (this machine's cores), cuda (the current GPU, needs torch with CUDA), or sim:NAME")
-    parser.add_argument("--sm-group-num", metavar="K", help="levels in all, including the two whole-device ones (default 8)")
-    parser.add_argument("--config", metavar="FILE", help="SGLang pdmux YAML (sm_group_num, manual_divisions, decode_bs_divisor)")
+    parser.add_argument("--sm-group-num", metavar="K",
+                        help="levels in all, including the two whole-device ones (default 8)")
+    parser.add_argument("--config", metavar="FILE",
+                        help="SGLang pdmux YAML (sm_group_num, manual_divisions, decode_bs_divisor)")
     parser.add_argument("--json", action="store_true", help="print the levels as one JSON object")
     parser.epilog = "With no device option, the levels of an H100 (132 SMs, 9.0) are shown."
 

@@ -38,8 +38,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _record(args: argparse.Namespace) -> int:
-    from pdtop.telemetry.sources.live import LiveSource
     from pdtop.telemetry.recording.recorder import Recorder, RecordingError
+    from pdtop.telemetry.sources.live import LiveSource
 
     source = LiveSource(args.url, token=args.token, readonly=True)
     recorder: Recorder | None = None

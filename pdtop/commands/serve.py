@@ -25,7 +25,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING
 
-from pdtop.commands._common import INPUT_ERRORS, fail
+from pdtop.commands._common import DEVICE_HELP, INPUT_ERRORS, fail
 from pdtop.engine.scheduling.policies import DEFAULT_POLICY, POLICIES
 
 if TYPE_CHECKING:
@@ -35,18 +35,20 @@ if TYPE_CHECKING:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("--device", default="auto", metavar="DEV",
-                        help="cpu, cuda, or sim:GPU (H100, H200, A100, H20, custom:...); default: cuda if present, else cpu")
+    parser.add_argument("--device", default="auto", metavar="DEV", help=DEVICE_HELP)
     parser.add_argument("--model", metavar="PATH|synthetic:NAME",
                         help="a GGUF file or a synthetic model (synthetic:qwen3-8b, synthetic:llama3.1-8b); "
                              "default: SmolLM2-135M (sim devices: synthetic:qwen3-8b)")
-    parser.add_argument("--config", metavar="FILE", help="SGLang-compatible pdmux YAML (sm_group_num, manual_divisions, ...)")
+    parser.add_argument("--config", metavar="FILE",
+                        help="SGLang-compatible pdmux YAML (sm_group_num, manual_divisions, ...)")
     parser.add_argument("--policy", default=DEFAULT_POLICY, choices=POLICIES,
                         help=f"scheduling policy (default {DEFAULT_POLICY})")
-    parser.add_argument("--rate", type=float, metavar="REQ_PER_S", help="Poisson arrival rate of the workload (default 2)")
+    parser.add_argument("--rate", type=float, metavar="REQ_PER_S",
+                        help="Poisson arrival rate of the workload (default 2)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others need --token)")
     parser.add_argument("--port", type=int, default=8765, help="port to bind (default 8765; 0 picks a free one)")
-    parser.add_argument("--record", metavar="FILE", help="also record every event to FILE (NDJSON; gzip if it ends in .gz)")
+    parser.add_argument("--record", metavar="FILE",
+                        help="also record every event to FILE (NDJSON; gzip if it ends in .gz)")
     parser.add_argument("--token", default=os.environ.get("PDTOP_TOKEN") or None,
                         help="secret a client needs to send control messages (default: $PDTOP_TOKEN; "
                         "the environment keeps it out of `ps`)")

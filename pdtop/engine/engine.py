@@ -9,7 +9,8 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from pdtop.engine.devices.base import Device
 from pdtop.engine.records import ConfigChange, RequestRecord, RoundRecord
@@ -140,7 +141,8 @@ class Engine:
             old = s.policy
             s.set_policy(policy)
             if old != policy:
-                self._emit(ConfigChange(self.device.now(), s.round_index, {"policy": {"old": old, "new": policy}}, client))
+                diff = {"policy": {"old": old, "new": policy}}
+                self._emit(ConfigChange(self.device.now(), s.round_index, diff, client))
         while self._pending:
             with self._lock:
                 change, client = self._pending.popleft()

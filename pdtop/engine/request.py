@@ -10,6 +10,7 @@ No torch here: the simulator runs without it.
 from __future__ import annotations
 
 import enum
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,5 +83,4 @@ class Request:
 
     @property
     def itls(self) -> list[float]:
-        t = self.token_times
-        return [b - a for a, b in zip(t, t[1:])]
+        return [b - a for a, b in itertools.pairwise(self.token_times)]

@@ -17,7 +17,8 @@ import dataclasses
 import math
 import types
 import typing
-from typing import Any, Callable, Union
+from collections.abc import Callable
+from typing import Any, Union
 
 from pdtop.telemetry.events import EVENT_CLASSES, PROTOCOL_VERSION, Event
 
@@ -148,7 +149,7 @@ def _tuple(items: list[Check]) -> Check:
     def check(v: Any) -> tuple[Any, ...]:
         if not isinstance(v, (list, tuple)) or len(v) != n:
             _fail(f"a list of {n}", v)
-        return tuple(_at(c, x, f"[{i}]") for i, (c, x) in enumerate(zip(items, v)))
+        return tuple(_at(c, x, f"[{i}]") for i, (c, x) in enumerate(zip(items, v, strict=True)))
 
     return check
 

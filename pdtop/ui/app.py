@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Iterable
 from functools import partial
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from textual import events
 from textual.app import App, ComposeResult, SystemCommand
@@ -265,7 +266,8 @@ class PdtopApp(App[None]):
             self.notify(f"{cmd.description}\n{field}{exc.reason}", title="refused", severity="error", timeout=8)
             return
         except Exception as exc:
-            self.notify(f"{cmd.description}\n{type(exc).__name__}: {exc}", title="not sent", severity="error", timeout=8)
+            self.notify(f"{cmd.description}\n{type(exc).__name__}: {exc}", title="not sent", severity="error",
+                        timeout=8)
             return
         if msg["cmd"] == "record_start":
             self.state.recording = reply.path or msg["path"]

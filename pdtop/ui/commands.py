@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from pdtop.engine.scheduling.policies import POLICIES
 from pdtop.engine.scheduling.workload import LONG_PROMPT_TOKENS
@@ -68,6 +69,9 @@ def parse_float(text: str, low: float = 0.0) -> float:
     return value
 
 
+_DIVISION_SHAPE = "each division is three whole numbers: prefill units, decode units, decode batch threshold"
+
+
 def parse_divisions(text: str) -> list[list[int]]:
     """`[[112, 20, 1], [104, 28, 12]]` (JSON) or `112 20 1; 104 28 12`; empty clears them."""
     text = text.strip()
@@ -83,9 +87,9 @@ def parse_divisions(text: str) -> list[list[int]]:
     try:
         out = [[int(x) for x in row] for row in rows]
     except (TypeError, ValueError):
-        raise ValueError("each division is three whole numbers: prefill units, decode units, decode batch threshold") from None
+        raise ValueError(_DIVISION_SHAPE) from None
     if any(len(row) != 3 for row in out):
-        raise ValueError("each division is three whole numbers: prefill units, decode units, decode batch threshold")
+        raise ValueError(_DIVISION_SHAPE)
     return out
 
 
@@ -160,11 +164,14 @@ def _config_default(key: str, fallback: str = "") -> Callable[[DashboardState], 
 
 COMMANDS: list[Command] = [
     # live: the engine's split
-    Command("level_up", "plus", "level up", "level up: more units to decode (pins)", _level_step(+1), True, key_display="+"),
-    Command("level_down", "minus", "level down", "level down: more units to prefill (pins)", _level_step(-1), True, key_display="-"),
+    Command("level_up", "plus", "level up", "level up: more units to decode (pins)", _level_step(+1), True,
+            key_display="+"),
+    Command("level_down", "minus", "level down", "level down: more units to prefill (pins)", _level_step(-1), True,
+            key_display="-"),
     Command("auto_level", "a", "auto", "automatic level choice", lambda s, v: {"cmd": "auto_level"}, True),
     Command("decode_bs_divisor", "d", "divisor", "set decode_bs_divisor", _set("decode_bs_divisor"), True,
-            arg=Arg("decode_bs_divisor (decode requests per level step)", parse_int, _config_default("decode_bs_divisor"))),
+            arg=Arg("decode_bs_divisor (decode requests per level step)", parse_int,
+                    _config_default("decode_bs_divisor"))),
     Command("manual_divisions", "m", "divisions", "edit manual_divisions", _set("manual_divisions"), True,
             arg=Arg("manual_divisions: [[prefill, decode, decode_bs_threshold], ...] or `p d t; p d t` (empty: none)",
                     parse_divisions, _config_default("manual_divisions", "[]")), footer=False),
@@ -172,26 +179,34 @@ COMMANDS: list[Command] = [
             arg=Arg("split_forward_token_budget (tokens x layers per prefill round)", parse_int,
                     _config_default("split_forward_token_budget")), footer=False),
     Command("chunk_size", "c", "chunk", "set chunk size (chunked policy)", _set("chunk_size"), True,
-            arg=Arg("chunk_size (prompt tokens per chunked step)", parse_int, _config_default("chunk_size")), footer=False),
+            arg=Arg("chunk_size (prompt tokens per chunked step)", parse_int, _config_default("chunk_size")),
+            footer=False),
     Command("policy", "p", "policy", "set policy", _set("policy"), True,
             arg=Arg(f"policy ({' | '.join(POLICIES)})", parse_policy, _config_default("policy", "pdmux"))),
     # live: the workload
     Command("inject", "i", "inject", "inject a long prompt", lambda s, v: {"cmd": "inject", "prompt_tokens": v}, True,
             arg=Arg("prompt tokens of the injected request", parse_int, lambda s: str(LONG_PROMPT_TOKENS))),
     Command("workload_rate", "r", "rate", "set workload rate (requests/s)", _set("workload_rate"), True,
-            arg=Arg("workload_rate (requests per second)", parse_float, _config_default("workload_rate")), footer=False),
+            arg=Arg("workload_rate (requests per second)", parse_float, _config_default("workload_rate")),
+            footer=False),
     Command("workload_toggle", "w", "workload", "pause / resume the workload", _workload_toggle, True),
     Command("record", "R", "record", "start / stop recording (on the server)", _record_toggle, True,
             arg=None, key_display="R"),
     # replay transport
-    Command("play_pause", "space", "play/pause", "play / pause", mode="replay", action="replay_toggle", key_display="space"),
-    Command("step", "full_stop", "step", "step one round (paused)", mode="replay", action="replay_step", key_display="."),
-    Command("seek_back", "left", "-5s", "seek back 5 s", mode="replay", action="replay_seek_relative(-5)", key_display="←"),
-    Command("seek_forward", "right", "+5s", "seek forward 5 s", mode="replay", action="replay_seek_relative(5)", key_display="→"),
+    Command("play_pause", "space", "play/pause", "play / pause", mode="replay", action="replay_toggle",
+            key_display="space"),
+    Command("step", "full_stop", "step", "step one round (paused)", mode="replay", action="replay_step",
+            key_display="."),
+    Command("seek_back", "left", "-5s", "seek back 5 s", mode="replay", action="replay_seek_relative(-5)",
+            key_display="←"),
+    Command("seek_forward", "right", "+5s", "seek forward 5 s", mode="replay", action="replay_seek_relative(5)",
+            key_display="→"),
     Command("seek_to", "g", "go to", "go to a time", mode="replay", action="replay_seek",
             arg=Arg("go to (seconds or m:ss)", parse_seconds, lambda s: "0"), footer=False),
-    Command("slower", "less_than_sign", "slower", "slower (down to 0.25x)", mode="replay", action="replay_speed(-1)", key_display="<"),
-    Command("faster", "greater_than_sign", "faster", "faster (up to 16x)", mode="replay", action="replay_speed(1)", key_display=">"),
+    Command("slower", "less_than_sign", "slower", "slower (down to 0.25x)", mode="replay", action="replay_speed(-1)",
+            key_display="<"),
+    Command("faster", "greater_than_sign", "faster", "faster (up to 16x)", mode="replay", action="replay_speed(1)",
+            key_display=">"),
     # both
     Command("itl_slo", "s", "SLO", "set the ITL SLO line (ms)", mode="any", action="set_slo",
             arg=Arg("ITL SLO in ms (empty or 0: none)", parse_slo_ms,

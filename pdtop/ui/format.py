@@ -24,7 +24,7 @@ def duration(seconds: float | None) -> str:
         return ms(seconds)
     if seconds < 60:
         return f"{seconds:.1f} s"
-    minutes, sec = divmod(int(round(seconds)), 60)
+    minutes, sec = divmod(round(seconds), 60)
     return f"{minutes}m{sec:02d}s"
 
 

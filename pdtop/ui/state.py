@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from pdtop.engine.records import PrefillProgress, RequestRecord, RoundRecord
 from pdtop.telemetry.decode import EventError, UnknownEventType, decode_event
@@ -42,7 +43,7 @@ class EngineInfo:
     peak_bytes_per_s: float | None = None
 
     @classmethod
-    def from_hello(cls, hello: Hello) -> "EngineInfo":
+    def from_hello(cls, hello: Hello) -> EngineInfo:
         e = hello.engine
         return cls(model=e.model, device=e.device.name, unit_name=e.unit_name, units=e.units,
                    peak_bytes_per_s=e.device.peak_bw)

@@ -6,7 +6,7 @@ Percentiles are numpy's default (linear interpolation), the definition
 """
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 

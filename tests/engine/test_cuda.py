@@ -9,11 +9,16 @@ import pytest
 import torch
 
 from pdtop.engine.devices.base import Work
-from pdtop.engine.errors import DeviceError
 from pdtop.engine.devices.cuda import CudaDevice, cuda_unavailable_reason
 from pdtop.engine.devices.green_ctx import (
-    GreenContexts, call, check_driver_versions, load_driver, round_sms, sm_granularity,
+    GreenContexts,
+    call,
+    check_driver_versions,
+    load_driver,
+    round_sms,
+    sm_granularity,
 )
+from pdtop.engine.errors import DeviceError
 
 HAS_CUDA_PYTHON = importlib.util.find_spec("cuda") is not None and (
     importlib.util.find_spec("cuda.bindings") is not None or importlib.util.find_spec("cuda.cuda") is not None)
@@ -129,7 +134,7 @@ def test_every_level_gets_its_sms(device):
 
     assert cuda_device_info()["sms"] == device.units
     assert device.groups[0] == (device.units, 0) and device.groups[-1] == (0, device.units)
-    for (p, d), (rp, rd) in zip(device.groups, device.realized):
+    for (p, d), (rp, rd) in zip(device.groups, device.realized, strict=True):
         assert rp >= p and rd >= d and rp + rd <= device.units
         if p and d:
             assert p % sm_granularity(device.cc_major) == 0
@@ -224,5 +229,5 @@ def test_gpu_check_smoke_runs_without_packages_the_gpu_machine_lacks(tmp_path):
 def test_device_info_says_what_is_missing():
     from pdtop.engine.devices.cuda import cuda_device_info
 
-    with pytest.raises(DeviceError, match="^cuda device unavailable: "):
+    with pytest.raises(DeviceError, match=r"^cuda device unavailable: "):
         cuda_device_info()

@@ -7,13 +7,20 @@ from pathlib import Path
 
 import pytest
 
-from pdtop.engine.model.config import synthetic_config
-from pdtop.engine.roofline.cost import (
-    chunk_step_time, decode_bytes, decode_flops, decode_time, prefill_bytes, prefill_flops, prefill_head_flops,
-    prefill_layer_flops, prefill_time,
-)
 from pdtop.analysis.estimate import estimate, text_cells
 from pdtop.engine.errors import DeviceError
+from pdtop.engine.model.config import synthetic_config
+from pdtop.engine.roofline.cost import (
+    chunk_step_time,
+    decode_bytes,
+    decode_flops,
+    decode_time,
+    prefill_bytes,
+    prefill_flops,
+    prefill_head_flops,
+    prefill_layer_flops,
+    prefill_time,
+)
 from pdtop.engine.roofline.gpu_specs import SPECS, parse_gpu
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
 

@@ -51,7 +51,7 @@ def test_default_model_config(gguf_path):
 @pytest.mark.parametrize("kind", ["F32", "F16", "BF16", "Q8_0", "Q5_1", "Q5_0", "Q4_1", "Q4_0"])
 def test_quantized_weights_keep_their_values_and_llama_qk_stays_as_stored(tmp_path, kind):
     path = tmp_path / f"tiny-{kind}.gguf"
-    w = write_tiny(path, TINY["llama"], types={n: kind for n in MATRICES})
+    w = write_tiny(path, TINY["llama"], types=dict.fromkeys(MATRICES, kind))
     loaded = load_gguf(path)
     assert loaded.config.num_layers == TINY["llama"].layers and loaded.config.tie_embeddings
     # quantization error bound per type (the weights have std 0.05, |w| < 0.3); Q and K are compared

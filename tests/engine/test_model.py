@@ -2,13 +2,15 @@
 synthetic models."""
 from __future__ import annotations
 
+import itertools
+
 import psutil
 import pytest
 import torch
 
 from pdtop.engine.errors import EngineError
-from pdtop.engine.model.loader import load_model
 from pdtop.engine.model.llama import ForwardBatch, Segment, synthetic_model
+from pdtop.engine.model.loader import load_model
 from pdtop.engine.request import Request, SamplingParams
 from pdtop.engine.runtime.runner import ModelRunner
 from pdtop.engine.scheduling.scheduler import append_token, generate
@@ -46,7 +48,7 @@ def test_layer_ranges_compose(model_fp32, tokenizer):
                              segments=[Segment(offset=0, length=len(ids), prefix=0)])
         with torch.inference_mode():
             h = model_fp32.embed(torch.tensor(ids))
-            for a, b in zip([0] + cuts, cuts + [L]):
+            for a, b in itertools.pairwise([0, *cuts, L]):
                 h = model_fp32.forward_layers(h, batch, a, b)
             return model_fp32.logits(h[-1:])
 
@@ -87,7 +89,7 @@ def test_synthetic_qwen3_8b_two_layers_on_cpu():
         r.admit(s)
 
     def take(tokens: list[int]) -> None:
-        for s, t in zip(seqs, tokens):
+        for s, t in zip(seqs, tokens, strict=True):
             append_token(s, t, 0.0, cfg.eos_ids)
 
     state = r.prefill_begin(seqs)

@@ -83,7 +83,7 @@ def byte_level_tokenizer(tmp_path, vocab, pre: str | None) -> Tokenizer:
     return Tokenizer.from_gguf(path)
 
 
-@pytest.mark.parametrize("pre", sorted({spec: name for name, spec in PRE_TOKENIZERS.items()}.values()) + [None])
+@pytest.mark.parametrize("pre", [*sorted({spec: name for name, spec in PRE_TOKENIZERS.items()}.values()), None])
 def test_byte_level_round_trip_under_every_pre_tokenizer(tmp_path, byte_level_vocab, pre):
     tok = byte_level_tokenizer(tmp_path, byte_level_vocab, pre)
     for text in TEXTS:
@@ -254,7 +254,7 @@ def test_sentencepiece_specials_and_space_prefix(tmp_path, spm_vocab):
     tokens, _, scores = spm_vocab
     tok = spm_tokenizer(tmp_path, spm_vocab)
     # llama.cpp puts a space before the text after each special token too
-    assert tok.encode("<s>Hello world</s>") == [1] + llama_cpp_spm(escaped("Hello world"), tokens, scores) + [2]
+    assert tok.encode("<s>Hello world</s>") == [1, *llama_cpp_spm(escaped("Hello world"), tokens, scores), 2]
     assert tok.apply_chat_template([{"role": "user", "content": "hi"}]) == "<|im_start|>user\nhi<|im_end|>\n"
     no_prefix = spm_tokenizer(tmp_path, spm_vocab, add_space_prefix=False)
     assert no_prefix.encode("Hello world") == llama_cpp_spm(escaped("Hello world", prefix=False), tokens, scores)
@@ -279,10 +279,10 @@ def test_unsupported_tokenizer_model_and_missing_data(tmp_path, spm_vocab):
     with pytest.raises(UnsupportedModelError, match=r"bert\.gguf: unsupported tokenizer model 'bert' \(supported: "):
         Tokenizer.from_gguf(tmp_path / "bert.gguf")
     write_vocab(tmp_path / "noscores.gguf", "llama", tokens, types)
-    with pytest.raises(ModelFileError, match="tokenizer.ggml.scores"):
+    with pytest.raises(ModelFileError, match=r"tokenizer\.ggml\.scores"):
         Tokenizer.from_gguf(tmp_path / "noscores.gguf")
     write_vocab(tmp_path / "nomerges.gguf", "gpt2", tokens, types, pre="gpt-2")
-    with pytest.raises(ModelFileError, match="no tokenizer.ggml.merges"):
+    with pytest.raises(ModelFileError, match=r"no tokenizer\.ggml\.merges"):
         Tokenizer.from_gguf(tmp_path / "nomerges.gguf")
 
 

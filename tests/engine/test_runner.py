@@ -43,7 +43,7 @@ def admit(r, prompt: list[int], p: SamplingParams | None = None) -> Request:
 
 def take(r, reqs: list[Request], tokens: list[int]) -> None:
     """What the scheduler does with sampled tokens: append each, free the requests that finished."""
-    for req, tok in zip(reqs, tokens):
+    for req, tok in zip(reqs, tokens, strict=True):
         if append_token(req, tok, 0.0, r.config.eos_ids):
             r.free(req)
 
@@ -308,7 +308,7 @@ def test_prefill_on_one_thread_while_decode_runs_on_another(runner, prompts, alo
 
 
 def test_seeded_sampling_does_not_depend_on_batching(runner, prompts):
-    p = dict(temperature=0.9, top_p=0.95, seed=1234)
+    p = {"temperature": 0.9, "top_p": 0.95, "seed": 1234}
     r = runner()
     lone = admit(r, prompts[1], params(12, **p))
     take(r, [lone], r.prefill([lone]))
@@ -319,7 +319,7 @@ def test_seeded_sampling_does_not_depend_on_batching(runner, prompts):
     take(r, others[:2], r.decode(others[:2]))
     batch = [others[2], again, others[3]]
     take(r, batch, r.prefill(batch))
-    finish(r, others + [again])
+    finish(r, [*others, again])
     assert again.output_ids == lone.output_ids
     seeds = {tuple(s.output_ids) for s in others}
     assert len(seeds) > 1

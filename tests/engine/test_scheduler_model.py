@@ -1,10 +1,9 @@
 """The scheduler with the real model on the CPU device: policies change timing, never tokens."""
 from __future__ import annotations
 
-
 from pdtop.engine.build import build_engine
-from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
 from pdtop.engine.records import RoundRecord
+from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
 from pdtop.engine.scheduling.splits import prefill_layers_per_step
 
 PROMPTS = [
@@ -20,7 +19,7 @@ def _run(model, tokenizer, policy: str, config: PdmuxConfig) -> tuple[list[list[
     engine.add_sink(lambda r: rounds.append(r) if isinstance(r, RoundRecord) else None)
     try:
         reqs = []
-        for i, (text, n) in enumerate(PROMPTS):
+        for text, n in PROMPTS:
             ids = tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": text}]))
             reqs.append(engine.submit(ids, n))
             engine.step()  # later requests arrive while earlier ones decode
@@ -45,7 +44,8 @@ def test_same_greedy_tokens_under_every_policy(model_fp32, tokenizer):
     split = [r for r in outs["pdmux"][1] if r.prefills and long_id in r.prefills[0].request_ids]
     assert split
     tokens = split[0].prefills[0].tokens
-    assert tokens >= 700 and {r.prefills[0].layers_per_round for r in split} == {prefill_layers_per_step(tokens, 30, 2048)}
+    assert tokens >= 700
+    assert {r.prefills[0].layers_per_round for r in split} == {prefill_layers_per_step(tokens, 30, 2048)}
     assert any(r.decode_bs > 0 and 0 < r.prefills[0].layers_done < 30 for r in split)
     assert any(r.prefill_units and r.decode_units for r in split)  # both sides had cores
     chunked = [r for r in outs["chunked"][1] if r.prefills and long_id in r.prefills[0].request_ids]

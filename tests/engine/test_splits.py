@@ -4,7 +4,13 @@ import pytest
 from pdtop.engine.errors import ConfigError, DeviceError
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
 from pdtop.engine.scheduling.splits import (
-    SplitTable, choose, choose_manual, cpu_groups, divide_sm, manual_groups, prefill_layers_per_step,
+    SplitTable,
+    choose,
+    choose_manual,
+    cpu_groups,
+    divide_sm,
+    manual_groups,
+    prefill_layers_per_step,
     stream_groups,
 )
 
@@ -195,8 +201,9 @@ def test_levels_command_json_and_text():
         assert json.loads(cpu.stdout)["groups"] == [list(g) for g in cpu_groups(cores)]
 
 
-@pytest.mark.parametrize("args", [["--sms", "132"], ["--sms", "132", "--cc", "5.0"], ["--gpu", "H100", "--device", "cpu"],
-                                  ["--sm-group-num", "2"], ["--config", "/nonexistent/pdmux.yaml"]])
+@pytest.mark.parametrize("args", [["--sms", "132"], ["--sms", "132", "--cc", "5.0"],
+                                  ["--gpu", "H100", "--device", "cpu"], ["--sm-group-num", "2"],
+                                  ["--config", "/nonexistent/pdmux.yaml"]])
 def test_levels_command_bad_input(args):
     out = run_levels(*args)
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1

@@ -1,19 +1,20 @@
 """The workload generator: seeded Poisson arrivals, length ranges, injection, pause, real text."""
 from __future__ import annotations
 
+import itertools
 import statistics
 
 from pdtop.engine.scheduling.workload import PromptMaker, Workload, WorkloadSpec, corpus_text
 
 
 def test_arrivals_are_seeded_poisson_within_the_ranges():
-    spec = dict(rate=50.0, prompt_tokens=(10, 20), output_tokens=(3, 5))
+    spec = {"rate": 50.0, "prompt_tokens": (10, 20), "output_tokens": (3, 5)}
     a = Workload(WorkloadSpec(seed=3, **spec)).due(100.0)
     b = Workload(WorkloadSpec(seed=3, **spec)).due(100.0)
     c = Workload(WorkloadSpec(seed=4, **spec)).due(100.0)
     assert a == b and a != c
     assert 4500 < len(a) < 5500  # 50/s for 100 s
-    gaps = [y.time - x.time for x, y in zip(a, a[1:])]
+    gaps = [y.time - x.time for x, y in itertools.pairwise(a)]
     assert abs(statistics.mean(gaps) - 0.02) < 0.002 and abs(statistics.stdev(gaps) - 0.02) < 0.003  # exponential
     assert all(10 <= r.prompt_tokens <= 20 and 3 <= r.max_tokens <= 5 for r in a)
     assert [r.time for r in a] == sorted(r.time for r in a)

@@ -6,14 +6,24 @@ import dataclasses
 import json
 
 import pytest
-
 from conftest import make_engine
+
 from pdtop.engine.records import ConfigChange, RequestRecord, RoundRecord
 from pdtop.telemetry import encode
 from pdtop.telemetry.decode import EventError, UnknownEventType, decode_event
 from pdtop.telemetry.events import (
-    Batch, ConfigEvent, DeviceDescription, Dropped, EngineConfig, EngineDescription, ErrorNotice, Hello, Hw, Reply,
-    ReplyError, Seek,
+    Batch,
+    ConfigEvent,
+    DeviceDescription,
+    Dropped,
+    EngineConfig,
+    EngineDescription,
+    ErrorNotice,
+    Hello,
+    Hw,
+    Reply,
+    ReplyError,
+    Seek,
 )
 from pdtop.telemetry.hardware.hw import HwSampler
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
 from conftest import Pump, steps
+
 from pdtop.telemetry.decode import decode_event
 from pdtop.telemetry.events import Reply
-from pdtop.telemetry.sources.live import LiveSource
 from pdtop.telemetry.server.server import TelemetryServer
+from pdtop.telemetry.sources.live import LiveSource
 from pdtop.telemetry.sources.source import ControlRefused, Source
 
 

@@ -5,8 +5,8 @@ import gzip
 import json
 
 import pytest
-
 from conftest import hello_event
+
 from pdtop.telemetry.recording.reader import read_recording
 from pdtop.telemetry.recording.recorder import Recorder, RecordingError
 

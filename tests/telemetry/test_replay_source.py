@@ -1,10 +1,9 @@
 """ReplaySource: same events as recorded, pause / step / seek / speed, read-only."""
 from __future__ import annotations
 
-
 import pytest
-
 from conftest import Pump, config_event, hello_event
+
 from pdtop.telemetry.recording.recorder import Recorder
 from pdtop.telemetry.sources.replay import ReplaySource
 from pdtop.telemetry.sources.source import ControlRefused
@@ -121,7 +120,7 @@ def test_speed_scales_the_clock_and_is_bounded(recording):
     now[0] += 1
     assert src.position == pytest.approx(1.75)
     for bad in (0.1, 17, 0):
-        with pytest.raises(ValueError, match="between 0.25 and 16"):
+        with pytest.raises(ValueError, match=r"between 0\.25 and 16"):
             src.speed = bad
     assert src.speed == 0.25
 

@@ -9,12 +9,12 @@ import sys
 import time
 
 import pytest
-
 from conftest import Pump
+
 from pdtop.cli import main
-from pdtop.telemetry.sources.live import LiveSource
 from pdtop.telemetry.recording.reader import read_recording
 from pdtop.telemetry.recording.recorder import RecordingError
+from pdtop.telemetry.sources.live import LiveSource
 from pdtop.telemetry.sources.replay import ReplaySource
 
 PDTOP = [sys.executable, "-m", "pdtop"]

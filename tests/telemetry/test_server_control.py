@@ -6,8 +6,8 @@ import json
 import random
 
 import pytest
-
 from conftest import Raw, steps
+
 from pdtop.telemetry.recording.reader import read_recording
 from pdtop.telemetry.server.server import TelemetryServer
 

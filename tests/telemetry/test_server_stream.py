@@ -7,9 +7,9 @@ import importlib.util
 import socket
 
 import pytest
+from conftest import Raw, steps
 from websockets.asyncio.client import connect
 
-from conftest import Raw, steps
 from pdtop.telemetry.server.server import TelemetryServer
 
 
@@ -65,7 +65,7 @@ async def test_a_client_that_never_reads_does_not_hold_back_the_others(engine, q
         for _ in range(20):  # bursts the reader can keep up with; the stalled client cannot
             await steps(engine, 50)
             rounds += 50
-            await reader.wait(lambda c: len(c.of("round")) >= rounds)
+            await reader.wait(lambda c, n=rounds: len(c.of("round")) >= n)
         # the reader saw every round, in order, and lost nothing
         assert [e["index"] for e in reader.of("round")] == list(range(rounds))
         assert not reader.of("dropped")

@@ -10,9 +10,10 @@ import asyncio
 import copy
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -60,7 +61,7 @@ class EngineServer:
             self._call(self.server.stop())  # also detaches it from the engine
             self.server = None
 
-    def start(self) -> "EngineServer":
+    def start(self) -> EngineServer:
         self.start_server(0)
         if not self.manual:
             self._engine_thread = threading.Thread(target=self.engine.run, args=(self._stop,), name="test-engine",

@@ -79,7 +79,7 @@ async def test_engine_refusal_is_shown(served, until):
         assert app.screen.query_one(Input).value == "bogus"
         await pilot.press("enter")
         await until(pilot, lambda: any(sev == "error" for sev, _t, _m in app.notices), "an error notification")
-        severity, title, message = [n for n in app.notices if n[0] == "error"][-1]
+        _, title, message = [n for n in app.notices if n[0] == "error"][-1]
         assert "policy" in message and title == "refused"
         assert served.engine.config_dict()["policy"] == "pdmux"
 

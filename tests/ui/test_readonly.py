@@ -16,7 +16,10 @@ def _footer_actions(app) -> set[str]:
 
 @pytest.mark.parametrize("how", ["readonly-flag", "no-token"])
 async def test_readonly_hides_and_refuses_every_control(served, how, until):
-    source = LiveSource(served.url, token=served.token, readonly=True) if how == "readonly-flag" else LiveSource(served.url)
+    if how == "readonly-flag":
+        source = LiveSource(served.url, token=served.token, readonly=True)
+    else:
+        source = LiveSource(served.url)
     before = served.engine.config_dict()
     app = PdtopApp(source)
     async with app.run_test(size=(130, 40)) as pilot:

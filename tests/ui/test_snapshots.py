@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 
-
 from pdtop.telemetry.sources.live import LiveSource
 from pdtop.telemetry.sources.replay import ReplaySource
 from pdtop.ui.app import PdtopApp
@@ -31,7 +30,7 @@ def test_live_main_screen(snap_compare, stepped, until):
             for _ in range(100 if batch < 30 else 10):
                 engine.step()
             target = engine.scheduler.round_index
-            await until(pilot, lambda: app.state.round_index >= target - 1, f"round {target}")
+            await until(pilot, lambda target=target: app.state.round_index >= target - 1, f"round {target}")
         assert app.state.dropped == 0 and app.state.prefills
         await asyncio.sleep(0)
         app.repaint()
@@ -50,7 +49,7 @@ def test_replay_paused(snap_compare, recording, until):
         await until(pilot, lambda: src.position == 2.0 and app.state.rounds_seen == 0, "the seek")
         for n in range(1, 1801):
             src.step()
-            await until(pilot, lambda: app.state.rounds_seen >= n, f"step {n}", poll=0)
+            await until(pilot, lambda n=n: app.state.rounds_seen >= n, f"step {n}", poll=0)
         await pilot.press("full_stop")  # and one more by key
         await until(pilot, lambda: app.state.rounds_seen == 1801, "the keyed step")
         app.repaint()

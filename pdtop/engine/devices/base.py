@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 
 @dataclass
@@ -65,8 +66,9 @@ class Device(ABC):
     def describe(self) -> dict:
         return {"name": self.name, "kind": self.kind, "unit_name": self.unit_name, "units": self.units}
 
+    @abstractmethod
     def close(self) -> None:
-        pass
+        """Release the threads, streams or contexts the device holds."""
 
     @property
     def split(self) -> tuple[int, int]:

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from pdtop.engine.devices.base import Device, Work
-from pdtop.engine.errors import DeviceError
 from pdtop.engine.devices.green_ctx import INSTALL_HINT, GreenContexts, GreenPair
+from pdtop.engine.errors import DeviceError
 
 
 def cuda_unavailable_reason(index: int = 0) -> str | None:
@@ -36,7 +36,7 @@ def cuda_unavailable_reason(index: int = 0) -> str | None:
     try:
         import torch
     except ImportError:
-        return "; ".join(missing + ["torch is not installed"])
+        return "; ".join([*missing, "torch is not installed"])
     if torch.version.cuda is None:
         missing.append(f"torch {torch.__version__} is a CPU-only build (install a CUDA build of torch)")
     elif not torch.cuda.is_available():

@@ -32,8 +32,8 @@ class SimDevice(Device):
 
     def describe(self) -> dict:
         s = self.spec
-        return {**super().describe(), "cc": f"{s.cc_major}.{s.cc_minor}", "peak_bw": s.mem_bw, "peak_flops": s.peak_flops,
-                "s_sat": s.s_sat}
+        return {**super().describe(), "cc": f"{s.cc_major}.{s.cc_minor}", "peak_bw": s.mem_bw,
+                "peak_flops": s.peak_flops, "s_sat": s.s_sat}
 
     def now(self) -> float:
         return self.clock
@@ -80,3 +80,6 @@ class SimDevice(Device):
         else:  # the seed's chunked step: compute of everything at full SMs, or its bytes if longer
             self.clock += self.prefill_seconds(work, self.units)
         return work.run()
+
+    def close(self) -> None:
+        """Nothing to release: no threads, no kernels."""

@@ -80,6 +80,7 @@ def synthetic_config(name: str) -> ModelConfig:
     """`qwen3-8b` or `synthetic:qwen3-8b` -> its config; unknown names list the known ones."""
     key = name.removeprefix("synthetic:")
     if key not in SYNTHETIC:
-        raise UnsupportedModelError(f"unknown synthetic model {name!r}; known: {', '.join('synthetic:' + k for k in SYNTHETIC)}")
+        known = ", ".join("synthetic:" + k for k in SYNTHETIC)
+        raise UnsupportedModelError(f"unknown synthetic model {name!r}; known: {known}")
     return SYNTHETIC[key]
 

@@ -58,7 +58,7 @@ class DecodeGroup:
 @dataclass
 class ForwardBatch:
     """What one forward pass needs besides the hidden states (built by `ModelRunner`)."""
-    kv: "KVCache"
+    kv: KVCache
     positions: torch.Tensor           # [T] long
     slots: torch.Tensor               # [T] long: KV slot each token's K/V is written to
     num_decode: int = 0               # the first rows are single-token decode rows
@@ -66,7 +66,7 @@ class ForwardBatch:
     segments: list[Segment] = field(default_factory=list)
     _rope: torch.Tensor | None = None
 
-    def rope(self, model: "LlamaModel") -> torch.Tensor:
+    def rope(self, model: LlamaModel) -> torch.Tensor:
         """Rotations `[T, 1, head_dim/2]` (complex64), computed once per batch and shared by every layer."""
         if self._rope is None:
             freqs = self.positions.to(torch.float32)[:, None] * model.inv_freq[None, :]

@@ -87,7 +87,8 @@ def _config(f: GGUFFile) -> ModelConfig:
         raise ModelFileError(f"{path}: {heads} attention heads do not group over {kv_heads} KV heads")
     rope_dims = f.get(f"{arch}.rope.dimension_count", head_dim)
     if rope_dims != head_dim:
-        raise UnsupportedModelError(f"{path}: partial rotary embedding ({rope_dims} of {head_dim} dims) is not supported")
+        raise UnsupportedModelError(f"{path}: partial rotary embedding ({rope_dims} of {head_dim} dims) "
+                                    "is not supported")
     if f.get(f"{arch}.expert_count", 0):
         raise UnsupportedModelError(f"{path}: mixture-of-experts models are not supported")
     scaling = _rope_scaling(f, arch)

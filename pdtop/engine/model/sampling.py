@@ -50,7 +50,7 @@ def greedy_tokens(logits: torch.Tensor, chunk: int = 128) -> torch.Tensor:
 def sample(logits: torch.Tensor, params: list[SamplingParams], gens: list[torch.Generator | None]) -> list[int]:
     """One token per row of `[n, vocab]` logits; greedy rows in one argmax."""
     out = greedy_tokens(logits).tolist()
-    for i, (p, g) in enumerate(zip(params, gens)):
+    for i, (p, g) in enumerate(zip(params, gens, strict=True)):
         if not p.greedy:
             out[i] = sample_one(logits[i], p, g)
     return out

@@ -210,7 +210,7 @@ def sentencepiece_bpe(path: str, meta: dict[str, Any], tokens: list[str], types:
     escape = normalizers.Replace(" ", SPACE)
     hf.normalizer = normalizers.Sequence([normalizers.Prepend(SPACE), escape]) if prefix else escape
     steps = [decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
-    hf.decoder = decoders.Sequence(steps + [decoders.Strip(" ", 1, 0)] if prefix else steps)
+    hf.decoder = decoders.Sequence([*steps, decoders.Strip(" ", 1, 0)] if prefix else steps)
     return hf
 
 

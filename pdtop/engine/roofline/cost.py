@@ -8,7 +8,7 @@ exactly to the whole.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from pdtop.engine.model.config import ModelConfig
 from pdtop.engine.roofline.gpu_specs import GpuSpec
@@ -50,7 +50,8 @@ def prefill_flops(cfg: ModelConfig, tokens: int, start: int = 0) -> float:
 
 
 def prefill_bytes(cfg: ModelConfig, tokens: int, layers: int, dtype_bytes: int = 2, head: bool = False) -> float:
-    """Bytes a prefill of `layers` layers moves: their weights plus the KV it writes (plus the LM head's weights if `head`)."""
+    """Bytes a prefill of `layers` layers moves: their weights plus the KV it writes (plus the LM head's
+    weights if `head`)."""
     weights = layers * cfg.linear_params_per_layer + (cfg.hidden * cfg.vocab if head else 0)
     kv = tokens * layers * 2 * cfg.num_kv_heads * cfg.head_dim
     return float(dtype_bytes * (weights + kv))

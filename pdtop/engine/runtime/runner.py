@@ -193,7 +193,7 @@ class ModelRunner:
         lens = [p + 1 for p in pos]
         tables = [r.table for r in reqs]
         bs = self.kv.block_size
-        slots = np.array([t.blocks[p // bs] * bs + p % bs for t, p in zip(tables, pos)], dtype=np.int64)
+        slots = np.array([t.blocks[p // bs] * bs + p % bs for t, p in zip(tables, pos, strict=True)], dtype=np.int64)
         groups = length_groups(lens)
         if len(groups) == 1:  # the usual case: every row, in batch order
             idx, L, mask = self._gather(tables, lens)

@@ -14,7 +14,6 @@ from typing import Any
 
 from pdtop.engine.errors import ConfigError
 
-
 INT_MAX = 2**31 - 1
 
 

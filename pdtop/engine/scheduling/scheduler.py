@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from pdtop.engine.devices.base import Device
 from pdtop.engine.errors import EngineError, KVCapacityError
@@ -168,7 +169,7 @@ class Scheduler:
 
     def _join_decode(self, reqs: list[Request], tokens: list[int], stats: RoundStats) -> None:
         now = self.device.now()
-        for req, tok in zip(reqs, tokens):
+        for req, tok in zip(reqs, tokens, strict=True):
             self._emit(req, tok, now, stats)
             if not req.finished:
                 self.running.append(req)
@@ -182,7 +183,7 @@ class Scheduler:
         stats.decode_s, stats.decode_bs = now - t0, len(batch)
         stats.flops += work.flops
         stats.bytes += work.bytes
-        for req, tok in zip(batch, tokens):
+        for req, tok in zip(batch, tokens, strict=True):
             self._emit(req, tok, now, stats)
         self.running = [r for r in self.running if not r.finished]
 
@@ -262,7 +263,7 @@ class Scheduler:
         stats.bytes += work.bytes
         if batch:
             stats.decode_s, stats.decode_bs = now - t0, len(batch)
-        for r, tok in zip(batch, tokens):
+        for r, tok in zip(batch, tokens, strict=True):
             self._emit(r, tok, now, stats)
         self.running = [r for r in self.running if not r.finished]
         if req is not None and first is not None:  # this chunk ended req's prompt

@@ -8,8 +8,9 @@ for decode. The CPU device reuses the rules with cores as units (`cpu_groups`).
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 from pdtop.engine.errors import ConfigError, DeviceError
 from pdtop.engine.roofline.partition import MIN_DECODE_SMS, arch_constraints
@@ -46,7 +47,7 @@ def divide_sm(total_sms: int, major: int, groups: int) -> list[Group]:
 
 def stream_groups(total_sms: int, major: int, sm_group_num: int = 8) -> list[Group]:
     """Level 0: whole device to prefill; then `sm_group_num - 2` split levels; last: whole device to decode."""
-    return [(total_sms, 0)] + divide_sm(total_sms, major, sm_group_num - 2) + [(0, total_sms)]
+    return [(total_sms, 0), *divide_sm(total_sms, major, sm_group_num - 2), (0, total_sms)]
 
 
 def choose(groups: Sequence[Group], decode_bs: int, has_prefill: bool, decode_bs_divisor: int = 36) -> int:
@@ -138,7 +139,7 @@ class SplitTable:
 
     def choose(self, decode_bs: int, has_prefill: bool, config: PdmuxConfig) -> int:
         if self.manual:
-            divisions = [(p, d, t) for (p, d), t in zip(self.groups[1:-1], self.thresholds)]
+            divisions = [(p, d, t) for (p, d), t in zip(self.groups[1:-1], self.thresholds, strict=True)]
             return choose_manual(divisions, decode_bs, has_prefill)
         return choose(self.groups, decode_bs, has_prefill, config.decode_bs_divisor)
 

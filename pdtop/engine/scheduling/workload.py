@@ -8,9 +8,9 @@ model's own tokenizer; a simulated device only needs their lengths.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Callable
 
 # Tokens of an injected long prompt when none is given (the `inject` control, the dashboard's
 # `i` key): long enough to see prefill interfere with decode, short enough for the CPU device

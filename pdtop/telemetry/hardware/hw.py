@@ -9,7 +9,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import psutil
 
@@ -64,7 +65,7 @@ class HwSampler:
                 log.debug("NVML sample failed: %s", exc)
         return hw_event(time.time(), metrics)
 
-    def start(self) -> "HwSampler":
+    def start(self) -> HwSampler:
         psutil.cpu_percent(percpu=True)  # prime: the first reading is against this one
         self._thread.start()
         return self

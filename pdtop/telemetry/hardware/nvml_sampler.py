@@ -43,7 +43,7 @@ class NvmlSampler:
         self._lock = threading.Lock()
         self._gpm_prev: Any = None  # (sample, time)
         self._gpm_spare: Any = None
-        self._gpm_last: dict[str, Any] = {k: NA for k in _GPM_KEYS}
+        self._gpm_last: dict[str, Any] = dict.fromkeys(_GPM_KEYS, NA)
         try:
             import pynvml
         except ImportError:
@@ -68,7 +68,8 @@ class NvmlSampler:
 
     def _gpm_init(self) -> None:
         nv = self._nvml
-        support = _quiet(nv.nvmlGpmQueryDeviceSupport, self._handle) if hasattr(nv, "nvmlGpmQueryDeviceSupport") else None
+        query = getattr(nv, "nvmlGpmQueryDeviceSupport", None)
+        support = _quiet(query, self._handle) if query is not None else None
         if not support or not getattr(support, "isSupportedDevice", 0):
             return
         first, spare = _quiet(nv.nvmlGpmSampleAlloc), _quiet(nv.nvmlGpmSampleAlloc)
@@ -85,7 +86,7 @@ class NvmlSampler:
                 "reason": self.reason, "gpm": self.gpm}
 
     def sample(self) -> dict[str, Any]:
-        out: dict[str, Any] = {k: NA for k in KEYS}
+        out: dict[str, Any] = dict.fromkeys(KEYS, NA)
         if not self.available:
             return out
         with self._lock:
@@ -124,7 +125,7 @@ class NvmlSampler:
             return self._gpm_last  # too soon: keep the older sample so the interval grows
         cur = self._gpm_spare
         if _quiet(nv.nvmlGpmSampleGet, self._handle, cur) is None:
-            return {k: NA for k in _GPM_KEYS}
+            return dict.fromkeys(_GPM_KEYS, NA)
         ids = (nv.NVML_GPM_METRIC_DRAM_BW_UTIL, nv.NVML_GPM_METRIC_SM_UTIL, nv.NVML_GPM_METRIC_SM_OCCUPANCY)
         req = nv.c_nvmlGpmMetricsGet_t()
         req.version = nv.NVML_GPM_METRICS_GET_VERSION
@@ -132,7 +133,7 @@ class NvmlSampler:
         req.sample1, req.sample2 = prev, cur
         for i, metric in enumerate(ids):
             req.metrics[i].metricId = metric
-        got: dict[str, float | str] = {k: NA for k in _GPM_KEYS}
+        got: dict[str, float | str] = dict.fromkeys(_GPM_KEYS, NA)
         if _quiet(nv.nvmlGpmMetricsGet, req) is not None:
             for i, key in enumerate(_GPM_KEYS):
                 m = req.metrics[i]

@@ -15,9 +15,10 @@ from __future__ import annotations
 import json
 import zlib
 from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from pdtop.telemetry.decode import EventError, decode_event
 from pdtop.telemetry.events import Hello

@@ -12,8 +12,9 @@ import gzip
 import json
 import time
 import zlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, BinaryIO, Callable
+from typing import Any, BinaryIO
 
 from pdtop import __version__
 

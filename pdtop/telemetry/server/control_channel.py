@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from pdtop.engine.scheduling.control import ControlError
 from pdtop.telemetry import encode as ev
-from pdtop.telemetry.server.frames import FrameError, parse_control
 from pdtop.telemetry.recording.recorder import RecordingError
+from pdtop.telemetry.server.frames import FrameError, parse_control
 
 if TYPE_CHECKING:  # the server calls in here with itself: no import at run time
     from pdtop.telemetry.server.server import Client, TelemetryServer

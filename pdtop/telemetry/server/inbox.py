@@ -13,7 +13,8 @@ telemetry a fixed budget; at real-time pace nothing is shed.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Callable, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from pdtop.engine.records import ConfigChange, RequestRecord, RoundRecord
 from pdtop.telemetry.encode import config_event, encode, encode_record

@@ -23,11 +23,11 @@ from websockets.asyncio.server import Server, ServerConnection, broadcast, serve
 from websockets.exceptions import ConnectionClosed
 
 from pdtop.telemetry import encode as ev
+from pdtop.telemetry.recording.recorder import Recorder, RecordingError
 from pdtop.telemetry.server.client_queue import ClientQueue, QueueOverflow
 from pdtop.telemetry.server.control_channel import handle_control, same_token
 from pdtop.telemetry.server.frames import WIRE_MAX_SIZE
 from pdtop.telemetry.server.inbox import Inbox
-from pdtop.telemetry.recording.recorder import Recorder, RecordingError
 
 if TYPE_CHECKING:
     from pdtop.engine.engine import Engine
@@ -84,6 +84,7 @@ class TelemetryServer:
         self._ids = itertools.count(1)
         self._server: Server | None = None
         self._pump_task: asyncio.Task | None = None
+        self._closing: set[asyncio.Task[None]] = set()  # the loop holds tasks weakly: keep them until done
         self._last_tick = 0.0
         self._budget = max_event_rate
         engine.add_sink(self._inbox.sink)
@@ -124,7 +125,7 @@ class TelemetryServer:
             self._server = None
         self.stop_recording()
 
-    async def __aenter__(self) -> "TelemetryServer":
+    async def __aenter__(self) -> TelemetryServer:
         await self.start()
         return self
 
@@ -226,7 +227,9 @@ class TelemetryServer:
         except QueueOverflow as exc:
             log.warning("closing client %s: %s", client.id, exc)
             self.clients.pop(client.id, None)
-            asyncio.ensure_future(client.ws.close(1008, "not reading"))
+            task = asyncio.create_task(client.ws.close(1008, "not reading"))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
 
     # -- one connection --------------------------------------------------------------
     def _hello(self, client_id: str, readonly: bool) -> dict[str, Any]:
@@ -284,7 +287,7 @@ class TelemetryServer:
 
 
 def _batch(frames: list[str]) -> str:
-    return '{"type":"batch","v":%d,"events":[%s]}' % (ev.PROTOCOL_VERSION, ",".join(frames))
+    return f'{{"type":"batch","v":{ev.PROTOCOL_VERSION},"events":[{",".join(frames)}]}}'
 
 
 def _unsent(ws: ServerConnection) -> int:

@@ -11,7 +11,8 @@ import asyncio
 import itertools
 import json
 import random
-from typing import Any, AsyncIterator, Generator
+from collections.abc import AsyncIterator, Generator
+from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from websockets.asyncio.client import ClientConnection, connect

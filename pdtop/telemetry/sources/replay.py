@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import bisect
 import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 from pdtop.telemetry.decode import EventError, decode_event
 from pdtop.telemetry.encode import seek_event

@@ -1,7 +1,8 @@
 """What the dashboard reads: a live connection or a replayed recording (same events)."""
 from __future__ import annotations
 
-from typing import Any, AsyncIterator, Protocol, runtime_checkable
+from collections.abc import AsyncIterator
+from typing import Any, Protocol, runtime_checkable
 
 from pdtop.telemetry.events import Reply
 

@@ -1,10 +1,12 @@
 """Help: every command available here, from the command table, with its key."""
 from __future__ import annotations
 
+from typing import ClassVar
+
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
@@ -13,7 +15,7 @@ from pdtop.ui.commands import Command
 
 
 class HelpScreen(ModalScreen[None]):
-    BINDINGS = [
+    BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "close", "close", id="help.close"),
         Binding("question_mark", "close", "close", show=False, id="help.close2"),
         Binding("q", "close", "close", show=False, id="help.close3"),

@@ -1,15 +1,17 @@
 """A one-line prompt for a command's value: Enter applies, Escape cancels."""
 from __future__ import annotations
 
+from typing import ClassVar
+
 from textual.app import ComposeResult
-from textual.binding import Binding
+from textual.binding import Binding, BindingType
 from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Input, Label
 
 
 class PromptScreen(ModalScreen[str | None]):
-    BINDINGS = [Binding("escape", "cancel", "cancel", id="prompt.cancel")]
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "cancel", "cancel", id="prompt.cancel")]
     DEFAULT_CSS = """
     PromptScreen { align: center middle; }
     PromptScreen > Vertical {

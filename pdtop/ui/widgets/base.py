@@ -87,7 +87,7 @@ class Panel(Static):
             self._strips = [text_strip(t, width, console, base) for t in texts]
             self.refresh()
             return
-        for y, (new, was) in enumerate(zip(texts, old)):
+        for y, (new, was) in enumerate(zip(texts, old, strict=True)):
             if new != was:
                 self._strips[y] = text_strip(new, width, console, base)
                 self.refresh(Region(0, y, width, 1))

@@ -22,7 +22,8 @@ class ReplayBar(Static):
             status = ("❚❚ paused", "bold " + colours.get("warning", ""))
         else:
             status = ("▶ playing", "bold " + colours.get("success", ""))
-        head = Text.assemble(status, f"  {source.speed:g}x  ", (fmt.clock(position), "bold"), " / ", fmt.clock(duration), "  ")
+        head = Text.assemble(status, f"  {source.speed:g}x  ", (fmt.clock(position), "bold"), " / ",
+                             fmt.clock(duration), "  ")
         width = max(10, (self.content_size.width or 80) - head.cell_len)
         frac = position / duration if duration > 0 else 0.0
         done = min(width - 1, int(frac * (width - 1)))

@@ -23,7 +23,8 @@ class SplitPanel(Panel):
         unit = state.info.unit_name
         self.border_title = f"{unit} split"
         width = self.inner_width
-        mode = Text("pinned", "bold " + self.colour("warning")) if state.pinned else Text("auto", self.colour("success"))
+        pinned = Text("pinned", "bold " + self.colour("warning"))
+        mode = pinned if state.pinned else Text("auto", self.colour("success"))
         n = len(state.levels)
         level = "–" if state.level is None else str(state.level)
         head = Text.assemble(f"level {level}", (f"/{n - 1}" if n else "", muted), "  ", mode,
