@@ -10,27 +10,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+from collections.abc import Callable
+from typing import TypeVar
 
 from pdtop.commands._common import fail
 
+N = TypeVar("N", int, float)
 
-def _int_list(name: str, text: str) -> list[int]:
+
+def _number_list(name: str, text: str, kind: Callable[[str], N]) -> list[N]:
+    """Comma-separated positive numbers of `kind` (int or float); ValueError naming the option."""
+    what = "integers" if kind is int else "numbers"
     try:
-        values = [int(x) for x in text.split(",") if x.strip()]
+        values = [kind(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise ValueError(f"{name}: expected comma-separated integers, got {text!r}") from None
-    if not values or any(v < 1 for v in values):
-        raise ValueError(f"{name}: expected comma-separated integers >= 1, got {text!r}")
-    return values
-
-
-def _float_list(name: str, text: str) -> list[float]:
-    try:
-        values = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"{name}: expected comma-separated numbers, got {text!r}") from None
-    if not values or any(not 0 < v < float("inf") for v in values):
-        raise ValueError(f"{name}: expected comma-separated numbers > 0, got {text!r}")
+        raise ValueError(f"{name}: expected comma-separated {what}, got {text!r}") from None
+    if not values or any(not 0 < v < math.inf for v in values):
+        raise ValueError(f"{name}: expected comma-separated {what} > 0, got {text!r}")
     return values
 
 
@@ -76,8 +73,8 @@ def run(args: argparse.Namespace) -> int:
         decode_bs = _positive("--decode-bs", args.decode_bs)
         context = _positive("--context", args.context)
         prompt = _positive("--prompt", args.prompt)
-        chunks = _int_list("--chunks", args.chunks)
-        s_sats = _float_list("--s-sat", args.s_sat)
+        chunks = _number_list("--chunks", args.chunks, int)
+        s_sats = _number_list("--s-sat", args.s_sat, float)
         spec = parse_gpu(args.gpu)
         cfg = synthetic_config(args.model)
         config = load_pdmux_config(args.config) if args.config else PdmuxConfig()

@@ -11,12 +11,13 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from pdtop.engine.scheduling.policies import POLICIES
 from pdtop.engine.scheduling.workload import LONG_PROMPT_TOKENS
 from pdtop.ui.state import DashboardState
 
+N = TypeVar("N", int, float)
 SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
 
 
@@ -49,24 +50,22 @@ class Command:
 
 # ---- value parsers ------------------------------------------------------------------------
 
-def parse_int(text: str, low: int = 1) -> int:
+def _number(text: str, kind: Callable[[str], N], what: str, low: N) -> N:
     try:
-        value = int(text.strip().replace("_", ""))
+        value = kind(text.strip())  # both take digit-group underscores: 10_000
     except ValueError:
-        raise ValueError(f"not a whole number: {text!r}") from None
-    if value < low:
+        raise ValueError(f"not {what}: {text!r}") from None
+    if not value >= low:  # NaN too
         raise ValueError(f"must be at least {low}: {value}")
     return value
+
+
+def parse_int(text: str, low: int = 1) -> int:
+    return _number(text, int, "a whole number", low)
 
 
 def parse_float(text: str, low: float = 0.0) -> float:
-    try:
-        value = float(text.strip())
-    except ValueError:
-        raise ValueError(f"not a number: {text!r}") from None
-    if value < low:
-        raise ValueError(f"must be at least {low}: {value}")
-    return value
+    return _number(text, float, "a number", low)
 
 
 _DIVISION_SHAPE = "each division is three whole numbers: prefill units, decode units, decode batch threshold"
