@@ -274,6 +274,10 @@ def test_layer_calls_must_come_in_order(runner, prompts):
         r.prefill_finish(state)
     with pytest.raises(ValueError, match="next layer is 10"):
         r.prefill_layers(state, 10, 31)
+    r.prefill_layers(state, 10, 30)
+    assert len(r.prefill_finish(state)) == 1
+    with pytest.raises(ValueError, match="already finished"):  # a second finish, not a crash on dropped activations
+        r.prefill_finish(state)
 
 
 def test_prefill_on_one_thread_while_decode_runs_on_another(runner, prompts, alone):
