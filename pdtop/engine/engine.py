@@ -49,7 +49,7 @@ class TokenUpdate:
     error: str | None = None  # why it was rejected
 
 
-OnUpdate = Callable[[TokenUpdate], None]
+OnUpdate = Callable[[TokenUpdate], "bool | None"]  # True: end the request now, finish reason "stop"
 
 
 @dataclass(eq=False)
@@ -219,8 +219,10 @@ class Engine:
         """Thread-safe: queue a request for the next round boundary (QueueFullError over the caps).
 
         `on_update` is called on the engine thread after each round that gave the request tokens,
-        and a last time with its finish reason; it must not block. The returned request belongs
-        to the engine: read nothing of it from another thread, pass it to `abort`."""
+        and a last time with its finish reason; it must not block. When it returns True (a stop
+        string matched) the request ends there, before the next round, with finish reason "stop".
+        The returned request belongs to the engine: read nothing of it from another thread, pass
+        it to `abort`."""
         with self._lock:
             req = self._new_request(prompt_ids, params, source, None)
             self._incoming.append((req, on_update))
@@ -316,9 +318,14 @@ class Engine:
                 update = TokenUpdate(req.output_ids[w.sent:n], req.finish_reason if req.finished else None, req.error)
                 w.sent = n
                 try:
-                    w.on_update(update)
+                    stop = w.on_update(update)
                 except Exception:  # a caller's bug must not stop the engine
                     log.exception("on_update of request %d", req.id)
+                    stop = False
+                if stop and not req.finished:
+                    finish = self.scheduler.abort(req, "stop")
+                    if finish is not None:
+                        self._emit(finish)
             if not req.finished:
                 keep.append(w)
         self._watched = keep

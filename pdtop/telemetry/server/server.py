@@ -80,6 +80,7 @@ class TelemetryServer:
         self.events_published = 0  # events fanned out
         self.events_shed = 0  # events dropped before fan-out (over max_event_rate)
         self._initial_record = record_path
+        self.api_url: str | None = None  # announced in hello: the OpenAI-compatible API beside this server
         self._inbox = Inbox(engine.config_dict)
         self._ids = itertools.count(1)
         self._server: Server | None = None
@@ -233,7 +234,7 @@ class TelemetryServer:
 
     # -- one connection --------------------------------------------------------------
     def _hello(self, client_id: str, readonly: bool) -> dict[str, Any]:
-        return ev.hello_event(client_id, readonly, self.engine.describe())
+        return ev.hello_event(client_id, readonly, self.engine.describe(), self.api_url)
 
     async def _handle(self, ws: ServerConnection) -> None:
         client_id = f"c{next(self._ids)}"
