@@ -8,8 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, Info, disable_created_metrics,
-                               generate_latest)
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    disable_created_metrics,
+    generate_latest,
+)
 
 from pdtop.engine.records import ConfigChange, RequestRecord, RoundRecord
 

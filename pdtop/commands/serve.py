@@ -10,9 +10,17 @@ the port is picked for you). Binding anything but a loopback address needs --tok
 with a token set, clients without it (`ws://HOST:PORT/?token=...` or a first message
 {"cmd": "auth", "token": ...}) may watch but not control. Ctrl-C stops cleanly.
 
+With --api-port, an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions,
+/v1/models, /health, /metrics) runs on the same host, and the next line on stdout is
+`pdtop serve: api on http://HOST:PORT/v1`. Its requests go through the same scheduler as
+the workload's. On a non-loopback host they need `Authorization: Bearer TOKEN`.
+--workload none leaves only API and injected requests. Requests past the waiting-queue
+caps (--max-waiting-requests, --max-waiting-tokens) are refused: the API answers 503.
+
 Examples:
   pdtop serve --device sim:H100 --rate 8
   pdtop serve --device cpu --record run.ndjson.gz
+  pdtop serve --device cpu --api-port 8000 --workload none
   pdtop serve --host 0.0.0.0 --token "$(openssl rand -hex 16)"
 """
 from __future__ import annotations
@@ -26,6 +34,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from pdtop.commands._common import DEVICE_HELP, INPUT_ERRORS, fail
+from pdtop.engine.scheduling.admission import MAX_WAITING_REQUESTS, MAX_WAITING_TOKENS
 from pdtop.engine.scheduling.policies import DEFAULT_POLICY, POLICIES
 
 if TYPE_CHECKING:
@@ -52,6 +61,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token", default=os.environ.get("PDTOP_TOKEN") or None,
                         help="secret a client needs to send control messages (default: $PDTOP_TOKEN; "
                         "the environment keeps it out of `ps`)")
+    parser.add_argument("--api-port", type=int, metavar="PORT",
+                        help="also serve the OpenAI-compatible HTTP API and /metrics on PORT (0 picks a free one)")
+    parser.add_argument("--workload", choices=("synthetic", "none"), default="synthetic",
+                        help="synthetic: seeded Poisson arrivals (default); none: only API and injected requests")
+    parser.add_argument("--max-waiting-requests", type=int, default=MAX_WAITING_REQUESTS, metavar="N",
+                        help=f"requests that may wait for prefill; more are refused (default {MAX_WAITING_REQUESTS})")
+    parser.add_argument("--max-waiting-tokens", type=int, default=MAX_WAITING_TOKENS, metavar="N",
+                        help=f"prompt tokens the waiting requests may hold (default {MAX_WAITING_TOKENS})")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,6 +77,13 @@ def run(args: argparse.Namespace) -> int:
 
     if not 0 <= args.port <= 65535:
         return fail("serve", f"--port must be 0..65535, got {args.port}")
+    if args.api_port is not None and not 0 <= args.api_port <= 65535:
+        return fail("serve", f"--api-port must be 0..65535, got {args.api_port}")
+    if args.workload == "none" and args.rate is not None:
+        return fail("serve", "--rate sets the synthetic workload's arrivals; it does not go with --workload none")
+    for flag in ("max_waiting_requests", "max_waiting_tokens"):
+        if getattr(args, flag) < 1:
+            return fail("serve", f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     if args.rate is not None and not 0 <= args.rate <= 1000:
         return fail("serve", f"--rate must be 0..1000 requests/s, got {args.rate:g}")
     if args.token is not None and not args.token:
@@ -69,10 +93,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = _load_config(args.config)
         from pdtop.engine.build import build_engine
+        from pdtop.engine.scheduling.admission import QueueLimits
 
-        workload = WorkloadSpec() if args.rate is None else WorkloadSpec(rate=args.rate)
+        workload = None if args.workload == "none" else WorkloadSpec() if args.rate is None \
+            else WorkloadSpec(rate=args.rate)
         engine = build_engine(device=args.device, model=args.model, config=config, policy=args.policy,
-                              workload=workload)
+                              workload=workload, limits=QueueLimits(args.max_waiting_requests,
+                                                                    args.max_waiting_tokens))
     except INPUT_ERRORS as exc:
         return fail("serve", exc)
     try:
@@ -90,9 +117,10 @@ def _load_config(path: str | None) -> PdmuxConfig:
 async def _serve(engine: Engine, args: argparse.Namespace) -> int:
     from pdtop.telemetry.hardware.hw import HwSampler
     from pdtop.telemetry.recording.recorder import RecordingError
-    from pdtop.telemetry.server.server import TelemetryServer
+    from pdtop.telemetry.server.server import TelemetryServer, is_loopback
 
     server = TelemetryServer(engine, args.host, args.port, token=args.token)
+    api = None
     try:
         await server.start()
         if args.record:
@@ -103,7 +131,20 @@ async def _serve(engine: Engine, args: argparse.Namespace) -> int:
     except RecordingError as exc:
         await server.stop()
         return fail("serve", str(exc))
+    if args.api_port is not None:
+        from pdtop.api.server import ApiServer
+
+        try:
+            api = ApiServer(engine, args.host, args.api_port, token=None if is_loopback(args.host) else args.token)
+            await api.start()
+        except (*INPUT_ERRORS, ImportError) as exc:
+            await server.stop()
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            return fail("serve", f"cannot serve the API on {args.host}:{args.api_port}: {reason}")
+        server.api_url = api.url
     print(f"pdtop serve: listening on {server.url}", flush=True)
+    if api is not None:
+        print(f"pdtop serve: api on {api.url}", flush=True)
     if args.record:
         print(f"pdtop serve: recording to {args.record}", file=sys.stderr, flush=True)
 
@@ -130,6 +171,8 @@ async def _serve(engine: Engine, args: argparse.Namespace) -> int:
         stop.set()
         sampler.stop()
         await asyncio.to_thread(thread.join, 10)
+        if api is not None:
+            await api.stop()
         await server.stop()
     if failure:
         print(f"pdtop serve: engine stopped: {type(failure[0]).__name__}: {failure[0]}", file=sys.stderr)
