@@ -137,7 +137,7 @@ async def _serve(engine: Engine, args: argparse.Namespace) -> int:
         try:
             api = ApiServer(engine, args.host, args.api_port, token=None if is_loopback(args.host) else args.token)
             await api.start()
-        except (*INPUT_ERRORS, ImportError) as exc:
+        except INPUT_ERRORS as exc:
             await server.stop()
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
             return fail("serve", f"cannot serve the API on {args.host}:{args.api_port}: {reason}")
