@@ -79,8 +79,8 @@ def make_prompts(spec: LoadSpec, token_ids: list[int], decode: Callable[[list[in
 
 
 async def _one(client: httpx.AsyncClient, spec: LoadSpec, model: str, prompt: str, max_tokens: int) -> RequestResult:
-    body: dict[str, Any] = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body: dict[str, Any] = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+                            "stream": True, "stream_options": {"include_usage": True}}
     if spec.ignore_eos:
         body["ignore_eos"] = True
     res = RequestResult(ok=False)
