@@ -79,6 +79,7 @@ class Engine:
         # filled by any thread under the lock, taken at round boundaries by the engine's
         self._incoming: deque[tuple[Request, OnUpdate | None]] = deque()
         self._incoming_tokens = 0
+        self._injects = [0, 0]  # injects accepted and not yet applied: [count, prompt tokens], held in the caps
         self._aborts: deque[tuple[Request, str]] = deque()
         self._refusals: deque[tuple[RequestRecord, RequestRecord]] = deque(maxlen=MAX_REFUSALS_HELD)
         self._wake = threading.Event()  # set when work comes in, so an idle round ends early
@@ -128,13 +129,14 @@ class Engine:
         """Validate now (ControlError changes nothing); apply at the next round boundary."""
         with self._lock:
             change = validate(msg, config=self.config, table=self.scheduler.table, max_prompt=self.max_prompt)
-            if change.cmd == "inject":
-                tokens = change.values.get("prompt_tokens") or (
-                    self.workload.spec.long_prompt_tokens if self.workload else LONG_PROMPT_TOKENS)
+            if change.cmd == "inject":  # its room in the queue is held until it arrives
+                tokens = self._inject_tokens(change)
                 try:
                     self._check_room(tokens, "inject", self.device.now())
                 except QueueFullError as exc:
                     raise ControlError("inject", str(exc)) from None
+                self._injects[0] += 1
+                self._injects[1] += tokens
             self._pending.append((change, client))
         self._wake.set()
 
@@ -153,6 +155,9 @@ class Engine:
                 s.pin_level(level)
         elif change.cmd == "inject":
             tokens, max_tokens = change.values.get("prompt_tokens"), change.values.get("max_tokens")
+            with self._lock:
+                self._injects[0] -= 1
+                self._injects[1] -= self._inject_tokens(change)
             if w is not None:
                 w.inject(now, tokens, max_tokens)
             else:
@@ -261,12 +266,17 @@ class Engine:
         self._next_id += 1
         return req
 
+    def _inject_tokens(self, change: Change) -> int:
+        return change.values.get("prompt_tokens") or (
+            self.workload.spec.long_prompt_tokens if self.workload else LONG_PROMPT_TOKENS)
+
     def _check_room(self, prompt_tokens: int, source: str, now: float) -> None:
         """Under the lock: QueueFullError if a request of `prompt_tokens` would pass a cap; the refusal
         is counted and reported at the next round boundary (an arrival, then a "rejected" finish)."""
         try:
-            self.limits.check(len(self.scheduler.waiting) + len(self._incoming),
-                              self.scheduler.waiting_tokens + self._incoming_tokens, prompt_tokens)
+            self.limits.check(len(self.scheduler.waiting) + len(self._incoming) + self._injects[0],
+                              self.scheduler.waiting_tokens + self._incoming_tokens + self._injects[1],
+                              prompt_tokens)
         except QueueFullError:
             rid, self._next_id = self._next_id, self._next_id + 1
             self.refused[source] += 1
