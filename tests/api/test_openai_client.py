@@ -108,9 +108,9 @@ def test_a_client_that_leaves_mid_stream_aborts_and_frees_kv(live):
 
 def test_sixteen_concurrent_streams_all_complete(live):
     async def one(client: openai.AsyncOpenAI, i: int) -> tuple[str, str | None, int]:
-        stream = await client.completions.create(model=live.engine.model_name, prompt=f"Fact number {i}:",
-                                                 max_tokens=8, temperature=0, stream=True, extra_body={"ignore_eos": True},
-                                                 stream_options={"include_usage": True})
+        stream = await client.completions.create(
+            model=live.engine.model_name, prompt=f"Fact number {i}:", max_tokens=8, temperature=0, stream=True,
+            stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
         text, reason, tokens = "", None, 0
         async for chunk in stream:
             if chunk.choices:
