@@ -1,4 +1,4 @@
-"""A real engine and API server on loopback, shared by a test module."""
+"""A real engine and API server on loopback, shared by the API tests."""
 from __future__ import annotations
 
 import pytest
@@ -7,9 +7,9 @@ from live_api import LiveApi
 from pdtop.engine.build import build_engine
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def live(model_fp32, tokenizer):
-    """The real SmolLM2 on the CPU device, no synthetic workload."""
+    """The real SmolLM2 on the CPU device, no synthetic workload (tests compare record counts before and after)."""
     server = LiveApi(build_engine("cpu", loaded_model=model_fp32), tokenizer)
     yield server
     server.close()

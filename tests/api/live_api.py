@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 from pdtop.api.server import ApiServer
 from pdtop.engine.records import RequestRecord
@@ -35,6 +36,16 @@ class LiveApi:
     def finishes(self, source: str = "api") -> list[RequestRecord]:
         return [r for r in list(self.records) if isinstance(r, RequestRecord) and r.kind == "finish"
                 and r.source == source]
+
+    def wait(self, pred, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not pred():
+            assert time.monotonic() < deadline, "timed out"
+            time.sleep(0.01)
+
+    def wait_kv_free(self) -> None:
+        """Until every request's KV is back (an aborted stream ends at the next round boundary)."""
+        self.wait(lambda: self.engine.executor.kv_usage()[0] == 0)
 
     def close(self) -> None:
         self._call(self.api.stop())

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import httpx
 import openai
@@ -30,13 +29,6 @@ def expected(model_fp32, tokenizer):
     text_ids = tokens[:-1] if req.finish_reason == "eos" else tokens
     return {"text": tokenizer.decode(text_ids), "prompt_tokens": len(ids), "completion_tokens": len(tokens),
             "finish_reason": "stop" if req.finish_reason == "eos" else "length"}
-
-
-def _wait(pred, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while not pred():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
 
 
 def test_models_lists_the_served_model(client, live):
@@ -79,7 +71,7 @@ def test_stop_string_ends_the_request_where_it_matches(client, live, expected):
                                          messages=[{"role": "user", "content": QUESTION}])
     assert out.choices[0].message.content == "The capital of France is"
     assert out.choices[0].finish_reason == "stop"
-    _wait(lambda: len(live.finishes()) > before)
+    live.wait(lambda: len(live.finishes()) > before)
     finish = live.finishes()[-1]
     assert finish.finish_reason == "stop" and finish.output_tokens == out.usage.completion_tokens
 
@@ -100,10 +92,10 @@ def test_a_client_that_leaves_mid_stream_aborts_and_frees_kv(live):
             if chunks == 3:
                 break
         assert live.engine.executor.kv_usage()[0] > 0  # decoding, its KV held; now the client leaves
-    _wait(lambda: len(live.finishes()) > before)
+    live.wait(lambda: len(live.finishes()) > before)
     finish = live.finishes()[-1]
     assert finish.finish_reason == "abort" and finish.output_tokens < 2000
-    _wait(lambda: live.engine.executor.kv_usage()[0] == 0)
+    live.wait_kv_free()
 
 
 def test_sixteen_concurrent_streams_all_complete(live):
