@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException
 from pdtop.api.errors import APIError, bad_request
 from pdtop.api.metrics import EngineMetrics
 from pdtop.api.schemas import MAX_BODY_BYTES, ChatRequest, CompletionRequest, parse_body
-from pdtop.api.streams import Chunk, Completion
+from pdtop.api.streams import Chunk, Completion, Mailbox
 from pdtop.engine.errors import EngineError, PromptError, QueueFullError
 from pdtop.engine.request import SamplingParams
 
@@ -41,6 +41,7 @@ class Served:
         self.model_id: str = engine.model_name
         self.context: int = engine.executor.cfg.max_context
         self.created = int(time.time())
+        self._mailbox: Mailbox | None = None  # made on the event loop, at the first request
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_id:
@@ -71,7 +72,9 @@ class Served:
 
     def start(self, prompt_ids: list[int], params: SamplingParams, stops: list[str]) -> Completion:
         """Enqueue in the engine: the request's completion, read from the event loop."""
-        completion = Completion(asyncio.get_running_loop(), self.tokenizer, stops)
+        if self._mailbox is None:
+            self._mailbox = Mailbox(asyncio.get_running_loop())
+        completion = Completion(self._mailbox, self.tokenizer, stops)
         try:
             completion.request = self.engine.enqueue(prompt_ids, params, source="api",
                                                      on_update=completion.on_update)

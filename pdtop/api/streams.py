@@ -5,11 +5,13 @@ request tokens (`Engine.enqueue`). There the tokens become text with the model's
 decoder (as `pdtop generate` prints it: the end-of-sequence token is not text) and stop
 strings are looked for; a match returns True, and the engine ends the request before its
 next round, so no token is generated past the stop. The text reaches the event loop as one
-`Chunk` per round, through `call_soon_threadsafe` into the asyncio queue the handler reads.
+`Chunk` per round in the asyncio queue the handler reads, through a `Mailbox` that wakes the
+loop once for all the requests of a round.
 """
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,11 +31,34 @@ class Chunk:
     error: str | None = None  # why the engine rejected the request
 
 
+class Mailbox:
+    """Chunks from the engine thread to their queues on the event loop, with one `call_soon_threadsafe`
+    (one wake-up of the loop) per batch rather than per request and round."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self._loop = loop
+        self._items: deque[tuple[asyncio.Queue[Chunk], Chunk]] = deque()
+        self._scheduled = False
+
+    def post(self, queue: asyncio.Queue[Chunk], chunk: Chunk) -> None:
+        """Engine thread."""
+        self._items.append((queue, chunk))
+        if not self._scheduled:  # a delivery scheduled, and not yet started, will take this item too
+            self._scheduled = True
+            self._loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        self._scheduled = False  # before taking: an item posted from here on schedules another delivery
+        while self._items:
+            queue, chunk = self._items.popleft()
+            queue.put_nowait(chunk)
+
+
 class Completion:
-    def __init__(self, loop: asyncio.AbstractEventLoop, tokenizer: Any, stops: Sequence[str]):
+    def __init__(self, mailbox: Mailbox, tokenizer: Any, stops: Sequence[str]):
         self.queue: asyncio.Queue[Chunk] = asyncio.Queue()
         self.request: Request | None = None  # set by the caller once enqueued (for `Engine.abort`)
-        self._loop = loop
+        self._mailbox = mailbox
         self._decoder = tokenizer.stream_decoder()
         self._stops = list(stops)
         self._held = ""  # text that may be the start of a stop string
@@ -80,4 +105,4 @@ class Completion:
         self._post(chunk)
 
     def _post(self, chunk: Chunk) -> None:
-        self._loop.call_soon_threadsafe(self.queue.put_nowait, chunk)
+        self._mailbox.post(self.queue, chunk)
