@@ -1,4 +1,4 @@
-"""ui -> telemetry -> engine, never back: checked by importing in a clean interpreter."""
+"""ui -> telemetry -> engine and api -> engine, never back: checked by importing in a clean interpreter."""
 from __future__ import annotations
 
 import pkgutil

@@ -225,7 +225,8 @@ class Engine:
 
         `on_update` is called on the engine thread after each round that gave the request tokens,
         and a last time with its finish reason; it must not block. When it returns True (a stop
-        string matched) the request ends there, before the next round, with finish reason "stop".
+        string matched) the request ends there, before the next round, with finish reason "stop",
+        and gets no further update.
         The returned request belongs to the engine: read nothing of it from another thread, pass
         it to `abort`."""
         with self._lock:

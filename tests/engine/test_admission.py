@@ -78,10 +78,9 @@ def test_enqueue_from_another_thread_streams_tokens_and_counts_toward_the_cap():
             engine.enqueue([1] * 100, SamplingParams(max_tokens=5))
         assert engine.describe()["limits"]["refused"]["api"] == 1
         assert engine.scheduler.idle() and not engine.idle()  # queued for the next round boundary
-        stop = threading.Event()
-        runner = threading.Thread(target=lambda: [engine.step() for _ in range(40)] and stop.set())
-        runner.start()
-        runner.join(30)
+        stepper = threading.Thread(target=lambda: [engine.step() for _ in range(40)])  # the engine's own thread
+        stepper.start()
+        stepper.join(30)
         assert all(r.finished and r.finish_reason == "length" and r.source == "api" for r in reqs)
         tokens = sum(len(u.tokens) for u in updates)
         assert tokens == 15 and sorted(u.finish_reason for u in updates if u.finish_reason) == ["length"] * 3
