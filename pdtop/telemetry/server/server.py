@@ -41,7 +41,7 @@ from pdtop.telemetry.server.config_merge import merge_configs
 from pdtop.telemetry.server.control_channel import handle_control, same_token
 from pdtop.telemetry.server.frames import WIRE_MAX_SIZE
 from pdtop.telemetry.server.inbox import Inbox
-from pdtop.telemetry.server.quiet_log import QuietLog
+from pdtop.telemetry.quiet_log import QuietLog
 from pdtop.telemetry.server.rate import TokenBucket
 
 if TYPE_CHECKING:
