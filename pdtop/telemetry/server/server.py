@@ -245,10 +245,11 @@ class TelemetryServer:
         items, shed_total = self._inbox.take()
         shed_before, self._shed_seen = self._shed_seen, shed_total
         shed = shed_total - shed_before
-        # token bucket: max_event_rate a second on average, bursts up to one second's worth
+        frames = [item.text for item in items if item.lane == "stream"]
+        # token bucket: max_event_rate stream events a second on average, bursts up to one second's worth
         now = time.monotonic()
         elapsed, self._last_tick = now - self._last_tick, now
-        self._budget = min(self.max_event_rate, self._budget - len(items) + self.max_event_rate * elapsed)
+        self._budget = min(self.max_event_rate, self._budget - len(frames) + self.max_event_rate * elapsed)
         clients = list(self.clients.values())
         if not clients and self.recorder is None:
             self._inbox.refill(0)  # nobody listens: the sink only counts
@@ -258,15 +259,12 @@ class TelemetryServer:
         recorder_lost = shed_total - max(shed_before, self._recorder_shed_base)
         if recorder_lost > 0:
             self._record(ev.encode(ev.dropped_event(recorder_lost)))
-        frames: list[str] = []
         configs: list[str] = []
         for item in items:
             self._record(item.text)
-            if item.lane == "stream":
-                frames.append(item.text)
-            elif item.lane == "config":
+            if item.lane == "config":
                 configs.append(item.text)
-            else:
+            elif item.lane == "notice":
                 for client in clients:
                     self._send_priority(client, item.text)
         if configs:  # a config event is never dropped: every client must see it; one a tick is enough
