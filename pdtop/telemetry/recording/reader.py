@@ -41,18 +41,18 @@ class Recording:
     skipped: int = 0  # unparseable lines skipped
     truncated: bool = False  # the last line was cut off (the writer was killed mid-line)
     damage: str | None = None  # what could not be read of a corrupt gzip file, in one line
-    other_versions: dict[str, int] = field(default_factory=dict)  # events of a protocol `v` this pdtop does not read
+    other_versions: dict[int, int] = field(default_factory=dict)  # protocol `v` this pdtop does not read -> events
 
     @property
     def problems(self) -> list[str]:
-        """What was lost or may be misread, one short phrase each (none for a clean file)."""
-        out = [f"{self.skipped} unreadable line{'s' if self.skipped != 1 else ''} skipped"] if self.skipped else []
+        """What was lost or cannot be read, one short phrase each (none for a clean file)."""
+        out = [_count(self.skipped, "unreadable line") + " skipped"] if self.skipped else []
         if self.truncated:
             out.append("last line cut off")
         if self.damage:
             out.append(self.damage)
-        out += [f"{n} event{'s' if n != 1 else ''} of protocol v{v} (this pdtop reads v{PROTOCOL_VERSION})"
-                for v, n in self.other_versions.items()]
+        out += [f"{_count(n, 'event')} of protocol v{v} (this pdtop reads v{PROTOCOL_VERSION})"
+                for v, n in sorted(self.other_versions.items())]
         return out
 
     @property
@@ -73,6 +73,10 @@ class Recording:
     def __iter__(self) -> Iterator[tuple[float, dict[str, Any]]]:
         for i in range(len(self.lines)):
             yield self.times[i], self.event(i)
+
+
+def _count(n: int, thing: str) -> str:
+    return f"{n} {thing}{'s' if n != 1 else ''}"
 
 
 def _decompress_tolerant(data: bytes) -> tuple[bytes, str | None]:
@@ -104,7 +108,7 @@ def _decompress_tolerant(data: bytes) -> tuple[bytes, str | None]:
 
 def _lost(at: int, size: int, why: str) -> str:
     why = why.removeprefix("Error -3 while decompressing data: ")
-    return f"gzip data corrupt ({why}): read up to byte {at:,} of {size:,}"
+    return f"corrupt gzip ({why}): read {at:,} of {size:,} bytes"
 
 
 def read_recording(path: str | Path) -> Recording:
@@ -137,9 +141,8 @@ def read_recording(path: str | Path) -> Recording:
                 rec.skipped += 1
             continue
         t, type_, version = parsed
-        if version != PROTOCOL_VERSION:
-            v = str(version)[:20]
-            rec.other_versions[v] = rec.other_versions.get(v, 0) + 1
+        if version.__class__ is int and version != PROTOCOL_VERSION:  # a newer server's: its consumer refuses it
+            rec.other_versions[version] = rec.other_versions.get(version, 0) + 1
         last_t = max(last_t, t)
         rec.times.append(last_t)
         rec.types.append(type_)
