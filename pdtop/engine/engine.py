@@ -16,10 +16,10 @@ from collections.abc import Callable
 from typing import Any
 
 from pdtop.engine.devices.base import Device
+from pdtop.engine.errors import EngineError, FieldError
 from pdtop.engine.records import ConfigChange, RequestRecord, RoundRecord
 from pdtop.engine.request import Request, SamplingParams
 from pdtop.engine.runtime.executor import Executor
-from pdtop.engine.errors import EngineError, FieldError
 from pdtop.engine.scheduling.control import Change, ControlFailure, Plan, subject, validate
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
 from pdtop.engine.scheduling.scheduler import Scheduler
@@ -159,7 +159,8 @@ class Engine:
                 change = validate(queued.msg, config=s.config, table=s.table, max_prompt=self.max_prompt)
                 diff = self._apply(change, client)
             except Exception as exc:  # no control message may stop the engine
-                field, reason = (exc.field, exc.reason) if isinstance(exc, FieldError) else (subject(queued.msg), str(exc))
+                field, reason = (exc.field, exc.reason) if isinstance(exc, FieldError) \
+                    else (subject(queued.msg), str(exc))
                 if not isinstance(exc, EngineError):
                     log.exception("applying %r", queued.msg)
                     reason = f"{type(exc).__name__}: {exc}"

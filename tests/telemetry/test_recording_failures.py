@@ -81,7 +81,7 @@ async def test_a_recording_that_fills_the_disk_stops_and_the_stream_goes_on(serv
 
 
 async def test_record_start_that_cannot_write_its_header_is_refused_with_the_reason(serve_with_limit):
-    serve, url = serve_with_limit(200)  # less than a header
+    _, url = serve_with_limit(200)  # less than a header
     async with connect(url) as ws:
         reply = await _request(ws, {"cmd": "record_start", "path": "r.ndjson"})
         assert reply["ok"] is False and reply["error"]["field"] == "path"

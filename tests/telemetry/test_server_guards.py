@@ -56,7 +56,7 @@ async def recorded(engine, tmp_path):
     "../notes.txt", "../escape.ndjson", "sub/../../escape.ndjson", "/tmp/escape.ndjson", "/etc/passwd",
 ])
 async def test_record_start_outside_the_recordings_directory_is_refused(recorded, tmp_path, path):
-    server, client, inside = recorded
+    server, client, _ = recorded
     reply = await client.request({"cmd": "record_start", "path": path})
     assert reply["ok"] is False and reply["error"]["field"] == "path"
     assert "outside the recordings directory" in reply["error"]["reason"]
@@ -82,7 +82,7 @@ async def test_record_start_never_overwrites_nor_follows_symlinks(recorded, tmp_
 
 
 async def test_record_start_inside_the_directory_works(recorded, engine):
-    server, client, inside = recorded
+    _, client, inside = recorded
     (inside / "runs").mkdir()
     reply = await client.request({"cmd": "record_start", "path": "runs/a.ndjson.gz"})
     assert reply["ok"] and reply["path"] == str(inside / "runs" / "a.ndjson.gz")

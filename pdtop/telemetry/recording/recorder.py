@@ -61,12 +61,12 @@ class Recorder:
     def _failed(self, exc: OSError) -> RecordingError:
         """Close without flushing what cannot be written; the error to raise."""
         self.closed = True
-        if self._gz is not None:
-            self._gz.fileobj = None  # so that it never tries to write its end
-        try:
-            self._raw.close()
-        except OSError:
-            pass
+        for f in (self._gz, self._raw):
+            try:
+                if f is not None:
+                    f.close()
+            except (OSError, ValueError):
+                pass
         return self._error(exc)
 
     def _write(self, text: str) -> None:

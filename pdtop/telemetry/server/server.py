@@ -32,8 +32,10 @@ from urllib.parse import parse_qs, urlsplit
 from websockets.asyncio.server import Server, ServerConnection, broadcast, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
+from websockets.typing import Origin
 
 from pdtop.telemetry import encode as ev
+from pdtop.telemetry.quiet_log import QuietLog
 from pdtop.telemetry.recording.record_dir import open_new_in, recordings_dir
 from pdtop.telemetry.recording.recorder import Recorder, RecordingError
 from pdtop.telemetry.server.client_queue import ClientQueue, QueueOverflow
@@ -41,7 +43,6 @@ from pdtop.telemetry.server.config_merge import merge_configs
 from pdtop.telemetry.server.control_channel import handle_control, same_token
 from pdtop.telemetry.server.frames import WIRE_MAX_SIZE
 from pdtop.telemetry.server.inbox import Inbox
-from pdtop.telemetry.quiet_log import QuietLog
 from pdtop.telemetry.server.rate import TokenBucket
 
 if TYPE_CHECKING:
@@ -133,9 +134,9 @@ class TelemetryServer:
         loop = asyncio.get_running_loop()
         self._loop_handler = loop.get_exception_handler()
         loop.set_exception_handler(self._loop_exception)
-        self._server = await serve(self._handle, self.host, self.port, compression=None,
-                                   max_size=WIRE_MAX_SIZE, max_queue=16, origins=[None, *self.allow_origins],
-                                   process_request=self._admit)
+        origins = [None, *map(Origin, self.allow_origins)]  # None: programs, which send no Origin
+        self._server = await serve(self._handle, self.host, self.port, compression=None, max_size=WIRE_MAX_SIZE,
+                                   max_queue=16, origins=origins, process_request=self._admit)
         self.port = next(iter(self._server.sockets)).getsockname()[1]
         if self._initial_record:
             self.start_recording(self._initial_record, confined=False)
