@@ -28,7 +28,10 @@ def recordings_dir(path: str | Path | None) -> Path:
 def open_new_in(directory: Path, requested: str) -> tuple[Path, BinaryIO]:
     """Create `requested` inside `directory` (from `recordings_dir`) and open it for writing."""
     parts = _parts_inside(directory, requested)
-    fd = os.open(directory, _DIR_FLAGS)
+    try:
+        fd = os.open(directory, _DIR_FLAGS)
+    except OSError as exc:
+        raise RecordingError(f"cannot open the recordings directory {str(directory)!r}: {exc.strerror}") from None
     try:
         for part in parts[:-1]:
             try:

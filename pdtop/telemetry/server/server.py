@@ -168,7 +168,9 @@ class TelemetryServer:
         except RecordingError as exc:
             log.warning("%s", exc)
         self.quiet.flush()
-        asyncio.get_running_loop().set_exception_handler(self._loop_handler)
+        loop = asyncio.get_running_loop()
+        if loop.get_exception_handler() == self._loop_exception:  # not if another server set its own since
+            loop.set_exception_handler(self._loop_handler)
 
     async def __aenter__(self) -> TelemetryServer:
         await self.start()
