@@ -27,7 +27,7 @@ def serve_with_limit(tmp_path):
     def start(limit: int, *args: str) -> tuple[subprocess.Popen, str]:
         proc = subprocess.Popen([*PDTOP, "serve", "--device", "sim:H100", "--port", "0", "--rate", "20",
                                  "--record-dir", str(tmp_path), *args],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
                                 preexec_fn=file_size_limit(limit))
         started.append(proc)
         line = proc.stdout.readline()

@@ -38,10 +38,13 @@ async def test_an_allowed_origin_may_connect(engine):
 
 
 @pytest.fixture
-async def recorded(engine, tmp_path):
-    """A server whose recordings directory is tmp_path/recordings, next to a user's files outside it."""
+async def recorded(engine, tmp_path, monkeypatch):
+    """A server whose recordings directory is tmp_path/recordings, next to a user's files outside it.
+    Every path the tests ask for stays under tmp_path even if confinement broke (the working
+    directory is the recordings directory), so a failing test damages nothing else."""
     inside = tmp_path / "recordings"
     inside.mkdir()
+    monkeypatch.chdir(inside)
     (tmp_path / "notes.txt").write_text("the user's own file")
     server = TelemetryServer(engine, port=0, tick=0.01, record_dir=inside)
     await server.start()
@@ -53,11 +56,12 @@ async def recorded(engine, tmp_path):
 
 
 @pytest.mark.parametrize("path", [
-    "../notes.txt", "../escape.ndjson", "sub/../../escape.ndjson", "/tmp/escape.ndjson", "/etc/passwd",
+    "../notes.txt", "../escape.ndjson", "recordings/../../escape.ndjson", "{tmp}/notes.txt", "{tmp}/escape.ndjson",
+    "{tmp}/recordings/../notes.txt",
 ])
 async def test_record_start_outside_the_recordings_directory_is_refused(recorded, tmp_path, path):
     server, client, _ = recorded
-    reply = await client.request({"cmd": "record_start", "path": path})
+    reply = await client.request({"cmd": "record_start", "path": path.format(tmp=tmp_path)})
     assert reply["ok"] is False and reply["error"]["field"] == "path"
     assert "outside the recordings directory" in reply["error"]["reason"]
     assert server.recorder is None
