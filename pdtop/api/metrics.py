@@ -64,7 +64,7 @@ class EngineMetrics:
         self._model = model
         self._on_config()
 
-    def sink(self, rec: RoundRecord | RequestRecord | ConfigChange) -> None:
+    def sink(self, rec: Any) -> None:
         """Engine thread: one record in."""
         if isinstance(rec, RoundRecord):
             self.running.set(rec.running)
@@ -85,7 +85,7 @@ class EngineMetrics:
                     self.itl.observe(gap)
                 if rec.ttft_s is not None:
                     self.e2e.observe(rec.ttft_s + sum(rec.itls_s))
-        else:
+        elif isinstance(rec, ConfigChange):
             self._on_config()
 
     def _on_config(self) -> None:
