@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import pytest
-from live_api import LiveApi
 
 from pdtop.engine.build import build_engine
+
+from .live_api import LiveApi
 
 
 @pytest.fixture(scope="session")

@@ -6,10 +6,11 @@ import threading
 
 import httpx
 import pytest
-from live_api import LiveApi
 
 from pdtop.engine.build import build_engine
 from pdtop.engine.scheduling.admission import QueueLimits
+
+from .live_api import LiveApi
 
 
 def _post(url: str, body, path: str = "/completions", **kw) -> httpx.Response:
