@@ -73,6 +73,19 @@ def hello_event(client_id: str, readonly: bool, engine: dict[str, Any], api: str
     return _event("hello", pdtop=__version__, client_id=client_id, readonly=readonly, engine=engine, api=api)
 
 
+def scrape_hello_event(url: str, engine: str, model_name: str | None, models: list[str], interval_s: float,
+                       window_s: float) -> dict[str, Any]:
+    """The hello of a scraped `/metrics` page: no engine description, the target in `scrape`."""
+    target = {"url": url, "engine": engine, "model_name": model_name, "models": list(models),
+              "interval_s": interval_s, "window_s": window_s}
+    return _event("hello", pdtop=__version__, client_id="scrape", readonly=True, engine=None, api=None, scrape=target)
+
+
+def metrics_event(fields: dict[str, Any]) -> dict[str, Any]:
+    """One scrape's figures (`pdtop.telemetry.scrape.figures`)."""
+    return _event("metrics", **fields)
+
+
 def hw_event(time: float, metrics: dict[str, Any]) -> dict[str, Any]:
     return _event("hw", time=time, **metrics)
 
@@ -93,8 +106,9 @@ def error_event(field: str | None, reason: str) -> dict[str, Any]:
     return _event("error", field=field, reason=reason)
 
 
-def seek_event(position: float, config: dict[str, Any]) -> dict[str, Any]:
-    """Replay only: playback moved to `position`; `config` is the configuration in force there."""
+def seek_event(position: float, config: dict[str, Any] | None) -> dict[str, Any]:
+    """Replay only: playback moved to `position`; `config` is the configuration in force there (None
+    in a recording of a scraped page)."""
     return _event("seek", position=position, config=config)
 
 

@@ -71,14 +71,28 @@ class EngineDescription:
 
 
 @dataclass
+class ScrapeTarget:
+    """`hello.scrape`: the Prometheus `/metrics` page pdtop polls (`pdtop attach http://...`)."""
+
+    url: str  # the page, without credentials
+    engine: str  # "vllm" | "sglang" | "pdtop": the prefix of its metric names
+    model_name: str | None  # the model shown (its `model_name` label); null when the metrics carry none
+    models: list[str]  # every `model_name` on the page
+    interval_s: float  # seconds between scrapes
+    window_s: float  # seconds the rates and percentiles of `metrics` events cover
+
+
+@dataclass
 class Hello:
-    """The first event on every connection, and the header of a recording."""
+    """The first event on every connection, and the header of a recording. A pdtop server describes its
+    engine; a scraped `/metrics` page has no engine description, and `scrape` says what is scraped."""
 
     pdtop: str
     client_id: str
     readonly: bool
-    engine: EngineDescription
+    engine: EngineDescription | None
     api: str | None = None  # the OpenAI-compatible API's base URL (http://HOST:PORT/v1), when the server runs one
+    scrape: ScrapeTarget | None = None
 
 
 @dataclass
@@ -151,15 +165,49 @@ class Batch:
 
 @dataclass
 class Seek:
-    """Replay only: playback moved to `position` (recording seconds); `config` is in force there."""
+    """Replay only: playback moved to `position` (recording seconds); `config` is in force there
+    (null in a recording of a scraped `/metrics` page, which has no configuration)."""
 
     position: float
-    config: EngineConfig
+    config: EngineConfig | None
 
 
-Event = Hello | RoundRecord | RequestRecord | ConfigEvent | Hw | Dropped | Reply | ErrorNotice | Batch | Seek
+@dataclass
+class Quantiles:
+    """A latency histogram over the window, as Prometheus's `histogram_quantile` reads the increase of its
+    buckets. The percentiles are null when nothing was observed in the window."""
+
+    count: float | str  # observations in the window
+    p50_s: float | str | None
+    p90_s: float | str | None
+    p99_s: float | str | None
+
+
+@dataclass
+class Metrics:
+    """One scrape of a Prometheus `/metrics` page, as the panels show it. A figure the server does not
+    expose is null and named in `not_exposed`; a rate is also null on the first scrape (nothing to compare
+    yet). A figure whose value was not finite is the string "NaN", "+Inf" or "-Inf"."""
+
+    time: float  # Unix seconds
+    window_s: float  # seconds the rates and percentiles cover (0 on the first scrape)
+    not_exposed: list[str]  # names of the fields below that the page lacks
+    running: float | str | None = None
+    waiting: float | str | None = None
+    kv_usage: float | str | None = None  # 0 to 1
+    prompt_tokens_per_s: float | str | None = None
+    generation_tokens_per_s: float | str | None = None
+    ttft: Quantiles | None = None
+    itl: Quantiles | None = None
+    e2e: Quantiles | None = None
+    split_level: float | str | None = None  # pdtop's own /metrics only
+    prefill_units: float | str | None = None
+    decode_units: float | str | None = None
+
+
+Event = Hello | RoundRecord | RequestRecord | ConfigEvent | Hw | Dropped | Reply | ErrorNotice | Batch | Seek | Metrics
 
 EVENT_CLASSES: dict[str, type] = {
     "hello": Hello, "round": RoundRecord, "request": RequestRecord, "config": ConfigEvent, "hw": Hw,
-    "dropped": Dropped, "reply": Reply, "error": ErrorNotice, "batch": Batch, "seek": Seek,
+    "dropped": Dropped, "reply": Reply, "error": ErrorNotice, "batch": Batch, "seek": Seek, "metrics": Metrics,
 }

@@ -94,11 +94,11 @@ class ReplaySource:
             self._changed.set()
 
     def step(self) -> None:
-        """Pause, then release the events up to and including the next `round`."""
+        """Pause, then release the events up to and including the next `round` (or `metrics`: a scrape)."""
         self.pause()
         types = self.recording.types
         i = self._cursor
-        while i < len(types) and types[i] != "round":
+        while i < len(types) and types[i] not in ("round", "metrics"):
             i += 1
         self._step_to = min(i, len(types) - 1)
         self._changed.set()
@@ -173,8 +173,9 @@ class ReplaySource:
             self._pos = self.position
             self._anchor = self._clock()
 
-    def _config_at(self) -> dict[str, Any]:
-        """The configuration of the last readable `config` event before the cursor, else the hello's."""
+    def _config_at(self) -> dict[str, Any] | None:
+        """The configuration of the last readable `config` event before the cursor, else the hello's
+        (None for a recording of a scraped /metrics page: no engine configuration)."""
         for i in reversed(self._config_idx[:bisect.bisect_left(self._config_idx, self._cursor)]):
             event = self.recording.event(i)
             try:
@@ -182,7 +183,8 @@ class ReplaySource:
             except EventError:
                 continue
             return event["config"]
-        return dict(self.recording.hello["engine"]["config"])
+        engine = self.recording.hello.get("engine")
+        return dict(engine["config"]) if engine else None
 
 
 def _check_speed(value: float) -> float:

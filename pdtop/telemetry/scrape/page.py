@@ -1,0 +1,82 @@
+"""A `/metrics` page -> the samples pdtop reads, parsed by prometheus_client's parser.
+
+Only the lines of metrics pdtop reads (`names.ENGINES`) reach the parser: a server's page also holds
+Python's GC and process metrics, HTTP handler histograms and many request-size histograms, and
+parsing those every second would cost more than everything else together. Anything that is not such a
+page raises `PageError`, whose message says in one line what the page is instead.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+
+from pdtop.telemetry.scrape.names import ENGINES
+
+PREFIXES = {engine: engine + ":" for engine in ENGINES}  # vllm: sglang: pdtop:
+_SNIFF_CHARS = 1 << 16  # how much of an unknown page is parsed to say what it is
+
+
+class PageError(ValueError):
+    """Not a page of a serving engine pdtop reads; the message says what it is, in one line."""
+
+
+@dataclass
+class Page:
+    engine: str  # "vllm" | "sglang" | "pdtop"
+    models: list[str]  # `model_name` label values, in order of first appearance
+    samples: list[Sample]  # of the metrics pdtop reads, every model
+
+
+def read_page(text: str, content_type: str = "") -> Page:
+    engine = detect_engine(text)
+    if engine is None:
+        raise PageError(what_it_is(text, content_type))
+    wanted = _line_starts(engine)
+    lines = [line for line in text.splitlines() if line.startswith(wanted)]
+    try:
+        samples = [s for family in text_string_to_metric_families("\n".join(lines) + "\n") for s in family.samples]
+    except (ValueError, IndexError, KeyError, TypeError) as exc:  # what the parser raises on bad lines
+        raise PageError(f"not valid Prometheus text: {_one_line(exc)}") from None
+    models = list(dict.fromkeys(s.labels["model_name"] for s in samples if "model_name" in s.labels))
+    return Page(engine, models, samples)
+
+
+def detect_engine(text: str) -> str | None:
+    """The engine whose prefix starts the most lines, if any does."""
+    counts = {engine: text.startswith(p) + text.count("\n" + p) for engine, p in PREFIXES.items()}
+    engine = max(counts, key=lambda e: counts[e])
+    return engine if counts[engine] else None
+
+
+def what_it_is(text: str, content_type: str) -> str:
+    """Why a page holds no metrics pdtop reads, in one line."""
+    if content_type.split(";")[0].strip().lower() == "text/html" or text.lstrip()[:1] == "<":
+        return "an HTML page, not Prometheus metrics (a login page, or a proxy in the way?)"
+    if not text.strip():
+        return "an empty page"
+    head = text[:_SNIFF_CHARS]
+    head = head[:head.rfind("\n") + 1] or head + "\n"
+    try:
+        series = sum(len(family.samples) for family in text_string_to_metric_families(head))
+    except (ValueError, IndexError, KeyError, TypeError) as exc:
+        return f"not Prometheus text ({_one_line(exc)})"
+    names = ", ".join(PREFIXES.values())
+    return f"Prometheus text with {series}{'+' if len(head) < len(text) else ''} series, but none named {names}" \
+        " so not a serving engine pdtop reads"
+
+
+def _line_starts(engine: str) -> tuple[str, ...]:
+    """The beginnings of the sample lines pdtop reads: `name{` and `name ` of every sample name."""
+    starts: list[str] = []
+    for figure in ENGINES[engine]:
+        for name in figure.names:
+            for sample in figure.sample_names(name):
+                starts += [sample + "{", sample + " "]
+    return tuple(starts)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = (str(exc).splitlines() or [type(exc).__name__])[0]
+    return text if len(text) <= 100 else text[:97] + "..."

@@ -1,0 +1,62 @@
+"""Counter increases over a recent window of scrapes, as Prometheus's `increase` sees them.
+
+Each series (a sample name with all its labels) is corrected for resets the way Prometheus does: a
+value below the previous one means the counter started again from zero (a restarted server), so the
+previous value is added to it and to everything after. A series' increase runs from the oldest scrape
+in the window that had it (without a gap since) to the latest. Prometheus also extrapolates to the
+window's edges; that scales every bucket of a histogram alike, so percentiles do not change, and
+rates here are the increase over the time the scrapes really span.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+Key = tuple[str, tuple[tuple[str, str], ...]]  # sample name, sorted labels
+
+
+class Window:
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self._raw: dict[Key, float] = {}  # each series' value at the latest scrape
+        self._offset: dict[Key, float] = {}  # added for the resets seen
+        self._since: dict[Key, float] = {}  # when each series' current unbroken run began
+        self._scrapes: deque[tuple[float, dict[Key, float]]] = deque()  # (time, corrected values)
+
+    def add(self, t: float, values: dict[Key, float]) -> int:
+        """Take one scrape's counters (at time `t`, seconds); returns how many series went back."""
+        resets = 0
+        corrected: dict[Key, float] = {}
+        offsets: dict[Key, float] = {}
+        since: dict[Key, float] = {}
+        for key, value in values.items():
+            last = self._raw.get(key)
+            offset = self._offset.get(key, 0.0) if last is not None else 0.0  # a series back from a gap is new
+            if last is not None and value < last:
+                offset += last
+                resets += 1
+            offsets[key], corrected[key] = offset, value + offset
+            since[key] = self._since.get(key, t) if last is not None else t
+        self._raw, self._offset, self._since = dict(values), offsets, since
+        self._scrapes.append((t, corrected))
+        start = t - self.window_s  # keep the newest scrape at or before the window's start as its base
+        while len(self._scrapes) > 1 and self._scrapes[1][0] <= start:
+            self._scrapes.popleft()
+        return resets
+
+    @property
+    def span_s(self) -> float:
+        """Seconds from the window's oldest scrape to the latest (0 after the first)."""
+        return self._scrapes[-1][0] - self._scrapes[0][0] if self._scrapes else 0.0
+
+    def increase(self, key: Key) -> float:
+        """The series' increase over the window (0 for a series the latest scrape lacks)."""
+        if not self._scrapes:
+            return 0.0
+        latest = self._scrapes[-1][1]
+        if key not in latest:
+            return 0.0
+        since = self._since[key]
+        for t, values in self._scrapes:
+            if t >= since and key in values:
+                return latest[key] - values[key]
+        return 0.0

@@ -1,0 +1,220 @@
+"""`PrometheusSource`: a `Source` polling a serving engine's Prometheus `/metrics` page over HTTP.
+
+vLLM, SGLang (`--enable-metrics`) and `pdtop serve --api-port` serve `/metrics` on their API port.
+Every `interval` seconds the page is read (at most `max_bytes` of it), the engine found by its metric
+prefix, one model picked by the `model_name` label, and the scrape turned into events: a `hello` whose
+`scrape` describes the target (again after a reconnect, or when the engine or its models change), then
+one `metrics` event per scrape, and an `error` event when a live target stops answering or its
+counters go back (a restart). It is read-only: nothing can be steered over `/metrics`.
+
+State goes "connecting" -> "live" (after the first good scrape) -> "reconnecting" (a scrape failed)
+-> "live" ..., and "closed" after `close()`. While not live, `last_error` says why in one line and
+`retry_at` (time.monotonic()) when the next try is; tries back off from `interval` to 30 s.
+"""
+from __future__ import annotations
+
+import asyncio
+import errno
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+
+from pdtop.telemetry.encode import error_event, metrics_event, scrape_hello_event
+from pdtop.telemetry.events import Reply
+from pdtop.telemetry.scrape.figures import figures
+from pdtop.telemetry.scrape.names import ENGINE_NAMES
+from pdtop.telemetry.scrape.page import Page, PageError, read_page
+from pdtop.telemetry.scrape.window import Window
+from pdtop.telemetry.sources.source import ControlRefused
+
+MAX_PAGE_BYTES = 4 << 20  # a busy vLLM page is well under 1 MiB
+MAX_RETRY_S = 30.0
+DEFAULT_INTERVAL_S = 1.0
+DEFAULT_WINDOW_S = 30.0
+
+
+class ScrapeError(Exception):
+    """A scrape that gave no page pdtop reads; the message is the one line the dashboard shows."""
+
+
+def metrics_url(url: str) -> str:
+    """`http://HOST:PORT` -> `http://HOST:PORT/metrics`; a URL with a path is taken as it is.
+    ValueError for anything that is not an http(s) URL with a host."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"not an HTTP URL (http://HOST:PORT): {shown_url(url)!r}")
+    if parts.path in ("", "/"):
+        parts = parts._replace(path="/metrics")
+    return urlunsplit(parts)
+
+
+def shown_url(url: str) -> str:
+    """`url` without a user name or password in it."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
+class PrometheusSource:
+    readonly = True
+    readonly_reason = "pdtop only reads this server's /metrics: nothing can be changed through it"
+
+    def __init__(self, url: str, *, token: str | None = None, interval: float = DEFAULT_INTERVAL_S,
+                 model_name: str | None = None, window_s: float = DEFAULT_WINDOW_S,
+                 max_bytes: int = MAX_PAGE_BYTES, timeout: float = 5.0) -> None:
+        if not interval > 0:
+            raise ValueError(f"the interval must be positive, got {interval:g}")
+        self._fetch_url = metrics_url(url)
+        self.url = shown_url(self._fetch_url)
+        self.token, self.interval, self.want_model = token, interval, model_name
+        self.window_s, self.max_bytes, self.timeout = window_s, max_bytes, timeout
+        self.state = "connecting"
+        self.last_error: str | None = None
+        self.retry_at: float | None = None
+        self.engine: str | None = None  # "vllm" | "sglang" | "pdtop", once a page was read
+        self.model: str | None = None
+        self.models: list[str] = []
+        self.scrapes = 0  # good scrapes
+        self._window = Window(window_s)
+        self._failures = 0
+        self._reported: str | None = None  # the failure an `error` event told of
+        self._closed = False
+        self._wake = asyncio.Event()
+
+    async def send(self, msg: dict[str, Any]) -> Reply:
+        raise ControlRefused(None, self.readonly_reason)
+
+    async def close(self) -> None:
+        self._closed = True
+        self.state = "closed"
+        self._wake.set()
+
+    async def events(self) -> AsyncIterator[dict[str, Any]]:
+        headers = {"Accept-Encoding": "identity"}  # the byte cap counts what the server sends
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        try:
+            async with httpx.AsyncClient(headers=headers, timeout=self.timeout, follow_redirects=False) as client:
+                while not self._closed:
+                    started = time.monotonic()
+                    try:
+                        text, content_type = await self._fetch(client)
+                        page = await asyncio.to_thread(_read, text, content_type)
+                        out = self._scraped(page, started)
+                    except ScrapeError as exc:
+                        out = self._failed(str(exc))
+                    for event in out:
+                        yield event
+                    await self._sleep_until(self.retry_at if self.retry_at is not None else started + self.interval)
+        finally:
+            self.state = "closed"
+
+    async def _fetch(self, client: httpx.AsyncClient) -> tuple[str, str]:
+        """The page's text and content type, or ScrapeError saying why there is none."""
+        too_big = f"the page is over {self.max_bytes / (1 << 20):g} MiB: pdtop reads at most that much of /metrics"
+        try:
+            async with client.stream("GET", self._fetch_url) as response:
+                if response.status_code != 200:
+                    raise ScrapeError(self._status(response))
+                length = response.headers.get("content-length", "")
+                if length.isdigit() and int(length) > self.max_bytes:
+                    raise ScrapeError(too_big)
+                chunks, size = [], 0
+                async for chunk in response.aiter_bytes():
+                    size += len(chunk)
+                    if size > self.max_bytes:
+                        raise ScrapeError(too_big)
+                    chunks.append(chunk)
+                return b"".join(chunks).decode("utf-8", errors="replace"), response.headers.get("content-type", "")
+        except httpx.TimeoutException:
+            raise ScrapeError(f"no answer within {self.timeout:g} s") from None
+        except httpx.HTTPError as exc:
+            raise ScrapeError(why_unreachable(exc)) from None
+
+    def _status(self, response: httpx.Response) -> str:
+        code = f"HTTP {response.status_code} {response.reason_phrase}".strip()
+        if response.status_code in (401, 403):
+            return f"{code}: " + ("the token was refused" if self.token else "the server wants a token (--token)")
+        if response.status_code == 404:
+            return f"{code}: no /metrics at this address (SGLang serves it with --enable-metrics)"
+        if response.is_redirect:
+            return f"{code}: redirected to {shown_url(response.headers.get('location', '?'))} (a login page?)"
+        return code
+
+    def _scraped(self, page: Page, now: float) -> list[dict[str, Any]]:
+        model = self._pick_model(page)
+        out: list[dict[str, Any]] = []
+        if self.state != "live" or (page.engine, model, page.models) != (self.engine, self.model, self.models):
+            if (page.engine, model) != (self.engine, self.model):
+                if self.engine is not None:
+                    out.append(error_event("metrics", f"now showing {ENGINE_NAMES[page.engine]} model {model}"))
+                self._window = Window(self.window_s)
+            self.engine, self.model, self.models = page.engine, model, page.models
+            self.state = "live"
+            out.insert(0, scrape_hello_event(self.url, page.engine, model, page.models, self.interval, self.window_s))
+        self._failures, self._reported, self.last_error, self.retry_at = 0, None, None, None
+        body, resets = figures(page, model, self._window, now)
+        body["time"] = time.time()
+        if resets:
+            out.append(error_event("metrics", f"{resets} counters went back: the server restarted? Rates and "
+                                              "percentiles count on across it, as Prometheus's do"))
+        out.append(metrics_event(body))
+        self.scrapes += 1
+        return out
+
+    def _pick_model(self, page: Page) -> str | None:
+        if self.want_model is not None:
+            if self.want_model not in page.models:
+                has = ", ".join(page.models) if page.models else "no model_name label"
+                raise ScrapeError(f"no model {self.want_model!r} on the page (it has {has})")
+            return self.want_model
+        if self.model in page.models:
+            return self.model
+        return page.models[0] if page.models else None
+
+    def _failed(self, reason: str) -> list[dict[str, Any]]:
+        self._failures += 1
+        self.last_error = reason
+        self.retry_at = time.monotonic() + min(MAX_RETRY_S, self.interval * 2 ** min(self._failures - 1, 8))
+        if self.state == "connecting":
+            return []
+        self.state = "reconnecting"
+        if reason == self._reported:
+            return []
+        self._reported = reason
+        return [error_event("metrics", f"{self.url}: {reason}")]
+
+    async def _sleep_until(self, deadline: float) -> None:
+        self._wake.clear()
+        try:
+            await asyncio.wait_for(self._wake.wait(), max(0.0, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            pass
+
+
+def _read(text: str, content_type: str) -> Page:
+    try:
+        return read_page(text, content_type)
+    except PageError as exc:
+        raise ScrapeError(str(exc)) from None
+
+
+def why_unreachable(exc: BaseException) -> str:
+    """A failed request in words: `connection refused`, `unknown host`, ..."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, ConnectionRefusedError) or getattr(cause, "errno", None) == errno.ECONNREFUSED:
+            return "connection refused (nothing listens there)"
+        if isinstance(cause, OSError) and cause.errno in (-2, -3, -5):  # EAI_NONAME, EAI_AGAIN, EAI_NODATA
+            return f"unknown host ({cause.strerror})"
+        cause = cause.__cause__ or cause.__context__
+    text = str(exc)
+    if "Connection refused" in text:
+        return "connection refused (nothing listens there)"
+    if "Name or service not known" in text or "nodename nor servname" in text:
+        return "unknown host"
+    return text or type(exc).__name__

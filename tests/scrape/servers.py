@@ -1,0 +1,158 @@
+"""Real HTTP servers on loopback serving Prometheus text, built with prometheus_client, with the metric
+names, labels and buckets of vLLM (`vllm/v1/metrics/loggers.py`) and SGLang
+(`python/sglang/srt/metrics/collector.py`, `TokenizerMetricsCollector`); the names are those of both
+projects' metrics documentation. A test sets values through the metric objects, as the engines do."""
+from __future__ import annotations
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+disable_created_metrics()  # neither engine's page has `_created` series
+
+LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
+
+VLLM_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                     20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+VLLM_ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                    40.0, 80.0)
+VLLM_REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+                                120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+SGLANG_TTFT_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
+SGLANG_ITL_BUCKETS = (0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080,
+                      0.100, 0.200, 0.400, 0.600, 0.800, 1.000, 2.000, 4.000, 6.000, 8.000)
+SGLANG_E2E_BUCKETS = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, 600, 1200, 1800, 2400)
+
+
+class VllmMetrics:
+    """vLLM's V1 metrics (labels `model_name`, `engine`) for `models`. `old_names`: a vLLM from before
+    `kv_cache_usage_perc` and `inter_token_latency_seconds` (it has `gpu_cache_usage_perc` and
+    `time_per_output_token_seconds`). Use `.m(metric, model)` for a metric's child of engine 0."""
+
+    def __init__(self, models: tuple[str, ...] = (LLAMA,), old_names: bool = False) -> None:
+        self.registry = r = CollectorRegistry()
+        self.models = models
+        labels = ["model_name", "engine"]
+        self.running = Gauge("vllm:num_requests_running", "Number of requests in model execution batches.", labels,
+                             registry=r)
+        self.waiting = Gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", labels,
+                             registry=r)
+        kv_name = "vllm:gpu_cache_usage_perc" if old_names else "vllm:kv_cache_usage_perc"
+        self.kv = Gauge(kv_name, "KV-cache usage. 1 means 100 percent usage.", labels, registry=r)
+        self.prefix_queries = Counter("vllm:prefix_cache_queries", "Prefix cache queries.", labels, registry=r)
+        self.preemptions = Counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
+                                   labels, registry=r)
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Number of prefill tokens processed.", labels, registry=r)
+        self.generation_tokens = Counter("vllm:generation_tokens", "Number of generation tokens processed.", labels,
+                                         registry=r)
+        self.success = Counter("vllm:request_success", "Count of successfully processed requests.",
+                               [*labels, "finished_reason"], registry=r)
+        self.prompt_hist = Histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.", labels,
+                                     buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000), registry=r)
+        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                              labels, buckets=VLLM_TTFT_BUCKETS, registry=r)
+        itl_name = "vllm:time_per_output_token_seconds" if old_names else "vllm:inter_token_latency_seconds"
+        self.itl = Histogram(itl_name, "Histogram of inter-token latency in seconds.", labels,
+                             buckets=VLLM_ITL_BUCKETS, registry=r)
+        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+                             labels, buckets=VLLM_REQUEST_LATENCY_BUCKETS, registry=r)
+        self.queue = Histogram("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase.",
+                               labels, buckets=VLLM_REQUEST_LATENCY_BUCKETS, registry=r)
+        for model in models:  # vLLM binds every child when it starts, so each series is on the page from then
+            for metric in (self.running, self.waiting, self.kv, self.prefix_queries, self.preemptions,
+                           self.prompt_tokens, self.generation_tokens, self.prompt_hist, self.ttft, self.itl,
+                           self.e2e, self.queue):
+                metric.labels(model, "0")
+            for reason in ("stop", "length", "abort"):
+                self.success.labels(model, "0", reason)
+
+    def m(self, metric: Any, model: str = LLAMA) -> Any:
+        return metric.labels(model, "0")
+
+
+class SglangMetrics:
+    """SGLang's scheduler and tokenizer metrics (labels `model_name`, `engine_type`, `tp_rank`, `pp_rank`)."""
+
+    def __init__(self, model: str = LLAMA) -> None:
+        self.registry = r = CollectorRegistry()
+        self.labels = {"model_name": model, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0"}
+        names = list(self.labels)
+
+        def gauge(name: str, doc: str) -> Any:
+            return Gauge(name, doc, names, registry=r).labels(**self.labels)
+
+        self.running = gauge("sglang:num_running_reqs", "The number of running requests.")
+        self.used_tokens = gauge("sglang:num_used_tokens", "The number of used tokens.")
+        self.token_usage = gauge("sglang:token_usage", "The token usage.")
+        self.gen_throughput = gauge("sglang:gen_throughput", "The generation throughput (token/s).")
+        self.queue = gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.")
+        self.cache_hit_rate = gauge("sglang:cache_hit_rate", "The prefix cache hit rate.")
+        self.prompt_tokens = Counter("sglang:prompt_tokens", "Number of prefill tokens processed.", names,
+                                     registry=r).labels(**self.labels)
+        self.generation_tokens = Counter("sglang:generation_tokens", "Number of generation tokens processed.", names,
+                                         registry=r).labels(**self.labels)
+        self.requests = Counter("sglang:num_requests", "Number of requests processed.", names,
+                                registry=r).labels(**self.labels)
+        self.ttft = Histogram("sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                              names, buckets=SGLANG_TTFT_BUCKETS, registry=r).labels(**self.labels)
+        self.itl = Histogram("sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+                             names, buckets=SGLANG_ITL_BUCKETS, registry=r).labels(**self.labels)
+        self.e2e = Histogram("sglang:e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds",
+                             names, buckets=SGLANG_E2E_BUCKETS, registry=r).labels(**self.labels)
+
+
+class PageServer:
+    """`GET` on any path answers with the registry's text (as prometheus_client's exposition does), or
+    with `body` / `status` / `content_type` / `headers` when a test sets them. `registry` may be swapped
+    (a restarted server). `requests` keeps each request's path and headers; `cut_short` counts answers
+    the client stopped reading."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry
+        self.body: bytes | None = None
+        self.status = 200
+        self.content_type = CONTENT_TYPE_LATEST
+        self.headers: dict[str, str] = {}
+        self.send_length = True
+        self.requests: list[tuple[str, dict[str, str]]] = []
+        self.cut_short = 0
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                server.requests.append((self.path, dict(self.headers)))
+                body = server.body if server.body is not None else generate_latest(server.registry)
+                self.send_response(server.status)
+                self.send_header("Content-Type", server.content_type)
+                for k, v in server.headers.items():
+                    self.send_header(k, v)
+                if server.send_length:
+                    self.send_header("Content-Length", str(len(body)))
+                else:
+                    self.close_connection = True
+                self.end_headers()
+                try:
+                    for i in range(0, len(body), 1 << 16):
+                        self.wfile.write(body[i:i + (1 << 16)])
+                except (BrokenPipeError, ConnectionResetError):
+                    server.cut_short += 1
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name="test-metrics-server", daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self._thread.join(5)
