@@ -1,4 +1,5 @@
-"""Record a running `pdtop serve`'s event stream to an NDJSON file (gzip if it ends in .gz).
+"""Record a running `pdtop serve`'s event stream, or a vLLM / SGLang server's metrics, to an NDJSON
+file (gzip if it ends in .gz).
 
 The file starts with a header holding the server's hello, then one line per event with
 its time in seconds since the recording started. It is flushed at least once a second,
@@ -7,9 +8,14 @@ goes on after the reconnect (the new hello is written as an event). Replay it wi
 `pdtop replay FILE`. Stops on Ctrl-C, or after --duration seconds. If the file cannot be
 written (a full disk), it says so in one line and exits 1; a token in the URL is never printed.
 
+An http:// URL is a server's Prometheus /metrics (vLLM, SGLang with --enable-metrics, or
+`pdtop serve --api-port`): it is polled every --interval seconds and each scrape recorded as a
+`metrics` event, so `pdtop replay` plays it like any other recording.
+
 Examples:
   pdtop record ws://127.0.0.1:8765 -o run.ndjson.gz
   pdtop record ws://gpu-box:8765 -o run.ndjson --duration 60
+  pdtop record http://gpu-box:8000 -o vllm.ndjson.gz --model-name meta-llama/Llama-3.1-8B-Instruct
 """
 from __future__ import annotations
 
@@ -21,14 +27,18 @@ import sys
 from urllib.parse import parse_qs, quote, urlsplit
 
 from pdtop.commands._common import fail
+from pdtop.commands._scrape import add_scrape_arguments, check_scrape_arguments, is_http
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("url", metavar="URL", help="the server, e.g. ws://127.0.0.1:8765")
+    parser.add_argument("url", metavar="URL", help="the server: ws://HOST:PORT (pdtop serve) or http://HOST:PORT "
+                                                   "(a /metrics page)")
     parser.add_argument("-o", "--output", required=True, metavar="FILE", help="recording to write (.gz: gzip)")
-    parser.add_argument("--token", help="the server's token (not needed: anyone may watch; recording only watches)")
+    parser.add_argument("--token", help="ws://: the server's token (not needed: recording only watches); "
+                                         "http://: sent as `Authorization: Bearer TOKEN`")
     parser.add_argument("--duration", type=float, metavar="S", help="stop after S seconds of recording")
+    add_scrape_arguments(parser)
 
 
 def redacted(text: str, url: str) -> str:
@@ -40,20 +50,34 @@ def redacted(text: str, url: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    if not args.url.startswith(("ws://", "wss://")):
-        return fail("record", redacted(f"not a websocket URL (ws://HOST:PORT): {args.url!r}", args.url))
+    if not args.url.startswith(("ws://", "wss://")) and not is_http(args.url):
+        return fail("record", redacted(f"not a ws:// or http:// URL: {args.url!r}", args.url))
     if args.duration is not None and not args.duration > 0:
         return fail("record", f"--duration must be positive, got {args.duration:g}")
+    problem = check_scrape_arguments(args)
+    if not is_http(args.url) and args.interval is not None:
+        problem = "--interval is for http:// URLs (a /metrics page)"
+    if problem:
+        return fail("record", problem)
     return asyncio.run(_record(args))
 
 
 async def _record(args: argparse.Namespace) -> int:
     from pdtop.telemetry.recording.recorder import Recorder, RecordingError
     from pdtop.telemetry.sources.live import LiveSource
+    from pdtop.telemetry.sources.prometheus import PrometheusSource
 
-    source = LiveSource(args.url, token=args.token, readonly=True)
+    source: LiveSource | PrometheusSource
+    if is_http(args.url):
+        try:
+            source = PrometheusSource(args.url, token=args.token, interval=args.interval, model_name=args.model_name)
+        except ValueError as exc:
+            return fail("record", exc)
+        shown = source.url
+    else:
+        source = LiveSource(args.url, token=args.token, readonly=True)
+        shown = redacted(args.url, args.url)
     recorder: Recorder | None = None
-    shown = redacted(args.url, args.url)
     print(f"pdtop record: connecting to {shown}", file=sys.stderr, flush=True)
 
     async def consume() -> None:
@@ -70,8 +94,13 @@ async def _record(args: argparse.Namespace) -> int:
     failure: list[RecordingError] = []
 
     async def flush_timer() -> None:
+        said = None
         while True:
             await asyncio.sleep(0.5)
+            why = getattr(source, "last_error", None)  # why the source cannot read the server now
+            if why and why != said:
+                print(f"pdtop record: {shown}: {why}; retrying", file=sys.stderr, flush=True)
+            said = why
             if recorder is not None:
                 try:
                     recorder.maybe_flush()

@@ -122,7 +122,7 @@ class PageServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            def do_GET(self) -> None:
                 server.requests.append((self.path, dict(self.headers)))
                 body = server.body if server.body is not None else generate_latest(server.registry)
                 self.send_response(server.status)
@@ -145,7 +145,8 @@ class PageServer:
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name="test-metrics-server", daemon=True)
+        self._thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), name="test-metrics-server",
+                                        daemon=True)
         self._thread.start()
 
     @property

@@ -18,7 +18,7 @@ from pdtop.telemetry.sources.prometheus import PrometheusSource, metrics_url
 from pdtop.telemetry.sources.source import ControlRefused
 
 from .conftest import next_of
-from .servers import LLAMA, PageServer, SglangMetrics, VllmMetrics
+from .servers import LLAMA, PageServer, VllmMetrics
 
 QWEN = "Qwen/Qwen3-8B"
 SPLIT = ["split_level", "prefill_units", "decode_units"]

@@ -122,7 +122,10 @@ def test_record_stops_after_duration_and_closes_the_file(tmp_path, procs):
     (["serve", "--device", "sim:H100", "--rate", "-3"], "--rate"),
     (["serve", "--device", "sim:H100", "--record", "/nonexistent-dir/r.ndjson", "--port", "0"], "cannot write"),
     (["serve", "--policy", "fastest"], "invalid choice"),
-    (["record", "http://x", "-o", "f"], "not a websocket URL"),
+    (["record", "ftp://x", "-o", "f"], "not a ws:// or http:// URL"),
+    (["record", "http://x", "-o", "f", "--interval", "0"], "--interval"),
+    (["record", "ws://127.0.0.1:1", "-o", "f", "--model-name", "m"], "--model-name is for http://"),
+    (["record", "ws://127.0.0.1:1", "-o", "f", "--interval", "2"], "--interval is for http://"),
     (["record", "ws://127.0.0.1:1"], "-o"),
 ])
 def test_bad_arguments_exit_2_with_one_line(args, words, capsys):
