@@ -41,6 +41,8 @@ class Engine:
         self._deferred_policy: tuple[str, str | None] | None = None
         self._lock = threading.Lock()
         self._next_id = 0
+        self._open: list[tuple[Arrival, Request]] = []  # closed-loop and periodic requests not finished yet
+        self._pace: Callable[[], None] = lambda: None  # set by `run` to hold a virtual clock to wall time
 
     # -- what clients see ------------------------------------------------------------------
     def add_sink(self, sink: Sink) -> None:
@@ -73,6 +75,7 @@ class Engine:
             "device": self.device.describe(), "unit_name": self.device.unit_name, "units": self.device.units,
             "virtual_clock": self.device.virtual, "levels": [list(g) for g in self.scheduler.table.groups],
             "config": self.config_dict(), "policy": self.scheduler.policy,
+            "workload": self.workload.spec.describe() if self.workload else None,
         }
 
     @property
@@ -160,34 +163,55 @@ class Engine:
         self._emit(self.scheduler.add(req))
         return req
 
-    def _arrive(self, arrival: Arrival) -> None:
+    def _arrive(self, arrival: Arrival) -> Request:
         cfg = self.executor.cfg
         n = max(1, min(arrival.prompt_tokens, cfg.max_context - arrival.max_tokens))
-        self.submit(self.prompts.make(n), arrival.max_tokens, ignore_eos=True, arrival=arrival.time)
+        return self.submit(self.prompts.make(n), arrival.max_tokens, ignore_eos=True, arrival=arrival.time)
+
+    def _take_arrivals(self, workload: Workload) -> None:
+        """Submit what the workload has due, telling it how many of its closed-loop requests are
+        still in flight and whether its last long prompt still waits for its first token."""
+        self._open = [(a, r) for a, r in self._open if not r.finished]
+        in_flight = sum(a.kind == "loop" for a, _ in self._open)
+        long_waiting = any(a.kind == "long" and not r.output_ids for a, r in self._open)
+        for arrival in workload.due(self.device.now(), in_flight, long_waiting):
+            req = self._arrive(arrival)
+            if arrival.kind in ("loop", "long"):
+                self._open.append((arrival, req))
 
     # -- rounds ----------------------------------------------------------------------------
     def step(self) -> RoundRecord:
         self._apply_pending()
         if self.workload is not None:
-            for arrival in self.workload.due(self.device.now()):
-                self._arrive(arrival)
+            self._take_arrivals(self.workload)
         if self.scheduler.idle():
             self.device.idle(IDLE_S)
         record, requests = self.scheduler.step()
+        self._pace()  # a paced virtual clock: report the round when wall time reaches its end
         for r in requests:
             self._emit(r)
         self._emit(record)
         return record
 
     def run(self, stop: threading.Event, realtime: bool = True, speed: float = 1.0) -> None:
-        """Run rounds until `stop` is set. A virtual clock is paced to wall time x `speed` when `realtime`."""
-        wall0, clock0 = time.perf_counter(), self.device.now()
-        while not stop.is_set():
-            self.step()
-            if realtime and self.device.virtual:
+        """Run rounds until `stop` is set. A virtual clock is paced to wall time x `speed` when
+        `realtime` (speed 0.1: ten wall seconds per simulated second)."""
+        if not speed > 0:
+            raise ValueError(f"speed must be > 0, got {speed}")
+        if realtime and self.device.virtual:
+            wall0, clock0 = time.perf_counter(), self.device.now()
+
+            def pace() -> None:
                 ahead = (self.device.now() - clock0) / speed - (time.perf_counter() - wall0)
                 if ahead > 0:
                     stop.wait(ahead)
+
+            self._pace = pace
+        try:
+            while not stop.is_set():
+                self.step()
+        finally:
+            self._pace = lambda: None
 
     def run_until_idle(self, max_rounds: int = 1_000_000) -> int:
         """Run rounds until every submitted request has finished (no workload arrivals)."""

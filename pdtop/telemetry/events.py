@@ -58,6 +58,7 @@ class EngineDescription:
     levels: list[tuple[int, int]]
     config: EngineConfig
     policy: str
+    workload: str | None = None  # one line describing the workload scenario
 
 
 @dataclass

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+
 def share_bandwidth(capacity: float, demands: Sequence[float]) -> list[float]:
     """Max-min fair shares of `capacity` for `demands` (bytes/s each): every grant <= its demand,
     and the grants add up to at most `capacity`."""

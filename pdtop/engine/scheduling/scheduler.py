@@ -105,7 +105,8 @@ class RoundStats:
 class Scheduler:
     def __init__(self, device: Device, executor: Executor, table: SplitTable, config: PdmuxConfig,
                  policy: str = "pdmux", max_prefill_tokens: int = MAX_PREFILL_TOKENS):
-        self.device, self.executor, self.table, self.config = device, executor, table, config
+        self.device, self.executor, self.table = device, executor, table
+        self.config = config.for_device(device.kind)
         self.policy = check_policy(policy)
         self.device.set_groups(table.groups)
         self.max_prefill_tokens = max_prefill_tokens
@@ -225,7 +226,7 @@ class Scheduler:
             reqs = self._admit(self.max_prefill_tokens)
             if reqs:
                 tokens = sum(r.prompt_len for r in reqs)
-                k = prefill_layers_per_step(tokens, self.num_layers, self.config.split_forward_token_budget)
+                k = prefill_layers_per_step(tokens, self.num_layers, self.config.token_budget)
                 self.prefill = PrefillBatch(reqs, self.executor.prefill_begin(reqs), tokens, k)
         if not self.device.prefill_busy():
             level = self.pinned if self.pinned is not None else self.table.choose(
@@ -341,7 +342,7 @@ class Scheduler:
     def set_config(self, config: PdmuxConfig, table: SplitTable | None = None) -> None:
         """New knobs, and new levels when manual divisions or sm_group_num changed; with new levels
         the level is chosen again next round (a pin past the last level is dropped)."""
-        self.config = config
+        self.config = config.for_device(self.device.kind)
         if table is not None:
             self.table = table
             self.device.set_groups(table.groups)
