@@ -27,7 +27,7 @@ def test_sim_demo_multiplexes_within_ten_seconds():
 
 def test_a_slowed_clock_is_reported_no_sooner_than_wall_time_allows():
     engine = build_engine("sim:H100", workload=demo_workload("sim"))
-    speed, clock0 = 0.1, engine.device.now()
+    speed, clock0 = 0.5, engine.device.now()
     seen: list[tuple[float, float]] = []  # (wall seconds since start, engine seconds since start)
     engine.add_sink(lambda r: seen.append((time.perf_counter() - wall0, r.time - clock0))
                     if isinstance(r, RoundRecord) else None)
@@ -38,6 +38,6 @@ def test_a_slowed_clock_is_reported_no_sooner_than_wall_time_allows():
     time.sleep(1.0)
     stop.set()
     thread.join(10)
-    assert len(seen) >= 3
+    assert len(seen) > 10
     assert all(wall >= clock / speed - 1e-3 for wall, clock in seen[:-1])  # the last one may be cut short by stop
-    assert engine.device.now() - clock0 < 1.0  # unpaced, a second of wall time would simulate minutes
+    assert engine.device.now() - clock0 < 2.0  # unpaced, a second of wall time would simulate minutes

@@ -50,12 +50,11 @@ def test_prompts_are_windows_of_real_text():
 
 def test_closed_loop_keeps_its_requests_in_flight_at_most_its_count_a_second():
     w = Workload(WorkloadSpec(rate=0.0, concurrency=4, seed=1))
-    first = w.due(0.0)
-    assert [a.kind for a in first] == ["loop"]  # spread out: one now, the next a quarter second on
-    assert len(w.due(1.0, in_flight=1)) == 3  # tops up to 4
-    assert w.due(1.1, in_flight=4) == []  # full
-    assert len(w.due(1.2, in_flight=2)) == 1  # two finished: one may come now, the next at 1.25 s
-    assert len(w.due(5.0, in_flight=2)) == 2
+    assert [a.kind for a in w.due(0.0)] == ["loop"] * 4  # the whole batch at the start
+    assert w.due(0.5, in_flight=4) == []  # full
+    assert len(w.due(0.6, in_flight=0)) == 3  # all four finished: one every quarter second since 0 s
+    assert len(w.due(0.7, in_flight=3)) == 0
+    assert len(w.due(0.75, in_flight=3)) == 1
     assert len(w.due(100.0, in_flight=0)) == 4  # never more than one second's worth at once
 
 

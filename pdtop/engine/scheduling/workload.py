@@ -1,8 +1,9 @@
 """A seeded workload: a closed-loop decode batch, long prompts every few seconds, Poisson arrivals,
 and long prompts on demand.
 
-- `concurrency`: that many requests are kept in flight; each one that finishes is replaced
-  (at most `concurrency` new ones a second, so a request the engine refuses cannot spin).
+- `concurrency`: that many requests are kept in flight; they all arrive at the start, and
+  each one that finishes is replaced (at most `concurrency` new ones a second, so a request
+  the engine refuses cannot spin).
 - `long_every_s`: a `long_prompt_tokens`-token prompt arrives every so many seconds; one
   that falls due while the previous one still waits for its first token is skipped, so a
   slow device never piles them up.
@@ -96,7 +97,7 @@ class Workload:
     def __post_init__(self) -> None:
         self._rng = random.Random(self.spec.seed)
         self._next = self.start + self._gap()
-        self._loop_next = self.start
+        self._loop_next = self.start - 1.0  # the whole batch may arrive at once at the start
         self._long_next = self.start + self.spec.long_every_s
 
     def _gap(self) -> float:
