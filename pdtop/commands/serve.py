@@ -164,7 +164,7 @@ async def _serve(engine: Engine, args: argparse.Namespace) -> int:
 
     def engine_loop() -> None:
         try:
-            engine.run(stop, realtime=True, speed=args.speed or 1.0)
+            engine.run(stop, realtime=True, speed=getattr(args, "speed", None) or 1.0)
         except BaseException as exc:  # report it, and stop serving
             failure.append(exc)
             loop.call_soon_threadsafe(done.set)
