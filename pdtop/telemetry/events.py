@@ -68,6 +68,7 @@ class EngineDescription:
     config: EngineConfig
     policy: str
     limits: Limits | None = None  # absent in recordings made before it existed
+    workload: str | None = None  # one line describing the workload scenario
 
 
 @dataclass
