@@ -5,6 +5,7 @@ projects' metrics documentation. A test sets values through the metric objects, 
 from __future__ import annotations
 
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -74,15 +75,23 @@ class VllmMetrics:
 
 
 class SglangMetrics:
-    """SGLang's scheduler and tokenizer metrics (labels `model_name`, `engine_type`, `tp_rank`, `pp_rank`)."""
+    """SGLang's metrics as its two collectors export them: the scheduler's gauges (`SchedulerMetricsCollector`,
+    labels `model_name`, `engine_type`, `tp_rank`, `pp_rank`) and the tokenizer manager's counters and
+    histograms (`TokenizerMetricsCollector`, labels `model_name`, `engine_type`)."""
 
     def __init__(self, model: str = LLAMA) -> None:
         self.registry = r = CollectorRegistry()
         self.labels = {"model_name": model, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0"}
-        names = list(self.labels)
+        tokenizer_labels = {"model_name": model, "engine_type": "unified"}
 
         def gauge(name: str, doc: str) -> Any:
-            return Gauge(name, doc, names, registry=r).labels(**self.labels)
+            return Gauge(name, doc, list(self.labels), registry=r).labels(**self.labels)
+
+        def counter(name: str, doc: str) -> Any:
+            return Counter(name, doc, list(tokenizer_labels), registry=r).labels(**tokenizer_labels)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Any:
+            return Histogram(name, doc, list(tokenizer_labels), buckets=buckets, registry=r).labels(**tokenizer_labels)
 
         self.running = gauge("sglang:num_running_reqs", "The number of running requests.")
         self.used_tokens = gauge("sglang:num_used_tokens", "The number of used tokens.")
@@ -90,18 +99,15 @@ class SglangMetrics:
         self.gen_throughput = gauge("sglang:gen_throughput", "The generation throughput (token/s).")
         self.queue = gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.")
         self.cache_hit_rate = gauge("sglang:cache_hit_rate", "The prefix cache hit rate.")
-        self.prompt_tokens = Counter("sglang:prompt_tokens", "Number of prefill tokens processed.", names,
-                                     registry=r).labels(**self.labels)
-        self.generation_tokens = Counter("sglang:generation_tokens", "Number of generation tokens processed.", names,
-                                         registry=r).labels(**self.labels)
-        self.requests = Counter("sglang:num_requests", "Number of requests processed.", names,
-                                registry=r).labels(**self.labels)
-        self.ttft = Histogram("sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                              names, buckets=SGLANG_TTFT_BUCKETS, registry=r).labels(**self.labels)
-        self.itl = Histogram("sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
-                             names, buckets=SGLANG_ITL_BUCKETS, registry=r).labels(**self.labels)
-        self.e2e = Histogram("sglang:e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds",
-                             names, buckets=SGLANG_E2E_BUCKETS, registry=r).labels(**self.labels)
+        self.prompt_tokens = counter("sglang:prompt_tokens_total", "Number of prefill tokens processed.")
+        self.generation_tokens = counter("sglang:generation_tokens_total", "Number of generation tokens processed.")
+        self.requests = counter("sglang:num_requests_total", "Number of requests processed.")
+        self.ttft = histogram("sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+                              SGLANG_TTFT_BUCKETS)
+        self.itl = histogram("sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+                             SGLANG_ITL_BUCKETS)
+        self.e2e = histogram("sglang:e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds",
+                             SGLANG_E2E_BUCKETS)
 
 
 class PageServer:
@@ -117,6 +123,9 @@ class PageServer:
         self.content_type = CONTENT_TYPE_LATEST
         self.headers: dict[str, str] = {}
         self.send_length = True
+        self.delay_s = 0.0  # before answering
+        self.trickle_s = 0.0  # between chunks of 64 bytes (a server too slow to finish)
+        self.cut_at: int | None = None  # close the connection after this many bytes of the body
         self.requests: list[tuple[str, dict[str, str]]] = []
         self.cut_short = 0
         server = self
@@ -124,6 +133,7 @@ class PageServer:
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 server.requests.append((self.path, dict(self.headers)))
+                time.sleep(server.delay_s)
                 body = server.body if server.body is not None else generate_latest(server.registry)
                 self.send_response(server.status)
                 self.send_header("Content-Type", server.content_type)
@@ -134,11 +144,18 @@ class PageServer:
                 else:
                     self.close_connection = True
                 self.end_headers()
+                step = 64 if server.trickle_s else 1 << 16
+                end = len(body) if server.cut_at is None else server.cut_at
                 try:
-                    for i in range(0, len(body), 1 << 16):
-                        self.wfile.write(body[i:i + (1 << 16)])
+                    for i in range(0, end, step):
+                        self.wfile.write(body[i:min(i + step, end)])
+                        if server.trickle_s:
+                            self.wfile.flush()
+                            time.sleep(server.trickle_s)
                 except (BrokenPipeError, ConnectionResetError):
                     server.cut_short += 1
+                if server.cut_at is not None:
+                    self.close_connection = True
 
             def log_message(self, *args: Any) -> None:
                 pass

@@ -311,6 +311,30 @@ async def test_a_10_mb_page_is_not_read_past_the_cap(vllm, send_length):
     await _stop(src, task)
 
 
+@pytest.mark.parametrize(("how", "expected"), [
+    ("delay", "no whole answer within 0.5 s (the server is too slow)"),
+    ("trickle", "no whole answer within 0.5 s (the server is too slow)"),
+    ("cut", "the server closed the connection in the middle of its answer"),
+])
+async def test_a_slow_server_or_one_that_stops_mid_answer_is_a_reason_not_a_hang(vllm, how, expected):
+    server = vllm.server
+    if how == "delay":
+        server.delay_s = 2.0
+    elif how == "trickle":  # each read comes within the timeout, the whole page never does
+        server.trickle_s = 0.05
+    else:
+        server.cut_at = 100
+    src = source(server, timeout=0.5)
+    task = asyncio.create_task(_drain(src))
+    started = time.monotonic()
+    await until(lambda: src.last_error is not None, "the error")
+    assert src.last_error == expected and src.state == "connecting"
+    assert time.monotonic() - started < 5
+    server.delay_s, server.trickle_s, server.cut_at = 0.0, 0.0, None
+    await until(lambda: src.state == "live", "live once the server answers")
+    await _stop(src, task)
+
+
 async def test_read_only_says_why():
     src = PrometheusSource("http://127.0.0.1:1")
     with pytest.raises(ControlRefused, match="only reads this server's /metrics"):

@@ -114,7 +114,14 @@ class PrometheusSource:
             self.state = "closed"
 
     async def _fetch(self, client: httpx.AsyncClient) -> tuple[str, str]:
-        """The page's text and content type, or ScrapeError saying why there is none."""
+        """The page's text and content type, or ScrapeError saying why there is none. The whole read is
+        bounded by `timeout` (httpx's bounds each read, so a server trickling bytes would hold it)."""
+        try:
+            return await asyncio.wait_for(self._read_body(client), self.timeout)
+        except asyncio.TimeoutError:
+            raise ScrapeError(f"no whole answer within {self.timeout:g} s (the server is too slow)") from None
+
+    async def _read_body(self, client: httpx.AsyncClient) -> tuple[str, str]:
         too_big = f"the page is over {self.max_bytes / (1 << 20):g} MiB: pdtop reads at most that much of /metrics"
         try:
             async with client.stream("GET", self._fetch_url) as response:
@@ -131,7 +138,9 @@ class PrometheusSource:
                     chunks.append(chunk)
                 return b"".join(chunks).decode("utf-8", errors="replace"), response.headers.get("content-type", "")
         except httpx.TimeoutException:
-            raise ScrapeError(f"no answer within {self.timeout:g} s") from None
+            raise ScrapeError(f"no whole answer within {self.timeout:g} s (the server is too slow)") from None
+        except httpx.RemoteProtocolError:
+            raise ScrapeError("the server closed the connection in the middle of its answer") from None
         except httpx.HTTPError as exc:
             raise ScrapeError(why_unreachable(exc)) from None
 
@@ -212,7 +221,7 @@ def why_unreachable(exc: BaseException) -> str:
         if isinstance(cause, OSError) and cause.errno in (-2, -3, -5):  # EAI_NONAME, EAI_AGAIN, EAI_NODATA
             return f"unknown host ({cause.strerror})"
         cause = cause.__cause__ or cause.__context__
-    text = str(exc)
+    text = (str(exc).splitlines() or [""])[0][:200]
     if "Connection refused" in text:
         return "connection refused (nothing listens there)"
     if "Name or service not known" in text or "nodename nor servname" in text:
