@@ -23,6 +23,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import TYPE_CHECKING
 
 from pdtop.commands._common import DEVICE_HELP, INPUT_ERRORS, fail
@@ -68,11 +69,16 @@ def run(args: argparse.Namespace) -> int:
         return fail("serve", f"binding {args.host} (not a loopback address) needs --token")
     try:
         config = _load_config(args.config)
+        from pdtop.commands import _startup
         from pdtop.engine.build import build_engine
 
+        started = time.monotonic()
+        _startup.say(_startup.device_choice(args.device))
+        _startup.say(_startup.model_loading(args.model, args.device))
         workload = WorkloadSpec() if args.rate is None else WorkloadSpec(rate=args.rate)
         engine = build_engine(device=args.device, model=args.model, config=config, policy=args.policy,
                               workload=workload)
+        _startup.say(_startup.ready(engine, started))
     except INPUT_ERRORS as exc:
         return fail("serve", exc)
     try:

@@ -41,6 +41,7 @@ class Engine:
         self._deferred_policy: tuple[str, str | None] | None = None
         self._lock = threading.Lock()
         self._next_id = 0
+        self.totals = {"arrived": 0, "first_token": 0, "finished": 0, "rejected": 0}  # since the engine started
 
     # -- what clients see ------------------------------------------------------------------
     def add_sink(self, sink: Sink) -> None:
@@ -51,8 +52,18 @@ class Engine:
             self._sinks.remove(sink)
 
     def _emit(self, record: Record) -> None:
+        if isinstance(record, RequestRecord):
+            self._count(record)
         for sink in list(self._sinks):
             sink(record)
+
+    def _count(self, record: RequestRecord) -> None:
+        if record.kind == "arrival":
+            self.totals["arrived"] += 1
+        elif record.kind == "first_token":
+            self.totals["first_token"] += 1
+        elif record.kind == "finish":
+            self.totals["rejected" if record.finish_reason == "rejected" else "finished"] += 1
 
     @property
     def config(self) -> PdmuxConfig:
@@ -72,7 +83,7 @@ class Engine:
             "model": self.model_name, "num_layers": cfg.num_layers, "max_context": cfg.max_context,
             "device": self.device.describe(), "unit_name": self.device.unit_name, "units": self.device.units,
             "virtual_clock": self.device.virtual, "levels": [list(g) for g in self.scheduler.table.groups],
-            "config": self.config_dict(), "policy": self.scheduler.policy,
+            "config": self.config_dict(), "policy": self.scheduler.policy, "totals": dict(self.totals),
         }
 
     @property

@@ -45,6 +45,16 @@ class DeviceDescription:
 
 
 @dataclass
+class Totals:
+    """`hello.engine.totals`: requests counted since the engine started (a dashboard seeds its counters)."""
+
+    arrived: int
+    first_token: int
+    finished: int  # finished after running (eos or length)
+    rejected: int  # finished with finish_reason "rejected": never ran
+
+
+@dataclass
 class EngineDescription:
     """`hello.engine`: `Engine.describe()`."""
 
@@ -58,6 +68,7 @@ class EngineDescription:
     levels: list[tuple[int, int]]
     config: EngineConfig
     policy: str
+    totals: Totals | None = None  # absent from servers older than the field
 
 
 @dataclass
