@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from pdtop.engine.engine import Engine
 
 PREFIX = "pdtop serve: "
+READY = "ready in "  # the last start-up line: `pdtop dashboard` waits for it
 
 
 def say(text: str) -> None:
@@ -64,4 +65,4 @@ def model_loading(model: str | None, device: str) -> str:
 
 def ready(engine: Engine, started: float) -> str:
     info = engine.describe()
-    return f"ready in {time.monotonic() - started:.1f} s: model {info['model']} on {info['device']['name']}"
+    return f"{READY}{time.monotonic() - started:.1f} s: model {info['model']} on {info['device']['name']}"

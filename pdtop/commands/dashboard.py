@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import IO
 
 from pdtop.commands._common import DEVICE_HELP, INPUT_ERRORS, fail
+from pdtop.commands._startup import READY
 from pdtop.engine.scheduling.policies import DEFAULT_POLICY, POLICIES
 from pdtop.ui.cli_args import add_ui_arguments
 
@@ -128,12 +129,23 @@ def start_server(args: argparse.Namespace, token: str, log: IO[str],
     for stream, out, name in ((child.stdout, lines, "stdout"), (child.stderr, notes, "stderr")):
         threading.Thread(target=pump, args=(stream, out), name=f"pdtop-serve-{name}", daemon=True).start()
     deadline = time.monotonic() + START_TIMEOUT_S
+
+    def show_notes(until_ready: bool = False) -> None:
+        """Pass the child's start-up lines on; `until_ready`: wait (a moment) for its last one, which it
+        wrote to stderr just before its URL went to stdout."""
+        while True:
+            try:
+                note = notes.get(timeout=1.0) if until_ready else notes.get_nowait()
+            except queue.Empty:
+                return
+            if note.startswith(SERVE_PREFIX) and progress is not None:
+                progress.line(note[len(SERVE_PREFIX):].rstrip())
+            if not note or note.startswith(SERVE_PREFIX + READY):
+                return
+
     try:
         while True:
-            while not notes.empty():
-                note = notes.get()
-                if note.startswith(SERVE_PREFIX) and progress is not None:
-                    progress.line(note[len(SERVE_PREFIX):].rstrip())
+            show_notes()
             try:
                 line = lines.get(timeout=0.2)
             except queue.Empty:
@@ -145,6 +157,7 @@ def start_server(args: argparse.Namespace, token: str, log: IO[str],
                     raise RuntimeError(reason) from None
                 continue
             if line.startswith(URL_PREFIX):
+                show_notes(until_ready=True)
                 return child, line[len(URL_PREFIX):].strip()
             if line == "":
                 child.wait(timeout=10)

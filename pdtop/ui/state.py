@@ -6,7 +6,7 @@ appends to bounded buffers, so it is cheap and events are taken at full rate; pa
 the derived figures on the repaint tick. Nothing here imports Textual, so the model is
 tested with plain event dicts.
 
-The metrics are vLLM's (benchmarks/benchmark_serving.py), named apart:
+The metrics are named and defined as in vLLM's serving benchmark:
 - decode step time: how long a round's decode forward took (`decode_step_s`), per round;
 - ITL: the gap between two consecutive tokens of a request (per token);
 - TPOT: a request's time per output token after the first, (end - first token) / (tokens - 1),

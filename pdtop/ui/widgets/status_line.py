@@ -26,6 +26,10 @@ class StatusLine(Static):
         self._message = (severity, title, " · ".join(line for line in message.splitlines() if line))
         self._until = time.monotonic() + timeout
 
+    def clear(self) -> None:
+        """Drop the message shown now."""
+        self._message = None
+
     def paint(self, idle: Text) -> None:
         """Show the current message, or `idle` once it has timed out."""
         text = idle

@@ -36,15 +36,18 @@ class StepTimePanel(Panel):
                 break
             top_parts.pop(drop)
             head = Text().join(top_parts)
-        axis = 9 if self.inner_width >= 60 else 7
+        axis = 9 if self.inner_width >= 60 else 8  # "19.5 ms" and a space
         width = max(4, self.inner_width - axis)
         lines: list[Text] = []
-        if self.inner_height >= 5:
+        window = f"last {fmt.duration(state.window_s)}"
+        if self.inner_height >= 6:
             lines.append(head)
             self.border_title = self.TITLE
-        else:  # short: the figures go in the border
-            self.border_title = f"{self.TITLE} · {head.plain}"
-        self.border_subtitle = f"worst step per slice · last {fmt.duration(state.window_s)}"
+            self.border_subtitle = f"worst step per slice · {window}"
+        else:  # short: the chart keeps its rows, the figures go in the border
+            self.border_title = f"decode step p50 {fmt.ms(p50)}  p99 {fmt.ms(p99)}"
+            over_text = f"{fmt.percent(over / decoded)} over SLO · " if slo is not None and decoded else ""
+            self.border_subtitle = over_text + window
         height = max(1, self.inner_height - len(lines) - 1)
         values = state.step_series(width, rounds)
         top = max([v for v in values if v is not None] + [slo * 1.25 if slo else 0.0, 1e-3])
