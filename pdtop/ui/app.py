@@ -217,7 +217,10 @@ class PdtopApp(App[None]):
         if self.connection in ("connecting", "reconnecting") and error:
             wait = max(0.0, retry_at - time.monotonic()) if retry_at is not None else None
             retry = f"retrying in {wait:.0f} s" if wait is not None and wait >= 0.5 else "retrying now"
-            return Text.assemble((f"cannot reach {url}: ", warning), error, ("  ·  ", "dim"), retry)
+            full = Text.assemble((f"cannot reach {url}: ", warning), error, ("  ·  ", "dim"), retry)
+            if full.cell_len <= self.size.width - 2:
+                return full
+            return Text.assemble((error, warning), ("  ·  ", "dim"), retry)  # the address is in the header
         if self.connection == "connecting":
             return Text(f"connecting to {url}…", "dim")
         if self.connection == "closed" and not self.replay:
@@ -257,7 +260,8 @@ class PdtopApp(App[None]):
         force, self._painted, self._force_paint = self._force_paint, key, False
         self.repaints += 1
         view.itl_slo_s, view.recording = self.state.itl_slo_s, self.state.recording
-        header.paint(view, self.connection, self.readonly, frozen=self.frozen is not None)
+        address = str(getattr(self.source, "url", ""))
+        header.paint(view, self.connection, self.readonly, frozen=self.frozen is not None, address=address)
         for panel in main.query(Panel):
             panel.paint(view, force)
         self.state.shown_level = view.level

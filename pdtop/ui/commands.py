@@ -101,9 +101,9 @@ def parse_policy(text: str) -> str:
 
 
 POLICY_CHOICES = (
-    ("pdmux", "prefill and decode side by side on split units (the level)"),
-    ("chunked", "each step: the decode batch plus a chunk of one prompt, on every unit"),
-    ("prefill-first", "whole prompts first on every unit, decode waits"),
+    ("pdmux", "prefill beside decode, on split units"),
+    ("chunked", "decode batch + a prompt chunk each step"),
+    ("prefill-first", "whole prompts first, decode waits"),
 )
 
 
@@ -217,7 +217,7 @@ COMMANDS: list[Command] = [
             key_display="<"),
     Command("faster", "greater_than_sign", "faster", "faster (up to 16x)", mode="replay", action="replay_speed(1)",
             key_display=">"),
-    Command("freeze", "f", "freeze", "freeze / unfreeze the screen (events are still taken)", mode="live",
+    Command("freeze", "f", "freeze", "freeze / unfreeze the screen", mode="live",
             action="toggle_freeze"),
     # both
     Command("itl_slo", "s", "SLO", "set the ITL SLO line (ms)", mode="any", action="set_slo",

@@ -14,7 +14,7 @@ from .conftest import play_busy
 
 @pytest.mark.parametrize("size", [(80, 24), (120, 30), (160, 48)])
 async def test_every_panel_fits(busy, size):
-    width, height = size
+    width, _height = size
     app = PdtopApp(LiveSource(busy.url, token=busy.token), slo_ms=12)
     async with app.run_test(size=size) as pilot:
         await play_busy(pilot, app, busy.engine)

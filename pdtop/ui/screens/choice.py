@@ -17,7 +17,7 @@ class ChoiceScreen(ModalScreen[str | None]):
     DEFAULT_CSS = """
     ChoiceScreen { align: center middle; }
     ChoiceScreen > Vertical {
-        width: 80%; max-width: 90; height: auto; padding: 0 1;
+        width: 90%; max-width: 80; height: auto; padding: 0 1;
         border: round $accent; background: $surface;
     }
     ChoiceScreen OptionList { height: auto; max-height: 12; border: none; padding: 0; }

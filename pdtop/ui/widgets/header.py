@@ -33,22 +33,29 @@ class HeaderBar(Static):
         """What the header shows now, as plain text."""
         return self._last.plain if self._last is not None else ""
 
-    def paint(self, state: DashboardState, connection: str, readonly: bool, frozen: bool = False) -> None:
+    def paint(self, state: DashboardState, connection: str, readonly: bool, frozen: bool = False,
+              address: str = "") -> None:
+        """`address`: where the source reads from, shown until the engine has described itself."""
         colours = self.app.theme_variables
         label, key = CONNECTION.get(connection, (connection, "warning"))
         info = state.info
         status = [(label, "bold " + colours.get(key, ""))]
         if frozen:
-            status.append(("  ❄ frozen (f)", "bold " + colours.get("warning", "")))
+            status.append(("  ❄ frozen", "bold " + colours.get("warning", "")))
         if readonly and connection != "replay":
             status.append(("  read-only", colours.get("warning", "")))
         items: list[Item] = [([("pdtop ", "bold " + colours.get("accent", "")), (__version__, "dim")],
                               [("pdtop", "bold " + colours.get("accent", ""))]),
                              (status, status)]
+        if not state.hello:
+            self._show(fitted([*items, ([(address, "")], [(address, "")])], max(20, self.content_size.width or 80),
+                              len(items)))
+            return
         if state.server_version and state.server_version != __version__:
             items.append(([("engine ", "dim"), (state.server_version, "")], [(state.server_version, "dim")]))
         units = f" · {info.units} {info.unit_name}" if f"{info.units} " not in info.device else ""
-        items.append(([(info.device, "bold"), (units, "")], [(info.device, "bold"), (units.replace(" ·", ""), "")]))
+        items.append(([(info.device, "bold"), (units, "")], [(info.device, "bold")]))  # short: the units are in
+        # the split panel's title
         model_at = len(items)
         items.append(([("model ", "dim"), (info.model, "")], [(info.model.removeprefix("synthetic:"), "")]))
         items.append(([("policy ", "dim"), (state.policy, "")], [(state.policy, "")]))
@@ -61,7 +68,9 @@ class HeaderBar(Static):
         dropped_style = colours.get("warning", "") if state.dropped else "dim"
         items.append(([("dropped ", "dim"), (str(state.dropped), dropped_style)],
                       [("dropped ", "dim"), (str(state.dropped), dropped_style)]))
-        text = fitted(items, max(20, self.content_size.width or 80), model_at)
+        self._show(fitted(items, max(20, self.content_size.width or 80), model_at))
+
+    def _show(self, text: Text) -> None:
         if text != self._last:
             self._last = text
             self.update(text, layout=False)

@@ -30,9 +30,14 @@ class SplitPanel(Panel):
         mode = Text("pinned", "bold " + self.colour("warning")) if state.pinned else \
             Text("auto", self.colour("success"))
         head = Text.assemble(f"level {level}", (f"/{n - 1}" if n else "", "dim"), "  ", mode)
+        together = state.prefill_units == state.decode_units == state.info.units  # chunked: one forward
         if state.idle:
             bar = Text("░" * width, idle)
             legend = Text.assemble(("idle", "bold"), (": no request running or waiting", "dim"))
+        elif together:
+            bar = split_bar(1, 1, width, prefill, decode, idle)
+            legend = Text.assemble(("■ ", prefill), ("■ ", decode),
+                                   f"prefill and decode in one step on all {fmt.units(state.info.units, unit)}")
         else:
             bar = split_bar(state.prefill_units, state.decode_units, width, prefill, decode, idle)
             legend = Text.assemble(("■ ", prefill), f"prefill {fmt.units(state.prefill_units, unit)}   ",
@@ -44,11 +49,13 @@ class SplitPanel(Panel):
         else:  # short: the legend joins the head, the knobs go to the border
             if state.idle:
                 short = Text.assemble(("idle", "bold"), (": no requests", "dim"))
+            elif together:
+                short = Text.assemble(("■ ", prefill), ("■ ", decode), f"one step, all {unit}")
             else:
                 short = Text.assemble(("■ ", prefill), f"prefill {state.prefill_units}  ", ("■ ", decode),
                                       f"decode {fmt.units(state.decode_units, unit)}")
             head = Text.assemble(f"level {level}  ", mode, "  ", short)
-            if head.cell_len > width:  # the unit is in the title
+            if head.cell_len > width and short.plain.endswith(unit):  # the unit is in the title
                 head = Text.assemble(f"level {level} ", mode, " ", short[:-len(unit) - 1])
             lines = [head, bar]
             self.border_subtitle = knob_line.plain.strip()

@@ -48,10 +48,10 @@ class TimelinePanel(Panel):
             label = "decode" if i == 0 else fmt.ms(top) if i == 1 else ""
             lines.append(Text.assemble((f"{label:<{LABEL}}", "dim"), row))
 
-        shares = [None if r is None or r.idle else
+        shares = [None if r.idle else
                   r.decode_units / (r.prefill_units + r.decode_units) if r.prefill_units + r.decode_units else 0.0
-                  for r in cols]
-        lines.append(Text.assemble((f"{'split':<{LABEL}}", "dim"),
+                  for r in rounds]
+        lines.append(Text.assemble((f"{'split':<{LABEL}}", "dim"), " " * len(pad),
                                    split_band(shares, self.colour("prefill"), self.colour("decode"),
                                               self.colour("idle"))))
         if id_rows:
