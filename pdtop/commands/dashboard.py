@@ -116,12 +116,13 @@ def start_server(args: argparse.Namespace, token: str, log: IO[str],
     assert child.stdout is not None and child.stderr is not None
     lines: queue.Queue[str] = queue.Queue()
     notes: queue.Queue[str] = queue.Queue()
-    started = threading.Event()
+    started, writing = threading.Event(), threading.Lock()
 
     def pump(stream: IO[str], out: queue.Queue[str]) -> None:  # keep reading: a full pipe blocks the child
         for line in stream:
-            log.write(line)
-            log.flush()
+            with writing:  # two pumps, one log
+                log.write(line)
+                log.flush()
             if not started.is_set():
                 out.put(line)
         out.put("")

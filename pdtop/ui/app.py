@@ -180,7 +180,7 @@ class PdtopApp(App[None]):
                         was_readonly = self.readonly
                         self.refresh_bindings()
                 elif isinstance(event, ConfigEvent):
-                    if event.client is None or event.client != self.state.client_id:  # ours were said already
+                    if event.client != self.state.client_id:  # ours were said when the reply came
                         who = f"{event.client}: " if event.client else ""
                         self.notify(who + change_words(event.changes, self.state), title="changed", timeout=4)
                 elif isinstance(event, Dropped) and dropped_before == self.state.dropped - event.count:

@@ -38,13 +38,13 @@ async def test_every_control_reaches_the_engine(served, until):
         # level down / up move the pinned level; `a` goes back to automatic. Start from a level
         # pinned on the engine's side, so rounds arriving meanwhile cannot move the starting point.
         engine.control({"cmd": "pin_level", "level": 3})
-        await until(pilot, lambda: app.state.level == 3 and app.state.pinned, "level 3 pinned in the rounds")
+        await until(pilot, lambda: app.state.shown_level == 3 and app.state.pinned, "level 3 pinned, on screen")
         await pilot.press("minus")
         await until(pilot, lambda: cfg()["pinned_level"] == 2, "level down")
         await until(pilot, lambda: _accepted(app), "the answer")
         assert _accepted(app)[-1][2] == "pinned level 2: prefill 104 SMs, decode 28"  # words, not `pin_level level=2`
         pinned = 2
-        await until(pilot, lambda: app.state.level == pinned and app.state.pinned, "the pinned level in the rounds")
+        await until(pilot, lambda: app.state.shown_level == pinned and app.state.pinned, "the pinned level on screen")
         await pilot.press("plus")
         await until(pilot, lambda: cfg()["pinned_level"] == pinned + 1, "level up")
         await pilot.press("a")
