@@ -63,6 +63,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where clients' record_start may create recordings (default: the working directory)")
     parser.add_argument("--max-clients", type=int, default=64, metavar="N",
                         help="connections served at once (default 64)")
+    parser.add_argument("--progress", action="store_true", default=sys.stderr.isatty(),
+                        help="say on stderr which device was picked and why and which model loads "
+                             "(default: when stderr is a terminal; `pdtop dashboard` shows these lines)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -85,12 +88,14 @@ def run(args: argparse.Namespace) -> int:
         from pdtop.engine.build import build_engine
 
         started = time.monotonic()
-        _startup.say(_startup.device_choice(args.device))
-        _startup.say(_startup.model_loading(args.model, args.device))
+        if args.progress:
+            _startup.say(_startup.device_choice(args.device))
+            _startup.say(_startup.model_loading(args.model, args.device))
         workload = WorkloadSpec() if args.rate is None else WorkloadSpec(rate=args.rate)
         engine = build_engine(device=args.device, model=args.model, config=config, policy=args.policy,
                               workload=workload)
-        _startup.say(_startup.ready(engine, started))
+        if args.progress:
+            _startup.say(_startup.ready(engine, started))
     except INPUT_ERRORS as exc:
         return fail("serve", exc)
     try:

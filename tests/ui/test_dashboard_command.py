@@ -37,6 +37,7 @@ def test_serve_command_line():
     assert cmd[:4] == [sys.executable, "-m", "pdtop", "serve"]
     assert cmd[cmd.index("--port") + 1] == "0" and cmd[cmd.index("--host") + 1] == "127.0.0.1"
     assert "--token" not in cmd  # it goes in the environment, out of `ps`
+    assert "--progress" in cmd  # its start-up lines, shown while the dashboard waits
     assert cmd[cmd.index("--device") + 1] == "sim:H100"
     assert "--model" not in cmd  # defaults are the server's
 
