@@ -52,8 +52,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def serve_command(args: argparse.Namespace) -> list[str]:
-    """The child's command line: `pdtop serve` on a free loopback port (its token comes in the environment)."""
-    cmd = [sys.executable, "-m", "pdtop", "serve", "--host", "127.0.0.1", "--port", "0", "--progress"]
+    """The child's command line: `pdtop serve` on a free loopback port, with the HTTP API on another
+    (its token comes in the environment)."""
+    cmd = [sys.executable, "-m", "pdtop", "serve", "--host", "127.0.0.1", "--port", "0", "--api-port", "0",
+           "--progress"]
     for flag in ("device", "model", "config", "policy", "rate", "record"):
         value = getattr(args, flag, None)
         if value is not None:

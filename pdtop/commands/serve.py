@@ -13,9 +13,17 @@ unless their origin is allowed (--allow-origin), and clients may record only to 
 files inside --record-dir. Ctrl-C stops cleanly; if the engine stops on an error, serve
 says so in one line and exits 1.
 
+With --api-port, an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions,
+/v1/models, /health, /metrics) runs on the same host, and the next line on stdout is
+`pdtop serve: api on http://HOST:PORT/v1`. Its requests go through the same scheduler as
+the workload's. On a non-loopback host they need `Authorization: Bearer TOKEN`.
+--workload none leaves only API and injected requests. Requests past the waiting-queue
+caps (--max-waiting-requests, --max-waiting-tokens) are refused: the API answers 503.
+
 Examples:
   pdtop serve --device sim:H100 --rate 8
   pdtop serve --device cpu --record run.ndjson.gz
+  pdtop serve --device cpu --api-port 8000 --workload none
   pdtop serve --host 0.0.0.0 --token "$(openssl rand -hex 16)"
 """
 from __future__ import annotations
@@ -30,6 +38,7 @@ import time
 from typing import TYPE_CHECKING
 
 from pdtop.commands._common import DEVICE_HELP, INPUT_ERRORS, fail
+from pdtop.engine.scheduling.admission import MAX_WAITING_REQUESTS, MAX_WAITING_TOKENS
 from pdtop.engine.scheduling.policies import DEFAULT_POLICY, POLICIES
 
 if TYPE_CHECKING:
@@ -56,6 +65,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token", default=os.environ.get("PDTOP_TOKEN") or None,
                         help="secret a client needs to send control messages (default: $PDTOP_TOKEN; "
                         "the environment keeps it out of `ps`)")
+    parser.add_argument("--api-port", type=int, metavar="PORT",
+                        help="also serve the OpenAI-compatible HTTP API and /metrics on PORT (0 picks a free one)")
+    parser.add_argument("--workload", choices=("synthetic", "none"), default="synthetic",
+                        help="synthetic: seeded Poisson arrivals (default); none: only API and injected requests")
+    parser.add_argument("--max-waiting-requests", type=int, default=MAX_WAITING_REQUESTS, metavar="N",
+                        help=f"requests that may wait for prefill; more are refused (default {MAX_WAITING_REQUESTS})")
+    parser.add_argument("--max-waiting-tokens", type=int, default=MAX_WAITING_TOKENS, metavar="N",
+                        help=f"prompt tokens the waiting requests may hold (default {MAX_WAITING_TOKENS})")
     parser.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
                         help="a browser origin allowed to connect, e.g. http://localhost:3000 (repeatable; "
                              "default none: pages on other sites cannot reach the server)")
@@ -74,6 +91,13 @@ def run(args: argparse.Namespace) -> int:
 
     if not 0 <= args.port <= 65535:
         return fail("serve", f"--port must be 0..65535, got {args.port}")
+    if args.api_port is not None and not 0 <= args.api_port <= 65535:
+        return fail("serve", f"--api-port must be 0..65535, got {args.api_port}")
+    if args.workload == "none" and args.rate is not None:
+        return fail("serve", "--rate sets the synthetic workload's arrivals; it does not go with --workload none")
+    for flag in ("max_waiting_requests", "max_waiting_tokens"):
+        if getattr(args, flag) < 1:
+            return fail("serve", f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     if args.rate is not None and not 0 <= args.rate <= 1000:
         return fail("serve", f"--rate must be 0..1000 requests/s, got {args.rate:g}")
     if args.token is not None and not args.token:
@@ -86,14 +110,17 @@ def run(args: argparse.Namespace) -> int:
         config = _load_config(args.config)
         from pdtop.commands import _startup
         from pdtop.engine.build import build_engine
+        from pdtop.engine.scheduling.admission import QueueLimits
 
         started = time.monotonic()
         if args.progress:
             _startup.say(_startup.device_choice(args.device))
             _startup.say(_startup.model_loading(args.model, args.device))
-        workload = WorkloadSpec() if args.rate is None else WorkloadSpec(rate=args.rate)
+        workload = None if args.workload == "none" else WorkloadSpec() if args.rate is None \
+            else WorkloadSpec(rate=args.rate)
         engine = build_engine(device=args.device, model=args.model, config=config, policy=args.policy,
-                              workload=workload)
+                              workload=workload, limits=QueueLimits(args.max_waiting_requests,
+                                                                    args.max_waiting_tokens))
         if args.progress:
             _startup.say(_startup.ready(engine, started))
     except INPUT_ERRORS as exc:
@@ -113,13 +140,14 @@ def _load_config(path: str | None) -> PdmuxConfig:
 async def _serve(engine: Engine, args: argparse.Namespace) -> int:
     from pdtop.telemetry.hardware.hw import HwSampler
     from pdtop.telemetry.recording.recorder import RecordingError
-    from pdtop.telemetry.server.server import TelemetryServer
+    from pdtop.telemetry.server.server import TelemetryServer, is_loopback
 
     try:
         server = TelemetryServer(engine, args.host, args.port, token=args.token, allow_origins=args.allow_origin,
                                  record_dir=args.record_dir, max_clients=args.max_clients)
     except ValueError as exc:
         return fail("serve", exc)
+    api = None
     try:
         await server.start()
         if args.record:
@@ -130,7 +158,20 @@ async def _serve(engine: Engine, args: argparse.Namespace) -> int:
     except RecordingError as exc:
         await server.stop()
         return fail("serve", str(exc))
+    if args.api_port is not None:
+        from pdtop.api.server import ApiServer
+
+        try:
+            api = ApiServer(engine, args.host, args.api_port, token=None if is_loopback(args.host) else args.token)
+            await api.start()
+        except INPUT_ERRORS as exc:
+            await server.stop()
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            return fail("serve", f"cannot serve the API on {args.host}:{args.api_port}: {reason}")
+        server.api_url = api.url
     print(f"pdtop serve: listening on {server.url}", flush=True)
+    if api is not None:
+        print(f"pdtop serve: api on {api.url}", flush=True)
     if args.record:
         print(f"pdtop serve: recording to {args.record}", file=sys.stderr, flush=True)
 
@@ -157,6 +198,8 @@ async def _serve(engine: Engine, args: argparse.Namespace) -> int:
         stop.set()
         sampler.stop()
         await asyncio.to_thread(thread.join, 10)
+        if api is not None:
+            await api.stop()
         await server.stop()
     if failure:
         return fail("serve", f"the engine stopped: {type(failure[0]).__name__}: {failure[0]}", code=1)

@@ -55,6 +55,15 @@ class Totals:
 
 
 @dataclass
+class Limits:
+    """`hello.engine.limits`: the waiting-queue caps, and what they refused since the engine started."""
+
+    max_waiting_requests: int
+    max_waiting_tokens: int
+    refused: dict[str, int]  # source ("workload", "inject", "api") -> requests refused
+
+
+@dataclass
 class EngineDescription:
     """`hello.engine`: `Engine.describe()`."""
 
@@ -68,6 +77,7 @@ class EngineDescription:
     levels: list[tuple[int, int]]
     config: EngineConfig
     policy: str
+    limits: Limits | None = None  # absent in recordings made before it existed
     totals: Totals | None = None  # absent from servers older than the field
 
 
@@ -79,6 +89,7 @@ class Hello:
     client_id: str
     readonly: bool
     engine: EngineDescription
+    api: str | None = None  # the OpenAI-compatible API's base URL (http://HOST:PORT/v1), when the server runs one
 
 
 @dataclass

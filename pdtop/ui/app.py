@@ -209,7 +209,7 @@ class PdtopApp(App[None]):
 
     def status_text(self) -> Text:
         """The status line between messages: why there is no connection, how to get controls, or
-        what runs (the workload, the API) and where help is."""
+        what runs (the workload) and where help is."""
         state, source = self.state, self.source
         url = getattr(source, "url", "")
         error, retry_at = getattr(source, "last_error", None), getattr(source, "retry_at", None)
@@ -237,8 +237,6 @@ class PdtopApp(App[None]):
             parts.append(Text(hint, "dim"))
         if state.info.workload:
             parts.append(Text.assemble(("workload ", "dim"), state.info.workload))
-        if state.info.api:
-            parts.append(Text.assemble(("API ", "dim"), state.info.api))
         parts.append(Text("? help  ctrl+p commands", "dim"))
         return Text("  ·  ", "dim").join(parts)
 

@@ -60,14 +60,12 @@ class EngineInfo:
     units: int = 0
     peak_bytes_per_s: float | None = None
     workload: str | None = None  # one line describing the workload scenario, when the server says
-    api: str | None = None  # the OpenAI-compatible base URL, when the server runs one
 
     @classmethod
     def from_hello(cls, hello: Hello) -> EngineInfo:
         e = hello.engine
         return cls(model=e.model, device=e.device.name, device_kind=e.device.kind, unit_name=e.unit_name,
-                   units=e.units, peak_bytes_per_s=e.device.peak_bw, workload=getattr(e, "workload", None),
-                   api=getattr(hello, "api", None))
+                   units=e.units, peak_bytes_per_s=e.device.peak_bw, workload=getattr(e, "workload", None))
 
 
 @dataclass
@@ -109,6 +107,7 @@ class DashboardState:
     info: EngineInfo = field(default_factory=EngineInfo)
     config: EngineConfig | None = None  # the whole configuration, from hello, config and seek events
     recording: str | None = None  # path this dashboard asked the server to record to
+    api: str | None = None  # the server's OpenAI-compatible API (hello.api)
 
     # the latest round
     rounds_seen: int = 0
@@ -186,6 +185,7 @@ class DashboardState:
         self.readonly = hello.readonly
         self.server_version = hello.pdtop
         self.info = EngineInfo.from_hello(hello)
+        self.api = hello.api
         self._set_config(hello.engine.config)
         totals = hello.engine.totals  # the server's counts: nothing carries over from another connection
         if totals is not None:

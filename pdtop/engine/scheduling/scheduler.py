@@ -14,8 +14,9 @@ With greedy sampling the policies give the same tokens: only timing differs.
 
 The scheduler is the one owner of what a token means (nano-vllm's `Scheduler.postprocess`):
 `append_token` appends it, moves the request's status along and decides "finished";
-the executor only returns tokens. `generate` runs one request alone on a `ModelRunner`
-through the same rule (`pdtop generate`, tests).
+the executor only returns tokens. `abort` ends a request early (its client left, or a
+stop string matched) and frees its KV; one whose prefill is in flight ends when it completes.
+`generate` runs one request alone on a `ModelRunner` through the same rule (`pdtop generate`, tests).
 """
 from __future__ import annotations
 
@@ -114,11 +115,43 @@ class Scheduler:
         self.chunk_req: Request | None = None
         self.round_index = 0
         self.rejected: list[Request] = []  # reported as "finish" records by the next step
+        self.waiting_tokens = 0  # prompt tokens in `waiting` (the engine's admission cap reads it)
+        self._ending: dict[int, str] = {}  # request id -> finish reason: aborted while its prefill is in flight
 
     # -- requests --------------------------------------------------------------------------
     def add(self, req: Request) -> RequestRecord:
         self.waiting.append(req)
-        return RequestRecord("arrival", req.id, req.arrival, req.prompt_len)
+        self.waiting_tokens += req.prompt_len
+        return RequestRecord("arrival", req.id, req.arrival, req.prompt_len, source=req.source)
+
+    def abort(self, req: Request, reason: str) -> RequestRecord | None:
+        """End `req` now with `reason` ("abort", "stop"): out of the queue or the batch, its KV freed;
+        its finish record. None when it is already finished, or when its prefill is in flight: then
+        it ends, with its first token, when that prefill completes."""
+        if req.finished:
+            return None
+        if self.prefill is not None and req in self.prefill.reqs:
+            self._ending[req.id] = reason
+            return None
+        if req is self.chunk_req:
+            self.chunk_req = None
+        elif req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+            self.waiting_tokens -= req.prompt_len
+        return self._end(req, reason, self.device.now())
+
+    def _end(self, req: Request, reason: str, now: float) -> RequestRecord:
+        """Finish `req` early (not through `append_token`): status, reason, KV released; its finish record."""
+        req.status, req.finish_reason = RequestStatus.FINISHED, reason
+        self.executor.release(req)
+        return self._finish_record(req, now)
+
+    @staticmethod
+    def _finish_record(req: Request, now: float) -> RequestRecord:
+        return RequestRecord("finish", req.id, now, req.prompt_len, len(req.output_ids), req.ttft, req.itls,
+                             req.finish_reason, req.source)
 
     @property
     def num_layers(self) -> int:
@@ -146,10 +179,12 @@ class Scheduler:
                 break  # waits until running requests finish and free their KV
             except EngineError as exc:  # a request the model cannot take: it ends here, the rest go on
                 self.waiting.popleft()
+                self.waiting_tokens -= req.prompt_len
                 req.status, req.finish_reason, req.error = RequestStatus.FINISHED, "rejected", str(exc)
                 self.rejected.append(req)
                 continue
             self.waiting.popleft()
+            self.waiting_tokens -= req.prompt_len
             req.status = RequestStatus.PREFILLING
             batch.append(req)
             total += req.prompt_len
@@ -161,16 +196,19 @@ class Scheduler:
         finished = append_token(req, token, now, self.executor.cfg.eos_ids)
         stats.tokens += 1
         if len(req.output_ids) == 1:
-            stats.requests.append(RequestRecord("first_token", req.id, now, req.prompt_len, 1, req.ttft))
+            stats.requests.append(RequestRecord("first_token", req.id, now, req.prompt_len, 1, req.ttft,
+                                                source=req.source))
         if finished:
             self.executor.release(req)
-            stats.requests.append(RequestRecord("finish", req.id, now, req.prompt_len, len(req.output_ids),
-                                                req.ttft, req.itls, req.finish_reason))
+            stats.requests.append(self._finish_record(req, now))
 
     def _join_decode(self, reqs: list[Request], tokens: list[int], stats: RoundStats) -> None:
         now = self.device.now()
         for req, tok in zip(reqs, tokens, strict=True):
             self._emit(req, tok, now, stats)
+            reason = self._ending.pop(req.id, None)
+            if reason is not None and not req.finished:  # aborted while its prefill was in flight
+                stats.requests.append(self._end(req, reason, now))
             if not req.finished:
                 self.running.append(req)
 
@@ -282,7 +320,7 @@ class Scheduler:
             self._step_prefill_first(stats)
         now = self.device.now()
         for req in self.rejected:
-            stats.requests.append(RequestRecord("finish", req.id, now, req.prompt_len, 0, None, [], "rejected"))
+            stats.requests.append(self._finish_record(req, now))
         self.rejected.clear()
         p_units, d_units = stats.split if stats.split is not None else self.device.split
         used, capacity = self.executor.kv_usage()

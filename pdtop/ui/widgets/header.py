@@ -1,4 +1,4 @@
-"""Header: connection, device, model, policy, recording and dropped events, fitted to one line.
+"""Header: connection, device, model, policy, API URL, recording and dropped events, fitted to one line.
 
 Every item stays at every width: the separators tighten first, then items take their short
 form, then the model's name is cut.
@@ -59,6 +59,9 @@ class HeaderBar(Static):
         model_at = len(items)
         items.append(([("model ", "dim"), (info.model, "")], [(info.model.removeprefix("synthetic:"), "")]))
         items.append(([("policy ", "dim"), (state.policy, "")], [(state.policy, "")]))
+        if state.api and connection != "replay":
+            port = state.api.rsplit(":", 1)[-1].split("/")[0]
+            items.append(([("api ", "dim"), (state.api, "")], [("api ", "dim"), (f":{port}", "")]))
         if connection != "replay":
             if state.recording:
                 rec_style = "bold " + colours.get("error", "")
