@@ -1,6 +1,12 @@
 """Run the engine with its workload and serve telemetry and control over a websocket.
 
-The engine runs rounds on its own thread (a sim: device is paced to wall time); every
+The default workload shows PD multiplexing within seconds: a steady decode batch (a closed
+loop: each request that finishes is replaced) while a long prompt arrives every few seconds
+(skipped while the previous one still waits for its first token), seeded:
+{scenarios}
+--rate adds Poisson arrivals on top.
+
+The engine runs rounds on its own thread (a sim: device is paced to wall time x --speed); every
 round, request and config change is streamed to each connected client as JSON (see
 docs/protocol.md), with a hardware sample about once a second. Clients send control
 messages (pin a level, change knobs, inject a long prompt) on the same connection.
@@ -22,6 +28,7 @@ caps (--max-waiting-requests, --max-waiting-tokens) are refused: the API answers
 
 Examples:
   pdtop serve --device sim:H100 --rate 8
+  pdtop serve --device sim:H100 --speed 0.1
   pdtop serve --device cpu --record run.ndjson.gz
   pdtop serve --device cpu --api-port 8000 --workload none
   pdtop serve --host 0.0.0.0 --token "$(openssl rand -hex 16)"
@@ -38,8 +45,16 @@ import time
 from typing import TYPE_CHECKING
 
 from pdtop.commands._common import DEVICE_HELP, INPUT_ERRORS, fail
+from pdtop.engine.errors import DeviceError
 from pdtop.engine.scheduling.admission import MAX_WAITING_REQUESTS, MAX_WAITING_TOKENS
 from pdtop.engine.scheduling.policies import DEFAULT_POLICY, POLICIES
+from pdtop.engine.scheduling.workload import DEMO
+
+SCENARIOS_HELP = "\n".join(f"  {kind}: {spec.describe()}" for kind, spec in DEMO.items())
+__doc__ = __doc__.replace("{scenarios}", SCENARIOS_HELP)
+RATE_HELP = "Poisson arrivals per second on top of the default workload (default 0)"
+SPEED_HELP = ("sim: devices only: simulated seconds per wall second (default 1; 0.1 runs ten times slower, "
+              "to watch a prefill advance layer by layer)")
 
 if TYPE_CHECKING:
     from pdtop.engine.engine import Engine
@@ -56,8 +71,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="SGLang-compatible pdmux YAML (sm_group_num, manual_divisions, ...)")
     parser.add_argument("--policy", default=DEFAULT_POLICY, choices=POLICIES,
                         help=f"scheduling policy (default {DEFAULT_POLICY})")
-    parser.add_argument("--rate", type=float, metavar="REQ_PER_S",
-                        help="Poisson arrival rate of the workload (default 2)")
+    parser.add_argument("--rate", type=float, metavar="REQ_PER_S", help=RATE_HELP)
+    parser.add_argument("--speed", type=float, metavar="X", help=SPEED_HELP)
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others need --token)")
     parser.add_argument("--port", type=int, default=8765, help="port to bind (default 8765; 0 picks a free one)")
     parser.add_argument("--record", metavar="FILE",
@@ -68,7 +83,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-port", type=int, metavar="PORT",
                         help="also serve the OpenAI-compatible HTTP API and /metrics on PORT (0 picks a free one)")
     parser.add_argument("--workload", choices=("synthetic", "none"), default="synthetic",
-                        help="synthetic: seeded Poisson arrivals (default); none: only API and injected requests")
+                        help="synthetic: the default workload above (default); none: only API and injected requests")
     parser.add_argument("--max-waiting-requests", type=int, default=MAX_WAITING_REQUESTS, metavar="N",
                         help=f"requests that may wait for prefill; more are refused (default {MAX_WAITING_REQUESTS})")
     parser.add_argument("--max-waiting-tokens", type=int, default=MAX_WAITING_TOKENS, metavar="N",
@@ -85,8 +100,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: when stderr is a terminal; `pdtop dashboard` shows these lines)")
 
 
+def check_inputs(args: argparse.Namespace) -> PdmuxConfig:
+    """The pdmux config, once the device, --speed and the --config file are checked the way `serve`
+    checks them (EngineError or OSError naming the problem). Cheap, and without torch for `auto`,
+    so the dashboard calls it before its UI starts; the model is checked when the engine is built."""
+    from pdtop.engine.build import parse_device
+
+    device = args.device or "auto"
+    kind = "auto" if device == "auto" else parse_device(device).kind  # auto picks cuda or cpu, never sim
+    speed = getattr(args, "speed", None)
+    if speed is not None:
+        if kind != "sim":
+            raise DeviceError(f"--speed applies to simulated devices (sim:GPU) only, not {device}")
+        if not 0 < speed <= 1000:
+            raise DeviceError(f"--speed must be in (0, 1000], got {speed:g}")
+    return _load_config(args.config)
+
+
 def run(args: argparse.Namespace) -> int:
-    from pdtop.engine.scheduling.workload import WorkloadSpec
+    from pdtop.engine.scheduling.workload import demo_workload
     from pdtop.telemetry.server.server import is_loopback
 
     if not 0 <= args.port <= 65535:
@@ -107,17 +139,16 @@ def run(args: argparse.Namespace) -> int:
     if args.max_clients < 1:
         return fail("serve", f"--max-clients must be at least 1, got {args.max_clients}")
     try:
-        config = _load_config(args.config)
+        config = check_inputs(args)
         from pdtop.commands import _startup
-        from pdtop.engine.build import build_engine
+        from pdtop.engine.build import build_engine, parse_device
         from pdtop.engine.scheduling.admission import QueueLimits
 
         started = time.monotonic()
         if args.progress:
             _startup.say(_startup.device_choice(args.device))
             _startup.say(_startup.model_loading(args.model, args.device))
-        workload = None if args.workload == "none" else WorkloadSpec() if args.rate is None \
-            else WorkloadSpec(rate=args.rate)
+        workload = None if args.workload == "none" else demo_workload(parse_device(args.device).kind, args.rate)
         engine = build_engine(device=args.device, model=args.model, config=config, policy=args.policy,
                               workload=workload, limits=QueueLimits(args.max_waiting_requests,
                                                                     args.max_waiting_tokens))
@@ -184,7 +215,7 @@ async def _serve(engine: Engine, args: argparse.Namespace) -> int:
 
     def engine_loop() -> None:
         try:
-            engine.run(stop, realtime=True)
+            engine.run(stop, realtime=True, speed=getattr(args, "speed", None) or 1.0)
         except BaseException as exc:  # report it, and stop serving
             failure.append(exc)
             loop.call_soon_threadsafe(done.set)

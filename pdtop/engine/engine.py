@@ -90,6 +90,8 @@ class Engine:
         self._wake = threading.Event()  # set when work comes in, so an idle round ends early
         self._watched: list[_Watch] = []  # engine thread only
         self.totals = {"arrived": 0, "first_token": 0, "finished": 0, "rejected": 0}  # since the engine started
+        self._open: list[tuple[Arrival, Request]] = []  # closed-loop and periodic requests not finished yet
+        self._pace: Callable[[], None] = lambda: None  # set by `run` to hold a virtual clock to wall time
 
     # -- what clients see ------------------------------------------------------------------
     def add_sink(self, sink: Sink) -> None:
@@ -135,6 +137,7 @@ class Engine:
             "limits": {"max_waiting_requests": self.limits.max_waiting_requests,
                        "max_waiting_tokens": self.limits.max_waiting_tokens, "refused": dict(self.refused)},
             "totals": dict(self.totals),
+            "workload": self.workload.spec.describe() if self.workload else None,
         }
 
     @property
@@ -177,7 +180,7 @@ class Engine:
             if w is not None:
                 w.inject(now, tokens, max_tokens)
             else:
-                self._arrive(Arrival(now, tokens or LONG_PROMPT_TOKENS, max_tokens or 64, injected=True))
+                self._arrive(Arrival(now, tokens or LONG_PROMPT_TOKENS, max_tokens or 64, "inject"))
             diff["inject"] = {"old": None, "new": tokens or "default"}
         elif change.cmd in ("pause_workload", "resume_workload") and w is not None:
             paused = change.cmd == "pause_workload"
@@ -319,17 +322,28 @@ class Engine:
                                                  source=source)))
             raise
 
-    def _arrive(self, arrival: Arrival) -> None:
+    def _arrive(self, arrival: Arrival) -> Request | None:
         cfg = self.executor.cfg
         n = max(1, min(arrival.prompt_tokens, cfg.max_context - arrival.max_tokens))
         source = "inject" if arrival.injected else "workload"
         try:
             with self._lock:  # checked before the prompt is made: a refused arrival costs no memory
                 self._check_room(n, source, arrival.time)
-            self.submit(self.prompts.make(n), arrival.max_tokens, ignore_eos=True, arrival=arrival.time,
-                        source=source)
+            return self.submit(self.prompts.make(n), arrival.max_tokens, ignore_eos=True, arrival=arrival.time,
+                               source=source)
         except QueueFullError:
-            pass  # dropped: reported as rejected, counted in describe()["limits"]["refused"]
+            return None  # dropped: reported as rejected, counted in describe()["limits"]["refused"]
+
+    def _take_arrivals(self, workload: Workload) -> None:
+        """Submit what the workload has due, telling it how many of its closed-loop requests are
+        still in flight and whether its last long prompt still waits for its first token."""
+        self._open = [(a, r) for a, r in self._open if not r.finished]
+        in_flight = sum(a.kind == "loop" for a, _ in self._open)
+        long_waiting = any(a.kind == "long" and not r.output_ids for a, r in self._open)
+        for arrival in workload.due(self.device.now(), in_flight, long_waiting):
+            req = self._arrive(arrival)
+            if req is not None and arrival.kind in ("loop", "long"):
+                self._open.append((arrival, req))
 
     def _take_requests(self) -> None:
         """At a round boundary: queued requests join the scheduler, refusals are reported, aborts applied."""
@@ -383,8 +397,7 @@ class Engine:
         self._wake.clear()
         self._apply_pending()
         if self.workload is not None:
-            for arrival in self.workload.due(self.device.now()):
-                self._arrive(arrival)
+            self._take_arrivals(self.workload)
         self._take_requests()
         if self.scheduler.idle():
             if self.device.virtual:
@@ -393,6 +406,7 @@ class Engine:
                 self._wake.wait(IDLE_S)
                 self._take_requests()
         record, requests = self.scheduler.step()
+        self._pace()  # a paced virtual clock: report the round when wall time reaches its end
         for r in requests:
             self._emit(r)
         self._emit(record)
@@ -401,14 +415,24 @@ class Engine:
         return record
 
     def run(self, stop: threading.Event, realtime: bool = True, speed: float = 1.0) -> None:
-        """Run rounds until `stop` is set. A virtual clock is paced to wall time x `speed` when `realtime`."""
-        wall0, clock0 = time.perf_counter(), self.device.now()
-        while not stop.is_set():
-            self.step()
-            if realtime and self.device.virtual:
+        """Run rounds until `stop` is set. A virtual clock is paced to wall time x `speed` when
+        `realtime` (speed 0.1: ten wall seconds per simulated second)."""
+        if not speed > 0:
+            raise ValueError(f"speed must be > 0, got {speed}")
+        if realtime and self.device.virtual:
+            wall0, clock0 = time.perf_counter(), self.device.now()
+
+            def pace() -> None:
                 ahead = (self.device.now() - clock0) / speed - (time.perf_counter() - wall0)
                 if ahead > 0:
                     stop.wait(ahead)
+
+            self._pace = pace
+        try:
+            while not stop.is_set():
+                self.step()
+        finally:
+            self._pace = lambda: None
 
     def run_until_idle(self, max_rounds: int = 1_000_000) -> int:
         """Run rounds until every submitted request has finished (no workload arrivals)."""

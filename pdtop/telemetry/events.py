@@ -79,6 +79,7 @@ class EngineDescription:
     policy: str
     limits: Limits | None = None  # absent in recordings made before it existed
     totals: Totals | None = None  # absent from servers older than the field
+    workload: str | None = None  # one line describing the workload scenario
 
 
 @dataclass

@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pdtop.engine.devices.base import Device
+from pdtop.engine.devices.base import Device, Work
 from pdtop.engine.errors import EngineError, KVCapacityError
 from pdtop.engine.records import PrefillProgress, RequestRecord, RoundRecord
 from pdtop.engine.request import Request, RequestStatus
@@ -86,6 +86,8 @@ class PrefillBatch:
     layers_per_round: int
     layers_done: int = 0
     submitted_end: int = 0  # layers submitted so far (>= layers_done while a chunk is in flight)
+    chunk: Work | None = None  # the chunk in flight, until its FLOPs and bytes are all charged
+    charged: float = 0.0  # the fraction of `chunk` charged to rounds so far
 
 
 @dataclass
@@ -104,7 +106,8 @@ class RoundStats:
 class Scheduler:
     def __init__(self, device: Device, executor: Executor, table: SplitTable, config: PdmuxConfig,
                  policy: str = "pdmux", max_prefill_tokens: int = MAX_PREFILL_TOKENS):
-        self.device, self.executor, self.table, self.config = device, executor, table, config
+        self.device, self.executor, self.table = device, executor, table
+        self.config = config.for_device(device.kind)
         self.policy = check_policy(policy)
         self.device.set_groups(table.groups)
         self.max_prefill_tokens = max_prefill_tokens
@@ -230,23 +233,38 @@ class Scheduler:
         if level != self.device.level:
             self.device.set_level(level)
 
+    def _charge_prefill(self, stats: RoundStats) -> None:
+        """Charge this round the part of the in-flight chunk's FLOPs and bytes done since the last
+        charge, by the device's progress: a chunk's cost is spread over the rounds it runs in."""
+        pf = self.prefill
+        if pf is None or pf.chunk is None:
+            return
+        done = self.device.prefill_progress()
+        stats.flops += (done - pf.charged) * pf.chunk.flops
+        stats.bytes += (done - pf.charged) * pf.chunk.bytes
+        pf.charged = done
+        if done >= 1.0:
+            pf.chunk = None
+
     def _collect_prefill(self, stats: RoundStats, block: bool = False) -> None:
         """Take a finished prefill chunk; `block` waits for it (a round with nothing to decode)."""
         pf = self.prefill
         if pf is None or pf.submitted_end == pf.layers_done or (self.device.prefill_busy() and not block):
             return
         self.device.wait_prefill()
+        self._charge_prefill(stats)
         pf.layers_done = pf.submitted_end
         if pf.layers_done == self.num_layers:
             self.prefill = None
             self._join_decode(pf.reqs, self.executor.finish_prefill(pf.state), stats)
 
     def _step_pdmux(self, stats: RoundStats) -> None:
+        self._collect_prefill(stats)  # a real device's chunk may have finished between rounds
         if self.prefill is None and self.waiting:
             reqs = self._admit(self.max_prefill_tokens)
             if reqs:
                 tokens = sum(r.prompt_len for r in reqs)
-                k = prefill_layers_per_step(tokens, self.num_layers, self.config.split_forward_token_budget)
+                k = prefill_layers_per_step(tokens, self.num_layers, self.config.token_budget)
                 self.prefill = PrefillBatch(reqs, self.executor.prefill_begin(reqs), tokens, k)
         if not self.device.prefill_busy():
             level = self.pinned if self.pinned is not None else self.table.choose(
@@ -257,13 +275,12 @@ class Scheduler:
             end = min(self.num_layers, pf.submitted_end + pf.layers_per_round)
             work = self.executor.prefill(pf.state, pf.reqs, pf.submitted_end, end)
             self.device.submit_prefill(work)
-            pf.submitted_end = end
-            stats.flops += work.flops
-            stats.bytes += work.bytes
+            pf.submitted_end, pf.chunk, pf.charged = end, work, 0.0
         stats.split = self.device.split
         if self.running:
             self._decode(stats, whole=False)
         self._collect_prefill(stats, block=not self.running)
+        self._charge_prefill(stats)
 
     def _step_prefill_first(self, stats: RoundStats) -> None:
         n = len(self.device.groups)
@@ -368,4 +385,4 @@ class Scheduler:
             self.table = table
             if self.pinned is not None and self.pinned >= len(table.groups):
                 self.pinned = None
-        self.config = config
+        self.config = config.for_device(self.device.kind)
