@@ -8,9 +8,11 @@ def is_http(url: str) -> bool:
     return url.startswith(("http://", "https://"))
 
 
-def add_scrape_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--interval", type=float, default=None, metavar="S",
-                        help="http:// URLs: seconds between reads of /metrics (default 1)")
+def add_scrape_arguments(parser: argparse.ArgumentParser, interval: bool = True) -> None:
+    """--model-name, and --interval unless the command has its own (`attach`: the dashboard's)."""
+    if interval:
+        parser.add_argument("--interval", type=float, default=None, metavar="S",
+                            help="http:// URLs: seconds between reads of /metrics (default 1)")
     parser.add_argument("--model-name", metavar="NAME",
                         help="http:// URLs: the model to show when the server serves several (its `model_name` "
                              "label; default: the first on the page)")

@@ -187,7 +187,8 @@ class PdtopApp(App[None]):
                     self.notify(f"the server skipped {event.count} events this dashboard did not take in time; "
                                 "the charts have a gap there", title="dropped", severity="warning", timeout=8)
                 elif isinstance(event, ErrorNotice):
-                    self.notify(f"{event.field or 'engine'}: {event.reason}", title="pdtop server",
+                    title = "pdtop server" if self.state.scrape is None else "/metrics"
+                    self.notify(f"{event.field or 'engine'}: {event.reason}", title=title,
                                 severity="error", timeout=8)
                 elif event is None and self.state.invalid == 1:  # the first only: a server bug floods
                     self.notify(self.state.invalid_reason, title="unreadable event skipped", severity="warning",
@@ -289,7 +290,8 @@ class PdtopApp(App[None]):
                 return
 
     def refuse(self, cmd: Command) -> None:
-        why = "a replay cannot change the engine" if self.replay else "this connection is read-only"
+        why = "a replay cannot change the engine" if self.replay else \
+            getattr(self.source, "readonly_reason", None) or "this connection is read-only"
         self.notify(f"{cmd.description}: refused, {why}", title="read-only", severity="error")
 
     def action_run_command(self, command_id: str) -> None:

@@ -24,7 +24,19 @@ from typing import Any
 
 from pdtop.engine.records import PrefillProgress, RequestRecord, RoundRecord
 from pdtop.telemetry.decode import EventError, UnknownEventType, decode_event
-from pdtop.telemetry.events import ConfigEvent, Dropped, EngineConfig, ErrorNotice, Event, Hello, Hw, Seek
+from pdtop.telemetry.events import (
+    ConfigEvent,
+    Dropped,
+    EngineConfig,
+    EngineDescription,
+    ErrorNotice,
+    Event,
+    Hello,
+    Hw,
+    Metrics,
+    Seek,
+)
+from pdtop.ui.scrape_view import ScrapeView
 from pdtop.ui.stats import bucket_max, summary
 
 
@@ -62,8 +74,7 @@ class EngineInfo:
     workload: str | None = None  # one line describing the workload scenario, when the server says
 
     @classmethod
-    def from_hello(cls, hello: Hello) -> EngineInfo:
-        e = hello.engine
+    def from_engine(cls, e: EngineDescription) -> EngineInfo:
         return cls(model=e.model, device=e.device.name, device_kind=e.device.kind, unit_name=e.unit_name,
                    units=e.units, peak_bytes_per_s=e.device.peak_bw, workload=getattr(e, "workload", None))
 
@@ -108,6 +119,7 @@ class DashboardState:
     config: EngineConfig | None = None  # the whole configuration, from hello, config and seek events
     recording: str | None = None  # path this dashboard asked the server to record to
     api: str | None = None  # the server's OpenAI-compatible API (hello.api)
+    scrape: ScrapeView | None = None  # a scraped /metrics page (hello.scrape): the panels show it instead
 
     # the latest round
     rounds_seen: int = 0
@@ -184,8 +196,20 @@ class DashboardState:
         self.client_id = hello.client_id
         self.readonly = hello.readonly
         self.server_version = hello.pdtop
-        self.info = EngineInfo.from_hello(hello)
         self.api = hello.api
+        if hello.engine is None:  # a /metrics page: no engine description, no configuration, no rounds
+            target = hello.scrape
+            assert target is not None  # decode_event checked it
+            prev, self.scrape = self.scrape, ScrapeView(target)
+            if prev is not None and (prev.target.engine, prev.target.model_name) == (target.engine, target.model_name):
+                self.scrape.history = prev.history  # the same server back: its chart goes on
+            self.info = EngineInfo(model=target.model_name or "?", device=self.scrape.engine_name)
+            self.config, self.policy = None, "?"
+            self.reset_series()
+            self._set_counts(0, 0, 0, 0, "connect")
+            return
+        self.scrape = None
+        self.info = EngineInfo.from_engine(hello.engine)
         self._set_config(hello.engine.config)
         totals = hello.engine.totals  # the server's counts: nothing carries over from another connection
         if totals is not None:
@@ -297,8 +321,13 @@ class DashboardState:
         """A replay moved: drop what was accumulated, take the configuration in force there."""
         self.reset_series()
         self.config_changes.clear()
-        self._set_config(seek.config)
+        if seek.config is not None:
+            self._set_config(seek.config)
         self._set_counts(0, 0, 0, 0, "seek")
+
+    def _on_metrics(self, m: Metrics) -> None:
+        if self.scrape is not None:  # (a metrics event without its hello is ignored)
+            self.scrape.take(m)
 
     def reset_series(self) -> None:
         """Forget the rolling buffers (after a replay seek or when a new engine starts)."""
@@ -309,6 +338,8 @@ class DashboardState:
         self.prefills = []
         self._prefill_first_seen = {}
         self._last_decode_time = None
+        if self.scrape is not None:
+            self.scrape.history.clear()
         self.version += 1
 
     def snapshot(self) -> DashboardState:
@@ -319,6 +350,7 @@ class DashboardState:
             buffer = getattr(self, name)
             setattr(twin, name, deque(buffer, maxlen=buffer.maxlen))
         twin.prefills = list(self.prefills)
+        twin.scrape = self.scrape.copy() if self.scrape is not None else None
         twin._window_cache = (-1, [])
         return twin
 
@@ -455,4 +487,5 @@ _HANDLERS: dict[type, Callable[[DashboardState, Any], None]] = {
     Dropped: DashboardState._on_dropped,
     ErrorNotice: DashboardState._on_error,
     Seek: DashboardState._on_seek,
+    Metrics: DashboardState._on_metrics,
 }

@@ -119,6 +119,7 @@ class PageServer:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry
         self.body: bytes | None = None
+        self.pages: list[bytes] = []  # served one per request, the last one again after them
         self.status = 200
         self.content_type = CONTENT_TYPE_LATEST
         self.headers: dict[str, str] = {}
@@ -134,7 +135,10 @@ class PageServer:
             def do_GET(self) -> None:
                 server.requests.append((self.path, dict(self.headers)))
                 time.sleep(server.delay_s)
-                body = server.body if server.body is not None else generate_latest(server.registry)
+                if server.pages:
+                    body = server.pages[min(len(server.requests), len(server.pages)) - 1]
+                else:
+                    body = server.body if server.body is not None else generate_latest(server.registry)
                 self.send_response(server.status)
                 self.send_header("Content-Type", server.content_type)
                 for k, v in server.headers.items():

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -65,13 +65,15 @@ class PrometheusSource:
 
     def __init__(self, url: str, *, token: str | None = None, interval: float = DEFAULT_INTERVAL_S,
                  model_name: str | None = None, window_s: float = DEFAULT_WINDOW_S,
-                 max_bytes: int = MAX_PAGE_BYTES, timeout: float = 5.0) -> None:
+                 max_bytes: int = MAX_PAGE_BYTES, timeout: float = 5.0,
+                 clock: Callable[[], float] = time.time) -> None:
+        """`clock`: the Unix time of a read (its `metrics` event's `time`, and what rates divide by)."""
         if not interval > 0:
             raise ValueError(f"the interval must be positive, got {interval:g}")
         self._fetch_url = metrics_url(url)
         self.url = shown_url(self._fetch_url)
         self.token, self.interval, self.want_model = token, interval, model_name
-        self.window_s, self.max_bytes, self.timeout = window_s, max_bytes, timeout
+        self.window_s, self.max_bytes, self.timeout, self.clock = window_s, max_bytes, timeout, clock
         self.state = "connecting"
         self.last_error: str | None = None
         self.retry_at: float | None = None
@@ -104,7 +106,7 @@ class PrometheusSource:
                     try:
                         text, content_type = await self._fetch(client)
                         page = await asyncio.to_thread(_read, text, content_type)
-                        out = self._scraped(page, started)
+                        out = self._scraped(page, self.clock())
                     except ScrapeError as exc:
                         out = self._failed(str(exc))
                     for event in out:
@@ -167,7 +169,6 @@ class PrometheusSource:
             out.insert(0, scrape_hello_event(self.url, page.engine, model, page.models, self.interval, self.window_s))
         self._failures, self._reported, self.last_error, self.retry_at = 0, None, None, None
         body, resets = figures(page, model, self._window, now)
-        body["time"] = time.time()
         if resets:
             out.append(error_event("metrics", f"{resets} counters went back: the server restarted? Rates and "
                                               "percentiles count on across it, as Prometheus's do"))

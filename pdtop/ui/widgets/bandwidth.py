@@ -10,6 +10,7 @@ from pdtop.telemetry.events import Hw
 from pdtop.ui import format as fmt
 from pdtop.ui.chart import block_chart
 from pdtop.ui.state import DashboardState
+from pdtop.ui.widgets import scraped
 from pdtop.ui.widgets.base import Panel
 
 
@@ -27,6 +28,9 @@ class BandwidthPanel(Panel):
         self.border_subtitle = "bytes moved / round time"
 
     def render_state(self, state: DashboardState) -> Group:
+        if state.scrape is not None:
+            self.hint_hidden = None
+            return scraped.not_exposed(self, "bytes moved", state.scrape)
         rounds = state.window()
         avg, last = state.bandwidth(rounds)
         peak = state.info.peak_bytes_per_s

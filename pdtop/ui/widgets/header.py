@@ -51,6 +51,14 @@ class HeaderBar(Static):
             self._show(fitted([*items, ([(address, "")], [(address, "")])], max(20, self.content_size.width or 80),
                               len(items)))
             return
+        if state.scrape is not None:  # a /metrics page: its engine, the model shown, how often it is read
+            view, width = state.scrape, max(20, self.content_size.width or 80)
+            items.append(([(view.engine_name, "bold"), (" /metrics", "dim")], [(view.engine_name, "bold")]))
+            items.append(([("model ", "dim"), (view.model_line, "")], [(view.target.model_name or "?", "")]))
+            every = f"{view.target.interval_s:g} s"
+            items.append(([("read every ", "dim"), (every, "")], [(every, "dim")]))
+            self._show(fitted(items, width, len(items) - 2))
+            return
         if state.server_version and state.server_version != __version__:
             items.append(([("engine ", "dim"), (state.server_version, "")], [(state.server_version, "dim")]))
         units = f" · {info.units} {info.unit_name}" if f"{info.units} " not in info.device else ""

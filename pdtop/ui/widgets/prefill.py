@@ -7,6 +7,7 @@ from rich.text import Text
 from pdtop.ui import format as fmt
 from pdtop.ui.chart import fill_bar
 from pdtop.ui.state import DashboardState
+from pdtop.ui.widgets import scraped
 from pdtop.ui.widgets.base import Panel
 
 
@@ -23,10 +24,12 @@ class PrefillPanel(Panel):
     TITLE = "prefill in flight"
 
     def paint_key(self, state: DashboardState) -> object:
-        return tuple((tuple(p.request_ids), p.layers_done, p.layers_total, p.eta_s and round(p.eta_s, 2))
-                     for p in state.prefills)
+        return state.scrape is not None, tuple((tuple(p.request_ids), p.layers_done, p.layers_total,
+                                                p.eta_s and round(p.eta_s, 2)) for p in state.prefills)
 
     def render_state(self, state: DashboardState) -> Group:
+        if state.scrape is not None:
+            return scraped.not_exposed(self, "prefill progress", state.scrape)
         self.border_title = f"prefill in flight · {len(state.prefills)}"
         if not state.prefills:
             return Group(Text("no prefill in flight", "dim"))

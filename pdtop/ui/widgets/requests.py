@@ -8,6 +8,7 @@ from rich.text import Text
 from pdtop.ui import format as fmt
 from pdtop.ui.chart import fill_bar
 from pdtop.ui.state import DashboardState
+from pdtop.ui.widgets import scraped
 from pdtop.ui.widgets.base import Panel
 
 
@@ -21,6 +22,8 @@ class RequestsPanel(Panel):
     TITLE = "requests"
 
     def render_state(self, state: DashboardState) -> Group:
+        if state.scrape is not None:
+            return scraped.requests(self, state.scrape, self.inner_width, self.inner_height)
         width, height = self.inner_width, self.inner_height
         wide = width >= 46
         kv = state.kv_usage

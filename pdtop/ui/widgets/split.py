@@ -9,6 +9,7 @@ from pdtop.telemetry.events import EngineConfig
 from pdtop.ui import format as fmt
 from pdtop.ui.chart import split_bar
 from pdtop.ui.state import DashboardState, LevelStat
+from pdtop.ui.widgets import scraped
 from pdtop.ui.widgets.base import Panel
 
 CELL_MIN = 30  # a table cell's width without its bar
@@ -21,6 +22,8 @@ class SplitPanel(Panel):
         return state.version
 
     def render_state(self, state: DashboardState) -> Group:
+        if state.scrape is not None:
+            return scraped.split(self, state.scrape, self.inner_width)
         prefill, decode, idle = self.colour("prefill"), self.colour("decode"), self.colour("idle")
         unit = state.info.unit_name
         self.border_title = f"{unit} split"

@@ -8,6 +8,7 @@ from rich.text import Text
 from pdtop.ui import format as fmt
 from pdtop.ui.chart import block_chart
 from pdtop.ui.state import DashboardState
+from pdtop.ui.widgets import scraped
 from pdtop.ui.widgets.base import Panel
 from pdtop.ui.words import change_mark, change_words
 
@@ -17,6 +18,8 @@ class StepTimePanel(Panel):
     LINE_API = True
 
     def render_state(self, state: DashboardState) -> Group:
+        if state.scrape is not None:
+            return scraped.latency_chart(self, state.scrape, state.itl_slo_s, self.inner_width, self.inner_height)
         rounds = state.window()
         p50, p99, worst = state.step_summary(rounds)
         slo = state.itl_slo_s

@@ -10,6 +10,7 @@ from rich.text import Text
 from pdtop.ui import format as fmt
 from pdtop.ui.chart import block_chart, split_band
 from pdtop.ui.state import DashboardState, RoundPoint
+from pdtop.ui.widgets import scraped
 from pdtop.ui.widgets.base import Panel
 
 LABEL = 8  # the lane names' column
@@ -24,6 +25,8 @@ class TimelinePanel(Panel):
     LINE_API = True
 
     def render_state(self, state: DashboardState) -> Group:
+        if state.scrape is not None:
+            return scraped.not_exposed(self, "rounds", state.scrape)
         width = max(4, self.inner_width - LABEL)
         height = self.inner_height
         rounds = state.last_rounds(width)

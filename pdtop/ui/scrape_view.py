@@ -1,0 +1,69 @@
+"""What the dashboard keeps of a scraped `/metrics` page (`pdtop attach http://...`): the target from
+`hello.scrape`, the latest `metrics` event, and the latency percentiles over time for the ITL chart.
+
+A figure the server does not expose is None here and shown as "not exposed by this engine", never as 0;
+one that was not a finite number ("NaN", "+Inf") is kept as that word.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from pdtop.telemetry.events import Metrics, ScrapeTarget
+from pdtop.telemetry.scrape.names import ENGINE_NAMES
+
+NOT_EXPOSED = "not exposed by this engine"
+
+
+@dataclass(slots=True)
+class LatencyPoint:
+    """One read's p99s over the window, for the charts (None: not exposed, nothing observed, or not finite)."""
+
+    time: float
+    itl_p99_s: float | None
+    ttft_p99_s: float | None
+    e2e_p99_s: float | None
+
+
+@dataclass
+class ScrapeView:
+    target: ScrapeTarget
+    latest: Metrics | None = None
+    history: deque[LatencyPoint] = field(default_factory=lambda: deque(maxlen=4096))
+    scrapes: int = 0
+
+    @property
+    def engine_name(self) -> str:
+        return ENGINE_NAMES.get(self.target.engine, self.target.engine)
+
+    @property
+    def model_line(self) -> str:
+        """The model shown, and which of several it is."""
+        t = self.target
+        if t.model_name is None:
+            return "(no model_name label)"
+        if len(t.models) > 1:
+            return f"{t.model_name} ({t.models.index(t.model_name) + 1} of {len(t.models)} models, --model-name)"
+        return t.model_name
+
+    def take(self, m: Metrics) -> None:
+        if self.history and m.time < self.history[-1].time:
+            self.history.clear()  # a replay went back
+        self.latest = m
+        self.scrapes += 1
+        point = LatencyPoint(m.time, *(number(q.p99_s) if q is not None else None for q in (m.itl, m.ttft, m.e2e)))
+        if self.history and self.history[-1].time == m.time:  # read at the same time: it replaces the last
+            self.history[-1] = point
+        else:
+            self.history.append(point)
+
+    def exposed(self, name: str) -> bool:
+        return self.latest is not None and name not in self.latest.not_exposed
+
+    def copy(self) -> ScrapeView:
+        return ScrapeView(self.target, self.latest, deque(self.history, maxlen=self.history.maxlen), self.scrapes)
+
+
+def number(value: float | str | None) -> float | None:
+    """A finite figure, else None (the chart leaves a gap)."""
+    return value if isinstance(value, float | int) else None

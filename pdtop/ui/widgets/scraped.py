@@ -1,0 +1,131 @@
+"""The panels' pictures for a scraped `/metrics` page (`pdtop attach http://...`): each panel calls the
+function for it when `state.scrape` is set. What the server does not expose says so, never 0."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rich.console import Group
+from rich.text import Text
+
+from pdtop.telemetry.events import Quantiles
+from pdtop.ui import format as fmt
+from pdtop.ui.chart import block_chart, fill_bar, split_bar
+from pdtop.ui.scrape_view import NOT_EXPOSED, ScrapeView, number
+
+if TYPE_CHECKING:
+    from pdtop.ui.widgets.base import Panel
+
+
+def figure(value: float | str | None, shown: str) -> str:
+    """`shown` for a finite figure; the word for NaN or an infinity (NaN, +Inf, -Inf)."""
+    return value if isinstance(value, str) else shown
+
+
+def not_exposed(panel: Panel, what: str, view: ScrapeView) -> Group:
+    """A panel whose figures no /metrics page has (rounds, prefill progress, bytes moved)."""
+    panel.border_title, panel.border_subtitle = panel.TITLE, ""
+    return Group(Text(f"{what}:", "dim"), Text.assemble((NOT_EXPOSED, "bold"), (f" ({view.engine_name})", "dim")))
+
+
+def split(panel: Panel, view: ScrapeView, width: int) -> Group:
+    """pdtop's own page has its split; vLLM and SGLang have none."""
+    m = view.latest
+    if view.target.engine != "pdtop" or m is None or not view.exposed("split_level"):
+        panel.border_title = "split"
+        return Group(Text.assemble(("SM split: ", "dim"), (NOT_EXPOSED, "bold")),
+                     Text(f"{view.engine_name} publishes no prefill/decode split of the GPU", "dim"))
+    panel.border_title = "units split"
+    p, d = number(m.prefill_units), number(m.decode_units)
+    level = number(m.split_level)
+    head = Text.assemble(f"level {figure(m.split_level, f'{level:.0f}' if level is not None else '–')}",
+                         ("  from pdtop:split_level", "dim"))
+    if p is None or d is None:
+        return Group(head, Text(f"units: {figure(m.prefill_units, '?')} / {figure(m.decode_units, '?')}"))
+    colours = panel.colour("prefill"), panel.colour("decode"), panel.colour("idle")
+    legend = Text.assemble(("■ ", colours[0]), f"prefill {p:.0f}   ", ("■ ", colours[1]), f"decode {d:.0f}")
+    return Group(head, split_bar(int(p), int(d), width, *colours), legend)
+
+
+def _pair(label: str, q: Quantiles | None, exposed: bool, wide: bool) -> Text:
+    if not exposed:
+        return Text.assemble((f"{label:<5}", "dim"), (NOT_EXPOSED, "dim italic"))
+    if q is None:
+        return Text.assemble((f"{label:<5}", "dim"), "–")
+    shown = [(name, getattr(q, f"{name}_s")) for name in ("p50", "p90", "p99")]
+    out = Text.assemble((f"{label:<5}", "dim"))
+    for name, value in shown:
+        if name == "p90" and not wide:
+            continue
+        out.append_text(Text.assemble((f"{name} ", "dim"), f"{figure(value, fmt.duration(number(value)))}  "))
+    out.append(f"n={figure(q.count, fmt.count(number(q.count)))}", "dim")
+    return out
+
+
+def requests(panel: Panel, view: ScrapeView, width: int, height: int) -> Group:
+    m = view.latest
+    wide = width >= 46
+
+    def gauge(name: str, value: float | str | None) -> str:
+        if not view.exposed(name):
+            return NOT_EXPOSED
+        return figure(value, fmt.count(number(value)))
+
+    if m is None:
+        return Group(Text(f"waiting for the first read of {view.target.url}", "dim"))
+    load = Text.assemble(("running ", "dim"), (f"{gauge('running', m.running):<6}", "bold"), ("waiting ", "dim"),
+                         (gauge("waiting", m.waiting), "bold"))
+    kv = number(m.kv_usage)
+    if view.exposed("kv_usage"):
+        kv_colour = panel.colour("error") if kv is not None and kv > 0.9 else panel.colour("decode")
+        kv_line = Text.assemble(("KV ", "dim"), fill_bar(kv, max(4, width - 10), kv_colour, panel.colour("idle")),
+                                f" {figure(m.kv_usage, fmt.percent(kv))}")
+    else:
+        kv_line = Text.assemble(("KV ", "dim"), (NOT_EXPOSED, "dim italic"))
+    lines = [load, kv_line]
+    for label, name in (("TTFT", "ttft"), ("ITL", "itl"), ("E2E", "e2e")):
+        lines.append(_pair(label, getattr(m, name), view.exposed(name), wide))
+    tput = Text.assemble(("tok/s ", "dim"))
+    for label, name, value in (("prompt ", "prompt_tokens_per_s", m.prompt_tokens_per_s),
+                               ("  output ", "generation_tokens_per_s", m.generation_tokens_per_s)):
+        shown = NOT_EXPOSED if not view.exposed(name) else figure(value, fmt.count(number(value)))
+        tput.append_text(Text.assemble((label, "dim"), (shown, "bold")))
+    lines.append(tput)
+    window = "first read: rates from the next" if m.window_s == 0 else f"over the last {fmt.duration(m.window_s)}"
+    lines.append(Text(f"percentiles and rates {window}" if wide else window, "dim"))
+    return Group(*lines[:height])
+
+
+LANES = (("ITL", "itl", "itl_p99_s"), ("TTFT", "ttft", "ttft_p99_s"), ("E2E", "e2e", "e2e_p99_s"))
+
+
+def latency_chart(panel: Panel, view: ScrapeView, slo: float | None, width: int, height: int) -> Group:
+    """p99 per read of ITL (with the SLO line), and of TTFT and E2E below it where there is room, newest
+    on the right; the ITL percentiles now above them."""
+    m = view.latest
+    panel.border_title = "latency from /metrics"
+    panel.border_subtitle = f"p99 over the last {fmt.duration(view.target.window_s)} at each read, newest right"
+    lanes = [lane for lane in LANES if m is None or view.exposed(lane[1])]
+    if not lanes:
+        return not_exposed(panel, "latency histograms", view)
+    itl = m.itl if m is not None else None
+    head = Text.assemble(("ITL p50 ", "dim"), figure(itl.p50_s, fmt.ms(number(itl.p50_s))) if itl else "–",
+                         ("  p99 ", "dim"), figure(itl.p99_s, fmt.ms(number(itl.p99_s))) if itl else "–")
+    if slo is not None:
+        head.append_text(Text.assemble(("  SLO ", "dim"), (fmt.ms(slo), panel.colour("slo"))))
+    axis = 9
+    cols = max(4, width - axis)
+    points = list(view.history)[-cols:]
+    room = max(1, height - 1)
+    small = 2 if room >= 2 * len(lanes) + 2 else 0  # rows of each lane after the first, if they fit
+    lines = [head]
+    for n, (label, _name, attr) in enumerate(lanes if small else lanes[:1]):
+        values: list[float | None] = [None] * (cols - len(points))
+        values += [getattr(p, attr) for p in points]
+        line = slo if label == "ITL" else None
+        rows_n = room - small * (len(lanes) - 1) if n == 0 else small
+        top = max([v for v in values if v is not None] + [line * 1.25 if line else 0.0, 1e-3])
+        rows = block_chart(values, rows_n, top, panel.colour("chart"), line, panel.colour("slo"), panel.colour("idle"))
+        for i, row in enumerate(rows):
+            name = label if i == 0 else fmt.duration(top) if i == 1 else ""
+            lines.append(Text.assemble((f"{name:>{axis - 1}} ", "dim"), row))
+    return Group(*lines)
