@@ -23,10 +23,14 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import TYPE_CHECKING
 
 from pdtop.commands._common import fail
 from pdtop.commands._scrape import add_scrape_arguments, check_scrape_arguments, is_http
 from pdtop.ui.cli_args import DEFAULT_INTERVAL_S, add_ui_arguments
+
+if TYPE_CHECKING:
+    from pdtop.telemetry.sources.source import Source
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,23 +47,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(interval=None)
 
 
-def run(args: argparse.Namespace) -> int:
+def make_source(args: argparse.Namespace) -> Source:
+    """The source for the URL; `args.interval` becomes the screen's refresh (for http://, the --interval
+    given is the read's, default 1 s, and the screen keeps its default: it repaints when a read changed
+    something). ValueError for bad options or URL."""
     from pdtop.telemetry.sources.live import LiveSource
     from pdtop.telemetry.sources.prometheus import PrometheusSource
-    from pdtop.telemetry.sources.source import Source
+
+    problem = check_scrape_arguments(args)
+    if problem:
+        raise ValueError(problem)
+    if is_http(args.url):
+        source: Source = PrometheusSource(args.url, token=args.token, interval=args.interval,
+                                          model_name=args.model_name)
+        args.interval = DEFAULT_INTERVAL_S
+        return source
+    args.interval = DEFAULT_INTERVAL_S if args.interval is None else args.interval
+    return LiveSource(args.url, token=args.token, readonly=args.readonly)
+
+
+def run(args: argparse.Namespace) -> int:
     from pdtop.ui.launch import run_dashboard
 
-    problem = check_scrape_arguments(args)  # for http://: the interval is the scrape's (default 1 s)
-    if problem:
-        return fail("attach", problem)
-    source: Source
     try:
-        if is_http(args.url):
-            source = PrometheusSource(args.url, token=args.token, interval=args.interval, model_name=args.model_name)
-            args.interval = DEFAULT_INTERVAL_S  # the screen's: it repaints only when a read changed something
-        else:
-            args.interval = DEFAULT_INTERVAL_S if args.interval is None else args.interval
-            source = LiveSource(args.url, token=args.token, readonly=args.readonly)
+        source = make_source(args)
     except ValueError as exc:
         return fail("attach", exc)
     return run_dashboard(source, args, "attach")

@@ -181,3 +181,26 @@ def test_snapshot_of_an_attached_vllm_session(snap_compare):
         assert snap_compare(app, terminal_size=(160, 48), run_before=run_before)
     finally:
         server.close()
+
+
+def test_attach_options_for_http_urls():
+    import argparse
+    import subprocess
+    import sys
+
+    from pdtop.commands import attach
+
+    parser = argparse.ArgumentParser()
+    attach.add_arguments(parser)
+    args = parser.parse_args(["http://127.0.0.1:9", "--model-name", QWEN, "--token", "t"])
+    source = attach.make_source(args)
+    assert isinstance(source, PrometheusSource) and source.interval == 1.0 and source.want_model == QWEN
+    assert source.url == "http://127.0.0.1:9/metrics" and source.token == "t" and args.interval == 0.1
+    args = parser.parse_args(["http://127.0.0.1:9/stats", "--interval", "2"])
+    source = attach.make_source(args)
+    assert source.interval == 2.0 and source.url == "http://127.0.0.1:9/stats"
+    for argv, said in ((["http://127.0.0.1:9", "--interval", "0"], "--interval must be 0.05 to 3600 seconds"),
+                       (["ws://127.0.0.1:9", "--model-name", "m"], "--model-name is for http:// URLs")):
+        done = subprocess.run([sys.executable, "-m", "pdtop", "attach", *argv], capture_output=True, text=True,
+                              timeout=60)
+        assert done.returncode == 2 and said in done.stderr and len(done.stderr.strip().splitlines()) == 1
