@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -34,3 +35,22 @@ async def next_of(events, kind: str, timeout: float = 10.0) -> dict:
         raise AssertionError(f"the source ended before a {kind!r} event")
 
     return await asyncio.wait_for(find(), timeout)
+
+
+async def until_shown(pilot, predicate, what: str, timeout: float = 15.0) -> None:
+    """Let a Pilot-driven app run until `predicate()` holds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for: {what}"
+        await pilot.pause(0.05)
+
+
+def shown(app, panel: str) -> str:
+    """What a panel of the app shows now, as plain text."""
+    app.repaint()
+    return "\n".join(t.plain for t in app.query_one(panel)._last_texts)
+
+
+def header_text(app) -> str:
+    app.repaint()
+    return app.query_one("HeaderBar").text

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import time
 
 from prometheus_client import generate_latest
 
@@ -15,22 +14,11 @@ from pdtop.ui import format as fmt
 from pdtop.ui.app import PdtopApp
 from pdtop.ui.scrape_view import NOT_EXPOSED
 
+from .conftest import header_text, shown
+from .conftest import until_shown as until
 from .servers import LLAMA, PageServer, VllmMetrics
 
 QWEN = "Qwen/Qwen3-8B"
-
-
-async def until(pilot, predicate, what: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for: {what}"
-        await pilot.pause(0.05)
-
-
-def shown(app: PdtopApp, panel: str) -> str:
-    """What a panel shows now, as plain text."""
-    app.repaint()
-    return "\n".join(t.plain for t in app.query_one(panel)._last_texts)
 
 
 def app_for(url: str, **options) -> PdtopApp:
@@ -65,7 +53,7 @@ async def test_vllm_values_percentiles_and_what_is_not_exposed_on_screen(vllm):
         assert f"SM split: {NOT_EXPOSED}" in shown(app, "SplitPanel")
         for panel in ("BandwidthPanel", "TimelinePanel", "PrefillPanel"):
             assert NOT_EXPOSED in shown(app, panel)
-        header = app.query_one("HeaderBar").text
+        header = header_text(app)
         assert "● live" in header and "read-only" in header and "vLLM /metrics" in header and LLAMA in header
         await pilot.press("plus")  # a key that would steer says why it cannot
         await pilot.pause(0.1)
@@ -83,7 +71,7 @@ async def test_sglang_values_on_screen(sglang):
         requests = shown(app, "RequestsPanel")
         assert "running 12" in requests and "waiting 4" in requests and "80%" in requests
         assert "tok/s prompt 0  output 0" in requests  # exposed, and nothing happened: 0, not "not exposed"
-        assert "SGLang" in app.query_one("HeaderBar").text
+        assert "SGLang" in header_text(app)
 
 
 async def test_the_model_chosen_of_several_is_in_the_header_and_a_gauge_missing_says_not_exposed():
@@ -95,7 +83,7 @@ async def test_the_model_chosen_of_several_is_in_the_header_and_a_gauge_missing_
         app = app_for(server.url, model_name=QWEN)
         async with app.run_test(size=(160, 48)) as pilot:
             await until(pilot, lambda: app.state.scrape is not None and app.state.scrape.latest is not None, "a read")
-            assert f"{QWEN} (2 of 2 models, --model-name)" in app.query_one("HeaderBar").text
+            assert f"{QWEN} (2 of 2 models, --model-name)" in header_text(app)
             requests = shown(app, "RequestsPanel")
             assert "running 9" in requests and f"waiting {NOT_EXPOSED}" in requests
     finally:
@@ -111,7 +99,7 @@ async def test_a_server_that_is_not_there_then_a_login_page_show_why_and_the_ret
         await until(pilot, lambda: "connection refused" in app.status_text().plain, "the reason")
         status = app.status_text().plain
         assert f"cannot reach http://127.0.0.1:{port}/metrics" in status and "retrying in" in status
-        assert "connecting" in app.query_one("HeaderBar").text
+        assert "connecting" in header_text(app)
     server = PageServer()
     server.body, server.content_type = b"<html><body>Sign in</body></html>", "text/html"
     try:

@@ -11,8 +11,10 @@ from websockets.sync.client import connect
 from pdtop.telemetry.decode import decode_event
 from pdtop.telemetry.events import Metrics
 from pdtop.telemetry.sources.prometheus import PrometheusSource
+from pdtop.ui.app import PdtopApp
 
-from .conftest import next_of
+from .conftest import header_text, next_of, shown
+from .conftest import until_shown as until
 
 
 async def test_pdtop_serve_metrics_show_its_engine_model_split_and_traffic():
@@ -33,6 +35,12 @@ async def test_pdtop_serve_metrics_show_its_engine_model_split_and_traffic():
             while not seen or seen[-1].ttft.count < 3 or seen[-1].itl.count < 3 or not seen[-1].generation_tokens_per_s:
                 seen.append(decode_event(await next_of(events, "metrics", timeout=30)))
                 assert len(seen) < 200, "no traffic"
+        app = PdtopApp(PrometheusSource(api_url.removesuffix("/v1"), interval=0.2), interval_s=0.05)
+        async with app.run_test(size=(160, 48)) as pilot:  # the dashboard shows pdtop's split from its page
+            await until(pilot, lambda: app.state.scrape is not None and app.state.scrape.latest is not None, "a read")
+            split = shown(app, "SplitPanel")
+            assert "from pdtop:split_level" in split and "prefill" in split and "decode" in split
+            assert "pdtop /metrics" in header_text(app)
     finally:
         proc.terminate()
         proc.wait(20)

@@ -9,7 +9,9 @@ counters go back (a restart). It is read-only: nothing can be steered over `/met
 
 State goes "connecting" -> "live" (after the first good scrape) -> "reconnecting" (a scrape failed)
 -> "live" ..., and "closed" after `close()`. While not live, `last_error` says why in one line and
-`retry_at` (time.monotonic()) when the next try is; tries back off from `interval` to 30 s.
+`retry_at` (time.monotonic()) when the next try is; tries back off from `interval` to 30 s. A read that
+takes longer than half the interval (a huge page) spaces the next one out, so reading never takes more
+than half of the time.
 """
 from __future__ import annotations
 
@@ -111,7 +113,9 @@ class PrometheusSource:
                         out = self._failed(str(exc))
                     for event in out:
                         yield event
-                    await self._sleep_until(self.retry_at if self.retry_at is not None else started + self.interval)
+                    took = time.monotonic() - started  # a page slow to read or parse: at most half the time
+                    await self._sleep_until(self.retry_at if self.retry_at is not None else
+                                            max(started + self.interval, started + 2 * took))
         finally:
             self.state = "closed"
 
