@@ -47,9 +47,12 @@ def decode_event(obj: Any) -> Event:
     if version.__class__ is not int or version != PROTOCOL_VERSION:
         raise EventError(f"{kind}: protocol version {_show(version)}; this pdtop reads version {PROTOCOL_VERSION}")
     try:
-        return check(obj)
+        event = check(obj)
     except _Invalid as exc:
         raise EventError(f"{kind}{''.join(reversed(exc.where))}: {exc.reason}") from None
+    if kind == "hello" and event.engine is None and event.scrape is None:
+        raise EventError("hello: 'engine' and 'scrape' are both null; one of them says what the events come from")
+    return event
 
 
 class _Invalid(Exception):

@@ -199,7 +199,7 @@ class DashboardState:
         self.api = hello.api
         if hello.engine is None:  # a /metrics page: no engine description, no configuration, no rounds
             target = hello.scrape
-            assert target is not None  # decode_event checked it
+            assert target is not None  # decode_event refuses a hello with neither
             prev, self.scrape = self.scrape, ScrapeView(target)
             if prev is not None and (prev.target.engine, prev.target.model_name) == (target.engine, target.model_name):
                 self.scrape.history = prev.history  # the same server back: its chart goes on

@@ -364,3 +364,17 @@ async def _stop(src: PrometheusSource, task: asyncio.Task) -> None:
     await src.close()
     await asyncio.wait_for(task, 5)
     assert src.state == "closed"
+
+
+def test_a_hello_with_neither_engine_nor_scrape_is_refused_and_the_dashboard_keeps_going():
+    from pdtop.telemetry.decode import EventError
+    from pdtop.telemetry.encode import scrape_hello_event
+    from pdtop.ui.state import DashboardState
+
+    hello = scrape_hello_event("http://h/metrics", "vllm", LLAMA, [LLAMA], 1.0, 30.0)
+    bad = {**hello, "scrape": None}
+    with pytest.raises(EventError, match="'engine' and 'scrape' are both null"):
+        decode_event(bad)
+    state = DashboardState()
+    assert state.ingest(bad) is None and state.invalid == 1 and not state.hello
+    assert isinstance(state.ingest(hello), Hello) and state.scrape is not None and state.info.device == "vLLM"
