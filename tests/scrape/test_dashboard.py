@@ -192,3 +192,13 @@ def test_attach_options_for_http_urls():
         done = subprocess.run([sys.executable, "-m", "pdtop", "attach", *argv], capture_output=True, text=True,
                               timeout=60)
         assert done.returncode == 2 and said in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+async def test_nan_and_inf_show_as_such(vllm):
+    vllm.m(vllm.running).set(float("nan"))
+    vllm.m(vllm.kv).set(float("inf"))
+    app = app_for(vllm.server.url)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await until(pilot, lambda: app.state.scrape is not None and app.state.scrape.latest is not None, "a read")
+        requests = shown(app, "RequestsPanel")
+        assert "running NaN" in requests and "+Inf" in requests and app.source_error is None
