@@ -1,0 +1,62 @@
+"""dump_pdmux_config writes SGLang's --pdmux-config-path YAML: SGLang's keys and shapes, read back equal."""
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from pdtop.engine.scheduling.pdmux_config import PdmuxConfig, dump_pdmux_config, load_pdmux_config
+
+# SGLang's PDMuxConfig fields, in its order (python/sglang/srt/multiplex/pdmux_context.py)
+SGLANG_FIELDS = ("sm_group_num", "manual_divisions", "split_forward_token_budget", "decode_bs_divisor")
+
+
+def sglang_load(raw: dict) -> dict:
+    """SGLang's load_pdmux_config checks, as written there: sm_group_num required and >= 3, and
+    sm_group_num - 2 divisions when there are any; the other keys default."""
+    if "sm_group_num" not in raw:
+        raise ValueError("Missing required field: sm_group_num")
+    if raw["sm_group_num"] < 3:
+        raise ValueError("sm_group_num must be >= 3")
+    divisions = raw.get("manual_divisions", [])
+    if divisions and len(divisions) != raw["sm_group_num"] - 2:
+        raise ValueError("manual_divisions count")
+    return {"sm_group_num": raw["sm_group_num"], "manual_divisions": divisions,
+            "split_forward_token_budget": raw.get("split_forward_token_budget", 65536),
+            "decode_bs_divisor": raw.get("decode_bs_divisor", 36)}
+
+
+@pytest.mark.parametrize("config", [
+    PdmuxConfig(),
+    PdmuxConfig(sm_group_num=3, split_forward_token_budget=147456, decode_bs_divisor=24),
+    PdmuxConfig(sm_group_num=5, manual_divisions=[[112, 20, 1], [96, 36, 16], [72, 56, 32]]),
+    PdmuxConfig(sm_group_num=3, manual_divisions=[[72, 60, 1]], split_forward_token_budget=294912),
+])
+def test_round_trip_with_sglang_keys_and_shapes(tmp_path, config):
+    text = dump_pdmux_config(config, "pdtop tune on sim:H100\nsecond line")
+    raw = yaml.safe_load(text)
+    assert tuple(raw) == SGLANG_FIELDS  # exactly SGLang's keys, in its order
+    assert all(type(raw[k]) is int for k in SGLANG_FIELDS if k != "manual_divisions")
+    divisions = raw["manual_divisions"]
+    assert isinstance(divisions, list)
+    assert all(isinstance(d, list) and len(d) == 3 and all(type(x) is int for x in d) for d in divisions)
+    assert sglang_load(raw) == {k: v for k, v in config.to_dict().items() if k in SGLANG_FIELDS}
+    path = tmp_path / "best.yaml"
+    path.write_text(text)
+    assert load_pdmux_config(str(path)) == config
+    assert text.startswith("# pdtop tune on sim:H100\n# second line\n")
+
+
+def test_divisions_set_the_group_count_sglang_requires(tmp_path):
+    """pdtop ignores sm_group_num beside manual divisions; SGLang requires it to be their count + 2."""
+    config = PdmuxConfig(sm_group_num=8, manual_divisions=[[80, 52, 1], [64, 68, 20]])
+    raw = yaml.safe_load(dump_pdmux_config(config))
+    assert raw["sm_group_num"] == 4 and sglang_load(raw)["manual_divisions"] == [[80, 52, 1], [64, 68, 20]]
+
+
+def test_pdtop_only_chunk_size_is_written_when_not_the_default(tmp_path):
+    config = PdmuxConfig(chunk_size=256)
+    text = dump_pdmux_config(config)
+    assert tuple(yaml.safe_load(text)) == (*SGLANG_FIELDS, "chunk_size")
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    assert load_pdmux_config(str(path)) == config
