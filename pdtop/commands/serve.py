@@ -8,7 +8,10 @@ messages (pin a level, change knobs, inject a long prompt) on the same connectio
 The first line on stdout is `pdtop serve: listening on ws://HOST:PORT` (with --port 0
 the port is picked for you). Binding anything but a loopback address needs --token;
 with a token set, clients without it (`ws://HOST:PORT/?token=...` or a first message
-{"cmd": "auth", "token": ...}) may watch but not control. Ctrl-C stops cleanly.
+{"cmd": "auth", "token": ...}) may watch but not control. Browser pages are refused
+unless their origin is allowed (--allow-origin), and clients may record only to new
+files inside --record-dir. Ctrl-C stops cleanly; if the engine stops on an error, serve
+says so in one line and exits 1.
 
 Examples:
   pdtop serve --device sim:H100 --rate 8
@@ -52,6 +55,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token", default=os.environ.get("PDTOP_TOKEN") or None,
                         help="secret a client needs to send control messages (default: $PDTOP_TOKEN; "
                         "the environment keeps it out of `ps`)")
+    parser.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                        help="a browser origin allowed to connect, e.g. http://localhost:3000 (repeatable; "
+                             "default none: pages on other sites cannot reach the server)")
+    parser.add_argument("--record-dir", metavar="DIR",
+                        help="where clients' record_start may create recordings (default: the working directory)")
+    parser.add_argument("--max-clients", type=int, default=64, metavar="N",
+                        help="connections served at once (default 64)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -66,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
         return fail("serve", "--token must not be empty")
     if not is_loopback(args.host) and not args.token:
         return fail("serve", f"binding {args.host} (not a loopback address) needs --token")
+    if args.max_clients < 1:
+        return fail("serve", f"--max-clients must be at least 1, got {args.max_clients}")
     try:
         config = _load_config(args.config)
         from pdtop.engine.build import build_engine
@@ -92,11 +104,15 @@ async def _serve(engine: Engine, args: argparse.Namespace) -> int:
     from pdtop.telemetry.recording.recorder import RecordingError
     from pdtop.telemetry.server.server import TelemetryServer
 
-    server = TelemetryServer(engine, args.host, args.port, token=args.token)
+    try:
+        server = TelemetryServer(engine, args.host, args.port, token=args.token, allow_origins=args.allow_origin,
+                                 record_dir=args.record_dir, max_clients=args.max_clients)
+    except ValueError as exc:
+        return fail("serve", exc)
     try:
         await server.start()
         if args.record:
-            server.start_recording(args.record)
+            server.start_recording(args.record, confined=False)
     except OSError as exc:
         await server.stop()
         return fail("serve", f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}")
@@ -132,7 +148,6 @@ async def _serve(engine: Engine, args: argparse.Namespace) -> int:
         await asyncio.to_thread(thread.join, 10)
         await server.stop()
     if failure:
-        print(f"pdtop serve: engine stopped: {type(failure[0]).__name__}: {failure[0]}", file=sys.stderr)
-        return 1
+        return fail("serve", f"the engine stopped: {type(failure[0]).__name__}: {failure[0]}", code=1)
     print("pdtop serve: stopped", file=sys.stderr)
     return 0

@@ -1,11 +1,14 @@
 """The engine: scheduler + workload + live control, reporting every round to its sinks.
 
 One thread runs the rounds (`run`). `control` may be called from any thread: it
-validates at once (ControlError, nothing changed) and queues the change, which is
-applied at the next round boundary and reported as a `ConfigChange`.
+validates at once against the state the change will meet (the changes queued before it
+included; ControlError, nothing changed) and queues the change, which is applied at the
+next round boundary and reported as a `ConfigChange`. Applying checks it again: a change
+that fails there is reported as a `ControlFailure`, and the rounds go on.
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -13,18 +16,21 @@ from collections.abc import Callable
 from typing import Any
 
 from pdtop.engine.devices.base import Device
+from pdtop.engine.errors import EngineError, FieldError
 from pdtop.engine.records import ConfigChange, RequestRecord, RoundRecord
 from pdtop.engine.request import Request, SamplingParams
 from pdtop.engine.runtime.executor import Executor
-from pdtop.engine.scheduling.control import Change, validate
+from pdtop.engine.scheduling.control import Change, ControlFailure, Plan, subject, validate
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
 from pdtop.engine.scheduling.scheduler import Scheduler
 from pdtop.engine.scheduling.splits import SplitTable
 from pdtop.engine.scheduling.workload import LONG_PROMPT_TOKENS, Arrival, PromptMaker, Workload
 
-Record = RoundRecord | RequestRecord | ConfigChange
+Record = RoundRecord | RequestRecord | ConfigChange | ControlFailure
 Sink = Callable[[Record], None]
 IDLE_S = 0.05  # how long an idle round waits for arrivals
+
+log = logging.getLogger("pdtop.engine")
 
 
 class Engine:
@@ -38,6 +44,7 @@ class Engine:
         self.temperature, self.seed = temperature, seed
         self._sinks: list[Sink] = []
         self._pending: deque[tuple[Change, str | None]] = deque()
+        self._plan: Plan | None = None  # the state once every queued change is applied; None: the current one
         self._deferred_policy: tuple[str, str | None] | None = None
         self._lock = threading.Lock()
         self._next_id = 0
@@ -81,10 +88,13 @@ class Engine:
 
     # -- control ---------------------------------------------------------------------------
     def control(self, msg: Any, client: str | None = None) -> None:
-        """Validate now (ControlError changes nothing); apply at the next round boundary."""
+        """Validate now against the state it will meet (ControlError changes nothing); apply at the
+        next round boundary."""
         with self._lock:
-            change = validate(msg, config=self.config, table=self.scheduler.table, max_prompt=self.max_prompt)
+            plan = self._plan or Plan(self.config, self.scheduler.table)
+            change = validate(msg, config=plan.config, table=plan.table, max_prompt=self.max_prompt)
             self._pending.append((change, client))
+            self._plan = plan.after(change)
 
     def _apply(self, change: Change, client: str | None) -> dict[str, dict[str, Any]]:
         s, w, now = self.scheduler, self.workload, self.device.now()
@@ -96,9 +106,8 @@ class Engine:
 
         if change.cmd in ("pin_level", "auto_level"):
             level = change.values["level"] if change.cmd == "pin_level" else None
-            if level is None or level < len(s.table.groups):  # new levels may have come since it was validated
-                note("pinned_level", s.pinned, level)
-                s.pin_level(level)
+            note("pinned_level", s.pinned, level)
+            s.pin_level(level)
         elif change.cmd == "inject":
             tokens, max_tokens = change.values.get("prompt_tokens"), change.values.get("max_tokens")
             if w is not None:
@@ -112,26 +121,24 @@ class Engine:
             w.pause() if paused else w.resume(now)
         elif change.cmd == "set":
             values = dict(change.values)
-            if "policy" in values:
-                policy = values.pop("policy")
-                if s.prefill_in_flight and policy != s.policy:
-                    self._deferred_policy = (policy, client)  # switched once in-flight prefill is done
-                else:
-                    note("policy", s.policy, policy)
-                    s.set_policy(policy)
-            if "workload_rate" in values:
-                rate = values.pop("workload_rate")
-                if w is not None:
-                    note("workload_rate", w.spec.rate, rate)
-                    w.set_rate(rate, now)
-            if values:
+            policy, rate = values.pop("policy", None), values.pop("workload_rate", None)
+            if values:  # first: new levels are what may fail (a device that cannot build them)
                 old, old_levels, old_pin = s.config, [list(g) for g in s.table.groups], s.pinned
-                s.set_config(old.replace(**values), change.table)
+                s.set_config(change.config or old, change.table)
                 for name in values:
                     note(name, getattr(old, name), getattr(s.config, name))
                 if change.table is not None:
                     note("levels", old_levels, [list(g) for g in change.table.groups])
                     note("pinned_level", old_pin, s.pinned)  # a pin past the new last level is dropped
+            if policy is not None:
+                if s.prefill_in_flight and policy != s.policy:
+                    self._deferred_policy = (policy, client)  # switched once in-flight prefill is done
+                else:
+                    note("policy", s.policy, policy)
+                    s.set_policy(policy)
+            if rate is not None and w is not None:
+                note("workload_rate", w.spec.rate, rate)
+                w.set_rate(rate, now)
         return diff
 
     def _apply_pending(self) -> None:
@@ -143,10 +150,26 @@ class Engine:
             if old != policy:
                 diff = {"policy": {"old": old, "new": policy}}
                 self._emit(ConfigChange(self.device.now(), s.round_index, diff, client))
-        while self._pending:
+        while True:
+            with self._lock:  # the change stays queued (and planned) until it is applied
+                if not self._pending:
+                    return
+                queued, client = self._pending[0]
+            try:
+                change = validate(queued.msg, config=s.config, table=s.table, max_prompt=self.max_prompt)
+                diff = self._apply(change, client)
+            except Exception as exc:  # no control message may stop the engine
+                field, reason = (exc.field, exc.reason) if isinstance(exc, FieldError) \
+                    else (subject(queued.msg), str(exc))
+                if not isinstance(exc, EngineError):
+                    log.exception("applying %r", queued.msg)
+                    reason = f"{type(exc).__name__}: {exc}"
+                self._emit(ControlFailure(self.device.now(), s.round_index, field, reason, client))
+                diff = {}
             with self._lock:
-                change, client = self._pending.popleft()
-            diff = self._apply(change, client)
+                self._pending.popleft()
+                if not self._pending:
+                    self._plan = None
             if diff:
                 self._emit(ConfigChange(self.device.now(), s.round_index, diff, client))
 

@@ -325,9 +325,9 @@ class Scheduler:
     def set_config(self, config: PdmuxConfig, table: SplitTable | None = None) -> None:
         """New knobs, and new levels when manual divisions or sm_group_num changed; with new levels
         the level is chosen again next round (a pin past the last level is dropped)."""
-        self.config = config
         if table is not None:
+            self.device.set_groups(table.groups)  # first: a device that cannot build them changes nothing
             self.table = table
-            self.device.set_groups(table.groups)
             if self.pinned is not None and self.pinned >= len(table.groups):
                 self.pinned = None
+        self.config = config
