@@ -133,6 +133,8 @@ def measure(engine: Engine, sc: Scenario, slo: Slo, config: PdmuxConfig) -> Meas
     steps = [rec.decode_step_s for rec in (engine.step() for _ in range(WARMUP_ROUNDS)) if rec.decode_bs]
     engine.control({"cmd": "set", "policy": "pdmux", **changes_to(engine, config)})
     engine.step()  # applied at this round's start
+    if changes_to(engine, config) or engine.scheduler.policy != "pdmux":
+        raise EngineError(f"the engine did not take the candidate {config}")
     start = engine.device.now()
     longs = []
     for _ in range(sc.long_prompts):
