@@ -112,7 +112,7 @@ def test_serve_says_in_one_line_that_the_engine_stopped_and_exits_1(capsys):
 
     engine.step = failing_step
     args = argparse.Namespace(host="127.0.0.1", port=0, token=None, allow_origin=[], record_dir=None,
-                              max_clients=4, record=None)
+                              max_clients=4, record=None, api_port=None)
     try:
         code = asyncio.run(asyncio.wait_for(serve._serve(engine, args), 30))
     finally:

@@ -60,7 +60,10 @@ async def test_a_control_flood_is_refused_beyond_the_rate_and_costs_others_nothi
     assert all(r["error"]["field"] == "cmd" and "too many control messages" in r["error"]["reason"] for r in refused)
     await steps(engine, 5)
     await other.wait(lambda c: len(c.of("round")) >= 5 and c.of("config"))
-    assert len(other.of("config")) == 1 and other.ws.close_code is None and flooder.ws.close_code is None
+    accepted = 1100 - len(refused)
+    configs = other.of("config")  # merged per tick: how many ticks the accepted burst spans depends on load
+    assert 1 <= len(configs) < accepted and configs[-1]["config"] == engine.config_dict()
+    assert other.ws.close_code is None and flooder.ws.close_code is None
     for c in (flooder, other):
         await c.close()
 

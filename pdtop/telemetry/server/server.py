@@ -113,6 +113,7 @@ class TelemetryServer:
         self.events_shed = 0  # events dropped before fan-out (over max_event_rate)
         self.quiet = QuietLog(log)
         self._initial_record = record_path
+        self.api_url: str | None = None  # announced in hello: the OpenAI-compatible API beside this server
         self._inbox = Inbox(engine.config_dict)
         self._shed_seen = 0  # the inbox's shed count at the last drain
         self._recorder_shed_base = 0
@@ -324,7 +325,7 @@ class TelemetryServer:
 
     # -- one connection --------------------------------------------------------------
     def _hello(self, client_id: str, readonly: bool) -> dict[str, Any]:
-        return ev.hello_event(client_id, readonly, self.engine.describe())
+        return ev.hello_event(client_id, readonly, self.engine.describe(), self.api_url)
 
     def _admit(self, ws: ServerConnection, request: Request) -> Response | None:
         """Before the handshake completes: refuse a connection over `max_clients` (HTTP 503)."""
