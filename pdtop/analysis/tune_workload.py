@@ -121,7 +121,7 @@ def _step_until_first_token(engine: Engine, reqs: list[Request]) -> None:
 def changes_to(engine: Engine, config: PdmuxConfig) -> dict[str, Any]:
     """The `set` fields that take the engine from its configuration to `config`."""
     now = engine.config.to_dict()
-    return {k: v for k, v in config.to_dict().items() if now[k] != v}
+    return {k: v for k, v in config.for_device(engine.device.kind).to_dict().items() if now[k] != v}
 
 
 def measure(engine: Engine, sc: Scenario, slo: Slo, config: PdmuxConfig) -> Measurement:
@@ -182,7 +182,7 @@ def pdmux_space(table: SplitTable, sc: Scenario, num_layers: int) -> SearchSpace
     def key(config: PdmuxConfig) -> tuple[Any, ...]:
         t = table.rebuilt(config)  # ConfigError when a manual split does not fit the device
         splits = tuple(t.groups[t.choose(bs, True, config)] for bs in bs_range)
-        return splits, prefill_layers_per_step(sc.long_tokens, num_layers, config.split_forward_token_budget)
+        return splits, prefill_layers_per_step(sc.long_tokens, num_layers, config.token_budget)
 
     return SearchSpace((
         Family("auto", (Axis("sm_group_num", tuple(range(3, most + 1))),

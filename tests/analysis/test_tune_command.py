@@ -9,13 +9,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from pdtop.analysis.policy_bench import SCENARIOS
 from pdtop.analysis.tune import Slo
 from pdtop.analysis.tune_workload import measure, parse_workload, tune
 from pdtop.cli import main
 from pdtop.engine.build import build_engine
-from pdtop.engine.scheduling.pdmux_config import PdmuxConfig, load_pdmux_config
+from pdtop.engine.scheduling.pdmux_config import SGLANG_KEYS, PdmuxConfig, load_pdmux_config
 
 ROOT = Path(__file__).resolve().parents[2]
 SLO_ITL_MS = 10.25  # between the seed scenario's decode-only ITL (8.9 ms) and SGLang's default (11.6 ms)
@@ -55,6 +56,7 @@ def test_written_yaml_loaded_by_pdtop_meets_the_slo(tuned):
     """The file, loaded as `pdtop --config best.yaml` loads it, runs the scenario within the SLO; the
     default, run the same way, does not."""
     proc, out = tuned
+    assert tuple(yaml.safe_load(out.read_text())) == SGLANG_KEYS  # SGLang's keys only (tests/engine/test_pdmux_dump.py)
     config = load_pdmux_config(str(out))
     assert {k: v for k, v in config.to_dict().items() if k != "chunk_size"} == json.loads(proc.stdout)["chosen"][
         "config"]

@@ -95,7 +95,8 @@ class TuneScreen(ModalScreen[str]):
         self._choosing = True
         if self._run_task is not None:
             self._run_task.cancel()
-        self.app.run_worker(_apply_choice(self.app, self.tuner, keep, self._run_task), group="tune", exit_on_error=False)
+        choice = _apply_choice(self.app, self.tuner, keep, self._run_task)
+        self.app.run_worker(choice, group="tune", exit_on_error=False)
         self.dismiss("kept" if keep else "rolled back")
 
     def action_keep(self) -> None:
