@@ -321,11 +321,7 @@ class PdtopApp(App[None]):
         slo_s, dwell_s = value
         tuner = LiveTune(self.source.send, config, Slo(slo_s), dwell_s=dwell_s, settle_s=min(0.5, dwell_s / 2))
         self.event_listeners.append(tuner.on_event)
-
-        def done(_choice: str | None) -> None:
-            self.event_listeners.remove(tuner.on_event)
-
-        self.push_screen(TuneScreen(tuner), callback=done)
+        self.push_screen(TuneScreen(tuner, detach=lambda: self.event_listeners.remove(tuner.on_event)))
 
     def action_next_theme(self) -> None:
         names = sorted(self.pdtop_themes) or [self.theme]

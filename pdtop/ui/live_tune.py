@@ -93,6 +93,7 @@ class LiveTune:
         self.trials: list[Trial] = []  # in the order they were measured
         self.current: PdmuxConfig | None = None  # the candidate being measured
         self.in_force = self.reference
+        self.pinned_level = config.pinned_level  # in force on the engine
         self.now = 0.0  # engine clock of the latest round
         self.status = "starting"
         self._window: _Window | None = None
@@ -108,7 +109,7 @@ class LiveTune:
         elif isinstance(event, RequestRecord) and self._window is not None:
             self._window.take(event)
         elif isinstance(event, ConfigEvent):
-            self.in_force = pdmux_of(event.config)
+            self.in_force, self.pinned_level = pdmux_of(event.config), event.config.pinned_level
             if self.current is not None and self._applied is None and self.in_force == self.current:
                 self._applied = event.time
             self._changed.set()
@@ -173,18 +174,24 @@ class LiveTune:
     # ---- the operator's choice ------------------------------------------------------------------
 
     async def keep(self) -> PdmuxConfig:
-        """Apply the best configuration measured (the one in force before if none beat it)."""
+        """Apply the best configuration measured (the one in force before if none beat it); returns
+        once the engine reports it in force (TimeoutError otherwise)."""
         best = self.best.config if self.best is not None else self.reference
         await self._apply(best)
         return best
 
     async def rollback(self) -> None:
-        """Restore the configuration in force before the tune, and its pinned level."""
+        """Restore the configuration in force before the tune, and its pinned level; returns once the
+        engine reports both in force (TimeoutError otherwise)."""
         await self._apply(self.reference)
-        if self.previous.pinned_level is not None:
-            await self.send({"cmd": "pin_level", "level": self.previous.pinned_level})
+        level = self.previous.pinned_level
+        if level is not None and self.pinned_level != level:
+            await self.send({"cmd": "pin_level", "level": level})
+            await self._until(lambda: self.pinned_level == level, f"pinned level {level}")
 
     async def _apply(self, config: PdmuxConfig) -> None:
-        """Set every knob (a set that changes nothing is not reported, so this is safe to repeat)."""
+        """Set every knob and wait for the engine's configuration event that shows them in force (a
+        set that changes nothing is not reported, so nothing is awaited when they already are)."""
         values = config.to_dict()
         await self.send({"cmd": "set", **{k: values[k] for k in SGLANG_KEYS}})
+        await self._until(lambda: not self._changes(config), "configuration change")

@@ -3,15 +3,39 @@ configuration changes, and the operator keeps the best or gets the previous conf
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from textual.widgets import Input
 
+import pdtop.ui.app
 from pdtop.engine.records import ConfigChange
 from pdtop.telemetry.sources.live import LiveSource
 from pdtop.ui.app import PdtopApp
 from pdtop.ui.screens.tune import TuneScreen
 
 SIZE = (130, 40)
+
+
+class NoticeWatchingApp(PdtopApp):
+    """The dashboard, also noting the engine's configuration at the moment each notice is shown."""
+
+    CSS_PATH = str(Path(pdtop.ui.app.__file__).with_name(PdtopApp.CSS_PATH))
+
+    def __init__(self, served) -> None:
+        super().__init__(LiveSource(served.url, token=served.token))
+        self.engine = served.engine
+        self.told: list[tuple[str, dict]] = []
+
+    def notify(self, message: str, **kwargs) -> None:
+        self.told.append((message, self.engine.config_dict()))
+        super().notify(message, **kwargs)
+
+
+async def _told(pilot, until, word: str) -> dict:
+    """The engine's configuration when the operator was told `word` (kept / rolled back)."""
+    app = pilot.app
+    await until(pilot, lambda: any(word in message for message, _ in app.told), f"told {word}")
+    return next(config for message, config in app.told if word in message)
 
 
 async def _start_tune(pilot, until, text: str) -> TuneScreen:
@@ -43,7 +67,7 @@ def _watch(engine) -> list[ConfigChange]:
 async def test_rollback_restores_the_previous_configuration(served, until):
     engine = served.engine
     changes = _watch(engine)
-    app = PdtopApp(LiveSource(served.url, token=served.token))
+    app = NoticeWatchingApp(served)
     async with app.run_test(size=SIZE) as pilot:
         before = await _with_previous_config(served, pilot, until)
         screen = await _start_tune(pilot, until, "20 0.3")
@@ -58,14 +82,15 @@ async def test_rollback_restores_the_previous_configuration(served, until):
         assert sum("manual_divisions" in c.changes for c in app.state.config_changes) >= 3
         assert engine.config_dict() != before
         await pilot.press("r")
-        await until(pilot, lambda: engine.config_dict() == before, "the previous configuration back on the engine")
         await until(pilot, lambda: not isinstance(app.screen, TuneScreen), "the panel closed")
-        await until(pilot, lambda: any("rolled back" in message for _sev, _title, message in app.notices), "told")
+        # told only once the engine reported it in force, the pinned level included
+        assert await _told(pilot, until, "rolled back") == before
+        assert tuner.on_event not in app.event_listeners
 
 
 async def test_keep_leaves_the_best_in_force(served, until):
     engine = served.engine
-    app = PdtopApp(LiveSource(served.url, token=served.token))
+    app = NoticeWatchingApp(served)
     async with app.run_test(size=SIZE) as pilot:
         await _with_previous_config(served, pilot, until)
         screen = await _start_tune(pilot, until, "50 0.3")
@@ -73,8 +98,9 @@ async def test_keep_leaves_the_best_in_force(served, until):
         best = screen.tuner.best
         assert best is not None and screen.tuner.slo.met(best.result)
         await pilot.press("k")
+        told = await _told(pilot, until, "kept")
         want = {k: v for k, v in best.config.to_dict().items() if k != "chunk_size"}
-        await until(pilot, lambda: {k: engine.config_dict()[k] for k in want} == want, "the best in force")
+        assert {k: told[k] for k in want} == want  # in force before the operator is told
         assert engine.config_dict()["pinned_level"] is None  # the automatic choice the candidates ran with
         await until(pilot, lambda: not isinstance(app.screen, TuneScreen), "the panel closed")
 

@@ -6,6 +6,7 @@ applied. `k` keeps the best, `r` (or escape, also mid-run) restores what was in 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import ClassVar
 
 from rich.text import Text
@@ -20,7 +21,8 @@ from pdtop.ui.live_tune import LiveTune
 
 
 class TuneScreen(ModalScreen[str]):
-    """Dismissed with the operator's choice, "kept" or "rolled back", which is then sent to the engine."""
+    """Dismissed with the operator's choice, "kept" or "rolled back", which is then sent to the engine;
+    `detach` stops the events reaching the tuner once the engine has confirmed the choice."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("k", "keep", "keep best", id="tune.keep"),
@@ -37,9 +39,9 @@ class TuneScreen(ModalScreen[str]):
     TuneScreen Label.hint { color: $text-muted; }
     """
 
-    def __init__(self, tuner: LiveTune) -> None:
+    def __init__(self, tuner: LiveTune, detach: Callable[[], None]) -> None:
         super().__init__()
-        self.tuner = tuner
+        self.tuner, self.detach = tuner, detach
         self.error: str | None = None
         self._run_task: asyncio.Task[None] | None = None
         self._choosing = False
@@ -56,8 +58,10 @@ class TuneScreen(ModalScreen[str]):
         self.refresh_view()
 
     def on_unmount(self) -> None:
-        if self._run_task is not None:
-            self._run_task.cancel()  # the app quit mid-run
+        if not self._choosing:  # the app quit mid-run
+            if self._run_task is not None:
+                self._run_task.cancel()
+            self.detach()
 
     async def _run(self) -> None:
         try:
@@ -95,7 +99,7 @@ class TuneScreen(ModalScreen[str]):
         self._choosing = True
         if self._run_task is not None:
             self._run_task.cancel()
-        choice = _apply_choice(self.app, self.tuner, keep, self._run_task)
+        choice = _apply_choice(self.app, self.tuner, keep, self._run_task, self.detach)
         self.app.run_worker(choice, group="tune", exit_on_error=False)
         self.dismiss("kept" if keep else "rolled back")
 
@@ -106,8 +110,9 @@ class TuneScreen(ModalScreen[str]):
         self._choose(keep=False)
 
 
-async def _apply_choice(app: App[None], tuner: LiveTune, keep: bool, run: asyncio.Task[None] | None) -> None:
-    """Wait for the stopped run, then keep the best or roll back; say how it went."""
+async def _apply_choice(app: App[None], tuner: LiveTune, keep: bool, run: asyncio.Task[None] | None,
+                        detach: Callable[[], None]) -> None:
+    """Wait for the stopped run, then keep the best or roll back, and say so once the engine has it in force."""
     if run is not None:
         await asyncio.gather(run, return_exceptions=True)
     try:
@@ -120,3 +125,5 @@ async def _apply_choice(app: App[None], tuner: LiveTune, keep: bool, run: asynci
     except Exception as exc:
         app.notify(f"{'keep' if keep else 'roll back'} failed: {exc}", title="live tuning", severity="error",
                    timeout=10)
+    finally:
+        detach()
