@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from textual.widgets import Input
 
 import pdtop.ui.app
 from pdtop.engine.records import ConfigChange
 from pdtop.telemetry.sources.live import LiveSource
 from pdtop.ui.app import PdtopApp
+from pdtop.ui.commands import parse_tune
 from pdtop.ui.screens.tune import TuneScreen
 
 SIZE = (130, 40)
@@ -117,3 +119,11 @@ async def test_escape_mid_run_stops_and_rolls_back(served, until):
         await until(pilot, lambda: engine.config_dict() == before, "the previous configuration back on the engine")
         await until(pilot, lambda: not isinstance(app.screen, TuneScreen), "the panel closed")
         assert not screen.running
+
+
+def test_tune_prompt_takes_the_slo_and_optionally_the_seconds_per_candidate():
+    assert parse_tune("20") == (0.02, 5.0)
+    assert parse_tune("12.5ms, 0.5s") == (0.0125, 0.5)
+    for bad in ("", "fast", "20 5 1", "0", "20 0.01"):
+        with pytest.raises(ValueError):
+            parse_tune(bad)
