@@ -136,3 +136,18 @@ def test_cpu_runs_real_rounds_and_keeps_its_budget(model_fp32):
     r = report.default.result
     assert r.requests == 3 and r.prefill_tok_s > 0 and r.itl_p99_s > 0 and r.decode_only_itl_s > 0
     assert not math.isnan(r.goodput_rps)
+
+
+HAS_CUDA = __import__("torch").cuda.is_available() and __import__("importlib").util.find_spec("cuda") is not None
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs an NVIDIA GPU, CUDA torch and cuda-python")
+def test_cuda_runs_real_rounds_and_shows_each_candidate(capsys):
+    code = main(["tune", "--device", "cuda", "--slo-itl-ms", "1000", "--budget-s", "60", "--json", "--workload",
+                 "decode_bs=4,decode_prompt=64,long_tokens=512,long_prompts=1,decode_tokens=256"])
+    captured = capsys.readouterr()
+    data = json.loads(captured.out)
+    assert code == 0 and data["chosen"]["meets_slo"]
+    assert data["decode_only_itl_ms"] > 0 and data["default"]["prefill_tok_s"] > 0
+    shown = [line for line in captured.err.splitlines() if line.startswith("pdtop tune: [")]
+    assert len(shown) == data["search"]["measured"] >= 1  # one line per candidate, as it is measured
