@@ -1,6 +1,7 @@
 """`pdtop tune` end to end on sim:H100, its bad input, and real rounds on this machine's CPU."""
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
 import math
@@ -9,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from pdtop.analysis.policy_bench import SCENARIOS
@@ -138,7 +140,7 @@ def test_cpu_runs_real_rounds_and_keeps_its_budget(model_fp32):
     assert not math.isnan(r.goodput_rps)
 
 
-HAS_CUDA = __import__("torch").cuda.is_available() and __import__("importlib").util.find_spec("cuda") is not None
+HAS_CUDA = torch.cuda.is_available() and importlib.util.find_spec("cuda") is not None
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs an NVIDIA GPU, CUDA torch and cuda-python")
