@@ -6,7 +6,8 @@ import yaml
 
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig, dump_pdmux_config, load_pdmux_config
 
-# SGLang's PDMuxConfig fields, in its order (python/sglang/srt/multiplex/pdmux_context.py)
+# SGLang's PDMuxConfig fields, in its order (python/sglang/srt/multiplex/pdmux_context.py; the rules below
+# were checked against sgl-project/sglang at 00d56e2c, multiplexing_mixin.py at 038fc19e)
 SGLANG_FIELDS = ("sm_group_num", "manual_divisions", "split_forward_token_budget", "decode_bs_divisor")
 
 
