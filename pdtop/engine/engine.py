@@ -130,7 +130,7 @@ class Engine:
                 for name in values:
                     note(name, getattr(old, name), getattr(s.config, name))
                 if change.table is not None:
-                    note("levels", old_levels, [list(g) for g in change.table.groups])
+                    note("levels", old_levels, [list(g) for g in s.table.groups])  # as the device realized them
                     note("pinned_level", old_pin, s.pinned)  # a pin past the new last level is dropped
         return diff
 

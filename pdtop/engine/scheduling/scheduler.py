@@ -84,7 +84,8 @@ class PrefillBatch:
     tokens: int
     layers_per_round: int
     layers_done: int = 0
-    submitted_end: int = 0  # layers submitted so far (>= layers_done while a chunk is in flight)
+    submitted_end: int = 0  # layers submitted so far (>= layers_done while slices are in flight)
+    in_flight: deque[int] = field(default_factory=deque)  # end layer of each submitted, unfinished slice
 
 
 @dataclass
@@ -105,7 +106,7 @@ class Scheduler:
                  policy: str = "pdmux", max_prefill_tokens: int = MAX_PREFILL_TOKENS):
         self.device, self.executor, self.table, self.config = device, executor, table, config
         self.policy = check_policy(policy)
-        self.device.set_groups(table.groups)
+        self.table = table.realized(device.set_groups(table.groups))  # the units each level runs with
         self.max_prefill_tokens = max_prefill_tokens
         self.pinned: int | None = None
         self.waiting: deque[Request] = deque()
@@ -193,12 +194,12 @@ class Scheduler:
             self.device.set_level(level)
 
     def _collect_prefill(self, stats: RoundStats, block: bool = False) -> None:
-        """Take a finished prefill chunk; `block` waits for it (a round with nothing to decode)."""
+        """Take finished prefill slices; `block` waits for them (a round with nothing to decode)."""
         pf = self.prefill
-        if pf is None or pf.submitted_end == pf.layers_done or (self.device.prefill_busy() and not block):
+        if pf is None or not pf.in_flight:
             return
-        self.device.wait_prefill()
-        pf.layers_done = pf.submitted_end
+        for _ in range(self.device.collect_prefill(len(pf.in_flight), block)):
+            pf.layers_done = pf.in_flight.popleft()
         if pf.layers_done == self.num_layers:
             self.prefill = None
             self._join_decode(pf.reqs, self.executor.finish_prefill(pf.state), stats)
@@ -215,11 +216,15 @@ class Scheduler:
                 len(self.running), self.prefill is not None, self.config)
             self._set_level(level)
         pf = self.prefill
-        if pf is not None and not self.device.prefill_busy() and pf.submitted_end < self.num_layers:
+        # A slice every round while the device takes more (SGLang launches one per loop iteration;
+        # CUDA queues up to two, so the prefill SMs never wait for the next round to get work).
+        if pf is not None and pf.submitted_end < self.num_layers and (
+                not self.device.prefill_busy() or len(pf.in_flight) < self.device.max_prefill_in_flight):
             end = min(self.num_layers, pf.submitted_end + pf.layers_per_round)
             work = self.executor.prefill(pf.state, pf.reqs, pf.submitted_end, end)
             self.device.submit_prefill(work)
             pf.submitted_end = end
+            pf.in_flight.append(end)
             stats.flops += work.flops
             stats.bytes += work.bytes
         stats.split = self.device.split
@@ -327,7 +332,6 @@ class Scheduler:
         the level is chosen again next round (a pin past the last level is dropped)."""
         self.config = config
         if table is not None:
-            self.table = table
-            self.device.set_groups(table.groups)
+            self.table = table.realized(self.device.set_groups(table.groups))
             if self.pinned is not None and self.pinned >= len(table.groups):
                 self.pinned = None
