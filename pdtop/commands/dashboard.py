@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-from pdtop.commands._common import DEVICE_HELP, INPUT_ERRORS, fail
+from pdtop.commands._common import DEVICE_HELP, INPUT_ERRORS, add_runtime_arguments, cuda_missing, fail
 from pdtop.engine.scheduling.policies import DEFAULT_POLICY, POLICIES
 from pdtop.ui.cli_args import add_ui_arguments
 
@@ -46,16 +46,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", choices=POLICIES, help=f"scheduling policy (default {DEFAULT_POLICY})")
     parser.add_argument("--rate", type=float, metavar="REQ_PER_S", help="workload arrival rate (default 2)")
     parser.add_argument("--record", metavar="FILE", help="record every event to FILE from the start")
+    add_runtime_arguments(parser)
     add_ui_arguments(parser)
 
 
 def serve_command(args: argparse.Namespace) -> list[str]:
     """The child's command line: `pdtop serve` on a free loopback port (its token comes in the environment)."""
     cmd = [sys.executable, "-m", "pdtop", "serve", "--host", "127.0.0.1", "--port", "0"]
-    for flag in ("device", "model", "config", "policy", "rate", "record"):
+    for flag in ("device", "model", "config", "policy", "rate", "record", "dtype", "kv_tokens",
+                 "gpu_memory_fraction"):
         value = getattr(args, flag, None)
         if value is not None:
-            cmd += [f"--{flag}", str(value)]
+            cmd += [f"--{flag.replace('_', '-')}", str(value)]
+    if getattr(args, "cuda_graph", True) is False:
+        cmd.append("--no-cuda-graph")
     return cmd
 
 
@@ -138,8 +142,11 @@ def run(args: argparse.Namespace) -> int:
 
         try:
             parse_device(args.device)
+            missing = cuda_missing(args.device)  # here, in one line, not in the engine's log
         except INPUT_ERRORS as exc:
             return fail("dashboard", exc)
+        if missing:
+            return fail("dashboard", missing)
     token = secrets.token_urlsafe(24)
     log_file = tempfile.NamedTemporaryFile("w", prefix="pdtop-serve-", suffix=".log", delete=False)
     log_path = Path(log_file.name)

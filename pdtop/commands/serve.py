@@ -25,7 +25,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING
 
-from pdtop.commands._common import DEVICE_HELP, INPUT_ERRORS, fail
+from pdtop.commands._common import DEVICE_HELP, INPUT_ERRORS, add_runtime_arguments, fail, runtime_options
 from pdtop.engine.scheduling.policies import DEFAULT_POLICY, POLICIES
 
 if TYPE_CHECKING:
@@ -52,6 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token", default=os.environ.get("PDTOP_TOKEN") or None,
                         help="secret a client needs to send control messages (default: $PDTOP_TOKEN; "
                         "the environment keeps it out of `ps`)")
+    add_runtime_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,9 +73,12 @@ def run(args: argparse.Namespace) -> int:
 
         workload = WorkloadSpec() if args.rate is None else WorkloadSpec(rate=args.rate)
         engine = build_engine(device=args.device, model=args.model, config=config, policy=args.policy,
-                              workload=workload)
+                              workload=workload, **runtime_options(args))
     except INPUT_ERRORS as exc:
         return fail("serve", exc)
+    kv_line = engine.describe()["runtime"]["kv_cache"].get("line")
+    if kv_line:  # the size chosen (on cuda, from free memory)
+        print(f"pdtop serve: {kv_line}", file=sys.stderr, flush=True)
     try:
         return asyncio.run(_serve(engine, args))
     finally:
@@ -122,7 +126,9 @@ async def _serve(engine: Engine, args: argparse.Namespace) -> int:
             loop.call_soon_threadsafe(done.set)
 
     thread = threading.Thread(target=engine_loop, name="pdtop-engine", daemon=True)
-    sampler = HwSampler(server.publish).start()
+    dev = engine.describe()["device"]
+    match = {k: dev[k] for k in ("uuid", "pci_bus_id") if dev.get(k)}  # the engine's GPU, found in NVML
+    sampler = HwSampler(server.publish, gpu_match=match or None).start()
     thread.start()
     try:
         await done.wait()

@@ -72,7 +72,7 @@ class Engine:
             "model": self.model_name, "num_layers": cfg.num_layers, "max_context": cfg.max_context,
             "device": self.device.describe(), "unit_name": self.device.unit_name, "units": self.device.units,
             "virtual_clock": self.device.virtual, "levels": [list(g) for g in self.scheduler.table.groups],
-            "config": self.config_dict(), "policy": self.scheduler.policy,
+            "config": self.config_dict(), "policy": self.scheduler.policy, "runtime": self.executor.describe(),
         }
 
     @property

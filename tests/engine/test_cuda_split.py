@@ -67,7 +67,7 @@ def test_driver_limits_change_what_is_realized():
 def test_unrealizable_level_is_refused_without_leaks():
     drv = FakeDriver()
     gc = GreenContexts(driver=drv)
-    with pytest.raises(DeviceError, match="leaving decode none"):
+    with pytest.raises(DeviceError, match=r"cannot carve it: prefill's 60 SMs round up to 64 of the 64 carved"):
         gc.split(60, 4)
     drv.fail_create = {40}
     with pytest.raises(DeviceError, match=r"^cuGreenCtxCreate failed"):

@@ -311,8 +311,11 @@ class CudaDevice(Device):
 T = TypeVar("T")
 
 
-def make_levels(wanted: list[tuple[int, int]], make: Callable[[tuple[int, int]], T],
-                existing: dict[tuple[int, int], T]) -> tuple[dict[tuple[int, int], T], list[tuple[tuple[int, int], str]]]:
+Group = tuple[int, int]
+
+
+def make_levels(wanted: list[Group], make: Callable[[Group], T],
+                existing: dict[Group, T]) -> tuple[dict[Group, T], list[tuple[Group, str]]]:
     """Each distinct level of `wanted`: from `existing`, else `make(group)`. A level `make` refuses
     (DeviceError) is dropped with a one-line warning naming it; returns (made, dropped with reasons)."""
     made: dict[tuple[int, int], T] = {}

@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from pdtop.engine.devices.sm_split import PartitionLimits, plan_split, why_not
 from pdtop.engine.errors import DeviceError
-from pdtop.engine.devices.sm_split import PartitionLimits, plan_split
 from pdtop.engine.roofline.partition import round_sms, sm_granularity  # noqa: F401 (re-exported for callers)
 
 GREEN_CTX_MIN_DRIVER = 12040  # cuGreenCtxCreate, cuDevSmResourceSplitByCount
@@ -195,10 +195,7 @@ class GreenContexts:
         p, d = requested
         planned = plan_split(p, d, self.total_sms, self.limits)
         if planned is None:
-            raise DeviceError(f"cannot be carved on {self.name} ({self.total_sms} SMs, parts of at least "
-                              f"{self.limits.min_part} in steps of {self.limits.align}): prefill rounds up to "
-                              f"{self.limits.carve(max(p, 1))} of {min(self.limits.carve(max(p + d, 1)), self.total_sms)} "
-                              "carved SMs, leaving decode none")
+            raise DeviceError(f"{self.name} cannot carve it: {why_not(p, d, self.total_sms, self.limits)}")
         extra = [self._workqueue_resource()] if balanced_workqueues else []
         pair = GreenPair(requested, (0, 0), 0, 0)
         try:

@@ -33,6 +33,17 @@ class PartitionLimits:
         return -(-count // self.align) * self.align
 
 
+def why_not(prefill: int, decode: int, total: int, limits: PartitionLimits) -> str:
+    """Why `plan_split` refuses a level, in words."""
+    if prefill < 1 or decode < 1:
+        return "each side needs at least 1 SM"
+    if prefill + decode > total:
+        return f"it asks for {prefill + decode} SMs of {total}"
+    outer = min(limits.carve(prefill + decode), total)
+    return (f"prefill's {prefill} SMs round up to {limits.carve(prefill)} of the {outer} carved for the level, "
+            f"leaving decode none (parts of at least {limits.min_part} SMs, in steps of {limits.align})")
+
+
 def plan_split(prefill: int, decode: int, total: int, limits: PartitionLimits) -> tuple[int, int] | None:
     """The (prefill, decode) SMs the two-step carve gives a requested level, or None if it cannot.
 

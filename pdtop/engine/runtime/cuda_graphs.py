@@ -158,8 +158,9 @@ class CudaDecoder:
         bucket = bucket_for(rows, self.buckets) if self.use_graphs else None
         graphs = self._graphs.get(torch.cuda.current_stream(self.device).cuda_stream) if bucket else None
         if graphs is None or bucket not in graphs:
-            return self._forward(*(self._to_device(a) for a in (inp.ids, inp.positions, inp.slots)),
-                                 self._to_device(inp.block_table), self._to_device(inp.context_lens))
+            dev = self._to_device
+            return self._forward(dev(inp.ids), dev(inp.positions), dev(inp.slots), dev(inp.block_table),
+                                 dev(inp.context_lens))
         self._stage(inp, bucket)
         graphs[bucket].replay()
         return self.s_logits[:rows]

@@ -65,7 +65,8 @@ def plan_kv(per_token: int, free: int, total: int, reserve: int, *, fraction: fl
     budget = min(int(fraction * total) - (total - free), free) - reserve
     count = max(0, budget) // per_token // block_size * block_size
     if count < block_size:
-        raise EngineError(f"no room for a KV cache: {fraction:g} of {total / GiB:.1f} GiB is {fraction * total / GiB:.1f}"
-                          f" GiB, {(total - free) / GiB:.1f} GiB is in use and {reserve / GiB:.1f} GiB is kept for "
-                          "activations; raise --gpu-memory-fraction or use a smaller model")
+        raise EngineError(f"no room for a KV cache: {fraction:g} of {total / GiB:.1f} GiB is "
+                          f"{fraction * total / GiB:.1f} GiB, {(total - free) / GiB:.1f} GiB is in use and "
+                          f"{reserve / GiB:.1f} GiB is kept for activations; raise --gpu-memory-fraction or use a "
+                          "smaller model")
     return KvPlan(count, count * per_token, f"{fraction:g} of {total / GiB:.1f} GiB GPU memory")

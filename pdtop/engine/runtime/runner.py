@@ -30,6 +30,7 @@ from pdtop.engine.request import Request, RequestStatus
 from pdtop.engine.runtime.block_pool import BlockTable
 from pdtop.engine.runtime.cuda_graphs import CudaDecoder, DecodeInputs
 from pdtop.engine.runtime.kv_cache import KVCache
+from pdtop.engine.runtime.kv_sizing import KvPlan
 
 __all__ = ["ModelRunner", "PrefillState", "length_groups"]
 
@@ -98,9 +99,13 @@ class ModelRunner:
         if model.device.type == "cuda":
             self.cuda = CudaDecoder(model, self.kv, graphs=cuda_graphs)
 
+    kv_how = "as given"  # where the KV size came from (`build_engine` says)
+
     def describe(self) -> dict[str, Any]:
+        """The dtype, the KV cache's size, and on CUDA how decode runs (attention kernel, graphs)."""
+        kv = KvPlan(self.kv.pool.capacity_tokens, self.kv.bytes, self.kv_how)
         out: dict[str, Any] = {"dtype": str(self.model.dtype).removeprefix("torch."),
-                               "kv_tokens": self.kv.pool.capacity_tokens, "kv_bytes": self.kv.bytes}
+                               "kv_cache": {**kv.to_dict(), "line": kv.line()}}
         return {**out, **self.cuda.describe()} if self.cuda is not None else out
 
     # --- requests ----------------------------------------------------------
@@ -299,12 +304,15 @@ class ModelRunner:
             self._grow(decode_reqs)
             if self.cuda is not None and self.cuda.paged:
                 inp = DecodeInputs.of(self.kv, decode_reqs)
-                d_ids, d_pos, d_slots, paged = inp.ids.tolist(), inp.positions, inp.slots, self.cuda.paged_batch(inp)
+                ids += inp.ids.tolist()
+                pos.append(inp.positions)
+                slots.append(inp.slots)
+                paged = self.cuda.paged_batch(inp)
             else:
                 d_ids, d_pos, d_slots, groups = self._decode_batch(decode_reqs)
-            ids += d_ids
-            pos.append(np.asarray(d_pos, dtype=np.int64))
-            slots.append(d_slots)
+                ids += d_ids
+                pos.append(np.asarray(d_pos, dtype=np.int64))
+                slots.append(d_slots)
         segments = []
         if chunk_req is not None:
             ids += chunk_req.prompt_ids[start:start + n]
