@@ -88,7 +88,6 @@ def build_engine(device: str = "auto", model: str | None = None, config: PdmuxCo
         executor: Executor = SimExecutor(cfg, kv_capacity_tokens or 1 << 20)
         prompts, name = PromptMaker(None, seed), cfg.name
     else:
-        from pdtop.engine.model.loader import default_model_path
         from pdtop.engine.runtime.executor import ModelExecutor
         from pdtop.engine.runtime.runner import ModelRunner
 
@@ -105,7 +104,7 @@ def build_engine(device: str = "auto", model: str | None = None, config: PdmuxCo
             table = SplitTable.for_gpu(info["sms"], info["major"], config)
             dev = cuda_dev = CudaDevice(table.groups, index=where.index)
         try:
-            source = model or str(default_model_path())
+            source = model or _default_model()
             loaded = loaded_model if loaded_model is not None else _load(source, dtype or default_dtype(where.kind),
                                                                          where.torch_device)
             plan = _kv_plan(where, loaded, kv_capacity_tokens, gpu_memory_fraction, config)
@@ -126,6 +125,12 @@ def build_engine(device: str = "auto", model: str | None = None, config: PdmuxCo
     wl = Workload(workload, start=dev.now()) if isinstance(workload, WorkloadSpec) else workload
     return Engine(device=dev, executor=executor, table=table, config=config, policy=policy, workload=wl,
                   prompts=prompts, model_name=name, temperature=temperature, seed=seed)
+
+
+def _default_model() -> str:
+    from pdtop.engine.model.loader import default_model_path
+
+    return str(default_model_path())
 
 
 def _load(source: str, dtype: str, device: str) -> Any:

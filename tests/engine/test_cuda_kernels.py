@@ -19,7 +19,8 @@ from pdtop.engine.request import Request, RequestStatus, SamplingParams
 from pdtop.engine.runtime.cuda_graphs import DecodeInputs
 
 ROOT = Path(__file__).resolve().parents[2]
-needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton (pip install triton)")
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                                  reason="needs triton (pip install triton)")
 
 
 def _interpret(code: str) -> dict:

@@ -215,6 +215,11 @@ class CudaDevice(Device):
     def _current(self) -> _Level:
         return self._active[self.level]
 
+    def side_streams(self) -> tuple[Any, Any]:
+        """The current level's (prefill, decode) streams, for timing work on them (bench/gpu_check.py)."""
+        lvl = self._current()
+        return lvl.prefill, lvl.decode
+
     def set_level(self, level: int) -> None:
         if not 0 <= level < len(self.groups):
             raise ValueError(f"level {level} out of range 0..{len(self.groups) - 1}")

@@ -282,7 +282,11 @@ def _uuid(drv: Any, dev: Any) -> str | None:
         try:
             raw = call(drv, name, dev)
             b = raw.bytes if hasattr(raw, "bytes") else raw
-            b = (b.encode("latin-1") if isinstance(b, str) else bytes(b))[:16]
+            if isinstance(b, str):
+                b = b.encode("latin-1")
+            elif isinstance(b, (list, tuple)):  # signed chars
+                b = bytes(x & 0xFF for x in b)
+            b = bytes(b)[:16]
         except (DeviceError, TypeError, ValueError, UnicodeError):
             continue
         if len(b) == 16:

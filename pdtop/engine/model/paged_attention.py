@@ -140,7 +140,7 @@ def prefix_mode(device: torch.device, dtype: torch.dtype, head_dim: int, groups:
             with warnings.catch_warnings(), sdpa_kernel(fused_backends()):
                 warnings.simplefilter("ignore")
                 got = _prefix(mode, q, k, v, groups, scale)
-        except RuntimeError:
+        except Exception:  # no fused kernel takes this form here (or this torch lacks it)
             continue
         if torch.allclose(got.float(), want, atol=3e-2, rtol=3e-2):
             return mode

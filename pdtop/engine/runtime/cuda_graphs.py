@@ -101,7 +101,7 @@ class CudaDecoder:
         cfg, dev, dt = self.cfg, self.device, self.model.dtype
         try:
             g = torch.Generator(device=dev).manual_seed(0)
-            page, blocks, lens = self.kv.block_size, 12, [1, 37, 150]
+            page, blocks, lens = self.kv.block_size, 12, [1, 37, 4 * self.kv.block_size]  # 4 blocks a row
             k, v = (torch.randn(cfg.num_kv_heads, blocks * page + 1, cfg.head_dim, generator=g, device=dev,
                                 dtype=dt) for _ in range(2))
             q = torch.randn(len(lens), cfg.num_heads, cfg.head_dim, generator=g, device=dev, dtype=dt)
