@@ -76,9 +76,10 @@ def run(args: argparse.Namespace) -> int:
                               workload=workload, **runtime_options(args))
     except INPUT_ERRORS as exc:
         return fail("serve", exc)
-    kv_line = engine.describe()["runtime"]["kv_cache"].get("line")
-    if kv_line:  # the size chosen (on cuda, from free memory)
-        print(f"pdtop serve: {kv_line}", file=sys.stderr, flush=True)
+    runtime = engine.describe()["runtime"]
+    for line in (runtime["kv_cache"].get("line"), runtime.get("cuda_graphs", {}).get("line")):
+        if line:  # the KV size chosen (on cuda, from free memory), the decode graphs' pool
+            print(f"pdtop serve: {line}", file=sys.stderr, flush=True)
     try:
         return asyncio.run(_serve(engine, args))
     finally:

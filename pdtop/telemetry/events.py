@@ -58,6 +58,7 @@ class EngineDescription:
     levels: list[tuple[int, int]]
     config: EngineConfig
     policy: str
+    runtime: dict[str, Any] | None = None  # dtype, KV cache size, how decode runs (kernels, CUDA graphs)
 
 
 @dataclass

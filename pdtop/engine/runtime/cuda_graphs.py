@@ -223,11 +223,15 @@ class CudaDecoder:
         return graphs
 
     def describe(self) -> dict[str, Any]:
+        graphs = sum(len(g) for g in self._graphs.values())
+        line = (f"CUDA graphs: {graphs} (batch {self.buckets[0]}..{self.buckets[-1]} on {len(self._graphs)} decode "
+                f"streams), pool {self.pool_bytes / 2**20:.0f} MiB, captured in {self.capture_s:.1f} s"
+                if self.use_graphs else "CUDA graphs: off")
         return {
             "attention": self.attention, "attention_fallback": self.fallback_reason or None,
             "prefix_attention": self.prefix_mode,
             "cuda_graphs": {"enabled": self.use_graphs, "buckets": list(self.buckets),
-                            "streams": len(self._graphs), "graphs": sum(len(g) for g in self._graphs.values()),
+                            "streams": len(self._graphs), "graphs": graphs,
                             "pool_mib": round(self.pool_bytes / 2**20, 1), "capture_s": round(self.capture_s, 2),
-                            "failed": list(self.failed.values())},
+                            "failed": list(self.failed.values()), "line": line},
         }

@@ -14,7 +14,6 @@ not finished): another request could be given its blocks while its layers still 
 """
 from __future__ import annotations
 
-import contextlib
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +24,7 @@ import torch
 from pdtop.engine.errors import PromptError
 from pdtop.engine.model.config import ModelConfig
 from pdtop.engine.model.llama import DecodeGroup, ForwardBatch, LlamaModel, Segment
-from pdtop.engine.model.sampling import make_generator, sample
+from pdtop.engine.model.sampling import greedy_tokens, make_generator, sample
 from pdtop.engine.request import Request, RequestStatus
 from pdtop.engine.runtime.block_pool import BlockTable
 from pdtop.engine.runtime.cuda_graphs import CudaDecoder, DecodeInputs
@@ -46,7 +45,7 @@ class PrefillState:
     last_rows: torch.Tensor        # row of each prompt's last token
     next_layer: int = 0
     logits: torch.Tensor | None = None  # [n, vocab] float32, set with the last layers
-    stream: Any = None  # CUDA: the stream the last layers ran on (the prefill side's), where sampling runs
+    greedy: torch.Tensor | None = None  # [n] their argmax, taken there too
 
     @property
     def tokens(self) -> int:
@@ -185,16 +184,17 @@ class ModelRunner:
                 t.record_stream(stream)
         hidden = self.model.forward_layers(hidden, state.batch, start, end)
         state.next_layer = end
-        if end == self.config.num_layers:  # final norm + LM head here, on the prefill side's units
+        if end == self.config.num_layers:  # final norm, LM head and argmax here, on the prefill side's units
             state.logits = self.model.logits(hidden.index_select(0, state.last_rows))
-            state.hidden, state.stream = None, stream
+            state.greedy = greedy_tokens(state.logits)
+            state.hidden = None
         else:
             state.hidden = hidden
 
     @torch.inference_mode()
     def prefill_finish(self, state: PrefillState) -> list[int]:
-        """Each request's first token (not appended), sampled from the logits the last layers made
-        (on CUDA on the stream they ran on)."""
+        """Each request's first token (not appended), from the logits and argmax the last layers made:
+        only reading them back (and sampling rows that are not greedy) happens here."""
         if state.next_layer != self.config.num_layers:
             raise ValueError(f"prefill_finish after {state.next_layer} of {self.config.num_layers} layers")
         with self._lock:
@@ -202,8 +202,7 @@ class ModelRunner:
                 raise ValueError(f"the prefill of requests {[r.id for r in state.reqs]} is already finished")
             self._in_flight.remove(state)
         assert state.logits is not None
-        with torch.cuda.stream(state.stream) if state.stream is not None else contextlib.nullcontext():
-            tokens = self._sample(state.logits, state.reqs)
+        tokens = sample(state.logits, [r.params for r in state.reqs], [r.generator for r in state.reqs], state.greedy)
         for r in state.reqs:
             r.num_cached = r.prompt_len
         return tokens
