@@ -104,7 +104,7 @@ class RoundStats:
 class Scheduler:
     def __init__(self, device: Device, executor: Executor, table: SplitTable, config: PdmuxConfig,
                  policy: str = "pdmux", max_prefill_tokens: int = MAX_PREFILL_TOKENS):
-        self.device, self.executor, self.table, self.config = device, executor, table, config
+        self.device, self.executor, self.config = device, executor, config
         self.policy = check_policy(policy)
         self.table = table.realized(device.set_groups(table.groups))  # the units each level runs with
         self.max_prefill_tokens = max_prefill_tokens
@@ -333,5 +333,5 @@ class Scheduler:
         self.config = config
         if table is not None:
             self.table = table.realized(self.device.set_groups(table.groups))
-            if self.pinned is not None and self.pinned >= len(table.groups):
+            if self.pinned is not None and self.pinned >= len(self.table.groups):
                 self.pinned = None
