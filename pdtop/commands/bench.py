@@ -4,12 +4,17 @@ while they prefill, the decode-only ITL baseline (every unit to decode, no prefi
 tokens/s. `--device sim:H100` runs the seed's scenario (32 requests decoding at context 2048,
 8192-token prompts) on the simulated GPU; `--device cpu` runs the real model on this machine's
 cores (8 requests decoding, 1024-token prompts).
+
+With --url http://HOST:PORT/v1 it is a load generator instead: vllm bench serve's seeded random
+load, sent as streaming requests to any OpenAI-compatible server (pdtop serve --api-port, vLLM,
+SGLang), reporting request and token throughput, TTFT, TPOT, ITL, E2EL and goodput.
 """
 from __future__ import annotations
 
 import argparse
 import json
 
+from pdtop.commands import _bench_url
 from pdtop.commands._common import INPUT_ERRORS, add_runtime_arguments, fail, runtime_options
 from pdtop.engine.scheduling.policies import POLICIES
 
@@ -25,6 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
     add_runtime_arguments(p)
+    _bench_url.add_arguments(p)
 
 
 def _table(results: dict[str, dict], device: str) -> str:
@@ -39,6 +45,8 @@ def _table(results: dict[str, dict], device: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.url:
+        return _bench_url.run(args)
     from dataclasses import replace
 
     from pdtop.analysis.policy_bench import SCENARIOS, run_bench

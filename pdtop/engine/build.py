@@ -9,6 +9,7 @@ from pdtop.engine.engine import Engine
 from pdtop.engine.errors import DeviceError, EngineError
 from pdtop.engine.roofline.gpu_specs import CUSTOM_HELP, SPECS, GpuSpec, parse_gpu
 from pdtop.engine.runtime.executor import Executor
+from pdtop.engine.scheduling.admission import QueueLimits
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
 from pdtop.engine.scheduling.policies import DEFAULT_POLICY
 from pdtop.engine.scheduling.splits import SplitTable
@@ -63,7 +64,7 @@ def build_engine(device: str = "auto", model: str | None = None, config: PdmuxCo
                  policy: str = DEFAULT_POLICY, workload: WorkloadSpec | Workload | None = None, seed: int = 0,
                  dtype: str | None = None, kv_capacity_tokens: int | None = None, temperature: float = 0.0,
                  loaded_model: Any = None, gpu_memory_fraction: float | None = None,
-                 cuda_graphs: bool = True) -> Engine:
+                 cuda_graphs: bool = True, limits: QueueLimits | None = None) -> Engine:
     """An engine on `device` (see `parse_device`), ready to `run`.
 
     `model` is a GGUF path, `synthetic:NAME`, or None (the default model; on `sim:` devices
@@ -71,7 +72,8 @@ def build_engine(device: str = "auto", model: str | None = None, config: PdmuxCo
     `loaded_model` reuses a model already in memory (tests load it once per session).
     `dtype` defaults by device (`default_dtype`). The KV cache holds `kv_capacity_tokens`, or on
     CUDA what `gpu_memory_fraction` of the GPU leaves beside the weights (`kv_sizing`); the
-    chosen size is in `describe()["runtime"]["kv_cache"]`.
+    chosen size is in `describe()["runtime"]["kv_cache"]`. `limits` caps the waiting queue
+    (`QueueLimits`' defaults when None).
     """
     config = config or PdmuxConfig()
     where = parse_device(device)
@@ -86,7 +88,7 @@ def build_engine(device: str = "auto", model: str | None = None, config: PdmuxCo
         table = SplitTable.for_gpu(spec.sms, spec.cc_major, config)
         dev: Device = SimDevice(spec, table.groups)
         executor: Executor = SimExecutor(cfg, kv_capacity_tokens or 1 << 20)
-        prompts, name = PromptMaker(None, seed), cfg.name
+        prompts, name, tokenizer = PromptMaker(None, seed), cfg.name, None
     else:
         from pdtop.engine.runtime.executor import ModelExecutor
         from pdtop.engine.runtime.runner import ModelRunner
@@ -112,19 +114,20 @@ def build_engine(device: str = "auto", model: str | None = None, config: PdmuxCo
             runner.kv_how = plan.how
             if runner.cuda is not None and cuda_dev is not None:
                 cuda_dev.add_streams_listener(runner.cuda.sync_streams)  # graphs on every level's decode stream
-            encode = None
+            tokenizer = None
             if not source.startswith("synthetic:"):
                 from pdtop.engine.model.tokenizer import Tokenizer
 
-                encode = Tokenizer.from_gguf(source).encode
+                tokenizer = Tokenizer.from_gguf(source)
         except BaseException:
             dev.close()
             raise
         executor = ModelExecutor(runner)
-        prompts, name = PromptMaker(encode, seed), runner.config.name
+        prompts, name = PromptMaker(tokenizer.encode if tokenizer else None, seed), runner.config.name
     wl = Workload(workload, start=dev.now()) if isinstance(workload, WorkloadSpec) else workload
     return Engine(device=dev, executor=executor, table=table, config=config, policy=policy, workload=wl,
-                  prompts=prompts, model_name=name, temperature=temperature, seed=seed)
+                  prompts=prompts, model_name=name, temperature=temperature, seed=seed, limits=limits,
+                  tokenizer=tokenizer)
 
 
 def _default_model() -> str:

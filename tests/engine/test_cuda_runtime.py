@@ -2,6 +2,7 @@
 prefill slices in flight, and every `--device cuda` entry point failing in one line without a GPU."""
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 from collections import deque
@@ -11,11 +12,12 @@ import pytest
 import torch
 
 from pdtop.engine.build import build_engine, default_dtype
-from pdtop.engine.devices.sim import SimDevice
+from pdtop.engine.devices.sim import SimDevice, _Running
 from pdtop.engine.errors import EngineError
 from pdtop.engine.model.config import synthetic_config
 from pdtop.engine.model.paged_attention import decode_splits
 from pdtop.engine.roofline.gpu_specs import parse_gpu
+from pdtop.engine.roofline.sharing import share_bandwidth
 from pdtop.engine.runtime.cuda_graphs import DEFAULT_BUCKETS, bucket_for
 from pdtop.engine.runtime.executor import SimExecutor
 from pdtop.engine.runtime.kv_sizing import GiB, activation_reserve, plan_kv
@@ -109,28 +111,55 @@ def test_decode_splits_cover_the_gpu_twice(rows, kv_heads, sms, splits):
 
 # -- prefill slices in flight ---------------------------------------------------------------
 class PipelinedSim(SimDevice):
-    """The simulated GPU taking up to two prefill slices at once, each ending in turn (as CUDA streams do)."""
+    """The simulated GPU taking up to two prefill slices at once, the second starting when the first
+    ends (as on one CUDA stream). The clock runs as SimDevice's, with that queue added."""
 
     max_prefill_in_flight = 2
 
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)
-        self.ends: deque[float] = deque()
+        self.queued: deque[_Running] = deque()  # behind the running slice
+        self.finished = 0  # slices done and not yet collected
         self.most_in_flight = 0
 
+    def in_flight(self) -> int:
+        return self.finished + int(self.prefill_busy()) + len(self.queued)
+
     def submit_prefill(self, work):
-        assert sum(1 for t in self.ends if t > self.clock) < self.max_prefill_in_flight
-        super().submit_prefill(work)
-        self.ends.append(self._prefill_free_at)
-        self.most_in_flight = max(self.most_in_flight, sum(1 for t in self.ends if t > self.clock))
+        assert self.in_flight() < self.max_prefill_in_flight
+        job = _Running(work, self.prefill_seconds(work, self._side_units(0)))
+        work.run()
+        if self.prefill_busy():
+            self.queued.append(job)
+        else:
+            self._prefill = job
+        self.most_in_flight = max(self.most_in_flight, self.in_flight())
+
+    def _advance(self, job, deadline=math.inf):
+        time_shared = 0 in self.groups[self.level]
+        while self.clock < deadline:
+            pf = self._prefill if self.prefill_busy() else None
+            if (job is None and pf is None) or (job is not None and job.left <= 0):
+                break
+            running = [j for j in (job, pf) if j is not None and j.left > 0]
+            grants = share_bandwidth(self._bandwidth, [j.demand for j in running])
+            slow = 0.5 if time_shared and len(running) == 2 else 1.0
+            rates = [j.rate(g) * slow for j, g in zip(running, grants, strict=True)]
+            dt = min(deadline - self.clock, *(j.left / r for j, r in zip(running, rates, strict=True)))
+            for j, r in zip(running, rates, strict=True):
+                j.left = 0.0 if j.left / r <= dt else j.left - r * dt
+            self.clock += dt
+            if pf is not None and pf.left <= 0:
+                self.finished += 1
+                if self.queued:
+                    self._prefill = self.queued.popleft()
+        if deadline < math.inf:
+            self.clock = max(self.clock, deadline)
 
     def collect_prefill(self, in_flight, block=False):
         if block:
-            self.wait_prefill()
-        done = 0
-        while self.ends and self.ends[0] <= self.clock:
-            self.ends.popleft()
-            done += 1
+            self._advance(None)
+        done, self.finished = self.finished, 0
         return done
 
 
