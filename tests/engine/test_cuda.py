@@ -1,9 +1,11 @@
 """The CUDA green-context device: clear failures without CUDA here, real splits and overlap on a GPU."""
 import ctypes.util
 import importlib.util
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -204,14 +206,13 @@ def test_set_groups_rebuilds_levels(device):
 
 
 # -- the GPU check script -------------------------------------------------------------------
-GPU_MACHINE_LACKS = ("gguf", "websockets", "textual", "fastapi", "uvicorn", "pytest_asyncio")
+GPU_MACHINE_LACKS = ("gguf", "websockets", "textual", "fastapi", "uvicorn", "httptools", "openai", "pytest_asyncio")
 
 
 def test_gpu_check_smoke_runs_without_packages_the_gpu_machine_lacks(tmp_path):
     """`bench/gpu_check.py --smoke` (CPU, a 2-layer model) drives pdtop's runner, engine and scheduler
     through every section that needs no GPU, with what the lent GPU machine lacks unimportable."""
     import json
-    from pathlib import Path
 
     script = Path(__file__).resolve().parents[2] / "bench" / "gpu_check.py"
     out = tmp_path / "gpu_check.json"
@@ -240,3 +241,17 @@ def test_device_info_says_what_is_missing():
 
     with pytest.raises(DeviceError, match=r"^cuda device unavailable: "):
         cuda_device_info()
+
+
+@no_cuda
+def test_gpu_run_script_leaves_its_files_without_a_gpu(tmp_path):
+    """`bench/gpu_run.sh` (the one call a lent GPU machine makes) on a machine without a GPU: the check
+    says so and exits 2, the cuda tests skip, and every log lands in $OUT."""
+    script = Path(__file__).resolve().parents[2] / "bench" / "gpu_run.sh"
+    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable}
+    r = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr
+    assert "gpu_run: gpu_check exit 2\n" in r.stdout and "gpu_run: pytest exit 0\n" in r.stdout
+    assert {p.name for p in tmp_path.iterdir()} >= {"nvidia_smi.txt", "gpu_check.log", "pytest_cuda.log"}
+    assert "no CUDA GPU visible to torch" in (tmp_path / "gpu_check.log").read_text()
+    assert "skipped" in (tmp_path / "pytest_cuda.log").read_text()
