@@ -42,6 +42,7 @@ import json
 import math
 import os
 import platform
+import signal
 import subprocess
 import sys
 import threading
@@ -52,9 +53,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+STARTED = time.perf_counter()  # the budget counts from here: importing torch and CUDA's start are in it
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pdtop.engine.devices.cuda import max_connections_state, set_max_connections
+from pdtop.engine.devices.cuda import max_connections_state, set_max_connections  # noqa: E402
 
 set_max_connections()  # before torch starts CUDA
 
@@ -79,9 +81,17 @@ GiB = 1 << 30
 
 
 # -- the report: saved after every section ------------------------------------------------
+class OutOfTime(BaseException):
+    """SIGTERM (the caller's `timeout`): the section in progress stops; what was measured is kept."""
+
+
+def _out_of_time(signum: int, frame: Any) -> None:
+    raise OutOfTime
+
+
 class Report:
     def __init__(self, path: Path, budget_s: float, mode: str):
-        self.path, self.t0, self.budget = path, time.perf_counter(), budget_s
+        self.path, self.t0, self.budget = path, STARTED, budget_s
         self.section = "start"
         self.data: dict[str, Any] = {"schema": 1, "mode": mode, "model": MODEL,
                                      "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
@@ -571,14 +581,20 @@ class Check:
         if self.args.connections_probe:
             r.run("probe", self.probe)
             return 0 if not self.data["errors"] else 1
-        r.run("environment", self.environment)
-        r.run("device", self.device, need_s=5)
-        r.run("runtime", self.runtime, need_s=20)
-        if self.runner is not None:
-            r.run("decode_step", self.decode, need_s=15)
-            r.run("overlap", self.overlap, need_s=15)
-        r.run("policies", self.policies, need_s=45)
-        r.run("max_connections", self.connections, need_s=40)
+        stopped = False
+        try:
+            r.run("environment", self.environment)
+            r.run("device", self.device, need_s=5)
+            r.run("runtime", self.runtime, need_s=20)
+            if self.runner is not None:
+                r.run("decode_step", self.decode, need_s=15)
+                r.run("overlap", self.overlap, need_s=15)
+            r.run("policies", self.policies, need_s=45)
+            r.run("max_connections", self.connections, need_s=40)
+        except OutOfTime:
+            stopped = True
+            self.data["skipped"][r.section] = "stopped by SIGTERM (the caller's timeout) during this section"
+            print(f"[gpu_check] {r.section}: stopped by SIGTERM", flush=True)
         if self.nvml is not None:
             self.data["nvml"] = self.nvml.stop()
         elif not self.smoke:
@@ -589,6 +605,8 @@ class Check:
             self.targets()
         r.save()
         print(summary(self.data), flush=True)
+        if stopped:  # engines and graphs were left mid-step: do not wait for their teardown
+            os._exit(124)
         return 0
 
 
@@ -667,6 +685,7 @@ def main() -> int:
         print("gpu_check: no CUDA GPU visible to torch; use --smoke on a CPU", file=sys.stderr)
         return 2
     torch.manual_seed(0)
+    signal.signal(signal.SIGTERM, _out_of_time)  # a timeout still gets the summary table
     return Check(args).main()
 
 

@@ -235,6 +235,33 @@ def test_gpu_check_smoke_runs_without_packages_the_gpu_machine_lacks(tmp_path):
     assert "ITL p99 ms: decode_only" in r.stdout  # the summary table
 
 
+def test_gpu_check_stopped_by_its_timeout_keeps_results_and_prints_the_table(tmp_path):
+    """SIGTERM (what `timeout` in bench/gpu_run.sh sends) in the middle of a section: the sections done
+    stay in the JSON, the one stopped is recorded as such, the summary table is still printed."""
+    import json
+    import signal
+
+    script = Path(__file__).resolve().parents[2] / "bench" / "gpu_check.py"
+    out = tmp_path / "gpu_check.json"
+    proc = subprocess.Popen([sys.executable, str(script), "--smoke", "--out", str(out)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        lines = []
+        for line in proc.stdout:  # type: ignore[union-attr]
+            lines.append(line)
+            if line.startswith("[gpu_check] decode_step"):
+                proc.send_signal(signal.SIGTERM)
+                break
+        rest = proc.communicate(timeout=120)[0]
+    finally:
+        proc.kill()
+    assert proc.returncode == 124, "".join(lines) + rest
+    report = json.loads(out.read_text())
+    assert "SIGTERM" in report["skipped"]["decode_step"] and report["runtime"]["dtype"] == "float32"
+    assert "policies" not in report["seconds"] and "ITL p99" not in rest
+    assert rest.strip().splitlines()[-1].startswith("skipped decode_step: stopped by SIGTERM")  # the table's end
+
+
 @no_cuda
 def test_device_info_says_what_is_missing():
     from pdtop.engine.devices.cuda import cuda_device_info
