@@ -136,6 +136,13 @@ def _default_model() -> str:
     return str(default_model_path())
 
 
+def load_for(device: str, model: str | None = None, dtype: str | None = None) -> Any:
+    """The model `build_engine(device, model, dtype=dtype)` would load (the default model, the device's
+    default dtype), to pass as `loaded_model` to several engines. Not for `sim:` devices."""
+    where = parse_device(device)
+    return _load(model or _default_model(), dtype or default_dtype(where.kind), where.torch_device)
+
+
 def _load(source: str, dtype: str, device: str) -> Any:
     """A synthetic model needs neither gguf nor a file (the GPU check runs where gguf is missing)."""
     if source.startswith("synthetic:"):

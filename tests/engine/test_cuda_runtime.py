@@ -201,6 +201,7 @@ def test_two_prefill_slices_in_flight_reach_the_first_token_sooner():
     ["--device", "cuda"],  # `pdtop` alone is the dashboard
     ["dashboard", "--device", "cuda:1"],
     ["levels", "--device", "cuda"],
+    ["tune", "--device", "cuda", "--slo-itl-ms", "50"],
 ])
 def test_cuda_entry_points_without_a_gpu_exit_2_in_one_line(args):
     r = subprocess.run([sys.executable, "-m", "pdtop", *args], cwd=ROOT, capture_output=True, text=True, timeout=120,
