@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pdtop.engine.errors import EngineError, UnsupportedModelError
-from pdtop.engine.model import rope
+from pdtop.engine.model import cpu_kernels, rope
 from pdtop.engine.model.config import ModelConfig, synthetic_config
 from pdtop.engine.model.linear import Linear
 
@@ -53,6 +53,7 @@ class DecodeGroup:
     gather: torch.Tensor              # [G * L] long: KV slots each row attends to
     length: int                       # L, the group's padded context length
     mask: torch.Tensor | None = None  # [G, 1, 1, L] bool, True = attend; None = all valid
+    lens: torch.Tensor | None = None  # [G] long: each row's context length (for the CPU kernel)
 
 
 @dataclass
@@ -143,17 +144,19 @@ class Attention(nn.Module):
         """One query per row against its gathered context, by length group when lengths differ widely."""
         groups = batch.decode_groups
         if len(groups) == 1:  # the usual case: every row in one group
-            g = groups[0]
-            return self._attend(q, cache, g.gather, g.length, g.mask)
+            return self._attend(q, cache, groups[0])
         out = torch.empty_like(q)
         for g in groups:
-            out[g.rows] = self._attend(q[g.rows], cache, g.gather, g.length, g.mask)
+            out[g.rows] = self._attend(q[g.rows], cache, g)
         return out
 
-    def _attend(self, q: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor, L: int,
-                mask: torch.Tensor | None) -> torch.Tensor:
-        n, kvh, d = q.shape[0], self.kvh, self.d
-        ctx = gather(cache, slots).view(2, kvh, n, L, d)
+    def _attend(self, q: torch.Tensor, cache: torch.Tensor, group: DecodeGroup) -> torch.Tensor:
+        n, kvh, d, L, mask = q.shape[0], self.kvh, self.d, group.length, group.mask
+        if group.lens is not None and cpu_kernels.supports(q, cache):
+            kernel = cpu_kernels.decode_attention()
+            if kernel is not None:  # reads K/V in place (csrc/decode_attention.c)
+                return kernel(q, cache, group.gather.view(n, L), group.lens, self.scale)
+        ctx = gather(cache, group.gather).view(2, kvh, n, L, d)
         kk, vv = ctx[0].transpose(0, 1), ctx[1].transpose(0, 1)
         if _HAS_GQA and L <= 256 and q.dtype == torch.float32 and q.is_cpu and torch.get_num_threads() > 1:
             # torch 2.13's CPU flash kernel splits this shape (one query row per head) well over

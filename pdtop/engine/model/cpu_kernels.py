@@ -1,0 +1,130 @@
+"""Native CPU kernels (`csrc/*.c`), built on first use with the C compiler and loaded with ctypes.
+
+One kernel today: decode attention over the paged KV cache (`csrc/decode_attention.c`),
+2-3x faster than gathering each row's context and calling SDPA (the gather copies the whole
+context every layer). Building takes about half a second (plain C, no torch headers) and
+the library is cached under `~/.cache/pdtop/kernels`, keyed by the source, the compiler
+and this CPU. It is compiled with `-march=native` and `-fopenmp`, linked to the OpenMP
+runtime torch already loaded (libgomp), so a kernel's team is the calling thread's torch
+thread count. The result is checked once against torch; anything missing or wrong (no
+compiler, another OpenMP runtime, a mismatch) means `None` and the torch path runs, as
+without the kernel. `PDTOP_NO_KERNELS=1` turns them off (for comparisons).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+SOURCE = Path(__file__).with_name("csrc") / "decode_attention.c"
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
+DecodeAttention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
+_lock = threading.Lock()
+
+
+def _torch_libgomp() -> str | None:
+    """The libgomp torch runs on, as mapped in this process (None if torch uses another runtime)."""
+    torch.get_num_threads()  # make sure torch's OpenMP runtime is loaded
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    paths = {line.split()[-1] for line in maps.splitlines() if "/libgomp" in line}
+    return min(paths) if len(paths) == 1 else None
+
+
+def _cpu_id() -> str:
+    try:
+        return next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
+    except OSError:
+        return platform.processor()
+
+
+def _build(gomp: str) -> Path:
+    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc") or "cc"
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), *FLAGS, gomp, version, _cpu_id()]).encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pdtop" / "kernels"
+    out = cache / f"{SOURCE.stem}-{key}.so"
+    if not out.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=cache) as tmp:  # built aside, then renamed: safe if two build at once
+            part = Path(tmp) / out.name
+            gomp_dir = str(Path(gomp).parent)
+            subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(part), gomp, f"-Wl,-rpath,{gomp_dir}"],
+                           capture_output=True, text=True, check=True)
+            os.replace(part, out)
+    return out
+
+
+def _reference(q: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor, lens: torch.Tensor,
+               scale: float) -> torch.Tensor:
+    n, h, d = q.shape
+    kvh = cache.shape[1]
+    outs = []
+    for i in range(n):
+        idx = slots[i, : int(lens[i])]
+        k = cache[0][:, idx].repeat_interleave(h // kvh, 0)
+        v = cache[1][:, idx].repeat_interleave(h // kvh, 0)
+        outs.append(torch.softmax(q[i, :, None] @ k.transpose(1, 2) * scale, -1) @ v)
+    return torch.cat(outs, 1).transpose(0, 1).reshape(n, h, d)
+
+
+@functools.cache
+def decode_attention() -> DecodeAttention | None:
+    """`f(q [n, h, d] (rows may be strided), cache [2, kvh, S, d], slots [n, L] int64, lens [n] int64, scale)`
+    -> `[n, h, d]`: each row's attention over its first `lens[i]` slots; None when the kernel is unavailable."""
+    if os.environ.get("PDTOP_NO_KERNELS"):
+        return None
+    with _lock:
+        try:
+            gomp = _torch_libgomp()
+            if gomp is None:
+                return None
+            fn = ctypes.CDLL(str(_build(gomp))).pdtop_decode_attention_f32
+        except (OSError, subprocess.CalledProcessError, StopIteration) as exc:
+            log.debug("CPU decode-attention kernel unavailable: %s", exc)
+            return None
+    fn.restype = None
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    fn.argtypes = [ptr, i64, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, ctypes.c_float]
+
+    def attend(q: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor, lens: torch.Tensor,
+               scale: float) -> torch.Tensor:
+        n, h, d = q.shape
+        out = torch.empty(n, h, d, dtype=q.dtype)
+        fn(q.data_ptr(), q.stride(0), cache.data_ptr(), slots.data_ptr(), lens.data_ptr(), out.data_ptr(),
+           n, h, cache.shape[1], d, cache.shape[2], slots.shape[1], scale)
+        return out
+
+    g = torch.Generator().manual_seed(0)
+    cache = torch.randn(2, 3, 100, 64, generator=g)
+    q = torch.randn(5, 13, 64, generator=g)[:, 2:11]  # strided rows, as q sits inside the qkv output
+    slots = torch.randint(0, 100, (5, 40), generator=g)
+    lens = torch.tensor([1, 17, 40, 16, 33])
+    if not torch.allclose(attend(q, cache, slots, lens, 0.125), _reference(q, cache, slots, lens, 0.125),
+                          atol=1e-5, rtol=1e-4):
+        log.warning("the CPU decode-attention kernel disagrees with torch here; using torch")
+        return None
+    return attend
+
+
+def supports(q: torch.Tensor, cache: torch.Tensor) -> bool:
+    """Whether the kernel takes these shapes (float32 on the CPU, head_dim a multiple of 16 up to 128,
+    up to 16 query heads per KV head, q rows contiguous within a row)."""
+    _, h, d = q.shape
+    return (q.dtype == torch.float32 and cache.dtype == torch.float32 and q.device.type == "cpu"
+            and d % 16 == 0 and d <= 128 and h // cache.shape[1] <= 16 and q.stride(2) == 1 and q.stride(1) == d
+            and cache.is_contiguous())
