@@ -8,12 +8,14 @@ long prompts, the ITLs of the decode requests inside the segments (pooled), outp
 tokens/s over the segments, and interference (docs/levels.md, "Interference").
 
 Interference compares like with like. After each segment, every decode step it ran is
-replayed decode-only on the whole device (`run_whole`, nothing else running) with the
-same requests at the same contexts: the baseline for that step's batch composition,
-measured in the same process, seconds after the step. Each ITL is divided by the
-baseline of the step that produced its token. The replay recomputes each row's last
-token with the cache as it stands (it rewrites that token's K/V with the same values)
-and runs between segments, so it changes neither the TTFTs nor the ITLs measured.
+replayed decode-only with the same requests at the same contexts, in turns: on the whole
+device (`run_whole`; the baseline for that step's batch composition) and on the cores that
+step's decode had, the prefill side idle (`run_decode` at its level). Each ITL divided by
+the first is the interference; it factors into "fewer cores" (own cores / whole device,
+decode-only) and "contention" (the ITL / own cores: what running beside the prefill cost).
+The replays recompute each row's last token with the cache as it stands (rewriting that
+token's K/V with the same values) and run between segments, seconds after the steps, so
+they change neither the TTFTs nor the ITLs measured.
 Same seed, same prompts, same scenario for every policy.
 """
 from __future__ import annotations
@@ -25,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from pdtop.analysis.metrics import percentile, summary_ms
+from pdtop.engine.devices.base import Work
 from pdtop.engine.engine import Engine
 from pdtop.engine.errors import EngineError
 from pdtop.engine.records import RoundRecord
@@ -63,7 +66,9 @@ class DecodeStep:
     rows: list[tuple[Request, int, list[int]]]  # request, its cached tokens before the step, its KV blocks
     gaps: list[float]  # ITL of each row's token (rows whose previous token is inside the segment)
     replay_s: float = float("nan")  # the same batch, decode-only on the whole device
-    baseline_s: float = float("nan")
+    own_replay_s: float = float("nan")  # the same batch, decode-only on the cores this step's decode had
+    baseline_s: float = float("nan")  # replay_s, smoothed (`replay_baselines`)
+    own_baseline_s: float = float("nan")
     info: dict[str, Any] = field(default_factory=dict)  # what a RoundTracer saw (with --trace)
 
     @property
@@ -129,19 +134,40 @@ def _shadow(req: Request, cached: int, blocks: list[int]) -> Request:
                    num_cached=cached, table=table)
 
 
-def replay_baselines(engine: Engine, steps: list[DecodeStep]) -> None:
-    """Time each step's batch decode-only on the whole device; each step's baseline is the median replay
-    of the steps with the same requests within +-BASELINE_SPAN (contexts a few tokens apart)."""
-    dev, ex = engine.device, engine.executor
-    for s in steps:
-        work = ex.decode([_shadow(*row) for row in s.rows])
-        t0 = dev.now()
-        dev.run_whole(work)
-        s.replay_s = dev.now() - t0
+def _timed(engine: Engine, run: Callable[[Work], Any], step: DecodeStep) -> float:
+    work = engine.executor.decode([_shadow(*row) for row in step.rows])
+    t0 = engine.device.now()
+    run(work)
+    return engine.device.now() - t0
+
+
+def _smoothed(steps: list[DecodeStep], values: list[float]) -> list[float]:
+    """Each step's median of `values` over the steps with the same requests within +-BASELINE_SPAN."""
+    out, i = [], 0
     for _, group in itertools.groupby(steps, key=lambda s: s.key):
-        same = list(group)
-        for i, s in enumerate(same):
-            s.baseline_s = statistics.median(x.replay_s for x in same[max(0, i - BASELINE_SPAN):i + BASELINE_SPAN + 1])
+        n = len(list(group))
+        mine = values[i:i + n]
+        out += [statistics.median(mine[max(0, j - BASELINE_SPAN):j + BASELINE_SPAN + 1]) for j in range(n)]
+        i += n
+    return out
+
+
+def replay_baselines(engine: Engine, steps: list[DecodeStep]) -> None:
+    """Time each step's batch decode-only: on the whole device, and on the cores its decode had (the
+    prefill side idle). Each step's baselines are medians over neighbours with the same requests."""
+    dev = engine.device
+    level = dev.level
+    whole, own = [], []
+    for s in steps:
+        whole.append(_timed(engine, dev.run_whole, s))
+        if 0 < s.record.decode_units < dev.units:  # decode had part of the device
+            dev.set_level(s.record.level)
+            own.append(_timed(engine, dev.run_decode, s))
+        else:
+            own.append(whole[-1])
+    dev.set_level(level)
+    for s, w, o, bw, bo in zip(steps, whole, own, _smoothed(steps, whole), _smoothed(steps, own), strict=True):
+        s.replay_s, s.own_replay_s, s.baseline_s, s.own_baseline_s = w, o, bw, bo
 
 
 @dataclass
@@ -192,18 +218,22 @@ def run_policy(engine: Engine, sc: Scenario, progress: Progress | None = None,
         ttfts.append(req.token_times[0] - req.arrival)
         replay_baselines(engine, seg_steps)
         steps += seg_steps
-        ratios = [g / s.baseline_s for s in seg_steps for g in s.gaps]
         say(f"long prompt {seg + 1}/{sc.long_prompts}: TTFT {ttfts[-1]:.2f} s, {len(seg_steps)} decode steps, "
-            f"interference p50 {percentile(ratios, 50):.2f}x")
+            f"interference p50 {_ratios(seg_steps, 'gap', 'baseline_s')['p50']:.2f}x")
     if any(r.finished for r in decoders):
         raise EngineError("decode requests finished before the long prompts did; raise Scenario.decode_tokens")
     return PolicyRun(summarize(steps, ttfts, decoders + longs, windows, engine.device.units), steps)
 
 
+def _ratios(steps: list[DecodeStep], num: str, den: str) -> dict[str, float]:
+    """p50/p99/max over tokens of `num / den`, each a DecodeStep attribute ("gap": each token's ITL)."""
+    xs = [(g if num == "gap" else getattr(s, num)) / getattr(s, den) for s in steps for g in s.gaps]
+    return {"p50": percentile(xs, 50), "p99": percentile(xs, 99), "max": max(xs, default=float("nan")), "n": len(xs)}
+
+
 def summarize(steps: list[DecodeStep], ttfts: list[float], reqs: list[Request], windows: list[tuple[float, float]],
               units: int) -> dict[str, Any]:
     itls = [g for s in steps for g in s.gaps]
-    ratios = [g / s.baseline_s for s in steps for g in s.gaps]
     baselines = [s.baseline_s for s in steps for _ in s.gaps]
     tokens = sum(1 for r in reqs for t in r.token_times if any(a < t <= b for a, b in windows))
     busy = sum(b - a for a, b in windows)
@@ -211,8 +241,9 @@ def summarize(steps: list[DecodeStep], ttfts: list[float], reqs: list[Request], 
         "ttft_ms": {**summary_ms(ttfts, (50,)), "n": len(ttfts)},
         "itl_ms": summary_ms(itls),
         "baseline_ms": summary_ms(baselines, (50,)),
-        "interference": {"p50": percentile(ratios, 50), "p99": percentile(ratios, 99),
-                         "max": max(ratios, default=float("nan")), "n": len(ratios)},
+        "interference": _ratios(steps, "gap", "baseline_s"),  # each ITL / decode-only on the whole device
+        "fewer_cores": _ratios(steps, "own_baseline_s", "baseline_s"),  # decode-only: own cores / whole device
+        "contention": _ratios(steps, "gap", "own_baseline_s"),  # each ITL / decode-only on its own cores
         "decode_steps": len(steps),
         "output_tok_s": tokens / busy if busy else float("nan"),
         "decode_units": units,
@@ -229,6 +260,7 @@ def trace_rows(policy: str, steps: list[DecodeStep]) -> list[dict[str, Any]]:
         gap = statistics.median(s.gaps) if s.gaps else float("nan")
         rows.append({"policy": policy, "segment": s.segment, **rec, "contexts": [min(ctx), max(ctx), sum(ctx)],
                      "gap_s": gap, "replay_s": s.replay_s, "baseline_s": s.baseline_s,
+                     "own_replay_s": s.own_replay_s, "own_baseline_s": s.own_baseline_s,
                      "ratio": gap / s.baseline_s, **s.info})
     return rows
 

@@ -38,15 +38,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "and print which of these the slowest steps share")
 
 
-def _table(results: dict[str, dict], device: str, head: str) -> str:
-    cols = (f"{'policy':<14}{'TTFT p50':>9}{'max':>8}{'ITL p50':>9}{'p99':>7}{'max':>8}"
-            f"{'base p50':>9}{'intf p50':>9}{'p99':>7}{'out tok/s':>10}")
+def _table(results: dict[str, dict], head: str) -> str:
+    cols = (f"{'policy':<14}{'TTFT p50':>9}{'max':>8}{'ITL p50':>9}{'p99':>7}{'max':>8}{'base p50':>9}"
+            f"{'intf p50':>9}{'p99':>7}{'cores':>7}{'cont p50':>9}{'p99':>7}{'out tok/s':>10}")
     lines = [head, cols]
     for policy, r in results.items():
-        t, i, b, x = r["ttft_ms"], r["itl_ms"], r["baseline_ms"], r["interference"]
+        t, i, b = r["ttft_ms"], r["itl_ms"], r["baseline_ms"]
+        x, c, k = r["interference"], r["fewer_cores"], r["contention"]
         lines.append(f"{policy:<14}{t['p50']:>9.1f}{t['max']:>8.1f}{i['p50']:>9.1f}{i['p99']:>7.1f}{i['max']:>8.1f}"
-                     f"{b['p50']:>9.1f}{x['p50']:>8.2f}x{x['p99']:>6.2f}x{r['output_tok_s']:>10.1f}")
-    lines.append("ms unless noted; base: decode-only step of the same batch; intf: ITL / base (docs/levels.md)")
+                     f"{b['p50']:>9.1f}{x['p50']:>8.2f}x{x['p99']:>6.2f}x{c['p50']:>6.2f}x{k['p50']:>8.2f}x"
+                     f"{k['p99']:>6.2f}x{r['output_tok_s']:>10.1f}")
+    lines.append("ms unless noted. base: the same batch decode-only on the whole device; intf: ITL / base; "
+                 "cores: decode-only on the step's own cores / base; cont: ITL / that (docs/levels.md)")
     return "\n".join(lines)
 
 
@@ -97,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     head = (f"pdtop bench on {args.device}: {sc.decode_bs} requests decoding ({sc.decode_prompt}-token prompts), "
             f"{sc.long_prompts} prompts of {sc.long_tokens} tokens one after another; "
             f"load average {load['before'][0]:.2f} -> {load['after'][0]:.2f}")
-    print(_table(results, args.device, head))
+    print(_table(results, head))
     if args.trace:
         print(f"\nslow steps (trace: {args.trace})")
         print(slow_step_report(rows, sc.long_tokens))
