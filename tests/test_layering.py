@@ -1,4 +1,4 @@
-"""ui -> telemetry -> engine, never back: checked by importing in a clean interpreter."""
+"""ui -> telemetry -> engine and api -> engine, never back: checked by importing in a clean interpreter."""
 from __future__ import annotations
 
 import pkgutil
@@ -21,9 +21,9 @@ def _imported_after(modules: list[str]) -> set[str]:
     return set(out.split())
 
 
-def test_engine_imports_neither_telemetry_nor_ui_nor_textual():
+def test_engine_imports_neither_telemetry_nor_ui_nor_api_nor_textual():
     loaded = _imported_after(_modules(pdtop.engine))
-    assert not {m for m in loaded if m.startswith(("textual", "pdtop.telemetry", "pdtop.ui"))}
+    assert not {m for m in loaded if m.startswith(("textual", "pdtop.telemetry", "pdtop.ui", "pdtop.api", "fastapi"))}
 
 
 def test_telemetry_imports_neither_ui_nor_textual():
@@ -40,3 +40,10 @@ def test_every_command_explains_itself():
         sub = subprocess.run([sys.executable, "-m", "pdtop", name, "--help"], capture_output=True, text=True)
         assert sub.returncode == 0, sub.stderr
         assert sub.stdout.startswith("usage: pdtop " + name)
+
+
+def test_api_imports_neither_telemetry_nor_ui_nor_textual():
+    import pdtop.api
+
+    loaded = _imported_after(_modules(pdtop.api))
+    assert not {m for m in loaded if m.startswith(("textual", "pdtop.telemetry", "pdtop.ui"))}

@@ -5,6 +5,10 @@ the same batch at the same contexts, replayed on the whole device right after (p
 docs/levels.md). `--device sim:H100` runs the seed's scenario (32 requests decoding at context 2048,
 8192-token prompts) on the simulated GPU; `--device cpu` runs the real model on this machine's cores
 (8 requests decoding, eight 1024-token prompts). Progress goes to stderr.
+
+With --url http://HOST:PORT/v1 it is a load generator instead: vllm bench serve's seeded random
+load, sent as streaming requests to any OpenAI-compatible server (pdtop serve --api-port, vLLM,
+SGLang), reporting request and token throughput, TTFT, TPOT, ITL, E2EL and goodput.
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ import sys
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
+from pdtop.commands import _bench_url
 from pdtop.commands._common import INPUT_ERRORS, fail
 from pdtop.engine.scheduling.policies import POLICIES
 
@@ -36,6 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", metavar="FILE", default=None,
                    help="write one JSON line per measured decode step (level, cores, what prefill ran, GC) "
                         "and print which of these the slowest steps share")
+    _bench_url.add_arguments(p)
 
 
 def _table(results: dict[str, dict], head: str) -> str:
@@ -58,6 +64,8 @@ def _loadavg() -> list[float]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.url:
+        return _bench_url.run(args)
     from dataclasses import replace
 
     from pdtop.analysis.policy_bench import SCENARIOS, Observer, run_bench, trace_rows

@@ -6,7 +6,10 @@ tied to this process: it also stops if the dashboard crashes or is killed (Linux
 Its log goes to a temporary file, named when something goes wrong.
 
 Default device: CUDA if available, else this machine's CPU cores, with SmolLM2-135M.
-A simulated GPU (`--device sim:H100`) runs a synthetic 8B model on a virtual clock.
+A simulated GPU (`--device sim:H100`) runs a synthetic 8B model on a virtual clock
+(--speed 0.1 slows it down to watch a prefill advance layer by layer).
+The default workload, per device (--rate adds Poisson arrivals):
+{scenarios}
 
 Examples:
   pdtop
@@ -30,10 +33,13 @@ from pathlib import Path
 from typing import IO
 
 from pdtop.commands._common import DEVICE_HELP, INPUT_ERRORS, fail
+from pdtop.commands.serve import RATE_HELP, SCENARIOS_HELP, SPEED_HELP, check_inputs
 from pdtop.engine.scheduling.policies import DEFAULT_POLICY, POLICIES
 from pdtop.ui.cli_args import add_ui_arguments
 
+__doc__ = __doc__.replace("{scenarios}", SCENARIOS_HELP)
 URL_PREFIX = "pdtop serve: listening on "
+SERVE_ERROR = "pdtop serve: error: "  # how the child reports bad input (`fail`), before it exits 2
 START_TIMEOUT_S = 300.0  # loading a real model on a slow CPU can take a while
 
 
@@ -44,15 +50,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a GGUF file or synthetic:NAME (default SmolLM2-135M)")
     parser.add_argument("--config", metavar="FILE", help="SGLang-compatible pdmux YAML")
     parser.add_argument("--policy", choices=POLICIES, help=f"scheduling policy (default {DEFAULT_POLICY})")
-    parser.add_argument("--rate", type=float, metavar="REQ_PER_S", help="workload arrival rate (default 2)")
+    parser.add_argument("--rate", type=float, metavar="REQ_PER_S", help=RATE_HELP)
+    parser.add_argument("--speed", type=float, metavar="X", help=SPEED_HELP)
     parser.add_argument("--record", metavar="FILE", help="record every event to FILE from the start")
     add_ui_arguments(parser)
 
 
 def serve_command(args: argparse.Namespace) -> list[str]:
-    """The child's command line: `pdtop serve` on a free loopback port (its token comes in the environment)."""
-    cmd = [sys.executable, "-m", "pdtop", "serve", "--host", "127.0.0.1", "--port", "0"]
-    for flag in ("device", "model", "config", "policy", "rate", "record"):
+    """The child's command line: `pdtop serve` on a free loopback port, with the HTTP API on another
+    (its token comes in the environment)."""
+    cmd = [sys.executable, "-m", "pdtop", "serve", "--host", "127.0.0.1", "--port", "0", "--api-port", "0"]
+    for flag in ("device", "model", "config", "policy", "rate", "speed", "record"):
         value = getattr(args, flag, None)
         if value is not None:
             cmd += [f"--{flag}", str(value)]
@@ -133,13 +141,10 @@ def run(args: argparse.Namespace) -> int:
         problem = f"--slo-ms must be positive, got {args.slo_ms:g}"
     if problem:
         return fail("dashboard", problem)
-    if args.device:  # a bad name fails here, not in the engine's log
-        from pdtop.engine.build import parse_device
-
-        try:
-            parse_device(args.device)
-        except INPUT_ERRORS as exc:
-            return fail("dashboard", exc)
+    try:  # a bad device, model or config fails here in one line, not in the engine's log
+        check_inputs(args)
+    except INPUT_ERRORS as exc:
+        return fail("dashboard", exc)
     token = secrets.token_urlsafe(24)
     log_file = tempfile.NamedTemporaryFile("w", prefix="pdtop-serve-", suffix=".log", delete=False)
     log_path = Path(log_file.name)
@@ -148,6 +153,10 @@ def run(args: argparse.Namespace) -> int:
         child, url = start_server(args, token, log_file)
     except (RuntimeError, OSError) as exc:
         log_file.close()
+        refused = [line for line in _tail(log_path).splitlines() if line.startswith(SERVE_ERROR)]
+        if refused:  # bad input the checks above could not see (e.g. a tensor type): the child's one line
+            log_path.unlink(missing_ok=True)
+            return fail("dashboard", refused[-1][len(SERVE_ERROR):])
         fail("dashboard", exc)
         print(_tail(log_path), file=sys.stderr, end="")
         return 1

@@ -4,7 +4,8 @@ The file starts with a header holding the server's hello, then one line per even
 its time in seconds since the recording started. It is flushed at least once a second,
 so a killed recorder loses at most the last second. If the connection drops, recording
 goes on after the reconnect (the new hello is written as an event). Replay it with
-`pdtop replay FILE`. Stops on Ctrl-C, or after --duration seconds.
+`pdtop replay FILE`. Stops on Ctrl-C, or after --duration seconds. If the file cannot be
+written (a full disk), it says so in one line and exits 1; a token in the URL is never printed.
 
 Examples:
   pdtop record ws://127.0.0.1:8765 -o run.ndjson.gz
@@ -17,6 +18,7 @@ import asyncio
 import json
 import signal
 import sys
+from urllib.parse import parse_qs, quote, urlsplit
 
 from pdtop.commands._common import fail
 
@@ -29,9 +31,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--duration", type=float, metavar="S", help="stop after S seconds of recording")
 
 
+def redacted(text: str, url: str) -> str:
+    """`text` with the value of `url`'s `token=` query parameter replaced by `***`."""
+    for token in parse_qs(urlsplit(url).query).get("token", []):
+        if token:
+            text = text.replace(quote(token, safe=""), "***").replace(token, "***")
+    return text
+
+
 def run(args: argparse.Namespace) -> int:
     if not args.url.startswith(("ws://", "wss://")):
-        return fail("record", f"not a websocket URL (ws://HOST:PORT): {args.url!r}")
+        return fail("record", redacted(f"not a websocket URL (ws://HOST:PORT): {args.url!r}", args.url))
     if args.duration is not None and not args.duration > 0:
         return fail("record", f"--duration must be positive, got {args.duration:g}")
     return asyncio.run(_record(args))
@@ -43,7 +53,8 @@ async def _record(args: argparse.Namespace) -> int:
 
     source = LiveSource(args.url, token=args.token, readonly=True)
     recorder: Recorder | None = None
-    print(f"pdtop record: connecting to {args.url}", file=sys.stderr, flush=True)
+    shown = redacted(args.url, args.url)
+    print(f"pdtop record: connecting to {shown}", file=sys.stderr, flush=True)
 
     async def consume() -> None:
         nonlocal recorder
@@ -56,11 +67,18 @@ async def _record(args: argparse.Namespace) -> int:
                 continue
             recorder.write(json.dumps(event, separators=(",", ":")))
 
+    failure: list[RecordingError] = []
+
     async def flush_timer() -> None:
         while True:
             await asyncio.sleep(0.5)
             if recorder is not None:
-                recorder.maybe_flush()
+                try:
+                    recorder.maybe_flush()
+                except RecordingError as exc:
+                    failure.append(exc)
+                    task.cancel()
+                    return
 
     loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(consume())
@@ -76,17 +94,23 @@ async def _record(args: argparse.Namespace) -> int:
     except asyncio.TimeoutError:
         task.cancel()
     except asyncio.CancelledError:
-        pass
+        if failure:
+            code = fail("record", failure[0], code=1)
     except RecordingError as exc:
-        code = fail("record", str(exc))
+        code = fail("record", exc, code=1)
     except Exception as exc:  # a fatal connection error (HTTP status, bad host)
-        code = fail("record", f"{args.url}: {exc}")
+        code = fail("record", redacted(f"{shown}: {exc}", args.url))
     finally:
         timer.cancel()
         await source.close()
         if not task.done():
             task.cancel()
         if recorder is not None:
-            recorder.close()
-            print(f"pdtop record: {recorder.events_written} events in {args.output}", file=sys.stderr)
+            failed = recorder.closed  # a write failed and was reported above
+            try:
+                recorder.close()
+            except RecordingError as exc:
+                code = fail("record", exc, code=1)
+            if not failed and code == 0:
+                print(f"pdtop record: {recorder.events_written} events in {args.output}", file=sys.stderr)
     return code

@@ -1,6 +1,12 @@
 """Run the engine with its workload and serve telemetry and control over a websocket.
 
-The engine runs rounds on its own thread (a sim: device is paced to wall time); every
+The default workload shows PD multiplexing within seconds: a steady decode batch (a closed
+loop: each request that finishes is replaced) while a long prompt arrives every few seconds
+(skipped while the previous one still waits for its first token), seeded:
+{scenarios}
+--rate adds Poisson arrivals on top.
+
+The engine runs rounds on its own thread (a sim: device is paced to wall time x --speed); every
 round, request and config change is streamed to each connected client as JSON (see
 docs/protocol.md), with a hardware sample about once a second. Clients send control
 messages (pin a level, change knobs, inject a long prompt) on the same connection.
@@ -8,11 +14,23 @@ messages (pin a level, change knobs, inject a long prompt) on the same connectio
 The first line on stdout is `pdtop serve: listening on ws://HOST:PORT` (with --port 0
 the port is picked for you). Binding anything but a loopback address needs --token;
 with a token set, clients without it (`ws://HOST:PORT/?token=...` or a first message
-{"cmd": "auth", "token": ...}) may watch but not control. Ctrl-C stops cleanly.
+{"cmd": "auth", "token": ...}) may watch but not control. Browser pages are refused
+unless their origin is allowed (--allow-origin), and clients may record only to new
+files inside --record-dir. Ctrl-C stops cleanly; if the engine stops on an error, serve
+says so in one line and exits 1.
+
+With --api-port, an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions,
+/v1/models, /health, /metrics) runs on the same host, and the next line on stdout is
+`pdtop serve: api on http://HOST:PORT/v1`. Its requests go through the same scheduler as
+the workload's. On a non-loopback host they need `Authorization: Bearer TOKEN`.
+--workload none leaves only API and injected requests. Requests past the waiting-queue
+caps (--max-waiting-requests, --max-waiting-tokens) are refused: the API answers 503.
 
 Examples:
   pdtop serve --device sim:H100 --rate 8
+  pdtop serve --device sim:H100 --speed 0.1
   pdtop serve --device cpu --record run.ndjson.gz
+  pdtop serve --device cpu --api-port 8000 --workload none
   pdtop serve --host 0.0.0.0 --token "$(openssl rand -hex 16)"
 """
 from __future__ import annotations
@@ -26,7 +44,16 @@ import threading
 from typing import TYPE_CHECKING
 
 from pdtop.commands._common import DEVICE_HELP, INPUT_ERRORS, fail
+from pdtop.engine.errors import DeviceError
+from pdtop.engine.scheduling.admission import MAX_WAITING_REQUESTS, MAX_WAITING_TOKENS
 from pdtop.engine.scheduling.policies import DEFAULT_POLICY, POLICIES
+from pdtop.engine.scheduling.workload import DEMO
+
+SCENARIOS_HELP = "\n".join(f"  {kind}: {spec.describe()}" for kind, spec in DEMO.items())
+__doc__ = __doc__.replace("{scenarios}", SCENARIOS_HELP)
+RATE_HELP = "Poisson arrivals per second on top of the default workload (default 0)"
+SPEED_HELP = ("sim: devices only: simulated seconds per wall second (default 1; 0.1 runs ten times slower, "
+              "to watch a prefill advance layer by layer)")
 
 if TYPE_CHECKING:
     from pdtop.engine.engine import Engine
@@ -43,8 +70,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="SGLang-compatible pdmux YAML (sm_group_num, manual_divisions, ...)")
     parser.add_argument("--policy", default=DEFAULT_POLICY, choices=POLICIES,
                         help=f"scheduling policy (default {DEFAULT_POLICY})")
-    parser.add_argument("--rate", type=float, metavar="REQ_PER_S",
-                        help="Poisson arrival rate of the workload (default 2)")
+    parser.add_argument("--rate", type=float, metavar="REQ_PER_S", help=RATE_HELP)
+    parser.add_argument("--speed", type=float, metavar="X", help=SPEED_HELP)
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; others need --token)")
     parser.add_argument("--port", type=int, default=8765, help="port to bind (default 8765; 0 picks a free one)")
     parser.add_argument("--record", metavar="FILE",
@@ -52,27 +79,70 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token", default=os.environ.get("PDTOP_TOKEN") or None,
                         help="secret a client needs to send control messages (default: $PDTOP_TOKEN; "
                         "the environment keeps it out of `ps`)")
+    parser.add_argument("--api-port", type=int, metavar="PORT",
+                        help="also serve the OpenAI-compatible HTTP API and /metrics on PORT (0 picks a free one)")
+    parser.add_argument("--workload", choices=("synthetic", "none"), default="synthetic",
+                        help="synthetic: the default workload above (default); none: only API and injected requests")
+    parser.add_argument("--max-waiting-requests", type=int, default=MAX_WAITING_REQUESTS, metavar="N",
+                        help=f"requests that may wait for prefill; more are refused (default {MAX_WAITING_REQUESTS})")
+    parser.add_argument("--max-waiting-tokens", type=int, default=MAX_WAITING_TOKENS, metavar="N",
+                        help=f"prompt tokens the waiting requests may hold (default {MAX_WAITING_TOKENS})")
+    parser.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                        help="a browser origin allowed to connect, e.g. http://localhost:3000 (repeatable; "
+                             "default none: pages on other sites cannot reach the server)")
+    parser.add_argument("--record-dir", metavar="DIR",
+                        help="where clients' record_start may create recordings (default: the working directory)")
+    parser.add_argument("--max-clients", type=int, default=64, metavar="N",
+                        help="connections served at once (default 64)")
+
+
+def check_inputs(args: argparse.Namespace) -> PdmuxConfig:
+    """The pdmux config, once the device, --speed and the --config file are checked the way `serve`
+    checks them (EngineError or OSError naming the problem). Cheap, and without torch for `auto`,
+    so the dashboard calls it before its UI starts; the model is checked when the engine is built."""
+    from pdtop.engine.build import parse_device
+
+    device = args.device or "auto"
+    kind = "auto" if device == "auto" else parse_device(device).kind  # auto picks cuda or cpu, never sim
+    speed = getattr(args, "speed", None)
+    if speed is not None:
+        if kind != "sim":
+            raise DeviceError(f"--speed applies to simulated devices (sim:GPU) only, not {device}")
+        if not 0 < speed <= 1000:
+            raise DeviceError(f"--speed must be in (0, 1000], got {speed:g}")
+    return _load_config(args.config)
 
 
 def run(args: argparse.Namespace) -> int:
-    from pdtop.engine.scheduling.workload import WorkloadSpec
+    from pdtop.engine.scheduling.workload import demo_workload
     from pdtop.telemetry.server.server import is_loopback
 
     if not 0 <= args.port <= 65535:
         return fail("serve", f"--port must be 0..65535, got {args.port}")
+    if args.api_port is not None and not 0 <= args.api_port <= 65535:
+        return fail("serve", f"--api-port must be 0..65535, got {args.api_port}")
+    if args.workload == "none" and args.rate is not None:
+        return fail("serve", "--rate sets the synthetic workload's arrivals; it does not go with --workload none")
+    for flag in ("max_waiting_requests", "max_waiting_tokens"):
+        if getattr(args, flag) < 1:
+            return fail("serve", f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
     if args.rate is not None and not 0 <= args.rate <= 1000:
         return fail("serve", f"--rate must be 0..1000 requests/s, got {args.rate:g}")
     if args.token is not None and not args.token:
         return fail("serve", "--token must not be empty")
     if not is_loopback(args.host) and not args.token:
         return fail("serve", f"binding {args.host} (not a loopback address) needs --token")
+    if args.max_clients < 1:
+        return fail("serve", f"--max-clients must be at least 1, got {args.max_clients}")
     try:
-        config = _load_config(args.config)
-        from pdtop.engine.build import build_engine
+        config = check_inputs(args)
+        from pdtop.engine.build import build_engine, parse_device
+        from pdtop.engine.scheduling.admission import QueueLimits
 
-        workload = WorkloadSpec() if args.rate is None else WorkloadSpec(rate=args.rate)
+        workload = None if args.workload == "none" else demo_workload(parse_device(args.device).kind, args.rate)
         engine = build_engine(device=args.device, model=args.model, config=config, policy=args.policy,
-                              workload=workload)
+                              workload=workload, limits=QueueLimits(args.max_waiting_requests,
+                                                                    args.max_waiting_tokens))
     except INPUT_ERRORS as exc:
         return fail("serve", exc)
     try:
@@ -90,20 +160,38 @@ def _load_config(path: str | None) -> PdmuxConfig:
 async def _serve(engine: Engine, args: argparse.Namespace) -> int:
     from pdtop.telemetry.hardware.hw import HwSampler
     from pdtop.telemetry.recording.recorder import RecordingError
-    from pdtop.telemetry.server.server import TelemetryServer
+    from pdtop.telemetry.server.server import TelemetryServer, is_loopback
 
-    server = TelemetryServer(engine, args.host, args.port, token=args.token)
+    try:
+        server = TelemetryServer(engine, args.host, args.port, token=args.token, allow_origins=args.allow_origin,
+                                 record_dir=args.record_dir, max_clients=args.max_clients)
+    except ValueError as exc:
+        return fail("serve", exc)
+    api = None
     try:
         await server.start()
         if args.record:
-            server.start_recording(args.record)
+            server.start_recording(args.record, confined=False)
     except OSError as exc:
         await server.stop()
         return fail("serve", f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}")
     except RecordingError as exc:
         await server.stop()
         return fail("serve", str(exc))
+    if args.api_port is not None:
+        from pdtop.api.server import ApiServer
+
+        try:
+            api = ApiServer(engine, args.host, args.api_port, token=None if is_loopback(args.host) else args.token)
+            await api.start()
+        except INPUT_ERRORS as exc:
+            await server.stop()
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            return fail("serve", f"cannot serve the API on {args.host}:{args.api_port}: {reason}")
+        server.api_url = api.url
     print(f"pdtop serve: listening on {server.url}", flush=True)
+    if api is not None:
+        print(f"pdtop serve: api on {api.url}", flush=True)
     if args.record:
         print(f"pdtop serve: recording to {args.record}", file=sys.stderr, flush=True)
 
@@ -116,7 +204,7 @@ async def _serve(engine: Engine, args: argparse.Namespace) -> int:
 
     def engine_loop() -> None:
         try:
-            engine.run(stop, realtime=True)
+            engine.run(stop, realtime=True, speed=getattr(args, "speed", None) or 1.0)
         except BaseException as exc:  # report it, and stop serving
             failure.append(exc)
             loop.call_soon_threadsafe(done.set)
@@ -130,9 +218,10 @@ async def _serve(engine: Engine, args: argparse.Namespace) -> int:
         stop.set()
         sampler.stop()
         await asyncio.to_thread(thread.join, 10)
+        if api is not None:
+            await api.stop()
         await server.stop()
     if failure:
-        print(f"pdtop serve: engine stopped: {type(failure[0]).__name__}: {failure[0]}", file=sys.stderr)
-        return 1
+        return fail("serve", f"the engine stopped: {type(failure[0]).__name__}: {failure[0]}", code=1)
     print("pdtop serve: stopped", file=sys.stderr)
     return 0

@@ -9,6 +9,7 @@ from pdtop.engine.engine import Engine
 from pdtop.engine.errors import DeviceError
 from pdtop.engine.roofline.gpu_specs import CUSTOM_HELP, SPECS, GpuSpec, parse_gpu
 from pdtop.engine.runtime.executor import Executor
+from pdtop.engine.scheduling.admission import QueueLimits
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
 from pdtop.engine.scheduling.policies import DEFAULT_POLICY
 from pdtop.engine.scheduling.splits import SplitTable
@@ -53,12 +54,13 @@ def parse_device(text: str) -> DeviceSpec:
 def build_engine(device: str = "auto", model: str | None = None, config: PdmuxConfig | None = None,
                  policy: str = DEFAULT_POLICY, workload: WorkloadSpec | Workload | None = None, seed: int = 0,
                  dtype: str = "float32", kv_capacity_tokens: int | None = None, temperature: float = 0.0,
-                 loaded_model: Any = None) -> Engine:
+                 loaded_model: Any = None, limits: QueueLimits | None = None) -> Engine:
     """An engine on `device` (see `parse_device`), ready to `run`.
 
     `model` is a GGUF path, `synthetic:NAME`, or None (the default model; on `sim:` devices
     `synthetic:qwen3-8b`). `workload` is a `WorkloadSpec`, or None for no arrivals.
     `loaded_model` reuses a model already in memory (tests load it once per session).
+    `limits` caps the waiting queue (`QueueLimits`' defaults when None).
     """
     config = config or PdmuxConfig()
     where = parse_device(device)
@@ -73,7 +75,7 @@ def build_engine(device: str = "auto", model: str | None = None, config: PdmuxCo
         table = SplitTable.for_gpu(spec.sms, spec.cc_major, config)
         dev: Device = SimDevice(spec, table.groups)
         executor: Executor = SimExecutor(cfg, kv_capacity_tokens or 1 << 20)
-        prompts, name = PromptMaker(None, seed), cfg.name
+        prompts, name, tokenizer = PromptMaker(None, seed), cfg.name, None
     else:
         from pdtop.engine.model.loader import default_model_path, load_model
         from pdtop.engine.runtime.executor import ModelExecutor
@@ -95,19 +97,20 @@ def build_engine(device: str = "auto", model: str | None = None, config: PdmuxCo
             loaded = loaded_model if loaded_model is not None else load_model(source, dtype=dtype,
                                                                               device=where.torch_device)
             runner = ModelRunner(loaded, kv_capacity_tokens or 16384)
-            encode = None
+            tokenizer = None
             if not source.startswith("synthetic:"):
                 from pdtop.engine.model.tokenizer import Tokenizer
 
-                encode = Tokenizer.from_gguf(source).encode
+                tokenizer = Tokenizer.from_gguf(source)
         except BaseException:
             dev.close()
             raise
         executor = ModelExecutor(runner)
-        prompts, name = PromptMaker(encode, seed), runner.config.name
+        prompts, name = PromptMaker(tokenizer.encode if tokenizer else None, seed), runner.config.name
     wl = Workload(workload, start=dev.now()) if isinstance(workload, WorkloadSpec) else workload
     return Engine(device=dev, executor=executor, table=table, config=config, policy=policy, workload=wl,
-                  prompts=prompts, model_name=name, temperature=temperature, seed=seed)
+                  prompts=prompts, model_name=name, temperature=temperature, seed=seed, limits=limits,
+                  tokenizer=tokenizer)
 
 
 def _cuda_available() -> bool:

@@ -1,31 +1,67 @@
 """The engine: scheduler + workload + live control, reporting every round to its sinks.
 
 One thread runs the rounds (`run`). `control` may be called from any thread: it
-validates at once (ControlError, nothing changed) and queues the change, which is
-applied at the next round boundary and reported as a `ConfigChange`.
+validates at once against the state the change will meet (the changes queued before it
+included; ControlError, nothing changed) and queues the change, which is applied at the
+next round boundary and reported as a `ConfigChange`. Applying checks it again: a change
+that fails there is reported as a `ControlFailure`, and the rounds go on.
+
+Requests: `submit` adds one at once, on the engine's thread (the workload, benchmarks,
+tests). From any other thread (the HTTP API), `enqueue` queues one for the next round
+boundary and streams its tokens back through a callback, and `abort` ends one there.
+Both refuse work over the waiting-queue caps (`QueueLimits`) with `QueueFullError`,
+and every refusal is reported as a request that arrived and finished "rejected".
 """
 from __future__ import annotations
 
 import gc
+import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from pdtop.engine.devices.base import Device
+from pdtop.engine.errors import ControlError, EngineError, FieldError, PromptError, QueueFullError
 from pdtop.engine.records import ConfigChange, RequestRecord, RoundRecord
-from pdtop.engine.request import Request, SamplingParams
+from pdtop.engine.request import SOURCES, Request, SamplingParams
 from pdtop.engine.runtime.executor import Executor
-from pdtop.engine.scheduling.control import Change, validate
+from pdtop.engine.scheduling.admission import QueueLimits
+from pdtop.engine.scheduling.control import Change, ControlFailure, Plan, subject, validate
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
 from pdtop.engine.scheduling.scheduler import Scheduler
 from pdtop.engine.scheduling.splits import SplitTable
 from pdtop.engine.scheduling.workload import LONG_PROMPT_TOKENS, Arrival, PromptMaker, Workload
 
-Record = RoundRecord | RequestRecord | ConfigChange
+Record = RoundRecord | RequestRecord | ConfigChange | ControlFailure
 Sink = Callable[[Record], None]
-IDLE_S = 0.05  # how long an idle round waits for arrivals
+IDLE_S = 0.05  # how long an idle round waits for arrivals (a real device wakes early when a request comes)
+MAX_REFUSALS_HELD = 4096  # refusals reported per round boundary at most; the counts in describe() keep the rest
+
+log = logging.getLogger("pdtop.engine")
+
+
+@dataclass(frozen=True)
+class TokenUpdate:
+    """What an enqueued request got since its last update: new tokens, and on the last update why it ended."""
+
+    tokens: list[int]
+    finish_reason: str | None = None  # "eos" | "length" | "stop" | "abort" | "rejected" on the last update
+    error: str | None = None  # why it was rejected
+
+
+OnUpdate = Callable[[TokenUpdate], "bool | None"]  # True: end the request now, finish reason "stop"
+
+
+@dataclass(eq=False)
+class _Watch:
+    req: Request
+    on_update: OnUpdate
+    sent: int = 0  # tokens reported so far
+
+log = logging.getLogger("pdtop.engine")
 
 
 def freeze_startup_heap() -> None:
@@ -39,17 +75,31 @@ def freeze_startup_heap() -> None:
 class Engine:
     def __init__(self, *, device: Device, executor: Executor, table: SplitTable, config: PdmuxConfig,
                  policy: str, workload: Workload | None, prompts: PromptMaker, model_name: str,
-                 temperature: float = 0.0, seed: int = 0):
+                 temperature: float = 0.0, seed: int = 0, limits: QueueLimits | None = None, tokenizer: Any = None):
         self.device, self.executor, self.model_name = device, executor, model_name
         self.scheduler = Scheduler(device, executor, table, config, policy)
         self.workload = workload
         self.prompts = prompts
+        self.tokenizer = tokenizer  # the model file's `Tokenizer`; None for synthetic models
         self.temperature, self.seed = temperature, seed
+        self.limits = limits or QueueLimits()
+        self.refused = dict.fromkeys(SOURCES, 0)  # requests refused over the caps, by source
         self._sinks: list[Sink] = []
         self._pending: deque[tuple[Change, str | None]] = deque()
+        self._plan: Plan | None = None  # the state once every queued change is applied; None: the current one
         self._deferred_policy: tuple[str, str | None] | None = None
         self._lock = threading.Lock()
         self._next_id = 0
+        # filled by any thread under the lock, taken at round boundaries by the engine's
+        self._incoming: deque[tuple[Request, OnUpdate | None]] = deque()
+        self._incoming_tokens = 0
+        self._injects = [0, 0]  # injects accepted and not yet applied: [count, prompt tokens], held in the caps
+        self._aborts: deque[tuple[Request, str]] = deque()
+        self._refusals: deque[tuple[RequestRecord, RequestRecord]] = deque(maxlen=MAX_REFUSALS_HELD)
+        self._wake = threading.Event()  # set when work comes in, so an idle round ends early
+        self._watched: list[_Watch] = []  # engine thread only
+        self._open: list[tuple[Arrival, Request]] = []  # closed-loop and periodic requests not finished yet
+        self._pace: Callable[[], None] = lambda: None  # set by `run` to hold a virtual clock to wall time
 
     # -- what clients see ------------------------------------------------------------------
     def add_sink(self, sink: Sink) -> None:
@@ -82,6 +132,9 @@ class Engine:
             "device": self.device.describe(), "unit_name": self.device.unit_name, "units": self.device.units,
             "virtual_clock": self.device.virtual, "levels": [list(g) for g in self.scheduler.table.groups],
             "config": self.config_dict(), "policy": self.scheduler.policy,
+            "limits": {"max_waiting_requests": self.limits.max_waiting_requests,
+                       "max_waiting_tokens": self.limits.max_waiting_tokens, "refused": dict(self.refused)},
+            "workload": self.workload.spec.describe() if self.workload else None,
         }
 
     @property
@@ -90,10 +143,22 @@ class Engine:
 
     # -- control ---------------------------------------------------------------------------
     def control(self, msg: Any, client: str | None = None) -> None:
-        """Validate now (ControlError changes nothing); apply at the next round boundary."""
+        """Validate now against the state it will meet (ControlError changes nothing); apply at the
+        next round boundary."""
         with self._lock:
-            change = validate(msg, config=self.config, table=self.scheduler.table, max_prompt=self.max_prompt)
+            plan = self._plan or Plan(self.config, self.scheduler.table)
+            change = validate(msg, config=plan.config, table=plan.table, max_prompt=self.max_prompt)
+            if change.cmd == "inject":  # its room in the queue is held until it is applied
+                tokens = self._inject_tokens(change)
+                try:
+                    self._check_room(tokens, "inject", self.device.now())
+                except QueueFullError as exc:
+                    raise ControlError("inject", str(exc)) from None
+                self._injects[0] += 1
+                self._injects[1] += tokens
             self._pending.append((change, client))
+            self._plan = plan.after(change)
+        self._wake.set()
 
     def _apply(self, change: Change, client: str | None) -> dict[str, dict[str, Any]]:
         s, w, now = self.scheduler, self.workload, self.device.now()
@@ -105,15 +170,14 @@ class Engine:
 
         if change.cmd in ("pin_level", "auto_level"):
             level = change.values["level"] if change.cmd == "pin_level" else None
-            if level is None or level < len(s.table.groups):  # new levels may have come since it was validated
-                note("pinned_level", s.pinned, level)
-                s.pin_level(level)
+            note("pinned_level", s.pinned, level)
+            s.pin_level(level)
         elif change.cmd == "inject":
             tokens, max_tokens = change.values.get("prompt_tokens"), change.values.get("max_tokens")
             if w is not None:
                 w.inject(now, tokens, max_tokens)
             else:
-                self.submit(self.prompts.make(tokens or LONG_PROMPT_TOKENS), max_tokens or 64)
+                self._arrive(Arrival(now, tokens or LONG_PROMPT_TOKENS, max_tokens or 64, "inject"))
             diff["inject"] = {"old": None, "new": tokens or "default"}
         elif change.cmd in ("pause_workload", "resume_workload") and w is not None:
             paused = change.cmd == "pause_workload"
@@ -121,26 +185,24 @@ class Engine:
             w.pause() if paused else w.resume(now)
         elif change.cmd == "set":
             values = dict(change.values)
-            if "policy" in values:
-                policy = values.pop("policy")
-                if s.prefill_in_flight and policy != s.policy:
-                    self._deferred_policy = (policy, client)  # switched once in-flight prefill is done
-                else:
-                    note("policy", s.policy, policy)
-                    s.set_policy(policy)
-            if "workload_rate" in values:
-                rate = values.pop("workload_rate")
-                if w is not None:
-                    note("workload_rate", w.spec.rate, rate)
-                    w.set_rate(rate, now)
-            if values:
+            policy, rate = values.pop("policy", None), values.pop("workload_rate", None)
+            if values:  # first: new levels are what may fail (a device that cannot build them)
                 old, old_levels, old_pin = s.config, [list(g) for g in s.table.groups], s.pinned
-                s.set_config(old.replace(**values), change.table)
+                s.set_config(change.config or old, change.table)
                 for name in values:
                     note(name, getattr(old, name), getattr(s.config, name))
                 if change.table is not None:
                     note("levels", old_levels, [list(g) for g in change.table.groups])
                     note("pinned_level", old_pin, s.pinned)  # a pin past the new last level is dropped
+            if policy is not None:
+                if s.prefill_in_flight and policy != s.policy:
+                    self._deferred_policy = (policy, client)  # switched once in-flight prefill is done
+                else:
+                    note("policy", s.policy, policy)
+                    s.set_policy(policy)
+            if rate is not None and w is not None:
+                note("workload_rate", w.spec.rate, rate)
+                w.set_rate(rate, now)
         return diff
 
     def _apply_pending(self) -> None:
@@ -152,57 +214,228 @@ class Engine:
             if old != policy:
                 diff = {"policy": {"old": old, "new": policy}}
                 self._emit(ConfigChange(self.device.now(), s.round_index, diff, client))
-        while self._pending:
+        while True:
+            with self._lock:  # the change stays queued (and planned) until it is applied
+                if not self._pending:
+                    return
+                queued, client = self._pending[0]
+                if queued.cmd == "inject":  # the room it held goes back; it arrives through the caps
+                    self._injects[0] -= 1
+                    self._injects[1] -= self._inject_tokens(queued)
+            try:
+                change = validate(queued.msg, config=s.config, table=s.table, max_prompt=self.max_prompt)
+                diff = self._apply(change, client)
+            except Exception as exc:  # no control message may stop the engine
+                field, reason = (exc.field, exc.reason) if isinstance(exc, FieldError) \
+                    else (subject(queued.msg), str(exc))
+                if not isinstance(exc, EngineError):
+                    log.exception("applying %r", queued.msg)
+                    reason = f"{type(exc).__name__}: {exc}"
+                self._emit(ControlFailure(self.device.now(), s.round_index, field, reason, client))
+                diff = {}
             with self._lock:
-                change, client = self._pending.popleft()
-            diff = self._apply(change, client)
+                self._pending.popleft()
+                if not self._pending:
+                    self._plan = None
             if diff:
                 self._emit(ConfigChange(self.device.now(), s.round_index, diff, client))
 
     # -- requests --------------------------------------------------------------------------
     def submit(self, prompt_ids: list[int], max_tokens: int, *, ignore_eos: bool = False,
-               arrival: float | None = None) -> Request:
-        params = SamplingParams(temperature=self.temperature, seed=self.seed + self._next_id, max_tokens=max_tokens,
-                                ignore_eos=ignore_eos)
-        req = Request(self._next_id, list(prompt_ids), params, self.device.now() if arrival is None else arrival)
-        self._next_id += 1
-        self._emit(self.scheduler.add(req))
+               arrival: float | None = None, source: str = "workload") -> Request:
+        """Add a request now: on the engine's thread, or while it is not running. QueueFullError over the caps."""
+        with self._lock:
+            params = SamplingParams(temperature=self.temperature, seed=self.seed + self._next_id,
+                                    max_tokens=max_tokens, ignore_eos=ignore_eos)
+            req = self._new_request(prompt_ids, params, source, arrival)
+            record = self.scheduler.add(req)
+        self._emit(record)
         return req
 
-    def _arrive(self, arrival: Arrival) -> None:
+    def enqueue(self, prompt_ids: list[int], params: SamplingParams, *, source: str = "api",
+                on_update: OnUpdate | None = None) -> Request:
+        """Thread-safe: queue a request for the next round boundary (QueueFullError over the caps).
+
+        `on_update` is called on the engine thread after each round that gave the request tokens,
+        and a last time with its finish reason; it must not block. When it returns True (a stop
+        string matched) the request ends there, before the next round, with finish reason "stop",
+        and gets no further update.
+        The returned request belongs to the engine: read nothing of it from another thread, pass
+        it to `abort`."""
+        with self._lock:
+            req = self._new_request(prompt_ids, params, source, None)
+            self._incoming.append((req, on_update))
+            self._incoming_tokens += req.prompt_len
+        self._wake.set()
+        return req
+
+    def abort(self, req: Request, reason: str = "abort") -> None:
+        """Thread-safe: end `req` at the next round boundary with `reason` ("abort": its client left,
+        "stop": a stop string matched); its KV is freed then (after its prefill, if one is in flight)."""
+        with self._lock:
+            self._aborts.append((req, reason))
+        self._wake.set()
+
+    def check_request(self, prompt_tokens: int, params: SamplingParams) -> None:
+        """PromptError if such a request could never run here: bad sampling parameters, an empty
+        prompt, prompt + max_tokens past the context, or more KV than the whole cache."""
+        params.validate()
+        if prompt_tokens < 1:
+            raise PromptError("empty prompt: a request needs at least one token")
+        context = self.executor.cfg.max_context
+        if prompt_tokens + params.max_tokens > context:
+            raise PromptError(f"prompt of {prompt_tokens} tokens + max_tokens {params.max_tokens} exceeds the "
+                              f"model's context of {context} tokens")
+        pool = self.executor.pool
+        if pool.blocks_for(prompt_tokens + params.max_tokens) > pool.num_blocks:
+            raise PromptError(f"KV cache too small: prompt of {prompt_tokens} tokens + max_tokens "
+                              f"{params.max_tokens}; the whole cache holds {pool.capacity_tokens}")
+
+    def _new_request(self, prompt_ids: list[int], params: SamplingParams, source: str,
+                     arrival: float | None) -> Request:
+        """Under the lock: a new request with the next id, if the queue has room."""
+        now = self.device.now() if arrival is None else arrival
+        self._check_room(len(prompt_ids), source, now)
+        req = Request(self._next_id, list(prompt_ids), params, now, source=source)
+        self._next_id += 1
+        return req
+
+    def _inject_tokens(self, change: Change) -> int:
+        return change.values.get("prompt_tokens") or (
+            self.workload.spec.long_prompt_tokens if self.workload else LONG_PROMPT_TOKENS)
+
+    def _check_room(self, prompt_tokens: int, source: str, now: float) -> None:
+        """Under the lock: QueueFullError if a request of `prompt_tokens` would pass a cap; the refusal
+        is counted and reported at the next round boundary (an arrival, then a "rejected" finish)."""
+        try:
+            self.limits.check(len(self.scheduler.waiting) + len(self._incoming) + self._injects[0],
+                              self.scheduler.waiting_tokens + self._incoming_tokens + self._injects[1],
+                              prompt_tokens)
+        except QueueFullError:
+            rid, self._next_id = self._next_id, self._next_id + 1
+            self.refused[source] += 1
+            self._refusals.append((RequestRecord("arrival", rid, now, prompt_tokens, source=source),
+                                   RequestRecord("finish", rid, now, prompt_tokens, finish_reason="rejected",
+                                                 source=source)))
+            raise
+
+    def _arrive(self, arrival: Arrival) -> Request | None:
         cfg = self.executor.cfg
         n = max(1, min(arrival.prompt_tokens, cfg.max_context - arrival.max_tokens))
-        self.submit(self.prompts.make(n), arrival.max_tokens, ignore_eos=True, arrival=arrival.time)
+        source = "inject" if arrival.injected else "workload"
+        try:
+            with self._lock:  # checked before the prompt is made: a refused arrival costs no memory
+                self._check_room(n, source, arrival.time)
+            return self.submit(self.prompts.make(n), arrival.max_tokens, ignore_eos=True, arrival=arrival.time,
+                               source=source)
+        except QueueFullError:
+            return None  # dropped: reported as rejected, counted in describe()["limits"]["refused"]
+
+    def _take_arrivals(self, workload: Workload) -> None:
+        """Submit what the workload has due, telling it how many of its closed-loop requests are
+        still in flight and whether its last long prompt still waits for its first token."""
+        self._open = [(a, r) for a, r in self._open if not r.finished]
+        in_flight = sum(a.kind == "loop" for a, _ in self._open)
+        long_waiting = any(a.kind == "long" and not r.output_ids for a, r in self._open)
+        for arrival in workload.due(self.device.now(), in_flight, long_waiting):
+            req = self._arrive(arrival)
+            if req is not None and arrival.kind in ("loop", "long"):
+                self._open.append((arrival, req))
+
+    def _take_requests(self) -> None:
+        """At a round boundary: queued requests join the scheduler, refusals are reported, aborts applied."""
+        with self._lock:  # added under the lock, so a concurrent cap check never misses them
+            added = [self.scheduler.add(req) for req, _ in self._incoming]
+            self._watched += [_Watch(req, cb) for req, cb in self._incoming if cb is not None]
+            self._incoming.clear()
+            self._incoming_tokens = 0
+            refusals = list(self._refusals)
+            self._refusals.clear()
+            aborts = list(self._aborts)
+            self._aborts.clear()
+        for record in added:
+            self._emit(record)
+        for arrived, refused in refusals:
+            self._emit(arrived)
+            self._emit(refused)
+        for req, reason in aborts:
+            finish = self.scheduler.abort(req, reason)
+            if finish is not None:
+                self._emit(finish)
+
+    def _notify(self) -> None:
+        """Tell each enqueued request's caller what it got this round; forget the finished ones."""
+        keep = []
+        for w in self._watched:
+            req = w.req
+            n = len(req.output_ids)
+            if n > w.sent or req.finished:
+                update = TokenUpdate(req.output_ids[w.sent:n], req.finish_reason if req.finished else None, req.error)
+                w.sent = n
+                try:
+                    stop = w.on_update(update)
+                except Exception:  # a caller's bug must not stop the engine
+                    log.exception("on_update of request %d", req.id)
+                    stop = False
+                if stop and not req.finished:
+                    finish = self.scheduler.abort(req, "stop")
+                    if finish is not None:
+                        self._emit(finish)
+            if not req.finished:
+                keep.append(w)
+        self._watched = keep
+
+    def idle(self) -> bool:
+        """Nothing queued, waiting, prefilling or decoding."""
+        return not self._incoming and self.scheduler.idle()
 
     # -- rounds ----------------------------------------------------------------------------
     def step(self) -> RoundRecord:
+        self._wake.clear()
         self._apply_pending()
         if self.workload is not None:
-            for arrival in self.workload.due(self.device.now()):
-                self._arrive(arrival)
+            self._take_arrivals(self.workload)
+        self._take_requests()
         if self.scheduler.idle():
-            self.device.idle(IDLE_S)
+            if self.device.virtual:
+                self.device.idle(IDLE_S)
+            else:
+                self._wake.wait(IDLE_S)
+                self._take_requests()
         record, requests = self.scheduler.step()
+        self._pace()  # a paced virtual clock: report the round when wall time reaches its end
         for r in requests:
             self._emit(r)
         self._emit(record)
+        if self._watched:
+            self._notify()
         return record
 
     def run(self, stop: threading.Event, realtime: bool = True, speed: float = 1.0) -> None:
-        """Run rounds until `stop` is set. A virtual clock is paced to wall time x `speed` when `realtime`."""
+        """Run rounds until `stop` is set. A virtual clock is paced to wall time x `speed` when
+        `realtime` (speed 0.1: ten wall seconds per simulated second)."""
+        if not speed > 0:
+            raise ValueError(f"speed must be > 0, got {speed}")
         freeze_startup_heap()
-        wall0, clock0 = time.perf_counter(), self.device.now()
-        while not stop.is_set():
-            self.step()
-            if realtime and self.device.virtual:
+        if realtime and self.device.virtual:
+            wall0, clock0 = time.perf_counter(), self.device.now()
+
+            def pace() -> None:
                 ahead = (self.device.now() - clock0) / speed - (time.perf_counter() - wall0)
                 if ahead > 0:
                     stop.wait(ahead)
 
+            self._pace = pace
+        try:
+            while not stop.is_set():
+                self.step()
+        finally:
+            self._pace = lambda: None
+
     def run_until_idle(self, max_rounds: int = 1_000_000) -> int:
         """Run rounds until every submitted request has finished (no workload arrivals)."""
         n = 0
-        while not self.scheduler.idle() and n < max_rounds:
+        while not self.idle() and n < max_rounds:
             self.step()
             n += 1
         return n

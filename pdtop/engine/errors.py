@@ -27,6 +27,16 @@ class PromptError(EngineError):
     """A request is invalid: empty prompt, too long for the context, bad sampling parameters."""
 
 
+class QueueFullError(EngineError):
+    """The waiting queue is at its cap (requests or prompt tokens): the request was refused, nothing queued.
+
+    `retry_after` is a hint in seconds for HTTP clients (the API's `Retry-After`)."""
+
+    def __init__(self, message: str, retry_after: int = 1):
+        self.retry_after = retry_after
+        super().__init__(message)
+
+
 class DeviceError(EngineError):
     """The device cannot be used (unknown name, missing driver, no green contexts, bad GPU spec)."""
 

@@ -56,7 +56,9 @@ class RequestRecord:
     output_tokens: int = 0
     ttft_s: float | None = None  # set on first_token and finish
     itls_s: list[float] = field(default_factory=list)  # set on finish: gaps between consecutive tokens
-    finish_reason: str | None = None  # "eos" | "length" | "rejected" (the engine could not take it) on finish
+    # on finish: "eos" | "length" | "stop" (a stop string) | "abort" (its client left) | "rejected" (never ran)
+    finish_reason: str | None = None
+    source: str | None = "workload"  # "workload" | "inject" | "api" (null in recordings made before it existed)
 
 
 @dataclass

@@ -17,12 +17,14 @@ from typing import Any
 from pdtop.engine.errors import PromptError
 from pdtop.engine.runtime.block_pool import BlockTable
 
+SOURCES = ("workload", "inject", "api")  # who sent a request (`Request.source`)
+
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"  # queued; KV not yet reserved, or reserved but no prefill started
     PREFILLING = "prefilling"  # its prompt is being prefilled (a layer-split batch or chunks)
     DECODING = "decoding"  # has its first token; one more per decode step
-    FINISHED = "finished"  # "eos", "length" or "rejected": see finish_reason
+    FINISHED = "finished"  # "eos", "length", "stop", "abort" or "rejected": see finish_reason
 
 
 @dataclass
@@ -55,8 +57,9 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     output_ids: list[int] = field(default_factory=list)
     token_times: list[float] = field(default_factory=list)
-    finish_reason: str | None = None  # "eos" | "length" | "rejected"
+    finish_reason: str | None = None  # "eos" | "length" | "stop" | "abort" | "rejected"
     error: str | None = None  # why a request was rejected
+    source: str = "workload"  # who sent it: "workload" | "inject" | "api"
     num_cached: int = 0  # tokens whose K/V is in the cache (chunked prefill progress, decode position)
     table: BlockTable = field(default_factory=BlockTable, repr=False)
     generator: Any = field(default=None, repr=False)  # torch.Generator of a sampling request, else None

@@ -69,8 +69,8 @@ def record_event(rec: Any, config: dict[str, Any] | None = None) -> dict[str, An
     raise TypeError(f"not an engine record: {type(rec).__name__}")
 
 
-def hello_event(client_id: str, readonly: bool, engine: dict[str, Any]) -> dict[str, Any]:
-    return _event("hello", pdtop=__version__, client_id=client_id, readonly=readonly, engine=engine)
+def hello_event(client_id: str, readonly: bool, engine: dict[str, Any], api: str | None = None) -> dict[str, Any]:
+    return _event("hello", pdtop=__version__, client_id=client_id, readonly=readonly, engine=engine, api=api)
 
 
 def hw_event(time: float, metrics: dict[str, Any]) -> dict[str, Any]:

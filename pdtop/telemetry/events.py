@@ -45,6 +45,15 @@ class DeviceDescription:
 
 
 @dataclass
+class Limits:
+    """`hello.engine.limits`: the waiting-queue caps, and what they refused since the engine started."""
+
+    max_waiting_requests: int
+    max_waiting_tokens: int
+    refused: dict[str, int]  # source ("workload", "inject", "api") -> requests refused
+
+
+@dataclass
 class EngineDescription:
     """`hello.engine`: `Engine.describe()`."""
 
@@ -58,6 +67,8 @@ class EngineDescription:
     levels: list[tuple[int, int]]
     config: EngineConfig
     policy: str
+    limits: Limits | None = None  # absent in recordings made before it existed
+    workload: str | None = None  # one line describing the workload scenario
 
 
 @dataclass
@@ -68,6 +79,7 @@ class Hello:
     client_id: str
     readonly: bool
     engine: EngineDescription
+    api: str | None = None  # the OpenAI-compatible API's base URL (http://HOST:PORT/v1), when the server runs one
 
 
 @dataclass

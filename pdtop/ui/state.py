@@ -76,6 +76,7 @@ class DashboardState:
     info: EngineInfo = field(default_factory=EngineInfo)
     config: EngineConfig | None = None  # the whole configuration, from hello, config and seek events
     recording: str | None = None  # path this dashboard asked the server to record to
+    api: str | None = None  # the server's OpenAI-compatible API (hello.api)
 
     # the latest round
     rounds_seen: int = 0
@@ -145,6 +146,7 @@ class DashboardState:
         self.readonly = hello.readonly
         self.server_version = hello.pdtop
         self.info = EngineInfo.from_hello(hello)
+        self.api = hello.api
         self._set_config(hello.engine.config)
 
     def _set_config(self, config: EngineConfig) -> None:

@@ -14,7 +14,19 @@ def write(tmp_path, text, name="pdmux.yaml"):
 def test_defaults_match_sglang():
     c = PdmuxConfig()
     assert (c.sm_group_num, c.manual_divisions, c.split_forward_token_budget, c.decode_bs_divisor, c.chunk_size) == \
-        (8, [], 65536, 36, 512)
+        (8, [], None, 36, 512)
+    assert c.token_budget == 65536
+
+
+def test_token_budget_defaults_per_device_unless_set():
+    assert PdmuxConfig().for_device("sim").split_forward_token_budget == 65536  # SGLang's, on GPUs
+    assert PdmuxConfig().for_device("cuda").split_forward_token_budget == 65536
+    cpu = PdmuxConfig().for_device("cpu")
+    assert cpu.split_forward_token_budget == cpu.token_budget == 4096
+    assert PdmuxConfig(split_forward_token_budget=65536).for_device("cpu").split_forward_token_budget == 65536
+    with pytest.raises(ConfigError) as err:
+        PdmuxConfig().replace(split_forward_token_budget=None)  # unset only by leaving it out
+    assert err.value.field == "split_forward_token_budget"
 
 
 def test_good_sglang_yaml(tmp_path):

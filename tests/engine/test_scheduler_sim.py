@@ -209,9 +209,10 @@ def test_bad_policy_is_a_config_error():
         build_engine("sim:H100", policy="fastest")
 
 
-def test_pin_queued_before_fewer_levels_is_dropped_not_fatal():
+def test_pin_past_the_levels_queued_before_it_is_refused():
     engine = build_engine("sim:H100")
     engine.control({"cmd": "set", "manual_divisions": [[112, 20, 0]]})  # 3 levels from the next boundary
-    engine.control({"cmd": "pin_level", "level": 6})  # valid against today's 8 levels
+    with pytest.raises(ControlError, match=r"level: must be in 0\.\.2, got 6"):
+        engine.control({"cmd": "pin_level", "level": 6})  # valid against today's 8 levels, not the next
     rec = engine.step()
     assert not rec.pinned and engine.describe()["levels"] == [[132, 0], [112, 20], [0, 132]]

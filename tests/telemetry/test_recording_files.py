@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import random
 
 import pytest
 from conftest import hello_event
@@ -104,3 +105,24 @@ def test_missing_file_and_unwritable_path(tmp_path):
     with pytest.raises(RecordingError, match="cannot write"):
         Recorder(tmp_path / "no" / "dir" / "r.ndjson", HELLO)
 
+
+
+def test_a_corrupt_gzip_keeps_its_readable_prefix_and_says_what_was_lost(tmp_path):
+    """One damaged spot in the middle: everything before it is kept (the reader used to keep nothing)."""
+    path = tmp_path / "r.ndjson.gz"
+    rng = random.Random(3)
+    rec = Recorder(path, HELLO, clock=lambda: 0.0)
+    for i in range(1083):
+        rec.write(json.dumps({**_event(i), "round_s": rng.random(), "bytes_moved": rng.random() * 1e9}), t=i * 0.01)
+        if i % 100 == 0:
+            rec.flush()  # as the server does twice a second
+    rec.close()
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2
+    data[middle:middle + 8] = b"\xff" * 8
+    path.write_bytes(bytes(data))
+    got = read_recording(path)
+    indexes = [e["index"] for _, e in got]
+    assert 400 <= len(indexes) < 1083 and indexes == list(range(len(indexes)))
+    assert got.damage.startswith("corrupt gzip (") and got.damage.endswith(f"of {len(data):,} bytes")
+    assert got.damage in got.problems

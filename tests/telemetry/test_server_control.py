@@ -167,18 +167,19 @@ def test_a_public_address_needs_a_token(engine):
     TelemetryServer(engine, host="::1", port=0)  # loopback
 
 
-async def test_record_start_and_stop_over_the_wire(engine, server, tmp_path):
-    client = await Raw.open(server.url)
-    await client.wait(lambda c: c.events)
-    path = tmp_path / "wire.ndjson.gz"
-    reply = await client.request({"cmd": "record_start", "path": str(path), "id": 1})
-    assert reply["ok"] and reply["path"] == str(path)
-    again = await client.request({"cmd": "record_start", "path": str(path)})
-    assert again["ok"] is False and "already recording" in again["error"]["reason"]
-    await steps(engine, 30)
-    await client.wait(lambda c: len(c.of("round")) >= 30)
-    assert (await client.request({"cmd": "record_stop"}))["ok"]
-    rec = read_recording(path)
-    assert rec.hello["type"] == "hello" and rec.hello["engine"]["device"]["name"] == "sim:H100"
-    assert [e["index"] for _, e in rec if e["type"] == "round"] == list(range(30))
-    await client.close()
+async def test_record_start_and_stop_over_the_wire(engine, tmp_path):
+    async with TelemetryServer(engine, port=0, tick=0.01, record_dir=tmp_path) as server:
+        client = await Raw.open(server.url)
+        await client.wait(lambda c: c.events)
+        path = tmp_path / "wire.ndjson.gz"
+        reply = await client.request({"cmd": "record_start", "path": "wire.ndjson.gz", "id": 1})
+        assert reply["ok"] and reply["path"] == str(path)
+        again = await client.request({"cmd": "record_start", "path": str(path)})
+        assert again["ok"] is False and "already recording" in again["error"]["reason"]
+        await steps(engine, 30)
+        await client.wait(lambda c: len(c.of("round")) >= 30)
+        assert (await client.request({"cmd": "record_stop"}))["ok"]
+        rec = read_recording(path)
+        assert rec.hello["type"] == "hello" and rec.hello["engine"]["device"]["name"] == "sim:H100"
+        assert [e["index"] for _, e in rec if e["type"] == "round"] == list(range(30))
+        await client.close()

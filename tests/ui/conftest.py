@@ -84,9 +84,10 @@ class EngineServer:
 
 
 @pytest.fixture
-def served():
-    """A running sim engine (rate 8 req/s) served with the control token `served.token`."""
-    es = EngineServer(sim_engine()).start()
+def served(tmp_path):
+    """A running sim engine (rate 8 req/s) served with the control token `served.token`;
+    clients may record into `tmp_path`."""
+    es = EngineServer(sim_engine(), record_dir=tmp_path).start()
     yield es
     es.close()
 

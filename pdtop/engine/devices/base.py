@@ -46,6 +46,11 @@ class Device(ABC):
     @abstractmethod
     def prefill_busy(self) -> bool: ...
 
+    def prefill_progress(self) -> float:
+        """Fraction of the outstanding prefill work done (1.0 when none is outstanding). Devices that
+        cannot tell say 0.0 until it is done, so its FLOPs and bytes count in the round it ends."""
+        return 0.0 if self.prefill_busy() else 1.0
+
     @abstractmethod
     def wait_prefill(self) -> Any:
         """Block (or advance the virtual clock) until the outstanding prefill is done; its result."""

@@ -1,18 +1,50 @@
-"""A simulated GPU on a virtual clock, timed with the seed's roofline.
+"""A simulated GPU on a virtual clock, timed with the seed's roofline (`pdtop.engine.roofline`).
 
-Decode work takes max(FLOPs at its SMs' share of compute, bytes at bandwidth
-scaled by min(1, SMs / S_SAT)); prefill work takes its FLOPs at its SMs' share
-of compute (and never less than its bytes at full bandwidth). Work still runs
-(`work.run()`), but on the simulated device it only does bookkeeping, so the
-same scheduler drives it much faster than real time and deterministically.
+Alone on its side, decode work takes max(FLOPs at its SMs' share of compute, bytes at
+bandwidth scaled by min(1, SMs / S_SAT)); prefill work takes its FLOPs at its SMs' share
+of compute (and never less than its bytes at full bandwidth). When both sides run, they
+share the memory bandwidth (`roofline.sharing`): each progresses at the rate its granted
+bandwidth allows, so together they never stream more than the device achieves. A side
+with no SMs (a whole-device level pinned while both sides have work) time-shares the
+other side's SMs: while both run, each goes at half speed.
+
+Work still runs (`work.run()`), but on the simulated device it only does bookkeeping, so
+the same scheduler drives it much faster than real time and deterministically.
 """
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Any
 
 from pdtop.engine.devices.base import Device, Work
-from pdtop.engine.roofline.cost import decode_time, memory_time, prefill_time
+from pdtop.engine.roofline.cost import achieved_bandwidth, decode_time, memory_time, prefill_time
 from pdtop.engine.roofline.gpu_specs import GpuSpec, parse_gpu
+from pdtop.engine.roofline.sharing import share_bandwidth
+
+
+@dataclass
+class _Running:
+    """Work in flight on one side: the seconds it takes alone on its SMs, and the fraction left."""
+
+    work: Work
+    alone_s: float
+    left: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.alone_s <= 0:  # no FLOPs, no bytes: done at once
+            self.left = 0.0
+
+    @property
+    def demand(self) -> float:
+        """Bytes/s it streams when nothing else runs."""
+        return self.work.bytes / self.alone_s if self.alone_s > 0 else 0.0
+
+    def rate(self, granted: float) -> float:
+        """Fraction of the work done per second with `granted` bytes/s."""
+        if self.work.bytes <= 0 or granted >= self.demand:
+            return 1.0 / self.alone_s
+        return granted / self.work.bytes
 
 
 class SimDevice(Device):
@@ -27,7 +59,8 @@ class SimDevice(Device):
         self.groups = list(groups)
         self.level = 0
         self.clock = 0.0
-        self._prefill_free_at = 0.0
+        self._bandwidth = achieved_bandwidth(self.spec)
+        self._prefill: _Running | None = None
         self._prefill_result: Any = None
 
     def describe(self) -> dict:
@@ -43,34 +76,57 @@ class SimDevice(Device):
         return units if units > 0 else self.units  # an empty side's work time-shares the other side
 
     def decode_seconds(self, work: Work, sms: int) -> float:
-        """Memory-bound on `sms` SMs, unless its FLOPs (at prefill's MFU) take longer."""
+        """Alone: memory-bound on `sms` SMs, unless its FLOPs (at prefill's MFU) take longer."""
         return max(prefill_time(self.spec, work.flops, sms), decode_time(self.spec, work.bytes, sms))
 
     def prefill_seconds(self, work: Work, sms: int) -> float:
+        """Alone: its FLOPs on `sms` SMs, or its bytes at the whole GPU's bandwidth if that is longer."""
         return max(prefill_time(self.spec, work.flops, sms), memory_time(self.spec, work.bytes))
 
+    def _advance(self, job: _Running | None, deadline: float = math.inf) -> None:
+        """Move the clock on, running `job` beside the prefill in flight, until `job` is done
+        (without a job: until the prefill is done) or the clock reaches `deadline`."""
+        goal = job if job is not None else self._prefill
+        time_shared = 0 in self.groups[self.level]
+        while goal is not None and goal.left > 0 and self.clock < deadline:
+            running = [j for j in (job, self._prefill) if j is not None and j.left > 0]
+            grants = share_bandwidth(self._bandwidth, [j.demand for j in running])
+            slow = 0.5 if time_shared and len(running) == 2 else 1.0
+            rates = [j.rate(g) * slow for j, g in zip(running, grants, strict=True)]
+            dt = min(deadline - self.clock, *(j.left / r for j, r in zip(running, rates, strict=True)))
+            for j, r in zip(running, rates, strict=True):
+                j.left = 0.0 if j.left / r <= dt else j.left - r * dt
+            self.clock += dt
+        if deadline < math.inf:
+            self.clock = max(self.clock, deadline)
+
     def idle(self, seconds: float) -> None:
-        self.clock += seconds
+        self._advance(None, self.clock + seconds)
 
     def set_level(self, level: int) -> None:
         self.wait_prefill()
         self.level = level
 
     def submit_prefill(self, work: Work) -> None:
-        start = max(self.clock, self._prefill_free_at)
-        self._prefill_free_at = start + self.prefill_seconds(work, self._side_units(0))
+        if self.prefill_busy():
+            raise RuntimeError("a prefill is already outstanding")
+        self._prefill = _Running(work, self.prefill_seconds(work, self._side_units(0)))
         self._prefill_result = work.run()
 
     def prefill_busy(self) -> bool:
-        return self.clock < self._prefill_free_at
+        return self._prefill is not None and self._prefill.left > 0
+
+    def prefill_progress(self) -> float:
+        return 1.0 - self._prefill.left if self._prefill is not None else 1.0
 
     def wait_prefill(self) -> Any:
-        self.clock = max(self.clock, self._prefill_free_at)
+        self._advance(None)
+        self._prefill = None
         result, self._prefill_result = self._prefill_result, None
         return result
 
     def run_decode(self, work: Work) -> Any:
-        self.clock += self.decode_seconds(work, self._side_units(1))
+        self._advance(_Running(work, self.decode_seconds(work, self._side_units(1))))
         return work.run()
 
     def run_whole(self, work: Work) -> Any:

@@ -57,16 +57,21 @@ def prefill_bytes(cfg: ModelConfig, tokens: int, layers: int, dtype_bytes: int =
     return float(dtype_bytes * (weights + kv))
 
 
+def achieved_bandwidth(spec: GpuSpec) -> float:
+    """Bytes/s the whole GPU streams: peak * bw_eff."""
+    return spec.mem_bw * spec.bw_eff
+
+
 def decode_time(spec: GpuSpec, nbytes: float, sms: int) -> float:
     """Seconds to stream `nbytes` on `sms` SMs: bandwidth * bw_eff, scaled by min(1, sms / s_sat)."""
     if sms <= 0:
         raise ValueError(f"decode needs at least one SM, got {sms}")
-    return nbytes / (spec.mem_bw * spec.bw_eff * min(1.0, sms / spec.s_sat))
+    return nbytes / (achieved_bandwidth(spec) * min(1.0, sms / spec.s_sat))
 
 
 def memory_time(spec: GpuSpec, nbytes: float) -> float:
     """Seconds to stream `nbytes` at the achieved bandwidth of the whole GPU (peak * bw_eff)."""
-    return nbytes / (spec.mem_bw * spec.bw_eff)
+    return nbytes / achieved_bandwidth(spec)
 
 
 def prefill_time(spec: GpuSpec, flops: float, sms: int) -> float:

@@ -1,8 +1,10 @@
 """Validation of live control messages.
 
-A message is checked against the engine's current state when it arrives; a bad one
-raises `ControlError(field, reason)` and changes nothing. A good one is turned into a
-`Change` that the engine applies at the next round boundary.
+A message is checked when it arrives against the state it will be applied to: the
+engine's, with every change still queued before it (`Plan`). A bad one raises
+`ControlError(field, reason)` and changes nothing. A good one is turned into a `Change`
+that the engine applies at the next round boundary, checking it again against the state
+it really meets; a change that fails there is reported as a `ControlFailure`.
 """
 from __future__ import annotations
 
@@ -27,7 +29,38 @@ class Change:
 
     cmd: str
     values: dict[str, Any] = field(default_factory=dict)
+    config: PdmuxConfig | None = None  # the knobs after it, when it sets any
     table: SplitTable | None = None  # new levels when manual_divisions / sm_group_num change
+    msg: dict[str, Any] = field(default_factory=dict)  # what was asked, to check again when applied
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The knobs and levels a queued change will meet: the engine's, after the changes queued before it."""
+
+    config: PdmuxConfig
+    table: SplitTable
+
+    def after(self, change: Change) -> Plan:
+        return Plan(change.config or self.config, change.table or self.table)
+
+
+@dataclass
+class ControlFailure:
+    """A change accepted when queued that could not be applied (the engine reports it and goes on)."""
+
+    time: float
+    round_index: int
+    field: str | None
+    reason: str
+    client: str | None = None
+
+
+def subject(msg: dict[str, Any]) -> str:
+    """The field a message is about, for a failure that names none: what a `set` sets, else its command."""
+    if msg.get("cmd") == "set":
+        return ", ".join(k for k in msg if k not in ("cmd", "id")) or "set"
+    return "level" if msg.get("cmd") == "pin_level" else str(msg.get("cmd"))
 
 
 def _no_extra(msg: dict, allowed: set[str]) -> None:
@@ -37,11 +70,14 @@ def _no_extra(msg: dict, allowed: set[str]) -> None:
 
 
 def validate(msg: Any, *, config: PdmuxConfig, table: SplitTable, max_prompt: int) -> Change:
-    """Check one control message; `max_prompt` is the longest prompt the engine can take."""
+    """Check one control message against `config` and `table` (the state it will be applied to);
+    `max_prompt` is the longest prompt the engine can take."""
     try:
-        return _validate(msg, config, table, max_prompt)
+        change = _validate(msg, config, table, max_prompt)
     except ConfigError as exc:
         raise ControlError(exc.field, exc.reason) from None
+    change.msg = msg
+    return change
 
 
 def _validate(msg: Any, config: PdmuxConfig, table: SplitTable, max_prompt: int) -> Change:
@@ -85,5 +121,6 @@ def _validate(msg: Any, config: PdmuxConfig, table: SplitTable, max_prompt: int)
         new = config.replace(**values)
         if {"manual_divisions", "sm_group_num"} & set(values):
             change.table = table.rebuilt(new)
+        change.config = new
         change.values.update({k: getattr(new, k) for k in values})
     return change

@@ -44,6 +44,12 @@ def _manual_divisions(value: Any) -> list[list[int]]:
     return out
 
 
+SGLANG_TOKEN_BUDGET = 65536
+# split_forward_token_budget when the config leaves it out, per device kind (others: SGLang's GPU
+# default). On the CPU a prefill is slow, so a smaller budget lets a ~1,024-token prompt advance
+# a few layers a round (4096 // 1024 = 4 of SmolLM2's 30) instead of all of them in one slice.
+DEVICE_TOKEN_BUDGET = {"cpu": 4096}
+
 _VALIDATORS = {
     "sm_group_num": lambda v: check_int("sm_group_num", v, 3, 256),
     "manual_divisions": _manual_divisions,
@@ -65,13 +71,28 @@ def validate(name: str, value: Any) -> Any:
 class PdmuxConfig:
     sm_group_num: int = 8  # levels incl. the two whole-device ones; ignored when manual_divisions is set
     manual_divisions: list[list[int]] = field(default_factory=list)  # [prefill, decode, decode_bs_threshold]
-    split_forward_token_budget: int = 65536  # layers per round = max(1, budget // prefill tokens)
+    # layers per round = max(1, budget // prefill tokens); None: the device's default (`for_device`)
+    split_forward_token_budget: int | None = None
     decode_bs_divisor: int = 36
     chunk_size: int = 512  # pdtop's own: tokens per chunk under the chunked policy
 
     def __post_init__(self) -> None:
         for name in FIELDS:
-            object.__setattr__(self, name, validate(name, getattr(self, name)))
+            value = getattr(self, name)
+            if not (name == "split_forward_token_budget" and value is None):
+                object.__setattr__(self, name, validate(name, value))
+
+    def for_device(self, kind: str) -> PdmuxConfig:
+        """This config with an unset `split_forward_token_budget` set to device kind `kind`'s default."""
+        if self.split_forward_token_budget is not None:
+            return self
+        return dataclasses.replace(self, split_forward_token_budget=DEVICE_TOKEN_BUDGET.get(kind, SGLANG_TOKEN_BUDGET))
+
+    @property
+    def token_budget(self) -> int:
+        """`split_forward_token_budget`, or SGLang's default where it is unset."""
+        budget = self.split_forward_token_budget
+        return SGLANG_TOKEN_BUDGET if budget is None else budget
 
     def replace(self, **changes: Any) -> PdmuxConfig:
         """A new config with `changes` applied, each validated first (nothing changes on error)."""

@@ -14,8 +14,9 @@ With greedy sampling the policies give the same tokens: only timing differs.
 
 The scheduler is the one owner of what a token means (nano-vllm's `Scheduler.postprocess`):
 `append_token` appends it, moves the request's status along and decides "finished";
-the executor only returns tokens. `generate` runs one request alone on a `ModelRunner`
-through the same rule (`pdtop generate`, tests).
+the executor only returns tokens. `abort` ends a request early (its client left, or a
+stop string matched) and frees its KV; one whose prefill is in flight ends when it completes.
+`generate` runs one request alone on a `ModelRunner` through the same rule (`pdtop generate`, tests).
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pdtop.engine.devices.base import Device
+from pdtop.engine.devices.base import Device, Work
 from pdtop.engine.errors import EngineError, KVCapacityError
 from pdtop.engine.records import PrefillProgress, RequestRecord, RoundRecord
 from pdtop.engine.request import Request, RequestStatus
@@ -85,6 +86,8 @@ class PrefillBatch:
     layers_per_round: int
     layers_done: int = 0
     submitted_end: int = 0  # layers submitted so far (>= layers_done while a chunk is in flight)
+    chunk: Work | None = None  # the chunk in flight, until its FLOPs and bytes are all charged
+    charged: float = 0.0  # the fraction of `chunk` charged to rounds so far
 
 
 @dataclass
@@ -103,7 +106,8 @@ class RoundStats:
 class Scheduler:
     def __init__(self, device: Device, executor: Executor, table: SplitTable, config: PdmuxConfig,
                  policy: str = "pdmux", max_prefill_tokens: int = MAX_PREFILL_TOKENS):
-        self.device, self.executor, self.table, self.config = device, executor, table, config
+        self.device, self.executor, self.table = device, executor, table
+        self.config = config.for_device(device.kind)
         self.policy = check_policy(policy)
         self.device.set_groups(table.groups)
         self.max_prefill_tokens = max_prefill_tokens
@@ -114,11 +118,43 @@ class Scheduler:
         self.chunk_req: Request | None = None
         self.round_index = 0
         self.rejected: list[Request] = []  # reported as "finish" records by the next step
+        self.waiting_tokens = 0  # prompt tokens in `waiting` (the engine's admission cap reads it)
+        self._ending: dict[int, str] = {}  # request id -> finish reason: aborted while its prefill is in flight
 
     # -- requests --------------------------------------------------------------------------
     def add(self, req: Request) -> RequestRecord:
         self.waiting.append(req)
-        return RequestRecord("arrival", req.id, req.arrival, req.prompt_len)
+        self.waiting_tokens += req.prompt_len
+        return RequestRecord("arrival", req.id, req.arrival, req.prompt_len, source=req.source)
+
+    def abort(self, req: Request, reason: str) -> RequestRecord | None:
+        """End `req` now with `reason` ("abort", "stop"): out of the queue or the batch, its KV freed;
+        its finish record. None when it is already finished, or when its prefill is in flight: then
+        it ends, with its first token, when that prefill completes."""
+        if req.finished:
+            return None
+        if self.prefill is not None and req in self.prefill.reqs:
+            self._ending[req.id] = reason
+            return None
+        if req is self.chunk_req:
+            self.chunk_req = None
+        elif req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)
+            self.waiting_tokens -= req.prompt_len
+        return self._end(req, reason, self.device.now())
+
+    def _end(self, req: Request, reason: str, now: float) -> RequestRecord:
+        """Finish `req` early (not through `append_token`): status, reason, KV released; its finish record."""
+        req.status, req.finish_reason = RequestStatus.FINISHED, reason
+        self.executor.release(req)
+        return self._finish_record(req, now)
+
+    @staticmethod
+    def _finish_record(req: Request, now: float) -> RequestRecord:
+        return RequestRecord("finish", req.id, now, req.prompt_len, len(req.output_ids), req.ttft, req.itls,
+                             req.finish_reason, req.source)
 
     @property
     def num_layers(self) -> int:
@@ -146,10 +182,12 @@ class Scheduler:
                 break  # waits until running requests finish and free their KV
             except EngineError as exc:  # a request the model cannot take: it ends here, the rest go on
                 self.waiting.popleft()
+                self.waiting_tokens -= req.prompt_len
                 req.status, req.finish_reason, req.error = RequestStatus.FINISHED, "rejected", str(exc)
                 self.rejected.append(req)
                 continue
             self.waiting.popleft()
+            self.waiting_tokens -= req.prompt_len
             req.status = RequestStatus.PREFILLING
             batch.append(req)
             total += req.prompt_len
@@ -161,16 +199,19 @@ class Scheduler:
         finished = append_token(req, token, now, self.executor.cfg.eos_ids)
         stats.tokens += 1
         if len(req.output_ids) == 1:
-            stats.requests.append(RequestRecord("first_token", req.id, now, req.prompt_len, 1, req.ttft))
+            stats.requests.append(RequestRecord("first_token", req.id, now, req.prompt_len, 1, req.ttft,
+                                                source=req.source))
         if finished:
             self.executor.release(req)
-            stats.requests.append(RequestRecord("finish", req.id, now, req.prompt_len, len(req.output_ids),
-                                                req.ttft, req.itls, req.finish_reason))
+            stats.requests.append(self._finish_record(req, now))
 
     def _join_decode(self, reqs: list[Request], tokens: list[int], stats: RoundStats) -> None:
         now = self.device.now()
         for req, tok in zip(reqs, tokens, strict=True):
             self._emit(req, tok, now, stats)
+            reason = self._ending.pop(req.id, None)
+            if reason is not None and not req.finished:  # aborted while its prefill was in flight
+                stats.requests.append(self._end(req, reason, now))
             if not req.finished:
                 self.running.append(req)
 
@@ -192,23 +233,38 @@ class Scheduler:
         if level != self.device.level:
             self.device.set_level(level)
 
+    def _charge_prefill(self, stats: RoundStats) -> None:
+        """Charge this round the part of the in-flight chunk's FLOPs and bytes done since the last
+        charge, by the device's progress: a chunk's cost is spread over the rounds it runs in."""
+        pf = self.prefill
+        if pf is None or pf.chunk is None:
+            return
+        done = self.device.prefill_progress()
+        stats.flops += (done - pf.charged) * pf.chunk.flops
+        stats.bytes += (done - pf.charged) * pf.chunk.bytes
+        pf.charged = done
+        if done >= 1.0:
+            pf.chunk = None
+
     def _collect_prefill(self, stats: RoundStats, block: bool = False) -> None:
         """Take a finished prefill chunk; `block` waits for it (a round with nothing to decode)."""
         pf = self.prefill
         if pf is None or pf.submitted_end == pf.layers_done or (self.device.prefill_busy() and not block):
             return
         self.device.wait_prefill()
+        self._charge_prefill(stats)
         pf.layers_done = pf.submitted_end
         if pf.layers_done == self.num_layers:
             self.prefill = None
             self._join_decode(pf.reqs, self.executor.finish_prefill(pf.state), stats)
 
     def _step_pdmux(self, stats: RoundStats) -> None:
+        self._collect_prefill(stats)  # a real device's chunk may have finished between rounds
         if self.prefill is None and self.waiting:
             reqs = self._admit(self.max_prefill_tokens)
             if reqs:
                 tokens = sum(r.prompt_len for r in reqs)
-                k = prefill_layers_per_step(tokens, self.num_layers, self.config.split_forward_token_budget)
+                k = prefill_layers_per_step(tokens, self.num_layers, self.config.token_budget)
                 self.prefill = PrefillBatch(reqs, self.executor.prefill_begin(reqs), tokens, k)
         if not self.device.prefill_busy():
             level = self.pinned if self.pinned is not None else self.table.choose(
@@ -219,13 +275,12 @@ class Scheduler:
             end = min(self.num_layers, pf.submitted_end + pf.layers_per_round)
             work = self.executor.prefill(pf.state, pf.reqs, pf.submitted_end, end)
             self.device.submit_prefill(work)
-            pf.submitted_end = end
-            stats.flops += work.flops
-            stats.bytes += work.bytes
+            pf.submitted_end, pf.chunk, pf.charged = end, work, 0.0
         stats.split = self.device.split
         if self.running:
             self._decode(stats, whole=False)
         self._collect_prefill(stats, block=not self.running)
+        self._charge_prefill(stats)
 
     def _step_prefill_first(self, stats: RoundStats) -> None:
         n = len(self.device.groups)
@@ -282,7 +337,7 @@ class Scheduler:
             self._step_prefill_first(stats)
         now = self.device.now()
         for req in self.rejected:
-            stats.requests.append(RequestRecord("finish", req.id, now, req.prompt_len, 0, None, [], "rejected"))
+            stats.requests.append(self._finish_record(req, now))
         self.rejected.clear()
         p_units, d_units = stats.split if stats.split is not None else self.device.split
         used, capacity = self.executor.kv_usage()
@@ -325,9 +380,9 @@ class Scheduler:
     def set_config(self, config: PdmuxConfig, table: SplitTable | None = None) -> None:
         """New knobs, and new levels when manual divisions or sm_group_num changed; with new levels
         the level is chosen again next round (a pin past the last level is dropped)."""
-        self.config = config
         if table is not None:
+            self.device.set_groups(table.groups)  # first: a device that cannot build them changes nothing
             self.table = table
-            self.device.set_groups(table.groups)
             if self.pinned is not None and self.pinned >= len(table.groups):
                 self.pinned = None
+        self.config = config.for_device(self.device.kind)

@@ -16,6 +16,7 @@ import psutil
 
 from pdtop.telemetry.encode import hw_event
 from pdtop.telemetry.hardware.nvml_sampler import NvmlSampler
+from pdtop.telemetry.quiet_log import QuietLog
 
 log = logging.getLogger("pdtop.telemetry.hardware.hw")
 
@@ -48,6 +49,7 @@ class HwSampler:
         self.interval = interval
         self._gpu = _nvml_sampler() if gpu else None
         self._stop = threading.Event()
+        self._quiet = QuietLog(log)  # a failure that repeats every second (out of files) is logged once
         self._thread = threading.Thread(target=self._loop, name="pdtop-hw-sampler", daemon=True)
 
     @property
@@ -81,5 +83,5 @@ class HwSampler:
         while not self._stop.wait(self.interval):
             try:
                 self.publish(self.sample())
-            except Exception:
-                log.exception("hw sample")
+            except Exception as exc:
+                self._quiet.warning("hw sample", "hw sample failed: %r", exc)

@@ -1,9 +1,11 @@
 """Read a recording written by `Recorder` (plain or gzip, detected by content).
 
 Tolerant by design: a gzip stream without its end (the writer was killed) is read up to
-the last flush, a truncated last line is dropped (`truncated`), and lines that are not
-`{"t": number, "event": {"type": ...}}` are skipped and counted (`skipped`). A file that
-is not a recording at all, or whose header's `hello` does not decode, raises
+the last flush; a corrupt gzip stream is read up to the corrupt spot (`damage` says what
+was lost); a truncated last line is dropped (`truncated`); lines that are not
+`{"t": finite number, "event": {"type": ...}}` are skipped and counted (`skipped`); events
+of a protocol version this pdtop does not know are counted (`other_versions`). A file
+that is not a recording at all, or whose header's `hello` does not decode, raises
 `RecordingError` with a one-line reason. Events are checked where they are consumed
 (`decode_event`), so events of types this pdtop does not know stay for the consumer to skip.
 
@@ -13,6 +15,7 @@ about its own size in memory.
 from __future__ import annotations
 
 import json
+import math
 import zlib
 from array import array
 from collections.abc import Iterator
@@ -21,10 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from pdtop.telemetry.decode import EventError, decode_event
-from pdtop.telemetry.events import Hello
+from pdtop.telemetry.events import PROTOCOL_VERSION, Hello
 from pdtop.telemetry.recording.recorder import FORMAT, FORMAT_VERSION, RecordingError
 
 _GZIP_MAGIC = b"\x1f\x8b"
+_CHUNK = 1 << 16
 
 
 @dataclass
@@ -36,6 +40,20 @@ class Recording:
     lines: list[str] = field(default_factory=list)  # the raw line of each event
     skipped: int = 0  # unparseable lines skipped
     truncated: bool = False  # the last line was cut off (the writer was killed mid-line)
+    damage: str | None = None  # what could not be read of a corrupt gzip file, in one line
+    other_versions: dict[int, int] = field(default_factory=dict)  # protocol `v` this pdtop does not read -> events
+
+    @property
+    def problems(self) -> list[str]:
+        """What was lost or cannot be read, one short phrase each (none for a clean file)."""
+        out = [_count(self.skipped, "unreadable line") + " skipped"] if self.skipped else []
+        if self.truncated:
+            out.append("last line cut off")
+        if self.damage:
+            out.append(self.damage)
+        out += [f"{_count(n, 'event')} of protocol v{v} (this pdtop reads v{PROTOCOL_VERSION})"
+                for v, n in sorted(self.other_versions.items())]
+        return out
 
     @property
     def hello(self) -> dict[str, Any]:
@@ -57,21 +75,40 @@ class Recording:
             yield self.times[i], self.event(i)
 
 
-def _decompress_tolerant(data: bytes) -> bytes:
-    """Gzip members in sequence; stops quietly at a missing end or a corrupt tail."""
-    out = []
-    while data:
+def _count(n: int, thing: str) -> str:
+    return f"{n} {thing}{'s' if n != 1 else ''}"
+
+
+def _decompress_tolerant(data: bytes) -> tuple[bytes, str | None]:
+    """Gzip members in sequence, and what was lost. A missing end (the writer was killed) loses
+    nothing that was flushed; at a corrupt spot everything before it is kept."""
+    out: list[bytes] = []
+    pos = 0
+    while pos < len(data):
         d = zlib.decompressobj(wbits=31)
-        try:
-            out.append(d.decompress(data))
-        except zlib.error:
-            break
+        while pos < len(data) and not d.eof:
+            chunk = data[pos:pos + _CHUNK]
+            before = d.copy()
+            try:
+                out.append(d.decompress(chunk))
+            except zlib.error:  # again from before this chunk, a byte at a time, to keep all that precedes the fault
+                d = before
+                for i in range(len(chunk)):
+                    try:
+                        out.append(d.decompress(chunk[i:i + 1]))
+                    except zlib.error as exc:
+                        return b"".join(out), _lost(pos + i, len(data), str(exc))
+            pos += len(chunk) - len(d.unused_data)
         if not d.eof:
             break  # the writer never finished this member: keep what was flushed
-        data = d.unused_data
-        if not data.startswith(_GZIP_MAGIC):
-            break
-    return b"".join(out)
+        if pos < len(data) and not data.startswith(_GZIP_MAGIC, pos):
+            return b"".join(out), _lost(pos, len(data), "not gzip data")
+    return b"".join(out), None
+
+
+def _lost(at: int, size: int, why: str) -> str:
+    why = why.removeprefix("Error -3 while decompressing data: ")
+    return f"corrupt gzip ({why}): read {at:,} of {size:,} bytes"
 
 
 def read_recording(path: str | Path) -> Recording:
@@ -80,15 +117,16 @@ def read_recording(path: str | Path) -> Recording:
         data = path.read_bytes()
     except OSError as exc:
         raise RecordingError(f"cannot read recording {str(path)!r}: {exc.strerror or exc}") from None
+    damage = None
     if data.startswith(_GZIP_MAGIC):
-        data = _decompress_tolerant(data)
+        data, damage = _decompress_tolerant(data)
     text = data.decode("utf-8", errors="replace")
     lines = text.split("\n")
     ends_with_newline = text.endswith("\n")
     if ends_with_newline:
         lines.pop()
     header = _parse_header(path, lines[0] if lines else "")
-    rec = Recording(path=path, header=header)
+    rec = Recording(path=path, header=header, damage=damage)
     last_t = 0.0
     n = len(lines)
     for i in range(1, n):
@@ -102,7 +140,9 @@ def read_recording(path: str | Path) -> Recording:
             else:
                 rec.skipped += 1
             continue
-        t, type_ = parsed
+        t, type_, version = parsed
+        if version.__class__ is int and version != PROTOCOL_VERSION:  # a newer server's: its consumer refuses it
+            rec.other_versions[version] = rec.other_versions.get(version, 0) + 1
         last_t = max(last_t, t)
         rec.times.append(last_t)
         rec.types.append(type_)
@@ -114,7 +154,7 @@ def _parse_header(path: Path, line: str) -> dict[str, Any]:
     not_rec = f"{str(path)!r} is not a pdtop recording"
     try:
         header = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise RecordingError(f"{not_rec} (its first line is not a JSON header)") from None
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise RecordingError(f'{not_rec} (no "format": "{FORMAT}" header)')
@@ -131,16 +171,17 @@ def _parse_header(path: Path, line: str) -> dict[str, Any]:
     return header
 
 
-def _parse_line(line: str) -> tuple[float, str] | None:
+def _parse_line(line: str) -> tuple[float, str, Any] | None:
+    """A line's time, event type and protocol version, or None if it is not a recorded event."""
     try:
         obj = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     if not isinstance(obj, dict):
         return None
     t, event = obj.get("t"), obj.get("event")
-    if isinstance(t, bool) or not isinstance(t, (int, float)) or t != t:
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
         return None
     if not isinstance(event, dict) or not isinstance(event.get("type"), str):
         return None
-    return float(t), event["type"]
+    return float(t), event["type"], event.get("v")

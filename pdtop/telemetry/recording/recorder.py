@@ -5,6 +5,9 @@ Line 1 is the header `{"format": "pdtop-recording", "format_version": 1, "pdtop"
 "event": {...}}`. Data reaches the OS at least once a second (`flush_interval`), so a
 killed process loses at most the last second. Gzip output is flushed with Z_SYNC_FLUSH,
 so everything flushed decompresses even when the gzip trailer was never written.
+
+A write that fails (a full disk) raises one `RecordingError` with the reason; the
+recorder is then closed, and `close()` does not raise the same failure again.
 """
 from __future__ import annotations
 
@@ -27,16 +30,20 @@ class RecordingError(Exception):
 
 
 class Recorder:
-    def __init__(self, path: str | Path, hello: dict[str, Any], *, flush_interval: float = 0.5,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, path: str | Path, hello: dict[str, Any], *, file: BinaryIO | None = None,
+                 flush_interval: float = 0.5, clock: Callable[[], float] = time.time) -> None:
+        """Writes to `file` when given (already open, e.g. created inside a recordings directory),
+        else creates or truncates `path`."""
         self.path = Path(path)
         self.flush_interval = flush_interval
         self._clock = clock
         self._monotonic = time.monotonic
-        try:
-            self._raw: BinaryIO = open(self.path, "wb")
-        except OSError as exc:
-            raise RecordingError(f"cannot write recording {str(self.path)!r}: {exc.strerror or exc}") from None
+        if file is None:
+            try:
+                file = open(self.path, "wb")
+            except OSError as exc:
+                raise self._error(exc) from None
+        self._raw: BinaryIO = file
         self._gz = gzip.GzipFile(fileobj=self._raw, mode="wb", compresslevel=6) if self.path.suffix == ".gz" else None
         self.started = clock()
         self._t0 = self._monotonic()
@@ -48,8 +55,25 @@ class Recorder:
         self._write(json.dumps(header, separators=(",", ":")) + "\n")
         self.flush()
 
+    def _error(self, exc: OSError) -> RecordingError:
+        return RecordingError(f"cannot write recording {str(self.path)!r}: {exc.strerror or exc}")
+
+    def _failed(self, exc: OSError) -> RecordingError:
+        """Close without flushing what cannot be written; the error to raise."""
+        self.closed = True
+        for f in (self._gz, self._raw):
+            try:
+                if f is not None:
+                    f.close()
+            except (OSError, ValueError):
+                pass
+        return self._error(exc)
+
     def _write(self, text: str) -> None:
-        (self._gz or self._raw).write(text.encode())
+        try:
+            (self._gz or self._raw).write(text.encode())
+        except OSError as exc:
+            raise self._failed(exc) from None
 
     def elapsed(self) -> float:
         return self._monotonic() - self._t0
@@ -74,9 +98,12 @@ class Recorder:
     def flush(self) -> None:
         if self.closed:
             return
-        if self._gz is not None:
-            self._gz.flush(zlib.Z_SYNC_FLUSH)
-        self._raw.flush()
+        try:
+            if self._gz is not None:
+                self._gz.flush(zlib.Z_SYNC_FLUSH)
+            self._raw.flush()
+        except OSError as exc:
+            raise self._failed(exc) from None
         self._last_flush = self._monotonic()
 
     def close(self) -> None:
@@ -86,5 +113,7 @@ class Recorder:
             if self._gz is not None:
                 self._gz.close()
             self._raw.close()
+        except OSError as exc:
+            raise self._failed(exc) from None
         finally:
             self.closed = True

@@ -1,12 +1,13 @@
 """One control message from a client -> the `reply` event (docs/protocol.md, control).
 
 Server commands (`auth`, `record_start`, `record_stop`) are handled here; the rest go to
-`engine.control`, which validates them at once. Nothing a client sends raises.
+`engine.control`, which validates them at once. Each connection may send `CONTROL_RATE`
+messages a second (bursts of `CONTROL_BURST`) and try `auth` about once a second; beyond
+that a message is refused, changing nothing. Nothing a client sends raises.
 """
 from __future__ import annotations
 
 import hmac
-import logging
 from typing import TYPE_CHECKING, Any
 
 from pdtop.engine.scheduling.control import ControlError
@@ -16,8 +17,6 @@ from pdtop.telemetry.server.frames import FrameError, parse_control
 
 if TYPE_CHECKING:  # the server calls in here with itself: no import at run time
     from pdtop.telemetry.server.server import Client, TelemetryServer
-
-log = logging.getLogger("pdtop.telemetry.server.server")
 
 
 def same_token(a: str, b: str) -> bool:
@@ -32,7 +31,12 @@ def handle_control(server: TelemetryServer, client: Client, message: str | bytes
     except FrameError as exc:
         return ev.reply_event(exc.msg_id, False, exc.field, exc.reason)
     msg_id, cmd = msg.get("id"), msg["cmd"]
+    if not client.messages.take():
+        return ev.reply_event(msg_id, False, "cmd", f"too many control messages: at most {client.messages.rate:g} "
+                              "a second on one connection; nothing was changed")
     if cmd == "auth":
+        if not client.auths.take():
+            return ev.reply_event(msg_id, False, "token", "too many auth attempts; wait a second")
         return _auth(server, client, msg_id, msg.get("token"))
     if not client.authorized:
         return ev.reply_event(msg_id, False, "token", "read-only connection: control needs the server's token")
@@ -46,7 +50,10 @@ def handle_control(server: TelemetryServer, client: Client, message: str | bytes
             return ev.reply_event(msg_id, False, "path", str(exc))
         return ev.reply_event(msg_id, True, path=str(rec.path))
     if cmd == "record_stop":
-        path = server.stop_recording()
+        try:
+            path = server.stop_recording()
+        except RecordingError as exc:
+            return ev.reply_event(msg_id, False, "path", str(exc))
         if path is None:
             return ev.reply_event(msg_id, False, "cmd", "not recording")
         return ev.reply_event(msg_id, True, path=path)
@@ -56,7 +63,7 @@ def handle_control(server: TelemetryServer, client: Client, message: str | bytes
     except ControlError as exc:
         return ev.reply_event(msg_id, False, exc.field, exc.reason)
     except Exception as exc:  # the engine failed to validate: report it, keep serving
-        log.warning("engine.control(%r) raised %r", body, exc)
+        server.quiet.warning("engine.control", "engine.control(%.200r) raised %r", body, exc)
         return ev.reply_event(msg_id, False, None, f"{type(exc).__name__}: {exc}")
     return ev.reply_event(msg_id, True)
 

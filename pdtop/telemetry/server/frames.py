@@ -29,6 +29,8 @@ def parse_control(frame: str | bytes, max_bytes: int = MAX_FRAME_BYTES) -> dict[
         msg = json.loads(frame)
     except ValueError:
         raise FrameError("not JSON; a control message is a JSON object") from None
+    except RecursionError:
+        raise FrameError("nested too deeply; a control message is a flat JSON object") from None
     if not isinstance(msg, dict):
         raise FrameError(f"a control message is a JSON object, not {type(msg).__name__}")
     msg_id = msg.get("id")

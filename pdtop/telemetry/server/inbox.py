@@ -17,15 +17,16 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from pdtop.engine.records import ConfigChange, RequestRecord, RoundRecord
-from pdtop.telemetry.encode import config_event, encode, encode_record
+from pdtop.engine.scheduling.control import ControlFailure
+from pdtop.telemetry.encode import config_event, encode, encode_record, error_event
 
 
 class Outgoing(NamedTuple):
-    """One event on its way out, as JSON text. `priority` events (config changes) reach every
-    client, never dropped; the others join the stream, which a slow client may lose."""
+    """One event on its way out, as JSON text. `lane` "config" and "notice" events reach every
+    client, never dropped; "stream" events join the stream, which a slow client may lose."""
 
     text: str
-    priority: bool
+    lane: str  # "stream" | "config" | "notice"
 
 
 class Inbox:
@@ -34,23 +35,24 @@ class Inbox:
         gate = [0, 0]  # [records the current tick may still admit, records shed so far]
         append = q.append
 
-        def sink(record: RoundRecord | RequestRecord | ConfigChange) -> None:
+        def sink(record: RoundRecord | RequestRecord | ConfigChange | ControlFailure) -> None:
             try:
                 if isinstance(record, ConfigChange):
-                    append(Outgoing(encode(config_event(record, config_dict())), True))
+                    append(Outgoing(encode(config_event(record, config_dict())), "config"))
+                elif isinstance(record, ControlFailure):
+                    append(Outgoing(encode(error_event(record.field, f"not applied: {record.reason}")), "notice"))
                 elif gate[0] > 0:
                     gate[0] -= 1
-                    append(Outgoing(encode_record(record), False))
+                    append(Outgoing(encode_record(record), "stream"))
                 else:
                     gate[1] += 1
             except Exception:  # never raise into the engine's loop
                 gate[1] += 1
 
         def publish(event: dict[str, Any]) -> None:
-            append(Outgoing(encode(event), False))
+            append(Outgoing(encode(event), "stream"))
 
         self._q, self._gate = q, gate
-        self._shed_taken = 0
         self.sink = sink
         self.publish = publish  # ready-made event dicts (the hardware sampler's); thread-safe
 
@@ -58,10 +60,14 @@ class Inbox:
         """Admit up to `room` more records (set, not added; races only cost a record or two)."""
         self._gate[0] = room
 
+    @property
+    def shed_total(self) -> int:
+        """Records shed since the start."""
+        return self._gate[1]
+
     def take(self) -> tuple[list[Outgoing], int]:
-        """What was admitted since the last call, and how many records were shed meanwhile."""
-        q = self._q
-        items = [q.popleft() for _ in range(len(q))]
+        """What was admitted since the last call, and `shed_total` (read first: anything shed
+        after it was counted is shed after these items)."""
         shed_total = self._gate[1]
-        shed, self._shed_taken = shed_total - self._shed_taken, shed_total
-        return items, shed
+        q = self._q
+        return [q.popleft() for _ in range(len(q))], shed_total

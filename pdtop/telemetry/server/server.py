@@ -7,27 +7,43 @@ encodes each event once and hands the same text to every client's bounded queue 
 the recorder. Clients that asked for `?batch=1` get one `batch` frame per tick instead of
 one frame per event. Each client has its own writer task, so a client that stops
 reading only loses its own oldest events (reported with `dropped`).
+
+Hostile clients: handshakes from a browser page (an `Origin` not allowed) are refused
+(HTTP 403), connections beyond `max_clients` too (HTTP 503). A connection's replies are
+sent before its next message is read, so a client that floods without reading only
+stalls itself; control messages are rate-limited per connection, and problems a flood
+repeats are logged once with a count (`QuietLog`).
 """
 from __future__ import annotations
 
 import asyncio
+import errno
+import http
 import ipaddress
 import itertools
 import logging
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
 from websockets.asyncio.server import Server, ServerConnection, broadcast, serve
 from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request, Response
+from websockets.typing import Origin
 
 from pdtop.telemetry import encode as ev
+from pdtop.telemetry.quiet_log import QuietLog
+from pdtop.telemetry.recording.record_dir import open_new_in, recordings_dir
 from pdtop.telemetry.recording.recorder import Recorder, RecordingError
 from pdtop.telemetry.server.client_queue import ClientQueue, QueueOverflow
+from pdtop.telemetry.server.config_merge import merge_configs
 from pdtop.telemetry.server.control_channel import handle_control, same_token
 from pdtop.telemetry.server.frames import WIRE_MAX_SIZE
 from pdtop.telemetry.server.inbox import Inbox
+from pdtop.telemetry.server.rate import TokenBucket
 
 if TYPE_CHECKING:
     from pdtop.engine.engine import Engine
@@ -35,6 +51,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("pdtop.telemetry.server.server")
 
 DIRECT_WRITE_LIMIT = 32 * 1024  # websockets' default high-water mark: above it, queue instead
+CONTROL_RATE, CONTROL_BURST = 20.0, 40.0  # control messages a second per connection
+AUTH_RATE, AUTH_BURST = 1.0, 3.0  # `auth` attempts a second per connection
 
 
 def is_loopback(host: str) -> bool:
@@ -55,38 +73,57 @@ class Client:
     queue: ClientQueue
     authorized: bool  # may send control messages
     batch: bool  # asked for `batch` frames
+    shed_base: int = 0  # the inbox's shed count when it connected: what was shed before is not its loss
     frames_sent: int = 0
+    closing: bool = False  # being closed for not reading: its messages are no longer handled
+    messages: TokenBucket = field(default_factory=lambda: TokenBucket(CONTROL_RATE, CONTROL_BURST))
+    auths: TokenBucket = field(default_factory=lambda: TokenBucket(AUTH_RATE, AUTH_BURST))
 
 
 class TelemetryServer:
     """Serve `engine`'s events and control on ws://host:port. Registers its sink with the
-    engine at construction; `start()` inside a running event loop, `stop()` to finish."""
+    engine at construction; `start()` inside a running event loop, `stop()` to finish.
+
+    `allow_origins`: browser origins allowed to connect (none by default: the dashboard and
+    other programs send no `Origin`). `record_dir`: where `record_start` may create files
+    (default the working directory). `max_clients`: connections served at once."""
 
     def __init__(self, engine: Engine, host: str = "127.0.0.1", port: int = 8765, *, token: str | None = None,
                  queue_size: int = 1024, tick: float = 0.05, max_event_rate: float = 1000.0,
-                 record_path: str | None = None) -> None:
+                 record_path: str | None = None, allow_origins: Sequence[str] = (),
+                 record_dir: str | Path | None = None, max_clients: int = 64) -> None:
         if token is not None and not token:
             raise ValueError("the token must not be empty")
         if not is_loopback(host) and not token:
             raise ValueError(f"binding {host} (not a loopback address) needs --token")
+        if max_clients < 1:
+            raise ValueError(f"max_clients must be at least 1, got {max_clients}")
         self.engine = engine
         self.host, self.port = host, port
         self.token = token
         self.queue_size = queue_size
         self.tick = tick
         self.max_event_rate = max_event_rate
+        self.allow_origins = tuple(allow_origins)
+        self.record_dir = recordings_dir(record_dir)
+        self.max_clients = max_clients
         self.clients: dict[str, Client] = {}
         self.recorder: Recorder | None = None
         self.events_published = 0  # events fanned out
         self.events_shed = 0  # events dropped before fan-out (over max_event_rate)
+        self.quiet = QuietLog(log)
         self._initial_record = record_path
+        self.api_url: str | None = None  # announced in hello: the OpenAI-compatible API beside this server
         self._inbox = Inbox(engine.config_dict)
+        self._shed_seen = 0  # the inbox's shed count at the last drain
+        self._recorder_shed_base = 0
         self._ids = itertools.count(1)
         self._server: Server | None = None
         self._pump_task: asyncio.Task | None = None
         self._closing: set[asyncio.Task[None]] = set()  # the loop holds tasks weakly: keep them until done
         self._last_tick = 0.0
         self._budget = max_event_rate
+        self._loop_handler: Any = None  # the event loop's exception handler before ours
         engine.add_sink(self._inbox.sink)
 
     def publish(self, event: dict[str, Any]) -> None:
@@ -95,11 +132,15 @@ class TelemetryServer:
 
     # -- lifecycle -------------------------------------------------------------------
     async def start(self) -> None:
-        self._server = await serve(self._handle, self.host, self.port, compression=None,
-                                   max_size=WIRE_MAX_SIZE, max_queue=16)
+        loop = asyncio.get_running_loop()
+        self._loop_handler = loop.get_exception_handler()
+        loop.set_exception_handler(self._loop_exception)
+        origins = [None, *map(Origin, self.allow_origins)]  # None: programs, which send no Origin
+        self._server = await serve(self._handle, self.host, self.port, compression=None, max_size=WIRE_MAX_SIZE,
+                                   max_queue=16, origins=origins, process_request=self._admit)
         self.port = next(iter(self._server.sockets)).getsockname()[1]
         if self._initial_record:
-            self.start_recording(self._initial_record)
+            self.start_recording(self._initial_record, confined=False)
         self._last_tick = time.monotonic()
         self._pump_task = asyncio.create_task(self._pump(), name="pdtop-telemetry-pump")
 
@@ -123,7 +164,14 @@ class TelemetryServer:
             self._server.close()
             await self._server.wait_closed()
             self._server = None
-        self.stop_recording()
+        try:
+            self.stop_recording()
+        except RecordingError as exc:
+            log.warning("%s", exc)
+        self.quiet.flush()
+        loop = asyncio.get_running_loop()
+        if loop.get_exception_handler() == self._loop_exception:  # not if another server set its own since
+            loop.set_exception_handler(self._loop_handler)
 
     async def __aenter__(self) -> TelemetryServer:
         await self.start()
@@ -132,20 +180,57 @@ class TelemetryServer:
     async def __aexit__(self, *exc: Any) -> None:
         await self.stop()
 
+    def _loop_exception(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        """Out of file descriptors, asyncio pauses accepting for a second and logs a traceback for
+        every try: one line with a count is enough (clients already connected are still served)."""
+        exc = context.get("exception")
+        if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+            self.quiet.warning("accept", "refusing new connections for now: %s", exc.strerror)
+        elif self._loop_handler is not None:
+            self._loop_handler(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
     # -- recording -------------------------------------------------------------------
-    def start_recording(self, path: str) -> Recorder:
+    def start_recording(self, path: str, *, confined: bool = True) -> Recorder:
+        """Record to `path`: a new file inside `record_dir` (a client's request), or with
+        `confined=False` any file, created or overwritten (the operator's `--record`)."""
         if self.recorder is not None:
             raise RecordingError(f"already recording to {str(self.recorder.path)!r}")
-        self.recorder = Recorder(path, self._hello("recorder", True))
+        hello = self._hello("recorder", True)
+        if confined:
+            real, file = open_new_in(self.record_dir, path)
+            self.recorder = Recorder(real, hello, file=file)
+        else:
+            self.recorder = Recorder(path, hello)
         self._inbox.refill(max(0, int(self._budget)))
+        self._recorder_shed_base = self._inbox.shed_total
         return self.recorder
 
     def stop_recording(self) -> str | None:
+        """Stop recording; the file's path, or None if there was no recording. RecordingError
+        if its last data could not be written (it is stopped all the same)."""
         if self.recorder is None:
             return None
         rec, self.recorder = self.recorder, None
         rec.close()
         return str(rec.path)
+
+    def _record(self, frame: str) -> None:
+        if self.recorder is None:
+            return
+        try:
+            self.recorder.write(frame)
+        except RecordingError as exc:
+            self._recording_failed(exc)
+
+    def _recording_failed(self, exc: RecordingError) -> None:
+        """A write failed (a full disk): the recording stops, every client is told, the stream goes on."""
+        rec, self.recorder = self.recorder, None
+        log.warning("recording stopped: %s", exc)
+        note = ev.encode(ev.error_event("path", f"recording to {str(rec.path) if rec else '?'!r} stopped: {exc}"))
+        for client in list(self.clients.values()):
+            self._send_priority(client, note)
 
     # -- fan-out ---------------------------------------------------------------------
     async def _pump(self) -> None:
@@ -155,49 +240,64 @@ class TelemetryServer:
                 self._drain()
                 if self.recorder is not None:
                     self.recorder.maybe_flush()
+            except RecordingError as exc:
+                self._recording_failed(exc)
             except Exception:  # a bad record must not stop the stream
-                log.exception("telemetry pump")
+                self.quiet.warning("pump", "telemetry pump", exc_info=True)
 
     def _drain(self) -> None:
-        items, shed = self._inbox.take()
-        # token bucket: max_event_rate a second on average, bursts up to one second's worth
+        items, shed_total = self._inbox.take()
+        shed_before, self._shed_seen = self._shed_seen, shed_total
+        shed = shed_total - shed_before
+        frames = [item.text for item in items if item.lane == "stream"]
+        # token bucket: max_event_rate stream events a second on average, bursts up to one second's worth
         now = time.monotonic()
         elapsed, self._last_tick = now - self._last_tick, now
-        self._budget = min(self.max_event_rate, self._budget - len(items) + self.max_event_rate * elapsed)
+        self._budget = min(self.max_event_rate, self._budget - len(frames) + self.max_event_rate * elapsed)
         clients = list(self.clients.values())
         if not clients and self.recorder is None:
             self._inbox.refill(0)  # nobody listens: the sink only counts
             return
         self._inbox.refill(max(0, int(self._budget)))
-        if shed:
-            self.events_shed += shed
-            self._record(ev.encode(ev.dropped_event(shed)))
-        frames: list[str] = []
-        for text, priority in items:
-            self._record(text)
-            if priority:  # a config change is never dropped: every client must see it
+        self.events_shed += shed
+        recorder_lost = shed_total - max(shed_before, self._recorder_shed_base)
+        if recorder_lost > 0:
+            self._record(ev.encode(ev.dropped_event(recorder_lost)))
+        configs: list[str] = []
+        for item in items:
+            self._record(item.text)
+            if item.lane == "config":
+                configs.append(item.text)
+            elif item.lane == "notice":
                 for client in clients:
-                    self._send_priority(client, text)
-            else:
-                frames.append(text)
+                    self._send_priority(client, item.text)
+        if configs:  # a config event is never dropped: every client must see it; one a tick is enough
+            merged = merge_configs(configs)
+            for client in clients:
+                self._send_priority(client, merged)
         if frames or shed:
             self.events_published += len(frames)
-            self._fan_out(clients, frames, shed)
+            self._fan_out(clients, frames, shed_before, shed_total)
 
-    def _fan_out(self, clients: list[Client], frames: list[str], shed: int) -> None:
+    def _fan_out(self, clients: list[Client], frames: list[str], shed_before: int, shed_total: int) -> None:
         """The same text to every client. A batch client that is caught up (nothing queued,
         little unsent) gets its batch written straight to its socket in one `broadcast` call,
-        no task switch; every other client's frames go through its queue and writer task."""
+        no task switch; every other client's frames go through its queue and writer task.
+        A client is told only of events shed since it connected."""
+        shed = shed_total - shed_before
         direct: list[ServerConnection] = []
         batch = None
         for client in clients:
+            if client.closing:
+                continue
             q = client.queue
-            if client.batch and not q and _unsent(client.ws) < DIRECT_WRITE_LIMIT:
+            lost = shed_total - max(shed_before, client.shed_base)
+            if client.batch and not q and lost == shed and _unsent(client.ws) < DIRECT_WRITE_LIMIT:
                 direct.append(client.ws)
                 client.frames_sent += 1
                 continue
-            if shed:
-                q.lose(shed)
+            if lost > 0:
+                q.lose(lost)
             if not frames:
                 continue
             if client.batch:
@@ -207,25 +307,17 @@ class TelemetryServer:
                 for frame in frames:
                     q.put(frame)
         if direct:
-            lost = [ev.encode(ev.dropped_event(shed))] if shed else []
-            broadcast(direct, _batch(lost + frames))
-
-    def _record(self, frame: str) -> None:
-        if self.recorder is None:
-            return
-        try:
-            self.recorder.write(frame)
-        except (OSError, ValueError) as exc:
-            path = self.stop_recording()
-            note = ev.encode(ev.error_event("path", f"recording to {path!r} stopped: {exc}"))
-            for client in list(self.clients.values()):
-                self._send_priority(client, note)
+            lost_note = [ev.encode(ev.dropped_event(shed))] if shed else []
+            broadcast(direct, _batch(lost_note + frames))
 
     def _send_priority(self, client: Client, frame: str) -> None:
+        if client.closing:
+            return
         try:
             client.queue.put_priority(frame)
         except QueueOverflow as exc:
-            log.warning("closing client %s: %s", client.id, exc)
+            self.quiet.warning("not reading", "closing client %s (not reading): %s", client.id, exc)
+            client.closing = True
             self.clients.pop(client.id, None)
             task = asyncio.create_task(client.ws.close(1008, "not reading"))
             self._closing.add(task)
@@ -233,34 +325,50 @@ class TelemetryServer:
 
     # -- one connection --------------------------------------------------------------
     def _hello(self, client_id: str, readonly: bool) -> dict[str, Any]:
-        return ev.hello_event(client_id, readonly, self.engine.describe())
+        return ev.hello_event(client_id, readonly, self.engine.describe(), self.api_url)
+
+    def _admit(self, ws: ServerConnection, request: Request) -> Response | None:
+        """Before the handshake completes: refuse a connection over `max_clients` (HTTP 503)."""
+        if len(self.clients) >= self.max_clients:
+            self.quiet.warning("max clients", "refusing a connection: %d clients already", len(self.clients))
+            return ws.respond(http.HTTPStatus.SERVICE_UNAVAILABLE, "too many clients\n")
+        return None
 
     async def _handle(self, ws: ServerConnection) -> None:
+        if len(self.clients) >= self.max_clients:  # several handshakes passed `_admit` at once
+            await ws.close(1013, "too many clients")
+            return
         client_id = f"c{next(self._ids)}"
         query = _query(ws)
         given = query.get("token")
         authorized = self.token is None or (given is not None and same_token(given, self.token))
         client = Client(client_id, ws, ClientQueue(self.queue_size), authorized,
                         batch=query.get("batch") in ("1", "true", "yes"))
-        client.queue.put_priority(ev.encode(self._hello(client_id, not authorized)))
-        if given is not None and not authorized:
-            client.queue.put_priority(ev.encode(ev.error_event("token", "wrong token; this connection is read-only")))
-        self.clients[client_id] = client
-        self._inbox.refill(max(0, int(self._budget)))
-        writer = asyncio.create_task(self._write(client), name=f"pdtop-writer-{client_id}")
+        writer: asyncio.Task[None] | None = None
         try:
+            await ws.send(ev.encode(self._hello(client_id, not authorized)))  # before any other frame
+            if given is not None and not authorized:
+                await ws.send(ev.encode(ev.error_event("token", "wrong token; this connection is read-only")))
+            self.clients[client_id] = client
+            self._inbox.refill(max(0, int(self._budget)))
+            client.shed_base = self._inbox.shed_total
+            writer = asyncio.create_task(self._write(client), name=f"pdtop-writer-{client_id}")
             async for message in ws:
+                if client.closing:
+                    break
                 try:
                     reply = handle_control(self, client, message)
                 except Exception as exc:  # no input may crash the server
-                    log.exception("control message from %s", client_id)
+                    self.quiet.warning("control", "control message from %s", client_id, exc_info=True)
                     reply = ev.reply_event(None, False, None, f"internal error: {type(exc).__name__}")
-                self._send_priority(client, ev.encode(reply))
+                # sent before the next message is read: a client that does not read its replies stalls itself
+                await ws.send(ev.encode(reply))
         except ConnectionClosed:
             pass
         finally:
             self.clients.pop(client_id, None)
-            writer.cancel()
+            if writer is not None:
+                writer.cancel()
 
     async def _write(self, client: Client) -> None:
         q, ws = client.queue, client.ws
@@ -282,7 +390,7 @@ class TelemetryServer:
         except asyncio.CancelledError:
             raise
         except Exception:
-            log.exception("writer for %s", client.id)
+            self.quiet.warning("writer", "writer for %s", client.id, exc_info=True)
             await ws.close(1011, "server error")
 
 

@@ -95,7 +95,7 @@ class LiveSource:
         is not JSON holds none. Hellos and replies are decoded here, for the connection's state."""
         try:
             event = json.loads(frame)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested too deep to parse
             return []
         try:
             typed = decode_event(event)

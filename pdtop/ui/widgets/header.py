@@ -1,4 +1,4 @@
-"""Header: engine, device, model, policy, connection, recording and dropped events."""
+"""Header: engine, device, model, policy, API URL, connection, recording and dropped events."""
 from __future__ import annotations
 
 from rich.text import Text
@@ -44,6 +44,8 @@ class HeaderBar(Static):
         text.append_text(Text.assemble(
             sep, (info.device, "bold"), units, sep, ("model ", "dim"), model, sep, ("policy ", "dim"), state.policy,
         ))
+        if state.api and connection != "replay":
+            text.append_text(Text.assemble(sep, ("api ", "dim"), state.api))
         if connection != "replay":
             rec = Text.assemble(("◉ REC ", "bold " + colours.get("error", "")), state.recording) if state.recording \
                 else Text("○ not recording", "dim")

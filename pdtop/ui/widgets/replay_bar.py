@@ -1,4 +1,4 @@
-"""Replay transport: play state, speed, a position bar with time."""
+"""Replay transport: play state, speed, a position bar with time, and what of the file could not be read."""
 from __future__ import annotations
 
 from typing import Any
@@ -24,6 +24,9 @@ class ReplayBar(Static):
             status = ("▶ playing", "bold " + colours.get("success", ""))
         head = Text.assemble(status, f"  {source.speed:g}x  ", (fmt.clock(position), "bold"), " / ",
                              fmt.clock(duration), "  ")
+        problems = source.recording.problems
+        if problems:  # lines skipped or cut, a damaged file, events of a protocol this pdtop does not read
+            head.append("⚠ " + "; ".join(problems) + "  ", style=colours.get("warning", ""))
         width = max(10, (self.content_size.width or 80) - head.cell_len)
         frac = position / duration if duration > 0 else 0.0
         done = min(width - 1, int(frac * (width - 1)))

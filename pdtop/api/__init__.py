@@ -1,0 +1,14 @@
+"""The OpenAI-compatible HTTP API and Prometheus `/metrics`, beside the telemetry server.
+
+FastAPI + uvicorn + prometheus_client, the stack of vLLM's and SGLang's servers. API requests
+go through the engine's own scheduler (`Engine.enqueue`, `Engine.abort`), so they run under
+the current policy and split and show in telemetry like any other (`source: "api"`). This
+package imports the engine, never telemetry or the UI; the engine imports nothing of it.
+
+- `server.py`: `ApiServer`, uvicorn on a socket inside the caller's event loop;
+- `app.py`: the routes (`/v1/chat/completions`, `/v1/completions`, `/v1/models`, `/health`, `/metrics`);
+- `schemas.py`: the request bodies, checked (what is refused, and why, names the field);
+- `streams.py`: one request in flight: tokens -> text (stop strings) on the engine thread, chunks to the loop;
+- `metrics.py`: the Prometheus metrics, fed by an engine sink;
+- `errors.py`: OpenAI's error shape.
+"""

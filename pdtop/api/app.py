@@ -1,0 +1,274 @@
+"""The routes: OpenAI's `/v1/chat/completions`, `/v1/completions` and `/v1/models`, `/health`, `/metrics`.
+
+A request is checked (400 naming the field, 404 for another model), tokenized (chat through
+the model's own template), then enqueued in the engine (503 with Retry-After when the waiting
+queue is full). Streaming answers are server-sent events, one chunk per engine round, then
+`data: [DONE]`. A client that goes away aborts its request, which frees its KV at the next
+round boundary. With a token, `/v1/*` needs `Authorization: Bearer TOKEN` (as vLLM's `--api-key`).
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from pdtop.api.errors import APIError, bad_request
+from pdtop.api.metrics import EngineMetrics
+from pdtop.api.schemas import MAX_BODY_BYTES, ChatRequest, CompletionRequest, parse_body
+from pdtop.api.streams import Chunk, Completion, Mailbox
+from pdtop.engine.errors import EngineError, PromptError, QueueFullError
+from pdtop.engine.request import SamplingParams
+
+log = logging.getLogger("pdtop.api")
+COMPLETIONS_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to the rest of the context
+T = TypeVar("T")
+
+
+class Served:
+    """What the routes share: the engine, its tokenizer and metrics, the served model's id."""
+
+    def __init__(self, engine: Any, tokenizer: Any, metrics: EngineMetrics):
+        self.engine, self.tokenizer, self.metrics = engine, tokenizer, metrics
+        self.model_id: str = engine.model_name
+        self.context: int = engine.executor.cfg.max_context
+        self.created = int(time.time())
+        self._mailbox: Mailbox | None = None  # made on the event loop, at the first request
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.model_id:
+            raise APIError(404, f"model {model!r} not found; this server serves {self.model_id!r}", param="model",
+                           code="model_not_found")
+
+    def params(self, body: ChatRequest | CompletionRequest, prompt_tokens: int, field: str) -> SamplingParams:
+        """The sampling parameters of a request with a prompt of `prompt_tokens` (400 if it cannot run)."""
+        if prompt_tokens >= self.context:
+            raise bad_request(field, f"{prompt_tokens} prompt tokens; the model's context is {self.context} tokens")
+        name, max_tokens = "max_tokens", body.max_tokens
+        if isinstance(body, ChatRequest) and body.max_completion_tokens is not None:
+            name, max_tokens = "max_completion_tokens", body.max_completion_tokens
+        room = self.context - prompt_tokens
+        if max_tokens is None:
+            max_tokens = room if isinstance(body, ChatRequest) else min(COMPLETIONS_MAX_TOKENS, room)
+        elif max_tokens > room:
+            raise bad_request(name, f"{max_tokens} + {prompt_tokens} prompt tokens exceed the model's context of "
+                                    f"{self.context} tokens")
+        seed = body.seed if body.seed is not None else secrets.randbits(63)
+        params = SamplingParams(temperature=body.temperature, top_p=body.top_p, seed=seed, max_tokens=max_tokens,
+                                ignore_eos=body.ignore_eos)
+        try:
+            self.engine.check_request(prompt_tokens, params)
+        except PromptError as exc:
+            raise bad_request(name, str(exc)) from None
+        return params
+
+    def start(self, prompt_ids: list[int], params: SamplingParams, stops: list[str]) -> Completion:
+        """Enqueue in the engine: the request's completion, read from the event loop."""
+        if self._mailbox is None:
+            self._mailbox = Mailbox(asyncio.get_running_loop())
+        completion = Completion(self._mailbox, self.tokenizer, stops)
+        try:
+            completion.request = self.engine.enqueue(prompt_ids, params, source="api",
+                                                     on_update=completion.on_update)
+        except QueueFullError as exc:
+            raise APIError(503, str(exc), type="server_error", code="queue_full",
+                           headers={"Retry-After": str(exc.retry_after)}) from None
+        return completion
+
+    def abort(self, completion: Completion) -> None:
+        if completion.request is not None:
+            self.engine.abort(completion.request)
+
+
+def create_app(served: Served, token: str | None = None) -> FastAPI:
+    app = FastAPI(title="pdtop", docs_url=None, redoc_url=None, openapi_url=None)
+
+    async def authorized(request: Request) -> None:
+        if token is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not (given.startswith("Bearer ") and hmac.compare_digest(given[7:].encode(), token.encode())):
+            raise APIError(401, "a valid 'Authorization: Bearer TOKEN' header is required", code="invalid_api_key")
+
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, exc: APIError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        return APIError(exc.status_code, str(exc.detail)).response()
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("%s %s", request.method, request.url.path)
+        return APIError(500, f"internal error: {type(exc).__name__}", type="server_error").response()
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(served.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/models", dependencies=[Depends(authorized)])
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": served.model_id, "object": "model", "created": served.created,
+                                            "owned_by": "pdtop", "max_model_len": served.context}]}
+
+    @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
+    async def chat(request: Request) -> Response:
+        body = parse_body(await _read(request), request.headers.get("content-type"), ChatRequest)
+        served.check_model(body.model)
+        messages = [m.as_template_input() for m in body.messages]
+        try:
+            prompt = await asyncio.to_thread(
+                lambda: served.tokenizer.encode(served.tokenizer.apply_chat_template(messages)))
+        except EngineError as exc:
+            raise bad_request("messages", str(exc)) from None
+        params = served.params(body, len(prompt), "messages")
+        return await _answer(request, served, served.start(prompt, params, body.stops), body, len(prompt), True)
+
+    @app.post("/v1/completions", dependencies=[Depends(authorized)])
+    async def completions(request: Request) -> Response:
+        body = parse_body(await _read(request), request.headers.get("content-type"), CompletionRequest)
+        served.check_model(body.model)
+        if isinstance(body.prompt, str):
+            prompt = await asyncio.to_thread(served.tokenizer.encode, body.prompt)
+        else:
+            prompt, vocab = body.prompt, served.tokenizer.vocab_size
+            bad = next((t for t in prompt if not 0 <= t < vocab), None)
+            if bad is not None:
+                raise bad_request("prompt", f"token id {bad} is outside the vocabulary (0..{vocab - 1})")
+        if not prompt:
+            raise bad_request("prompt", "empty prompt")
+        params = served.params(body, len(prompt), "prompt")
+        return await _answer(request, served, served.start(prompt, params, body.stops), body, len(prompt), False)
+
+    return app
+
+
+async def _read(request: Request) -> bytes:
+    """The body, refused past MAX_BODY_BYTES without reading the rest."""
+    parts, size = [], 0
+    async for part in request.stream():
+        size += len(part)
+        if size > MAX_BODY_BYTES:
+            raise bad_request(None, f"request body over {MAX_BODY_BYTES} bytes")
+        parts.append(part)
+    return b"".join(parts)
+
+
+async def _answer(request: Request, served: Served, completion: Completion, body: ChatRequest | CompletionRequest,
+                  prompt_tokens: int, chat: bool) -> Response:
+    shape = _Shape(served.model_id, chat)
+    if body.stream:
+        return StreamingResponse(_events(served, completion, shape, prompt_tokens, body.include_usage),
+                                 media_type="text/event-stream")
+    texts: list[str] = []
+
+    async def collect() -> Chunk:
+        while True:
+            chunk = await completion.queue.get()
+            texts.append(chunk.text)
+            if chunk.finish_reason is not None:
+                return chunk
+
+    last = await _unless_disconnected(request, collect())
+    if last is None:  # the client went away
+        served.abort(completion)
+        return Response(status_code=499)
+    if last.error is not None:
+        raise APIError(500, f"the engine rejected the request: {last.error}", type="server_error")
+    return JSONResponse(shape.whole("".join(texts), last, prompt_tokens))
+
+
+async def _events(served: Served, completion: Completion, shape: _Shape, prompt_tokens: int,
+                  include_usage: bool) -> AsyncIterator[bytes]:
+    """Server-sent events; a client that goes away (the task is cancelled) aborts the request."""
+    finished = False
+    try:
+        if shape.chat:
+            yield _sse(shape.chunk({"role": "assistant", "content": ""}, None, include_usage))
+        while not finished:
+            chunk = await completion.queue.get()
+            finished = chunk.finish_reason is not None
+            if chunk.error is not None:
+                yield _sse(APIError(500, f"the engine rejected the request: {chunk.error}", type="server_error").body())
+                break
+            content = {"content": chunk.text} if shape.chat else chunk.text
+            yield _sse(shape.chunk(content, chunk.finish_reason, include_usage))
+        if include_usage:
+            yield _sse(shape.usage_chunk(prompt_tokens, chunk.completion_tokens))
+        yield b"data: [DONE]\n\n"
+    finally:
+        if not finished:
+            served.abort(completion)
+
+
+def _sse(obj: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
+    """`work`'s result, or None (work cancelled) if the client disconnects first."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnect(request))
+    try:
+        done, _ = await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (task, gone):
+            if not t.done():
+                t.cancel()
+    return task.result() if task in done else None
+
+
+async def _disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+class _Shape:
+    """OpenAI's response objects for one request: chat or text completion."""
+
+    def __init__(self, model: str, chat: bool):
+        self.chat, self.model = chat, model
+        self.id = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
+        self.created = int(time.time())
+        self.object = "chat.completion" if chat else "text_completion"
+
+    def _head(self, obj: str) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def chunk(self, content: Any, finish_reason: str | None, include_usage: bool) -> dict[str, Any]:
+        choice = {"index": 0, ("delta" if self.chat else "text"): content, "logprobs": None,
+                  "finish_reason": finish_reason}
+        out = {**self._head("chat.completion.chunk" if self.chat else "text_completion"), "choices": [choice]}
+        if include_usage:
+            out["usage"] = None
+        return out
+
+    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+        return {**self._head("chat.completion.chunk" if self.chat else "text_completion"), "choices": [],
+                "usage": _usage(prompt_tokens, completion_tokens)}
+
+    def whole(self, text: str, last: Chunk, prompt_tokens: int) -> dict[str, Any]:
+        if self.chat:
+            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text}}
+        else:
+            choice = {"index": 0, "text": text}
+        choice.update(logprobs=None, finish_reason=last.finish_reason)
+        return {**self._head(self.object), "choices": [choice], "usage": _usage(prompt_tokens, last.completion_tokens)}
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}

@@ -1,0 +1,97 @@
+"""Prometheus metrics of the engine, under vLLM's names with the prefix `pdtop:` (docs/metrics.md).
+
+An engine sink feeds them on the engine thread (prometheus_client is thread-safe); `/metrics`
+renders them. They cover every request the engine runs, whatever its source, as vLLM's do.
+Each metric has vLLM's `model_name` label.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    disable_created_metrics,
+    generate_latest,
+)
+
+from pdtop.engine.records import ConfigChange, RequestRecord, RoundRecord
+
+# vLLM's buckets (seconds)
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+               80.0)
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+               480.0, 960.0, 1920.0, 7680.0)
+SUCCESS_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "abort": "abort"}  # vLLM's label values
+
+
+class EngineMetrics:
+    """The registry `/metrics` serves, kept up to date by `sink` (register it with `engine.add_sink`)."""
+
+    def __init__(self, engine: Any):
+        self.engine = engine
+        disable_created_metrics()  # no `_created` series, as vLLM's output
+        self.registry = CollectorRegistry()
+        model = engine.model_name
+        r, m = self.registry, ["model_name"]
+
+        def gauge(name: str, doc: str) -> Any:
+            return Gauge(f"pdtop:{name}", doc, m, registry=r).labels(model)
+
+        self.ttft = Histogram("pdtop:time_to_first_token_seconds", "Time to first token, seconds", m,
+                              buckets=TTFT_BUCKETS, registry=r).labels(model)
+        self.itl = Histogram("pdtop:inter_token_latency_seconds", "Gap between consecutive tokens of a request",
+                             m, buckets=ITL_BUCKETS, registry=r).labels(model)
+        self.e2e = Histogram("pdtop:e2e_request_latency_seconds", "Arrival to last token of a finished request",
+                             m, buckets=E2E_BUCKETS, registry=r).labels(model)
+        self.running = gauge("num_requests_running", "Requests prefilling or decoding")
+        self.waiting = gauge("num_requests_waiting", "Requests waiting for prefill")
+        self.kv_usage = gauge("kv_cache_usage_perc", "KV-cache usage: 1 means 100 percent")
+        self.prompt_tokens = Counter("pdtop:prompt_tokens", "Prompt tokens prefilled", m, registry=r).labels(model)
+        self.generation_tokens = Counter("pdtop:generation_tokens", "Tokens generated", m, registry=r).labels(model)
+        self.success = Counter("pdtop:request_success", "Finished requests, by finish reason",
+                               [*m, "finished_reason"], registry=r)
+        self.split_level = gauge("split_level", "Split level of the last round (index into the levels)")
+        self.prefill_units = gauge("prefill_units", "Units (SMs or cores) given to prefill in the last round")
+        self.decode_units = gauge("decode_units", "Units (SMs or cores) given to decode in the last round")
+        self.decode_bs_divisor = gauge("decode_bs_divisor", "Decode requests per level step (pdmux config)")
+        self.policy = Info("pdtop:policy", "Scheduling policy", m, registry=r).labels(model)
+        self._model = model
+        self._on_config()
+
+    def sink(self, rec: Any) -> None:
+        """Engine thread: one record in."""
+        if isinstance(rec, RoundRecord):
+            self.running.set(rec.running)
+            self.waiting.set(rec.waiting)
+            self.kv_usage.set(rec.kv_used_tokens / rec.kv_capacity_tokens if rec.kv_capacity_tokens else 0.0)
+            self.generation_tokens.inc(rec.tokens_emitted)
+            self.split_level.set(rec.level)
+            self.prefill_units.set(rec.prefill_units)
+            self.decode_units.set(rec.decode_units)
+        elif isinstance(rec, RequestRecord):
+            if rec.kind == "first_token":
+                self.prompt_tokens.inc(rec.prompt_tokens)
+                if rec.ttft_s is not None:
+                    self.ttft.observe(rec.ttft_s)
+            elif rec.kind == "finish" and rec.finish_reason in SUCCESS_REASONS:
+                self.success.labels(self._model, SUCCESS_REASONS[rec.finish_reason]).inc()
+                for gap in rec.itls_s:
+                    self.itl.observe(gap)
+                if rec.ttft_s is not None:
+                    self.e2e.observe(rec.ttft_s + sum(rec.itls_s))
+        elif isinstance(rec, ConfigChange):
+            self._on_config()
+
+    def _on_config(self) -> None:
+        config = self.engine.config_dict()
+        self.decode_bs_divisor.set(config["decode_bs_divisor"])
+        self.policy.info({"policy": config["policy"]})
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

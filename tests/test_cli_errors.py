@@ -1,0 +1,70 @@
+"""Commands fail on bad input in one line with exit status 2, and stop quietly when their reader goes."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import gguf
+import numpy as np
+import pytest
+
+from pdtop.cli import main
+
+
+def _unsupported_gguf(path):
+    w = gguf.GGUFWriter(str(path), "mamba")
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((8, 32), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture
+def bad_models(tmp_path):
+    text = tmp_path / "notes.txt"
+    text.write_text("not a model\n")
+    return {"missing": (str(tmp_path / "nope.gguf"), "model file not found"),
+            "not gguf": (str(text), "not a GGUF file"),
+            "unsupported": (str(_unsupported_gguf(tmp_path / "mamba.gguf")), "unsupported architecture 'mamba'")}
+
+
+def _one_error_line(args: list[str], capsys) -> str:
+    try:
+        code = main(args)
+    except SystemExit as exc:  # argparse's own errors
+        code = exc.code
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "error" in line]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+@pytest.mark.parametrize("which", ["missing", "not gguf", "unsupported"])
+@pytest.mark.parametrize("command", ["serve", "dashboard"])
+def test_a_bad_model_is_one_line_and_exit_2(command, which, bad_models, capsys):
+    path, words = bad_models[which]
+    line = _one_error_line([command, "--device", "sim:H100", "--port", "0", "--model", path]
+                           if command == "serve" else ["--device", "sim:H100", "--model", path], capsys)
+    assert line.startswith(f"pdtop {command}: error: ") and words in line
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--device", "sim:H100", "--speed", "0"], "--speed must be in (0, 1000]"),
+    (["--device", "cpu", "--speed", "0.1"], "--speed applies to simulated devices"),
+    (["--speed", "0.1"], "--speed applies to simulated devices"),
+])
+@pytest.mark.parametrize("command", ["serve", "dashboard"])
+def test_bad_speed_is_one_line_and_exit_2(command, args, words, capsys):
+    assert words in _one_error_line([command, *args], capsys)
+
+
+@pytest.mark.parametrize("args", [["levels"], ["levels", "--json"], ["estimate"], ["estimate", "--json"]])
+def test_a_closed_pipe_ends_the_command_quietly(args):
+    proc = subprocess.Popen([sys.executable, "-m", "pdtop", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader is gone before the command writes (`pdtop levels | head -0`)
+    err = proc.stderr.read().decode()
+    proc.stderr.close()
+    assert proc.wait(30) == 141 and err == ""
