@@ -1,10 +1,10 @@
 """Native CPU kernels (`csrc/*.c`), built on first use with the C compiler and loaded with ctypes.
 
-One kernel today: decode attention over the paged KV cache (`csrc/decode_attention.c`),
-2-3x faster than gathering each row's context and calling SDPA (the gather copies the whole
-context every layer). Building takes about half a second (plain C, no torch headers) and
-the library is cached under `~/.cache/pdtop/kernels`, keyed by the source, the compiler
-and this CPU. It is compiled with `-march=native` and `-fopenmp`, linked to the OpenMP
+Decode attention over the paged KV cache (`csrc/decode_attention.c`), 2-3x faster than
+gathering each row's context and calling SDPA (the gather copies the whole context every
+layer); and `pin_team` (`csrc/omp_team.c`), which pins a thread's OpenMP team to its cores.
+Building takes about half a second each (plain C, no torch headers) and the libraries are
+cached under `~/.cache/pdtop/kernels`, keyed by the source, the compiler and this CPU. It is compiled with `-march=native` and `-fopenmp`, linked to the OpenMP
 runtime torch already loaded (libgomp), so a kernel's team is the calling thread's torch
 thread count. The result is checked once against torch; anything missing or wrong (no
 compiler, another OpenMP runtime, a mismatch) means `None` and the torch path runs, as
@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 log = logging.getLogger(__name__)
-SOURCE = Path(__file__).with_name("csrc") / "decode_attention.c"
+CSRC = Path(__file__).with_name("csrc")
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 DecodeAttention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
 _lock = threading.Lock()
@@ -52,18 +52,18 @@ def _cpu_id() -> str:
         return platform.processor()
 
 
-def _build(gomp: str) -> Path:
+def _build(source: Path, gomp: str) -> Path:
     cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc") or "cc"
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), *FLAGS, gomp, version, _cpu_id()]).encode()).hexdigest()[:16]
+    key = hashlib.sha256("\0".join([source.read_text(), *FLAGS, gomp, version, _cpu_id()]).encode()).hexdigest()[:16]
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pdtop" / "kernels"
-    out = cache / f"{SOURCE.stem}-{key}.so"
+    out = cache / f"{source.stem}-{key}.so"
     if not out.exists():
         cache.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=cache) as tmp:  # built aside, then renamed: safe if two build at once
             part = Path(tmp) / out.name
             gomp_dir = str(Path(gomp).parent)
-            subprocess.run([cc, *FLAGS, str(SOURCE), "-o", str(part), gomp, f"-Wl,-rpath,{gomp_dir}"],
+            subprocess.run([cc, *FLAGS, str(source), "-o", str(part), gomp, f"-Wl,-rpath,{gomp_dir}"],
                            capture_output=True, text=True, check=True)
             os.replace(part, out)
     return out
@@ -83,20 +83,27 @@ def _reference(q: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor, lens: 
 
 
 @functools.cache
-def decode_attention() -> DecodeAttention | None:
-    """`f(q [n, h, d] (rows may be strided), cache [2, kvh, S, d], slots [n, L] int64, lens [n] int64, scale)`
-    -> `[n, h, d]`: each row's attention over its first `lens[i]` slots; None when the kernel is unavailable."""
+def _library(name: str) -> ctypes.CDLL | None:
+    """`csrc/{name}.c`, built (or found in the cache) and loaded; None when it cannot be."""
     if os.environ.get("PDTOP_NO_KERNELS"):
         return None
     with _lock:
         try:
             gomp = _torch_libgomp()
-            if gomp is None:
-                return None
-            fn = ctypes.CDLL(str(_build(gomp))).pdtop_decode_attention_f32
+            return ctypes.CDLL(str(_build(CSRC / f"{name}.c", gomp))) if gomp is not None else None
         except (OSError, subprocess.CalledProcessError, StopIteration) as exc:
-            log.debug("CPU decode-attention kernel unavailable: %s", exc)
+            log.debug("CPU kernel %s unavailable: %s", name, exc)
             return None
+
+
+@functools.cache
+def decode_attention() -> DecodeAttention | None:
+    """`f(q [n, h, d] (rows may be strided), cache [2, kvh, S, d], slots [n, L] int64, lens [n] int64, scale)`
+    -> `[n, h, d]`: each row's attention over its first `lens[i]` slots; None when the kernel is unavailable."""
+    lib = _library("decode_attention")
+    if lib is None:
+        return None
+    fn = lib.pdtop_decode_attention_f32
     fn.restype = None
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
     fn.argtypes = [ptr, i64, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, ctypes.c_float]
@@ -119,6 +126,15 @@ def decode_attention() -> DecodeAttention | None:
         log.warning("the CPU decode-attention kernel disagrees with torch here; using torch")
         return None
     return attend
+
+
+def pin_team(cores: tuple[int, ...]) -> bool:
+    """Pin every thread of the calling thread's OpenMP team (its `torch.get_num_threads()` threads)
+    to `cores`, as the calling thread itself is; False when that could not be done."""
+    lib = _library("omp_team")
+    if lib is None:
+        return False
+    return lib.pdtop_pin_team((ctypes.c_int32 * len(cores))(*cores), len(cores), torch.get_num_threads()) == 0
 
 
 def supports(q: torch.Tensor, cache: torch.Tensor) -> bool:
