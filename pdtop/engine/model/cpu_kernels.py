@@ -4,11 +4,12 @@ Decode attention over the paged KV cache (`csrc/decode_attention.c`), 2-3x faste
 gathering each row's context and calling SDPA (the gather copies the whole context every
 layer); and `pin_team` (`csrc/omp_team.c`), which pins a thread's OpenMP team to its cores.
 Building takes about half a second each (plain C, no torch headers) and the libraries are
-cached under `~/.cache/pdtop/kernels`, keyed by the source, the compiler and this CPU. It is compiled with `-march=native` and `-fopenmp`, linked to the OpenMP
-runtime torch already loaded (libgomp), so a kernel's team is the calling thread's torch
-thread count. The result is checked once against torch; anything missing or wrong (no
-compiler, another OpenMP runtime, a mismatch) means `None` and the torch path runs, as
-without the kernel. `PDTOP_NO_KERNELS=1` turns them off (for comparisons).
+cached under `~/.cache/pdtop/kernels`, keyed by the source, the compiler and this CPU. They
+are compiled with `-march=native` and `-fopenmp`, linked to the OpenMP runtime torch already
+loaded (libgomp), so a kernel's team is the calling thread's torch thread count. The attention
+kernel is checked once against torch; anything missing or wrong (no compiler, another OpenMP
+runtime, a mismatch) means `None` (or False) and the torch path runs, as without the kernels.
+`PDTOP_NO_KERNELS=1` turns them off (for comparisons).
 """
 from __future__ import annotations
 
