@@ -13,7 +13,7 @@ alone and then beside --load busy processes (one per core by default); settings 
 in turns, --repeats times. Figures: median step time (ms) of decode at batch 1, 8 and 32
 (32-token prompts) and the time of one 512-token prefill. Prints a table; asserts nothing.
 
-    .venv/bin/python bench/omp_wait.py [--repeats 2] [--load 2]
+    .venv/bin/python bench/omp_wait.py [--repeats 2] [--load 2] [--only default,PASSIVE]
 """
 from __future__ import annotations
 
@@ -89,11 +89,14 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--load", type=int, default=os.cpu_count(), help="busy processes beside the loaded runs")
     ap.add_argument("--steps", type=int, default=12, help="decode steps timed per batch size")
+    ap.add_argument("--only", default="", help="comma-separated words: run the settings whose label has one")
     ap.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker is not None:
         worker(args.worker)
         return
+    words = [w for w in args.only.split(",") if w]
+    settings = {k: v for k, v in SETTINGS.items() if not words or any(w in k for w in words)}
     loads = [os.getloadavg()[0]]
     results: dict[tuple[str, bool], list[dict[str, float]]] = {}
     for _ in range(args.repeats):
@@ -101,7 +104,7 @@ def main() -> None:
             busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.load if loaded
                                                                                                  else 0)]
             try:
-                for label, env in SETTINGS.items():
+                for label, env in settings.items():
                     results.setdefault((label, loaded), []).append(measure(env, args.steps))
                     print(f"  {label}{' (loaded)' if loaded else ''}: {results[label, loaded][-1]}", file=sys.stderr,
                           flush=True)
@@ -114,7 +117,7 @@ def main() -> None:
           f"'+load': beside {args.load} busy processes; load average (1 min) {min(loads):.2f}-{max(loads):.2f}")
     head = f"{'setting':30}" + "".join(f"{f:>11}{'+load':>8}" for f in FIGURES)
     print(head)
-    for label in SETTINGS:
+    for label in settings:
         cells = ""
         for f in FIGURES:
             for loaded in (False, True):
