@@ -79,3 +79,14 @@ def test_model_decode_through_the_kernel_matches_prefill_of_the_same_tokens(kern
         fresh.prefill_finish(state)
         assert (state.logits[0] - decoded[i]).abs().max() < 1e-3
         fresh.free(whole)
+
+
+@pytest.mark.parametrize("rows,f", [(1, 16), (32, 1536), (200, 1536)])  # the last: over the parallel threshold
+def test_swiglu_kernel_matches_torch(rows, f):
+    act = cpu_kernels.silu_mul()
+    assert act is not None
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 2 * f, generator=g) * 8
+    x[0, :4] = torch.tensor([0.0, -0.0, -200.0, 200.0])  # zeros, exp underflow, saturation
+    want = torch.nn.functional.silu(x[:, :f].double()) * x[:, f:].double()
+    assert (act(x).double() - want).abs().max() <= 1e-5 * want.abs().max()

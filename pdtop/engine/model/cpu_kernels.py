@@ -2,12 +2,13 @@
 
 Decode attention over the paged KV cache (`csrc/decode_attention.c`), 2-3x faster than
 gathering each row's context and calling SDPA (the gather copies the whole context every
-layer); and `pin_team` (`csrc/omp_team.c`), which pins a thread's OpenMP team to its cores.
+layer); SwiGLU's `silu(gate) * up` in one pass (`csrc/silu_mul.c`); and `pin_team`
+(`csrc/omp_team.c`), which pins a thread's OpenMP team to its cores.
 Building takes about half a second each (plain C, no torch headers) and the libraries are
 cached under `~/.cache/pdtop/kernels`, keyed by the source, the compiler and this CPU. They
 are compiled with `-march=native` and `-fopenmp`, linked to the OpenMP runtime torch already
 loaded (libgomp), so a kernel's team is the calling thread's torch thread count. The attention
-kernel is checked once against torch; anything missing or wrong (no compiler, another OpenMP
+and activation kernels are checked once against torch; anything missing or wrong (no compiler, another OpenMP
 runtime, a mismatch) means `None` (or False) and the torch path runs, as without the kernels.
 `PDTOP_NO_KERNELS=1` turns them off (for comparisons).
 """
@@ -56,7 +57,8 @@ def _cpu_id() -> str:
 def _build(source: Path, gomp: str) -> Path:
     cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc") or "cc"
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
-    key = hashlib.sha256("\0".join([source.read_text(), *FLAGS, gomp, version, _cpu_id()]).encode()).hexdigest()[:16]
+    texts = [source.read_text(), *(h.read_text() for h in sorted(CSRC.glob("*.h")))]
+    key = hashlib.sha256("\0".join([*texts, *FLAGS, gomp, version, _cpu_id()]).encode()).hexdigest()[:16]
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pdtop" / "kernels"
     out = cache / f"{source.stem}-{key}.so"
     if not out.exists():
@@ -127,6 +129,30 @@ def decode_attention() -> DecodeAttention | None:
         log.warning("the CPU decode-attention kernel disagrees with torch here; using torch")
         return None
     return attend
+
+
+@functools.cache
+def silu_mul() -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """`f(x [n, 2f] float32, rows contiguous, f a multiple of 16)` -> `silu(x[:, :f]) * x[:, f:]`
+    (`[n, f]`); None when the kernel is unavailable."""
+    lib = _library("silu_mul")
+    if lib is None:
+        return None
+    fn = lib.pdtop_silu_mul_f32
+    fn.restype = None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
+
+    def act(x: torch.Tensor) -> torch.Tensor:
+        n, f = x.shape[0], x.shape[1] // 2
+        out = torch.empty(n, f, dtype=x.dtype)
+        fn(x.data_ptr(), x.stride(0), out.data_ptr(), n, f)
+        return out
+
+    x = torch.randn(37, 96, generator=torch.Generator().manual_seed(0)) * 6
+    if not torch.allclose(act(x), torch.nn.functional.silu(x[:, :48]) * x[:, 48:], atol=1e-5, rtol=1e-5):
+        log.warning("the CPU SwiGLU kernel disagrees with torch here; using torch")
+        return None
+    return act
 
 
 def pin_team(cores: tuple[int, ...]) -> bool:

@@ -205,7 +205,11 @@ class MLP(nn.Module):
         self.gate_up, self.down = gate_up, down
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up.forward(x).chunk(2, dim=-1)
+        gate_up = self.gate_up.forward(x)
+        if gate_up.dtype == torch.float32 and gate_up.is_cpu and gate_up.shape[1] % 32 == 0 \
+                and gate_up.stride(1) == 1 and (act := cpu_kernels.silu_mul()) is not None:
+            return self.down.forward(act(gate_up))  # one pass, no parallel region at decode sizes
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down.forward(F.silu(gate) * up)
 
 
