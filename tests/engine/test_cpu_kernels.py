@@ -90,3 +90,18 @@ def test_swiglu_kernel_matches_torch(rows, f):
     x[0, :4] = torch.tensor([0.0, -0.0, -200.0, 200.0])  # zeros, exp underflow, saturation
     want = torch.nn.functional.silu(x[:, :f].double()) * x[:, f:].double()
     assert (act(x).double() - want).abs().max() <= 1e-5 * want.abs().max()
+
+
+@pytest.mark.parametrize("rows,dim", [(1, 16), (32, 576), (600, 576)])  # the last: over the parallel threshold
+def test_rms_norm_kernel_matches_torch_with_and_without_the_residual_add(rows, dim):
+    norm = cpu_kernels.add_rms_norm()
+    assert norm is not None
+    g = torch.Generator().manual_seed(rows)
+    x, d, w = torch.randn(rows, dim, generator=g) * 5, torch.randn(rows, dim, generator=g), torch.rand(dim, generator=g)
+    out, s = norm(x, d, w, 1e-6)
+    assert s is not None and torch.equal(s, x + d)
+    want = torch.nn.functional.rms_norm((x + d).double(), (dim,), w.double(), 1e-6)
+    assert (out.double() - want).abs().max() < 1e-5
+    alone, none = norm(x, None, w, 1e-6)
+    assert none is None
+    assert (alone.double() - torch.nn.functional.rms_norm(x.double(), (dim,), w.double(), 1e-6)).abs().max() < 1e-5

@@ -2,7 +2,8 @@
 
 Decode attention over the paged KV cache (`csrc/decode_attention.c`), 2-3x faster than
 gathering each row's context and calling SDPA (the gather copies the whole context every
-layer); SwiGLU's `silu(gate) * up` in one pass (`csrc/silu_mul.c`); and `pin_team`
+layer); SwiGLU's `silu(gate) * up` (`csrc/silu_mul.c`) and RMSNorm after the residual add
+(`csrc/rms_norm.c`) in one pass each; and `pin_team`
 (`csrc/omp_team.c`), which pins a thread's OpenMP team to its cores.
 Building takes about half a second each (plain C, no torch headers) and the libraries are
 cached under `~/.cache/pdtop/kernels`, keyed by the source, the compiler and this CPU. They
@@ -153,6 +154,45 @@ def silu_mul() -> Callable[[torch.Tensor], torch.Tensor] | None:
         log.warning("the CPU SwiGLU kernel disagrees with torch here; using torch")
         return None
     return act
+
+
+AddRmsNorm = Callable[[torch.Tensor, "torch.Tensor | None", torch.Tensor, float],
+                      tuple[torch.Tensor, "torch.Tensor | None"]]
+
+
+@functools.cache
+def add_rms_norm() -> AddRmsNorm | None:
+    """`f(x [n, dim], delta [n, dim] or None, w [dim], eps)` -> `(rmsnorm(s) * w, s)` with `s = x + delta`
+    (`None` for s without delta); float32, rows contiguous, dim a multiple of 16. None when unavailable."""
+    lib = _library("rms_norm")
+    if lib is None:
+        return None
+    fn = lib.pdtop_add_rms_norm_f32
+    fn.restype = None
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    fn.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, ctypes.c_float]
+
+    def norm(x: torch.Tensor, delta: torch.Tensor | None, w: torch.Tensor,
+             eps: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+        out = torch.empty_like(x)
+        s = torch.empty_like(x) if delta is not None else None
+        fn(x.data_ptr(), delta.data_ptr() if delta is not None else None, s.data_ptr() if s is not None else None,
+           w.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], eps)
+        return out, s
+
+    g = torch.Generator().manual_seed(0)
+    x, d, w = torch.randn(7, 48, generator=g), torch.randn(7, 48, generator=g), torch.rand(48, generator=g)
+    out, s = norm(x, d, w, 1e-5)
+    want = torch.nn.functional.rms_norm(x + d, (48,), w, 1e-5)
+    if s is None or not (torch.allclose(out, want, atol=1e-5) and torch.equal(s, x + d)):
+        log.warning("the CPU RMSNorm kernel disagrees with torch here; using torch")
+        return None
+    return norm
+
+
+def fits_rows(*ts: torch.Tensor) -> bool:
+    """Whether the row kernels (`silu_mul`, `add_rms_norm`) take these: contiguous float32 CPU matrices."""
+    return all(t.dim() == 2 and t.dtype == torch.float32 and t.is_cpu and t.is_contiguous() for t in ts)
 
 
 def pin_team(cores: tuple[int, ...]) -> bool:

@@ -84,6 +84,8 @@ class RMSNorm(nn.Module):
         self.shape = (weight.shape[0],)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] % 16 == 0 and cpu_kernels.fits_rows(x) and (kernel := cpu_kernels.add_rms_norm()):
+            return kernel(x, None, self.weight_f32, self.eps)[0]  # one pass (csrc/rms_norm.c)
         if x.dtype != torch.float32 and x.shape[0] < 64:
             return F.rms_norm(x, self.shape, self.weight, self.eps)
         # Same arithmetic as F.rms_norm (float32 inside), which on CPU (torch 2.13) runs
@@ -91,6 +93,15 @@ class RMSNorm(nn.Module):
         xf = x.float()
         out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True).add_(self.eps)) * self.weight_f32
         return out if out.dtype == x.dtype else out.to(x.dtype)
+
+    def after_add(self, x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(x + delta, its norm)`, in one pass where the CPU kernel takes them."""
+        if x.shape[-1] % 16 == 0 and cpu_kernels.fits_rows(x, delta) and (kernel := cpu_kernels.add_rms_norm()):
+            out, s = kernel(x, delta, self.weight_f32, self.eps)
+            assert s is not None
+            return s, out
+        s = x + delta
+        return s, self.forward(s)
 
 
 def rope_(x: torch.Tensor, rot: torch.Tensor) -> None:
@@ -206,8 +217,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up.forward(x)
-        if gate_up.dtype == torch.float32 and gate_up.is_cpu and gate_up.shape[1] % 32 == 0 \
-                and gate_up.stride(1) == 1 and (act := cpu_kernels.silu_mul()) is not None:
+        if gate_up.shape[1] % 32 == 0 and cpu_kernels.fits_rows(gate_up) and (act := cpu_kernels.silu_mul()):
             return self.down.forward(act(gate_up))  # one pass, no parallel region at decode sizes
         gate, up = gate_up.chunk(2, dim=-1)
         return self.down.forward(F.silu(gate) * up)
@@ -221,8 +231,8 @@ class DecoderLayer(nn.Module):
 
     def forward(self, h: torch.Tensor, batch: ForwardBatch, rot: torch.Tensor) -> torch.Tensor:
         # .forward directly: nn.Module.__call__ costs a few microseconds per call, ~0.5 ms per step
-        h = h + self.attn.forward(self.attn_norm.forward(h), batch, rot)
-        return h + self.mlp.forward(self.mlp_norm.forward(h))
+        h, x = self.mlp_norm.after_add(h, self.attn.forward(self.attn_norm.forward(h), batch, rot))
+        return h + self.mlp.forward(x)
 
 
 class LlamaModel(nn.Module):
