@@ -83,9 +83,13 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.shape = (weight.shape[0],)
 
+    def _kernel(self, *ts: torch.Tensor) -> cpu_kernels.AddRmsNorm | None:
+        """The one-pass CPU kernel (csrc/rms_norm.c) when it takes these rows."""
+        return cpu_kernels.add_rms_norm() if self.shape[0] % 16 == 0 and cpu_kernels.fits_rows(*ts) else None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[-1] % 16 == 0 and cpu_kernels.fits_rows(x) and (kernel := cpu_kernels.add_rms_norm()):
-            return kernel(x, None, self.weight_f32, self.eps)[0]  # one pass (csrc/rms_norm.c)
+        if kernel := self._kernel(x):
+            return kernel(x, None, self.weight_f32, self.eps)[0]
         if x.dtype != torch.float32 and x.shape[0] < 64:
             return F.rms_norm(x, self.shape, self.weight, self.eps)
         # Same arithmetic as F.rms_norm (float32 inside), which on CPU (torch 2.13) runs
@@ -96,10 +100,10 @@ class RMSNorm(nn.Module):
 
     def after_add(self, x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`(x + delta, its norm)`, in one pass where the CPU kernel takes them."""
-        if x.shape[-1] % 16 == 0 and cpu_kernels.fits_rows(x, delta) and (kernel := cpu_kernels.add_rms_norm()):
+        if kernel := self._kernel(x, delta):
             out, s = kernel(x, delta, self.weight_f32, self.eps)
-            assert s is not None
-            return s, out
+            if s is not None:
+                return s, out
         s = x + delta
         return s, self.forward(s)
 
