@@ -468,7 +468,7 @@ class Check:
     def policies(self) -> None:
         self._free_runner()
         sc = SCENARIOS["cuda"] if not self.smoke else Scenario(decode_bs=4, decode_prompt=32, long_tokens=128,
-                                                                long_prompts=1, baseline_steps=3, decode_tokens=300)
+                                                                long_prompts=1, decode_tokens=300)
         runs = [("pdmux", "pdmux", PdmuxConfig())] + [
             (f"chunked_{c}", "chunked", PdmuxConfig(chunk_size=c)) for c in self.chunks]
         results: dict[str, Any] = {}
@@ -483,7 +483,7 @@ class Check:
                                   kv_capacity_tokens=8192 if self.smoke else self.args.kv_tokens)
             try:
                 t = time.perf_counter()
-                res = run_policy(engine, sc)
+                res = run_policy(engine, sc).summary
                 res["seconds"] = round(time.perf_counter() - t, 1)
                 res["chunk_size"] = config.chunk_size if policy == "chunked" else None
                 res["levels"] = [list(g) for g in engine.scheduler.table.groups]
