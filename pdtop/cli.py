@@ -22,6 +22,8 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("record", "pdtop.commands.record", "record a running server's event stream to an NDJSON file"),
     ("generate", "pdtop.commands.generate", "complete one prompt with the embedded model"),
     ("bench", "pdtop.commands.bench", "compare scheduling policies on a fixed, seeded workload"),
+    ("tune", "pdtop.commands.tune",
+     "find the pdmux configuration that meets ITL/TTFT SLOs with the best goodput; write SGLang's YAML"),
     ("levels", "pdtop.commands.levels", "print the split levels (stream groups) for a device"),
     ("estimate", "pdtop.commands.estimate",
      "print the seed's roofline comparison of prefill-first, chunked and PD multiplexing"),

@@ -11,7 +11,7 @@ import asyncio
 import re
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ from pdtop.ui.commands import BY_ID, COMMANDS, SPEEDS, Command
 from pdtop.ui.screens.choice import ChoiceScreen
 from pdtop.ui.screens.help import HelpScreen
 from pdtop.ui.screens.prompt import PromptScreen
+from pdtop.ui.screens.tune import TuneScreen
 from pdtop.ui.state import DashboardState
 from pdtop.ui.themes import DEFAULT_THEME, default_variables, load_themes
 from pdtop.ui.widgets.bandwidth import BandwidthPanel
@@ -82,6 +83,7 @@ class PdtopApp(App[None]):
         self._pump_task: asyncio.Task[None] | None = None
         self.repaints = 0  # ticks that found something to repaint
         self.notices: deque[tuple[str, str, str]] = deque(maxlen=100)  # (severity, title, message) shown
+        self.event_listeners: list[Callable[[Any], None]] = []  # also given every decoded event (live tuning)
         super().__init__()
         for t in self.pdtop_themes.values():
             self.register_theme(t)
@@ -177,6 +179,8 @@ class PdtopApp(App[None]):
         try:
             async for raw in self.source.events():
                 event = self.state.ingest(raw)
+                for listener in list(self.event_listeners):
+                    listener(event)
                 if isinstance(event, Hello):
                     dropped_before = self.state.dropped
                     if self.readonly != was_readonly:
@@ -398,6 +402,20 @@ class PdtopApp(App[None]):
     def action_set_slo(self, value: float | None) -> None:
         self.state.itl_slo_s = value
         self._repaint_soon()
+
+    def action_tune(self, value: tuple[float, float]) -> None:
+        """Start live tuning (`pdtop.ui.live_tune`) with (ITL SLO seconds, seconds per candidate)."""
+        from pdtop.analysis.tune import Slo
+        from pdtop.ui.live_tune import LiveTune
+
+        config = self.state.config
+        if config is None or config.policy != "pdmux":
+            self.notify("live tuning tunes pdmux: switch the policy to pdmux first", severity="warning")
+            return
+        slo_s, dwell_s = value
+        tuner = LiveTune(self.source.send, config, Slo(slo_s), dwell_s=dwell_s, settle_s=min(0.5, dwell_s / 2))
+        self.event_listeners.append(tuner.on_event)
+        self.push_screen(TuneScreen(tuner, detach=lambda: self.event_listeners.remove(tuner.on_event)))
 
     def action_next_theme(self) -> None:
         names = sorted(self.pdtop_themes) or [self.theme]

@@ -115,6 +115,16 @@ def parse_slo_ms(text: str) -> float | None:
     return parse_float(text, low=0.001) / 1e3
 
 
+def parse_tune(text: str) -> tuple[float, float]:
+    """Live tuning's `SLO_MS [SECONDS]`: the ITL SLO and how long each candidate is measured (5 s if
+    left out). Returns (SLO seconds, dwell seconds)."""
+    parts = text.replace(",", " ").split()
+    if not 1 <= len(parts) <= 2:
+        raise ValueError("give the ITL SLO in ms, then optionally the seconds to measure each candidate")
+    slo_ms = parse_float(parts[0].removesuffix("ms"), low=0.001)
+    return slo_ms / 1e3, parse_float(parts[1].removesuffix("s"), low=0.1) if len(parts) == 2 else 5.0
+
+
 def parse_seconds(text: str) -> float:
     """A replay position: seconds (`42.5`) or `m:ss`."""
     text = text.strip()
@@ -199,6 +209,10 @@ COMMANDS: list[Command] = [
     Command("workload_rate", "r", "rate", "set workload rate (requests/s)", _set("workload_rate"), True,
             arg=Arg("workload_rate (requests per second)", parse_float, _config_default("workload_rate")),
             footer=False),
+    Command("tune", "u", "tune", "live tuning: try each split, keep the best or roll back", mode="live",
+            needs_write=True, action="tune", footer=False,
+            arg=Arg("live tuning: ITL SLO in ms, then seconds to measure each candidate (e.g. `20 5`)", parse_tune,
+                    lambda s: f"{s.itl_slo_s * 1e3:g} 5" if s.itl_slo_s else "")),
     Command("workload_toggle", "w", "workload", "pause / resume the workload", _workload_toggle, True),
     Command("record", "R", "record", "start / stop recording (on the server)", _record_toggle, True,
             arg=None, key_display="R"),

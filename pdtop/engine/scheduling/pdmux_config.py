@@ -142,3 +142,27 @@ def load_pdmux_config(path: str) -> PdmuxConfig:
         return PdmuxConfig(**values)
     except ConfigError as exc:
         raise ConfigError(exc.field, exc.reason, path) from None
+
+
+SGLANG_KEYS = ("sm_group_num", "manual_divisions", "split_forward_token_budget", "decode_bs_divisor")
+
+
+def dump_pdmux_config(config: PdmuxConfig, comment: str = "") -> str:
+    """`config` as SGLang's `--pdmux-config-path` YAML, which `load_pdmux_config` reads back equal
+    (with the budget set).
+
+    SGLang's four keys in its order (`sglang/srt/multiplex/pdmux_context.py`), `manual_divisions` as
+    a list of `[prefill_sm, decode_sm, decode_bs_threshold]` with `sm_group_num` = their count + 2
+    (SGLang requires the key and that count); an unset `split_forward_token_budget` as SGLang's
+    default, which is what SGLang would use; pdtop's `chunk_size` only when it is not the default.
+    `comment` goes first as `#` lines.
+    """
+    import yaml
+
+    values = config.to_dict() | {"split_forward_token_budget": config.token_budget}
+    defaults = PdmuxConfig().to_dict()
+    data = {k: v for k, v in values.items() if k in SGLANG_KEYS or v != defaults[k]}
+    if config.manual_divisions:
+        data["sm_group_num"] = len(config.manual_divisions) + 2
+    head = "".join(f"# {line}\n".replace("# \n", "#\n") for line in comment.splitlines())
+    return head + yaml.safe_dump(data, sort_keys=False, default_flow_style=None)

@@ -1,0 +1,126 @@
+"""What `pdtop tune` prints: the Pareto front as a table and a text plot, the chosen configuration
+against SGLang's default, and the same as one JSON object."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pdtop.analysis.tune import Slo, Trial
+from pdtop.analysis.tune_workload import TuneReport
+from pdtop.engine.scheduling.pdmux_config import SGLANG_KEYS, PdmuxConfig
+
+
+def describe_config(config: PdmuxConfig) -> str:
+    """The knobs that pick a split, and the budget: `sm_group_num=3 decode_bs_divisor=32 budget=147456`."""
+    if config.manual_divisions:
+        split = f"manual_divisions={config.manual_divisions}"
+    else:
+        split = f"sm_group_num={config.sm_group_num} decode_bs_divisor={config.decode_bs_divisor}"
+    return f"{split} budget={config.split_forward_token_budget}"
+
+
+def _num(value: float, fmt: str) -> str:
+    return "-" if math.isnan(value) else format(value, fmt)
+
+
+def trial_table(trials: list[Trial], slo: Slo, marks: dict[int, str] | None = None) -> list[str]:
+    """One row per trial: ITL p99, TTFT p99, prefill tokens/s, goodput, whether it meets the SLOs."""
+    marks = marks or {}
+    lines = [f"  {'ITL p99':>9} {'TTFT p99':>9} {'prefill tok/s':>14} {'goodput':>9}  {'SLO':<4} configuration"]
+    for t in trials:
+        r = t.result
+        mark = marks.get(id(t), "")
+        lines.append(f"{mark:<2}{_num(r.itl_p99_s * 1e3, '.2f'):>6} ms {_num(r.ttft_p99_s * 1e3, '.0f'):>6} ms "
+                     f"{_num(r.prefill_tok_s, ',.0f'):>14} {_num(r.goodput_rps, '.2f'):>7}/s  "
+                     f"{'yes' if slo.met(r) else 'no':<4} {describe_config(t.config)}")
+    return lines
+
+
+def front_plot(report: TuneReport, width: int = 64, height: int = 14) -> list[str]:
+    """ITL p99 (up) against prefill tokens/s (right): `o` the front, `.` other measured configurations,
+    `D` SGLang's default, `*` the chosen one; the dashed row is the ITL SLO. ITLs above twice the SLO
+    are drawn on the top row."""
+    trials = [t for t in report.trials if not math.isnan(t.result.itl_p99_s + t.result.prefill_tok_s)]
+    if not trials:
+        return []
+    slo_ms = report.slo.itl_s * 1e3
+    xs = [t.result.prefill_tok_s for t in trials]
+    ys = [t.result.itl_p99_s * 1e3 for t in trials] + [slo_ms]
+    x0, x1, y0 = min(xs), max(xs), min(ys)
+    y1 = min(max(ys), 2 * slo_ms)
+    grid = [[" "] * width for _ in range(height)]
+
+    def cell(x: float, y: float) -> tuple[int, int]:
+        col = round((x - x0) / (x1 - x0) * (width - 1)) if x1 > x0 else width // 2
+        row = round((y1 - min(y, y1)) / (y1 - y0) * (height - 1)) if y1 > y0 else height // 2
+        return row, col
+
+    slo_row = cell(x0, slo_ms)[0]
+    grid[slo_row] = ["╌"] * width
+    front = {id(t) for t in report.front}
+    layers = [(t, "o" if id(t) in front else ".") for t in trials]
+    layers += [(report.default, "D")] + ([(report.best, "*")] if report.best is not None else [])
+    for t, mark in sorted(layers, key=lambda tm: ".oD*".index(tm[1])):  # stronger marks drawn last
+        if not math.isnan(t.result.itl_p99_s + t.result.prefill_tok_s):
+            row, col = cell(t.result.prefill_tok_s, t.result.itl_p99_s * 1e3)
+            grid[row][col] = mark
+    label = 11
+    lines = ["ITL p99 (ms)"]
+    for i, cells in enumerate(grid):
+        text = f"SLO {slo_ms:g}" if i == slo_row else f"{y1:.1f}" if i == 0 else f"{y0:.1f}" if i == height - 1 else ""
+        lines.append(f"{text:>{label - 1}} │{''.join(cells)}")
+    lines.append(" " * label + "└" + "─" * width)
+    left, right = f"{x0:,.0f}", f"{x1:,.0f} prefill tok/s"
+    lines.append(" " * (label + 1) + left + right.rjust(width - len(left)))
+    lines.append(" " * (label + 1) + "o front   . measured   D SGLang default   * chosen   ╌ ITL SLO")
+    return lines
+
+
+def comparison(report: TuneReport) -> list[str]:
+    """The chosen configuration against SGLang's default, with the ratio of each figure."""
+    assert report.best is not None
+    rows = [("SGLang default", report.default.result), ("chosen", report.best.result)]
+    lines = [f"{'':<16}{'ITL p99':>10}{'TTFT p99':>10}{'prefill tok/s':>15}{'goodput':>10}"]
+    for name, r in rows:
+        lines.append(f"{name:<16}{_num(r.itl_p99_s * 1e3, '.2f'):>7} ms{_num(r.ttft_p99_s * 1e3, '.0f'):>7} ms"
+                     f"{_num(r.prefill_tok_s, ',.0f'):>15}{_num(r.goodput_rps, '.2f'):>8}/s")
+    d, b = report.default.result, report.best.result
+    ratios = [ratio(b.itl_p99_s, d.itl_p99_s), ratio(b.ttft_p99_s, d.ttft_p99_s),
+              ratio(b.prefill_tok_s, d.prefill_tok_s), ratio(b.goodput_rps, d.goodput_rps)]
+    lines.append(f"{'chosen/default':<16}{ratios[0]:>10}{ratios[1]:>10}{ratios[2]:>15}{ratios[3]:>10}")
+    return lines
+
+
+def ratio(a: float, b: float) -> str:
+    if math.isnan(a) or math.isnan(b):
+        return "-"
+    return f"x{a / b:.2f}" if b else ("x1.00" if a == 0 else "inf")
+
+
+def _finite(value: float) -> float | None:
+    return None if math.isnan(value) or math.isinf(value) else value
+
+
+def trial_json(t: Trial, slo: Slo) -> dict[str, Any]:
+    r = t.result
+    config = {k: v for k, v in t.config.to_dict().items() if k in SGLANG_KEYS}
+    return {"config": config, "itl_p99_ms": _finite(r.itl_p99_s * 1e3), "ttft_p99_ms": _finite(r.ttft_p99_s * 1e3),
+            "prefill_tok_s": _finite(r.prefill_tok_s), "goodput_rps": _finite(r.goodput_rps),
+            "good_requests": r.good, "requests": r.requests, "meets_slo": slo.met(r)}
+
+
+def report_json(report: TuneReport, device: str, load: tuple[float, float, float]) -> dict[str, Any]:
+    slo, run = report.slo, report.run
+    return {
+        "device": device,
+        "workload": {k: getattr(report.scenario, k) for k in ("decode_bs", "decode_prompt", "long_tokens",
+                                                              "long_prompts", "settle_rounds", "decode_tokens")},
+        "slo": {"itl_ms": slo.itl_s * 1e3, "ttft_ms": None if slo.ttft_s is None else slo.ttft_s * 1e3},
+        "decode_only_itl_ms": _finite(report.default.result.decode_only_itl_s * 1e3),
+        "search": {"measured": run.measured, "grid_points_covered": run.points, "grid_points": report.grid_size,
+                   "elapsed_s": run.elapsed_s, "complete": run.complete, "loadavg": list(load)},
+        "default": trial_json(report.default, slo),
+        "chosen": trial_json(report.best, slo) if report.best is not None else None,
+        "closest": [trial_json(t, slo) for t in report.closest],
+        "front": [trial_json(t, slo) for t in report.front],
+    }

@@ -1,0 +1,197 @@
+"""Find the PD multiplexing configuration (SGLang's sm_group_num, manual_divisions,
+split_forward_token_budget, decode_bs_divisor) that meets the SLOs with the best goodput, for a
+device, model and workload, and write it as SGLang's --pdmux-config-path YAML.
+
+Each candidate runs `pdtop bench`'s seeded scenario (requests decoding while long prompts arrive
+one after another; --workload changes it) and is measured for ITL p99, TTFT p99, prefill
+throughput (prompt tokens/s while prompts wait) and goodput (requests/s that meet every SLO).
+The search is a coarse grid refined around the Pareto front (docs/tune.md). Printed: the front
+(ITL p99 against prefill throughput) as a table and a plot, and the chosen configuration against
+SGLang's default on the same workload. Exit status 1 when no configuration meets the SLOs (the
+closest are shown), 2 for bad input.
+
+On sim: devices the search runs to the end in seconds; on cpu and cuda it runs real rounds,
+shows each candidate as it goes and stops at --budget-s.
+
+Examples:
+  pdtop tune --slo-itl-ms 10.25 --out best.yaml      (then: pdtop --config best.yaml)
+  pdtop tune --device sim:H200 --slo-itl-ms 8 --slo-ttft-ms 600 --json
+  pdtop tune --device sim:H100 --slo-itl-ms 12 --workload decode_bs=64,long_tokens=16384
+  pdtop tune --device cpu --slo-itl-ms 80 --budget-s 300
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from typing import TYPE_CHECKING
+
+from pdtop.commands._common import INPUT_ERRORS, fail
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from pdtop.analysis.tune import Trial
+    from pdtop.analysis.tune_workload import TuneReport
+    from pdtop.engine.engine import Engine
+
+SIM_BUDGET_S, REAL_BUDGET_S = 60.0, 300.0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.add_argument("--device", default="sim:H100", help="sim:GPU, cpu or cuda (default: sim:H100)")
+    p.add_argument("--model", default=None, help="GGUF path or synthetic:NAME (default: the device's default)")
+    p.add_argument("--slo-itl-ms", required=True, metavar="MS", help="ITL p99 target, milliseconds")
+    p.add_argument("--slo-ttft-ms", metavar="MS", help="TTFT p99 target of the long prompts, milliseconds")
+    p.add_argument("--workload", metavar="K=V,...",
+                   help="change the scenario: decode_bs, decode_prompt, long_tokens, long_prompts, settle_rounds, "
+                   "decode_tokens (or a YAML file of them)")
+    p.add_argument("--budget-s", metavar="S",
+                   help=f"stop searching after this many seconds (default {SIM_BUDGET_S:g} on sim:, "
+                   f"{REAL_BUDGET_S:g} on cpu/cuda)")
+    p.add_argument("--kv-tokens", type=int, default=None, metavar="N", help="KV cache size in tokens")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", metavar="FILE", help="write the chosen configuration as SGLang's pdmux YAML")
+    p.add_argument("--json", action="store_true", help="print exactly one JSON object")
+
+
+def _positive(flag: str, text: str | None) -> float | None:
+    """A finite number > 0, or ValueError with the flag in its one-line message."""
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{flag} must be a positive number, got {text!r}")
+    return value
+
+
+def run(args: argparse.Namespace) -> int:
+    from pdtop.analysis.policy_bench import SCENARIOS
+    from pdtop.analysis.tune import Slo
+    from pdtop.analysis.tune_workload import parse_workload, tune
+    from pdtop.engine.build import parse_device
+
+    try:
+        itl_ms, ttft_ms = _positive("--slo-itl-ms", args.slo_itl_ms), _positive("--slo-ttft-ms", args.slo_ttft_ms)
+        budget = _positive("--budget-s", args.budget_s)
+        if args.kv_tokens is not None and args.kv_tokens < 1:
+            raise ValueError(f"--kv-tokens must be >= 1, got {args.kv_tokens}")
+        if args.out and not os.access(os.path.dirname(os.path.abspath(args.out)), os.W_OK):
+            raise ValueError(f"--out {args.out}: its directory does not exist or cannot be written")
+    except ValueError as exc:
+        return fail("tune", exc)
+    assert itl_ms is not None
+    slo = Slo(itl_ms / 1e3, None if ttft_ms is None else ttft_ms / 1e3)
+    try:
+        where = parse_device(args.device)
+        sc = SCENARIOS[where.kind]
+        if args.workload:
+            sc = parse_workload(args.workload, sc)
+        make_engine = _engine_factory(args, where.kind)
+        real = where.kind != "sim"
+        budget_s = budget or (REAL_BUDGET_S if real else SIM_BUDGET_S)
+        report = tune(make_engine, sc, slo, budget_s, _progress(budget_s, real))
+    except INPUT_ERRORS as exc:
+        return fail("tune", exc)
+    load = os.getloadavg()
+    if args.out and report.best is not None:
+        _write(args.out, report, args.device)
+    if args.json:
+        from pdtop.analysis.tune_report import report_json
+
+        out = report_json(report, args.device, load)
+        out["out"] = args.out if args.out and report.best is not None else None
+        print(json.dumps(out))
+    else:
+        print("\n".join(_text(report, args, load)))
+    return 0 if report.best is not None else 1
+
+
+def _engine_factory(args: argparse.Namespace, kind: str) -> Callable[[], Engine]:
+    """A function that builds a fresh engine with the default configuration; a real model is loaded once."""
+    from pdtop.engine.build import build_engine
+
+    loaded = None
+    if kind != "sim":
+        from pdtop.engine.build import parse_device
+        from pdtop.engine.model.loader import default_model_path, load_model
+
+        loaded = load_model(args.model or str(default_model_path()), device=parse_device(args.device).torch_device)
+
+    def make() -> Engine:
+        return build_engine(args.device, args.model, seed=args.seed, kv_capacity_tokens=args.kv_tokens,
+                            loaded_model=loaded)
+
+    return make
+
+
+def _progress(budget_s: float, real: bool) -> Callable[[Trial, float], None]:
+    """Real devices: one line per candidate on stderr. sim: one line rewritten, on a terminal only."""
+    from pdtop.analysis.tune_report import describe_config
+
+    count = [0]
+    tty = sys.stderr.isatty()
+
+    def show(trial: Trial, elapsed: float) -> None:
+        count[0] += 1
+        r = trial.result
+        line = (f"pdtop tune: [{count[0]}] {elapsed:.0f}/{budget_s:.0f} s  ITL p99 {r.itl_p99_s * 1e3:.2f} ms  "
+                f"prefill {r.prefill_tok_s:,.0f} tok/s  goodput {r.goodput_rps:.2f}/s  {describe_config(trial.config)}")
+        if real:
+            print(line, file=sys.stderr, flush=True)
+        elif tty:
+            print(f"\r\033[K{line[:150]}", end="", file=sys.stderr, flush=True)
+
+    return show
+
+
+def _write(path: str, report: TuneReport, device: str) -> None:
+    from pdtop.engine.scheduling.pdmux_config import dump_pdmux_config
+
+    assert report.best is not None
+    r, slo = report.best.result, report.slo
+    ttft = f", TTFT p99 <= {slo.ttft_s * 1e3:g} ms" if slo.ttft_s else ""
+    comment = (f"pdtop tune on {device}: SLO ITL p99 <= {slo.itl_s * 1e3:g} ms{ttft}\n"
+               f"measured: ITL p99 {r.itl_p99_s * 1e3:.2f} ms, TTFT p99 {r.ttft_p99_s * 1e3:.0f} ms, "
+               f"prefill {r.prefill_tok_s:.0f} tok/s, goodput {r.goodput_rps:.2f} req/s\n"
+               "SGLang: --enable-pdmux --pdmux-config-path FILE; pdtop: pdtop --config FILE")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(dump_pdmux_config(report.best.config, comment))
+
+
+def _text(report: TuneReport, args: argparse.Namespace, load: tuple[float, float, float]) -> list[str]:
+    from pdtop.analysis.tune_report import comparison, front_plot, trial_table
+
+    sc, slo, run = report.scenario, report.slo, report.run
+    if sys.stderr.isatty() and not args.device.startswith(("cpu", "cuda")):
+        print(file=sys.stderr)  # end the progress line
+    ttft = f", TTFT p99 <= {slo.ttft_s * 1e3:g} ms" if slo.ttft_s else ""
+    lines = [
+        f"pdtop tune on {args.device}: {sc.decode_bs} requests decoding ({sc.decode_prompt}-token prompts) while "
+        f"{sc.long_prompts} prompts of {sc.long_tokens} tokens arrive; seed {args.seed}",
+        f"SLO: ITL p99 <= {slo.itl_s * 1e3:g} ms{ttft}; decode-only ITL "
+        f"{report.default.result.decode_only_itl_s * 1e3:.2f} ms",
+        f"searched {run.measured} configurations ({run.points} of {report.grid_size} grid points) in "
+        f"{run.elapsed_s:.1f} s{'' if run.complete else ', stopped by --budget-s'}; "
+        f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}",
+        "",
+        "Pareto front (ITL p99 against prefill throughput); * chosen, D SGLang's default",
+    ]
+    marks = {id(report.default): "D"} | ({id(report.best): "*"} if report.best is not None else {})
+    lines += trial_table(report.front, slo, marks)
+    lines += ["", *front_plot(report), ""]
+    if report.best is None:
+        lines.append("no configuration meets the SLOs; the closest:")
+        lines += trial_table(report.closest, slo)
+        return lines
+    lines.append("chosen: best goodput among the configurations that meet the SLOs")
+    lines += comparison(report)
+    if args.out:
+        lines.append(f"wrote {args.out} (SGLang: --pdmux-config-path {args.out}; pdtop --config {args.out})")
+    return lines

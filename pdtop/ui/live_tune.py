@@ -1,0 +1,197 @@
+"""Live tuning: `pdtop tune`'s search run against the dashboard's own engine.
+
+Each candidate is applied as a live override: a `set` message through the dashboard's source,
+the engine's validated control path (it shows on the ITL chart as a configuration change).
+It is held for `settle_s` and then measured for `dwell_s` seconds of engine time from the events
+that follow: the ITL gaps inside the window of the requests that finish in it, their TTFTs when
+their first token came in it, and the prefill throughput of the prompts that arrive and get their
+first token in it; goodput as `pdtop tune` counts it (`pdtop.analysis.tune.score`).
+
+Candidates: one fixed split `[prefill, decode, 1]` per split level of the engine, the other
+knobs as they were; the configuration in force is measured first. When the search is done (or
+its budget spent), `keep()` applies the best one, `rollback()` restores what was in force before,
+the pinned level included. Nothing here imports Textual.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pdtop.analysis.tune import (
+    Axis,
+    Family,
+    ParetoSearch,
+    RequestSample,
+    SearchSpace,
+    Slo,
+    Trial,
+    covered_s,
+    score,
+)
+from pdtop.engine.records import RequestRecord, RoundRecord
+from pdtop.engine.scheduling.pdmux_config import SGLANG_KEYS, PdmuxConfig
+from pdtop.telemetry.events import ConfigEvent, EngineConfig
+
+Send = Callable[[dict[str, Any]], Awaitable[Any]]
+MAX_SAMPLES = 20_000  # requests kept per window: bounded memory under any request rate
+
+
+def pdmux_of(config: EngineConfig) -> PdmuxConfig:
+    """The SGLang knobs of an engine's configuration (what a candidate sets)."""
+    return PdmuxConfig(sm_group_num=config.sm_group_num, manual_divisions=[list(d) for d in config.manual_divisions],
+                       split_forward_token_budget=config.split_forward_token_budget,
+                       decode_bs_divisor=config.decode_bs_divisor, chunk_size=config.chunk_size)
+
+
+def live_space(config: EngineConfig) -> SearchSpace:
+    """One fixed split per split level in force (prefill units ascending), other knobs unchanged."""
+    base = pdmux_of(config)
+    units = config.levels[0][0]
+    prefill = tuple(sorted({p for p, d in config.levels if 0 < p < units}))
+
+    def make(v: dict[str, int]) -> PdmuxConfig:
+        p = v["prefill_units"]
+        return base.replace(sm_group_num=3, manual_divisions=[[p, units - p, 1]])
+
+    return SearchSpace((Family("split", (Axis("prefill_units", prefill),), make),))
+
+
+@dataclass
+class _Window:
+    start: float
+    end: float
+    samples: list[RequestSample] = field(default_factory=list)
+    prompt_tokens: int = 0
+    waits: list[tuple[float, float]] = field(default_factory=list)
+
+    def take(self, r: RequestRecord) -> None:
+        if not self.start < r.time <= self.end or len(self.samples) >= MAX_SAMPLES:
+            return
+        if r.kind == "first_token" and r.ttft_s is not None and r.time - r.ttft_s >= self.start:
+            self.prompt_tokens += r.prompt_tokens
+            self.waits.append((r.time - r.ttft_s, r.time))
+        elif r.kind == "finish" and r.finish_reason != "rejected":
+            ends = [r.time - s for s in itertools.accumulate(reversed(r.itls_s), initial=0.0)][::-1]
+            gaps = [g for g, end in zip(r.itls_s, ends[1:], strict=True) if self.start < end]
+            first = ends[0]
+            self.samples.append(RequestSample(r.ttft_s if first >= self.start else None, gaps))
+
+
+class LiveTune:
+    """Run with `await run(progress)`; then `await keep()` or `await rollback()`."""
+
+    def __init__(self, send: Send, config: EngineConfig, slo: Slo, dwell_s: float = 5.0, settle_s: float = 0.5,
+                 budget_s: float = 120.0, wait_timeout_s: float = 30.0):
+        self.send, self.previous, self.slo = send, config, slo
+        self.dwell_s, self.settle_s, self.budget_s, self.wait_timeout_s = dwell_s, settle_s, budget_s, wait_timeout_s
+        self.reference = pdmux_of(config)
+        self.search = ParetoSearch(live_space(config), slo, reference=self.reference)
+        self.trials: list[Trial] = []  # in the order they were measured
+        self.current: PdmuxConfig | None = None  # the candidate being measured
+        self.in_force = self.reference
+        self.pinned_level = config.pinned_level  # in force on the engine
+        self.now = 0.0  # engine clock of the latest round
+        self.status = "starting"
+        self._window: _Window | None = None
+        self._applied: float | None = None
+        self._changed = asyncio.Event()
+
+    # ---- events in (the dashboard feeds every event it receives) --------------------------------
+
+    def on_event(self, event: Any) -> None:
+        if isinstance(event, RoundRecord):
+            self.now = event.time
+            self._changed.set()
+        elif isinstance(event, RequestRecord) and self._window is not None:
+            self._window.take(event)
+        elif isinstance(event, ConfigEvent):
+            self.in_force, self.pinned_level = pdmux_of(event.config), event.config.pinned_level
+            if self.current is not None and self._applied is None and self.in_force == self.current:
+                self._applied = event.time
+            self._changed.set()
+
+    async def _until(self, done: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + self.wait_timeout_s
+        while not done():
+            self._changed.clear()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"live tuning: no {what} from the engine in {self.wait_timeout_s:g} s")
+            try:
+                await asyncio.wait_for(self._changed.wait(), left)
+            except asyncio.TimeoutError:
+                pass
+
+    # ---- the run --------------------------------------------------------------------------------
+
+    @property
+    def best(self) -> Trial | None:
+        return self.search.best
+
+    async def run(self, progress: Callable[[], None] = lambda: None) -> None:
+        t0 = time.monotonic()
+        if self.previous.pinned_level is not None:
+            await self.send({"cmd": "auto_level"})  # candidates need the automatic level choice
+        await self._measure(self.reference, progress)
+        while batch := self.search.ask():
+            for config in batch:
+                if time.monotonic() - t0 > self.budget_s:
+                    self.status = "budget spent"
+                    return
+                await self._measure(config, progress)
+        self.status = "done"
+
+    async def _measure(self, config: PdmuxConfig, progress: Callable[[], None]) -> None:
+        self.current, self._applied = config, None
+        self.status = "applying"
+        progress()
+        changes = self._changes(config)
+        if changes:
+            await self.send({"cmd": "set", **changes})
+            await self._until(lambda: self._applied is not None, "configuration change")
+        else:
+            self._applied = self.now
+        assert self._applied is not None
+        window = _Window(self._applied + self.settle_s, self._applied + self.settle_s + self.dwell_s)
+        self._window = window
+        self.status = "measuring"
+        progress()
+        await self._until(lambda: self.now >= window.end, "rounds")
+        self._window = None
+        result = score(window.samples, self.slo, self.dwell_s, window.prompt_tokens, covered_s(window.waits))
+        self.trials.append(self.search.tell(config, result))
+        self.current = None
+        progress()
+
+    def _changes(self, config: PdmuxConfig) -> dict[str, Any]:
+        now, new = self.in_force.to_dict(), config.to_dict()
+        return {k: new[k] for k in SGLANG_KEYS if new[k] != now[k]}
+
+    # ---- the operator's choice ------------------------------------------------------------------
+
+    async def keep(self) -> PdmuxConfig:
+        """Apply the best configuration measured (the one in force before if none beat it); returns
+        once the engine reports it in force (TimeoutError otherwise)."""
+        best = self.best.config if self.best is not None else self.reference
+        await self._apply(best)
+        return best
+
+    async def rollback(self) -> None:
+        """Restore the configuration in force before the tune, and its pinned level; returns once the
+        engine reports both in force (TimeoutError otherwise)."""
+        await self._apply(self.reference)
+        level = self.previous.pinned_level
+        if level is not None and self.pinned_level != level:
+            await self.send({"cmd": "pin_level", "level": level})
+            await self._until(lambda: self.pinned_level == level, f"pinned level {level}")
+
+    async def _apply(self, config: PdmuxConfig) -> None:
+        """Set every knob and wait for the engine's configuration event that shows them in force (a
+        set that changes nothing is not reported, so nothing is awaited when they already are)."""
+        values = config.to_dict()
+        await self.send({"cmd": "set", **{k: values[k] for k in SGLANG_KEYS}})
+        await self._until(lambda: not self._changes(config), "configuration change")

@@ -1,0 +1,93 @@
+"""dump_pdmux_config writes SGLang's --pdmux-config-path YAML: SGLang's keys and shapes, read back equal."""
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from pdtop.engine.scheduling.pdmux_config import PdmuxConfig, dump_pdmux_config, load_pdmux_config
+
+# SGLang's PDMuxConfig fields, in its order (python/sglang/srt/multiplex/pdmux_context.py; the rules below
+# were checked against sgl-project/sglang at 00d56e2c, multiplexing_mixin.py at 038fc19e)
+SGLANG_FIELDS = ("sm_group_num", "manual_divisions", "split_forward_token_budget", "decode_bs_divisor")
+
+
+def sglang_load(path) -> dict:
+    """SGLang's load_pdmux_config, rule for rule: the file read with yaml.safe_load, sm_group_num
+    required and >= 3, sm_group_num - 2 divisions when there are any, the other keys defaulted."""
+    with open(path) as f:
+        raw = yaml.safe_load(f)
+    if "sm_group_num" not in raw:
+        raise ValueError("Missing required field: sm_group_num")
+    if raw["sm_group_num"] < 3:
+        raise ValueError("sm_group_num must be >= 3")
+    divisions = raw.get("manual_divisions", [])
+    if divisions and len(divisions) != raw["sm_group_num"] - 2:
+        raise ValueError("manual_divisions count")
+    return {"sm_group_num": raw["sm_group_num"], "manual_divisions": divisions,
+            "split_forward_token_budget": raw.get("split_forward_token_budget", 65536),
+            "decode_bs_divisor": raw.get("decode_bs_divisor", 36)}
+
+
+def sglang_stream_idx(config: dict, decode_bs: int) -> int:
+    """SGLang's adjust_stream_groups (multiplexing_mixin.py) while a split prefill runs: with manual
+    divisions the last whose threshold decode_bs reaches (none reached is an UnboundLocalError
+    there), else decode_bs scaled by the divisor into 1 .. sm_group_num - 2."""
+    divisions = config["manual_divisions"]
+    if divisions:
+        reached = [i + 1 for i, (_, _, threshold) in enumerate(divisions) if decode_bs >= threshold]
+        if not reached:
+            raise UnboundLocalError("stream_idx")
+        return reached[-1]
+    groups = config["sm_group_num"]
+    return max(1, min(groups - 2, decode_bs * (groups - 2) // config["decode_bs_divisor"]))
+
+
+@pytest.mark.parametrize("config", [
+    PdmuxConfig(split_forward_token_budget=65536),
+    PdmuxConfig(sm_group_num=3, split_forward_token_budget=147456, decode_bs_divisor=24),
+    PdmuxConfig(sm_group_num=5, manual_divisions=[[112, 20, 1], [96, 36, 16], [72, 56, 32]],
+                split_forward_token_budget=8192),
+    PdmuxConfig(sm_group_num=3, manual_divisions=[[72, 60, 1]], split_forward_token_budget=294912),
+])
+def test_round_trip_with_sglang_keys_and_shapes(tmp_path, config):
+    text = dump_pdmux_config(config, "pdtop tune on sim:H100\nsecond line")
+    raw = yaml.safe_load(text)
+    assert tuple(raw) == SGLANG_FIELDS  # exactly SGLang's keys, in its order
+    assert all(type(raw[k]) is int for k in SGLANG_FIELDS if k != "manual_divisions")
+    divisions = raw["manual_divisions"]
+    assert isinstance(divisions, list)
+    assert all(isinstance(d, list) and len(d) == 3 and all(type(x) is int for x in d) for d in divisions)
+    path = tmp_path / "best.yaml"
+    path.write_text(text)
+    sglang = sglang_load(path)
+    assert sglang == {k: v for k, v in config.to_dict().items() if k in SGLANG_FIELDS}
+    assert all(1 <= sglang_stream_idx(sglang, bs) <= sglang["sm_group_num"] - 2 for bs in range(1, 512))
+    assert load_pdmux_config(str(path)) == config
+    assert text.startswith("# pdtop tune on sim:H100\n# second line\n")
+
+
+def test_divisions_set_the_group_count_sglang_requires(tmp_path):
+    """pdtop ignores sm_group_num beside manual divisions; SGLang requires it to be their count + 2."""
+    config = PdmuxConfig(sm_group_num=8, manual_divisions=[[80, 52, 1], [64, 68, 20]])
+    path = tmp_path / "d.yaml"
+    path.write_text(dump_pdmux_config(config))
+    sglang = sglang_load(path)
+    assert sglang["sm_group_num"] == 4 and sglang["manual_divisions"] == [[80, 52, 1], [64, 68, 20]]
+    assert [sglang_stream_idx(sglang, bs) for bs in (1, 19, 20, 64)] == [1, 1, 2, 2]
+
+
+def test_an_unset_budget_is_written_as_the_one_sglang_would_use(tmp_path):
+    """pdtop leaves the budget to the device (4,096 on the CPU); SGLang's file gets SGLang's default."""
+    path = tmp_path / "u.yaml"
+    path.write_text(dump_pdmux_config(PdmuxConfig()))
+    assert sglang_load(path)["split_forward_token_budget"] == 65536
+    assert load_pdmux_config(str(path)) == PdmuxConfig().for_device("cuda")
+
+
+def test_pdtop_only_chunk_size_is_written_when_not_the_default(tmp_path):
+    config = PdmuxConfig(split_forward_token_budget=65536, chunk_size=256)
+    text = dump_pdmux_config(config)
+    assert tuple(yaml.safe_load(text)) == (*SGLANG_FIELDS, "chunk_size")
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    assert load_pdmux_config(str(path)) == config

@@ -1,0 +1,129 @@
+"""Live tuning from the dashboard: candidates reach the real engine through the control path, show as
+configuration changes, and the operator keeps the best or gets the previous configuration back."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from textual.widgets import Input
+
+import pdtop.ui.app
+from pdtop.engine.records import ConfigChange
+from pdtop.telemetry.sources.live import LiveSource
+from pdtop.ui.app import PdtopApp
+from pdtop.ui.commands import parse_tune
+from pdtop.ui.screens.tune import TuneScreen
+
+SIZE = (130, 40)
+
+
+class NoticeWatchingApp(PdtopApp):
+    """The dashboard, also noting the engine's configuration at the moment each notice is shown."""
+
+    CSS_PATH = str(Path(pdtop.ui.app.__file__).with_name(PdtopApp.CSS_PATH))
+
+    def __init__(self, served) -> None:
+        super().__init__(LiveSource(served.url, token=served.token))
+        self.engine = served.engine
+        self.told: list[tuple[str, dict]] = []
+
+    def notify(self, message: str, **kwargs) -> None:
+        self.told.append((message, self.engine.config_dict()))
+        super().notify(message, **kwargs)
+
+
+async def _told(pilot, until, word: str) -> dict:
+    """The engine's configuration when the operator was told `word` (kept / rolled back)."""
+    app = pilot.app
+    await until(pilot, lambda: any(word in message for message, _ in app.told), f"told {word}")
+    return next(config for message, config in app.told if word in message)
+
+
+async def _start_tune(pilot, until, text: str) -> TuneScreen:
+    await pilot.press("u")
+    await until(pilot, lambda: len(pilot.app.screen_stack) == 2, "the tune prompt")
+    pilot.app.screen.query_one(Input).value = text
+    await pilot.press("enter")
+    await until(pilot, lambda: isinstance(pilot.app.screen, TuneScreen), "the tune panel")
+    return pilot.app.screen
+
+
+async def _with_previous_config(served, pilot, until) -> dict:
+    """A configuration of the operator's (divisor 24, level 3 pinned) in force; the engine's view of it."""
+    app, engine = pilot.app, served.engine
+    await until(pilot, lambda: app.state.rounds_seen > 5 and app.connection == "live", "live rounds")
+    engine.control({"cmd": "set", "decode_bs_divisor": 24})
+    engine.control({"cmd": "pin_level", "level": 3})
+    await until(pilot, lambda: app.state.config.decode_bs_divisor == 24 and app.state.config.pinned_level == 3,
+                "the dashboard sees the operator's configuration")
+    return engine.config_dict()
+
+
+def _watch(engine) -> list[ConfigChange]:
+    changes: list[ConfigChange] = []
+    engine.add_sink(lambda r: changes.append(r) if isinstance(r, ConfigChange) else None)
+    return changes
+
+
+async def test_rollback_restores_the_previous_configuration(served, until):
+    engine = served.engine
+    changes = _watch(engine)
+    app = NoticeWatchingApp(served)
+    async with app.run_test(size=SIZE) as pilot:
+        before = await _with_previous_config(served, pilot, until)
+        screen = await _start_tune(pilot, until, "20 0.3")
+        await until(pilot, lambda: not screen.running, "the tune to finish", timeout=60)
+        assert screen.error is None, screen.error
+        tuner = screen.tuner
+        assert len(tuner.trials) >= 4 and tuner.trials[0].config.decode_bs_divisor == 24  # what was in force first
+        tried = {json.dumps(c.changes["manual_divisions"]["new"]) for c in list(changes)
+                 if "manual_divisions" in c.changes}
+        assert len(tried) >= 3, tried  # the candidates really ran on the engine
+        # and each reached the dashboard as a configuration change: a mark on the ITL chart
+        assert sum("manual_divisions" in c.changes for c in app.state.config_changes) >= 3
+        assert engine.config_dict() != before
+        await pilot.press("r")
+        await until(pilot, lambda: not isinstance(app.screen, TuneScreen), "the panel closed")
+        # told only once the engine reported it in force, the pinned level included
+        assert await _told(pilot, until, "rolled back") == before
+        assert tuner.on_event not in app.event_listeners
+
+
+async def test_keep_leaves_the_best_in_force(served, until):
+    engine = served.engine
+    app = NoticeWatchingApp(served)
+    async with app.run_test(size=SIZE) as pilot:
+        await _with_previous_config(served, pilot, until)
+        screen = await _start_tune(pilot, until, "50 0.3")
+        await until(pilot, lambda: not screen.running, "the tune to finish", timeout=60)
+        best = screen.tuner.best
+        assert best is not None and screen.tuner.slo.met(best.result)
+        await pilot.press("k")
+        told = await _told(pilot, until, "kept")
+        want = {k: v for k, v in best.config.to_dict().items() if k != "chunk_size"}
+        assert {k: told[k] for k in want} == want  # in force before the operator is told
+        assert engine.config_dict()["pinned_level"] is None  # the automatic choice the candidates ran with
+        await until(pilot, lambda: not isinstance(app.screen, TuneScreen), "the panel closed")
+
+
+async def test_escape_mid_run_stops_and_rolls_back(served, until):
+    engine = served.engine
+    app = PdtopApp(LiveSource(served.url, token=served.token))
+    async with app.run_test(size=SIZE) as pilot:
+        before = await _with_previous_config(served, pilot, until)
+        screen = await _start_tune(pilot, until, "20 2")
+        await until(pilot, lambda: screen.tuner.status == "measuring" and len(screen.tuner.trials) >= 1,
+                    "a candidate being measured", timeout=30)
+        await pilot.press("escape")
+        await until(pilot, lambda: engine.config_dict() == before, "the previous configuration back on the engine")
+        await until(pilot, lambda: not isinstance(app.screen, TuneScreen), "the panel closed")
+        assert not screen.running
+
+
+def test_tune_prompt_takes_the_slo_and_optionally_the_seconds_per_candidate():
+    assert parse_tune("20") == (0.02, 5.0)
+    assert parse_tune("12.5ms, 0.5s") == (0.0125, 0.5)
+    for bad in ("", "fast", "20 5 1", "0", "20 0.01"):
+        with pytest.raises(ValueError):
+            parse_tune(bad)
