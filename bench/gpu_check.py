@@ -1,629 +1,693 @@
 #!/usr/bin/env python3
-"""GPU check for pdtop's CUDA device: green-context levels, SM scaling, and the seed's comparison.
+"""GPU check: pdtop's own CUDA path (`CudaDevice`, `ModelRunner`, the scheduler through `Engine`)
+on `synthetic:qwen3-8b` in bfloat16 (real shapes, seeded random weights).
 
-Run on one NVIDIA GPU (about a minute on an H200; well under 5 minutes):
+    python3 bench/gpu_check.py --out gpu_check.json        # one GPU; at most --budget (270) s
+    python3 bench/gpu_check.py --smoke --out smoke.json    # CPU, a 2-layer model: checks this script
 
-    python bench/gpu_check.py [--out gpu_check.json]
+Needs torch with CUDA, cuda-python (cuda.bindings), nvidia-ml-py, numpy and this repository
+(put on sys.path); nothing that `pdtop serve` or the dashboard add (no gguf, websockets,
+textual, fastapi). The JSON is written after every section, so a timeout keeps what was
+measured; a section that fails or has no time left is recorded as such, never as numbers.
+Sections, in order:
 
-It needs torch (CUDA build), cuda-python (cuda.bindings), nvidia-ml-py and this repo.
-What it measures, written to `$OUT/gpu_check.json` (or `--out`) and summarised on stdout:
+1. environment: driver, torch, cuda-bindings, nvidia-ml-py, triton, CUDA_DEVICE_MAX_CONNECTIONS;
+2. device and levels: every level's requested and realized SMs (read back from the green
+   contexts, `cuGreenCtxGetDevResource`), manual divisions [60, 40] and [60, 4], the
+   partition limits and where they came from;
+3. runtime: the model, a `ModelRunner` with its CUDA graphs captured on every level's
+   decode stream (graph pool, capture time, attention kernel, prefix-attention mode);
+4. decode step (32 requests at context 2048): wall, host (launch) and GPU (CUDA events)
+   time, eager against graph, alone (whole GPU, and the decode side of SGLang's level for
+   32 requests: 80/52 on 132 SMs) and under 8192-token prefill slices on the prefill side;
+5. overlap at every split level: an 8-layer slice of an 8192-token prefill and decode
+   steps, each alone and together on their own SMs;
+6. policies: pdmux against chunked prefill (2048 and 512) on the engine's own scheduler
+   (`pdtop bench`'s scenario: 32 decoding at 2048, three 8192-token prompts), and
+   decode-only ITL; `itl_ms` holds the p99s;
+7. CUDA_DEVICE_MAX_CONNECTIONS 8 against 32: section 4's decode-under-prefill in a child
+   process with 8 (this process runs with 32);
+8. NVML/GPM samples (NVML's device matched by PCI bus id / UUID) during every section.
 
-1. every split level's green contexts, requested vs realized SMs;
-2. per level and side: bf16 matmul TFLOP/s and copy bandwidth on that side's SMs
-   (how compute and bandwidth scale with SMs; the copy figure is the S_SAT question);
-3. the seed's scenario with a WORKLOAD LABELLED "synthetic-torch": a qwen3-8b-shaped
-   decoder (36 layers, bf16, random weights) written here in plain torch ops, not
-   pdtop's model runner: decode ITL alone (batch 32, context 2048), with an 8192-token
-   prefill under pdmux (decode on the decode green context, prefill layers on the
-   prefill one), and under chunked prefill (2048 and 512 tokens per step);
-4. NVML samples (idle, and during the pdmux and chunked runs).
-
-`--smoke` runs the workload code on the CPU with tiny shapes and no green contexts,
-to check it where no GPU is available.
+It ends with one summary table, and `targets` in the JSON says which of the issue's targets
+were met.
 """
 from __future__ import annotations
 
 import argparse
+import gc
+import importlib.metadata
+import itertools
 import json
 import math
 import os
 import platform
-import statistics
+import signal
+import subprocess
 import sys
 import threading
 import time
 import traceback
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+STARTED = time.perf_counter()  # the budget counts from here: importing torch and CUDA's start are in it
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch
-import torch.nn.functional as F
+from pdtop.engine.devices.cuda import max_connections_state, set_max_connections  # noqa: E402
 
-from pdtop.engine.model.config import SYNTHETIC, ModelConfig
+set_max_connections()  # before torch starts CUDA
 
-WORKLOAD_LABEL = "synthetic-torch: qwen3-8b shapes in plain torch ops (not pdtop's model runner)"
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
+from pdtop.analysis.metrics import percentile, summary_ms  # noqa: E402
+from pdtop.analysis.policy_bench import SCENARIOS, Scenario, run_policy  # noqa: E402
+from pdtop.engine.build import build_engine  # noqa: E402
+from pdtop.engine.devices.base import Work  # noqa: E402
+from pdtop.engine.devices.green_ctx import bindings_version  # noqa: E402
+from pdtop.engine.model.llama import synthetic_model  # noqa: E402
+from pdtop.engine.request import Request, RequestStatus, SamplingParams  # noqa: E402
+from pdtop.engine.runtime.runner import ModelRunner  # noqa: E402
+from pdtop.engine.scheduling.pdmux_config import PdmuxConfig  # noqa: E402
+from pdtop.engine.scheduling.scheduler import append_token  # noqa: E402
+from pdtop.engine.scheduling.splits import choose, prefill_layers_per_step  # noqa: E402
+from pdtop.telemetry.hardware.nvml_sampler import NvmlSampler  # noqa: E402
 
-# -- the workload --------------------------------------------------------------------------
-@dataclass
-class DecodeState:
-    tokens: torch.Tensor  # (B,)
-    k: torch.Tensor  # (L, B, kvh, T, hd)
-    v: torch.Tensor
-    context: int
-
-
-@dataclass
-class PrefillState:
-    tokens: torch.Tensor  # (P,)
-    k: torch.Tensor  # (L, kvh, P, hd)
-    v: torch.Tensor
-    x: torch.Tensor | None = None
-
-
-class SyntheticModel:
-    """A decoder with the shapes of `cfg` (GQA attention, QK norm, RoPE, SwiGLU) and random weights."""
-
-    def __init__(self, cfg: ModelConfig, num_layers: int, device: torch.device, dtype: torch.dtype,
-                 max_pos: int, seed: int = 0):
-        self.cfg, self.L, self.device, self.dtype = cfg, num_layers, device, dtype
-        self.nh, self.kvh, self.hd, self.H = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden
-        self.grp = self.nh // self.kvh
-        g = torch.Generator(device=device).manual_seed(seed)
-
-        def w(*shape: int, std: float = 0.02) -> torch.Tensor:
-            return torch.randn(*shape, generator=g, device=device, dtype=dtype).mul_(std)
-
-        def ones(n: int) -> torch.Tensor:
-            return torch.ones(n, device=device, dtype=dtype)
-
-        q_out, kv_out = self.nh * self.hd, self.kvh * self.hd
-        self.embed = w(cfg.vocab, self.H)
-        self.lm_head = w(self.H, cfg.vocab)
-        self.norm = ones(self.H)
-        self.layers = [{"ln1": ones(self.H), "wqkv": w(self.H, q_out + 2 * kv_out), "qn": ones(self.hd),
-                        "kn": ones(self.hd), "wo": w(q_out, self.H), "ln2": ones(self.H),
-                        "wgu": w(self.H, 2 * cfg.ffn), "wd": w(cfg.ffn, self.H)}
-                       for _ in range(num_layers)]
-        inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, self.hd, 2, device=device, dtype=torch.float32) / self.hd))
-        ang = torch.outer(torch.arange(max_pos, device=device, dtype=torch.float32), inv)
-        self.cos, self.sin = ang.cos().to(dtype), ang.sin().to(dtype)
-
-    @property
-    def weight_bytes(self) -> int:
-        n = self.embed.numel() + self.lm_head.numel() + sum(t.numel() for d in self.layers for t in d.values())
-        return n * self.embed.element_size()
-
-    def decode_state(self, batch: int, context: int) -> DecodeState:
-        shape = (self.L, batch, self.kvh, context, self.hd)
-        k = torch.randn(shape, device=self.device, dtype=self.dtype)
-        tokens = torch.randint(0, self.cfg.vocab, (batch,), device=self.device)
-        return DecodeState(tokens, k, torch.randn_like(k), context)
-
-    def prefill_state(self, prompt: int) -> PrefillState:
-        shape = (self.L, self.kvh, prompt, self.hd)
-        tokens = torch.randint(0, self.cfg.vocab, (prompt,), device=self.device)
-        return PrefillState(tokens, torch.empty(shape, device=self.device, dtype=self.dtype),
-                            torch.empty(shape, device=self.device, dtype=self.dtype))
-
-    # pieces
-    def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), w, self.cfg.rms_eps)
-
-    def _rope(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:  # x (N, heads, hd)
-        cos, sin = self.cos[pos][:, None, :], self.sin[pos][:, None, :]
-        x1, x2 = x[..., : self.hd // 2], x[..., self.hd // 2:]
-        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-
-    def _qkv(self, lw: dict, x: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        n, q_out, kv_out = x.shape[0], self.nh * self.hd, self.kvh * self.hd
-        qkv = self._rms(x, lw["ln1"]) @ lw["wqkv"]
-        q = qkv[:, :q_out].view(n, self.nh, self.hd)
-        k = qkv[:, q_out:q_out + kv_out].view(n, self.kvh, self.hd)
-        v = qkv[:, q_out + kv_out:].view(n, self.kvh, self.hd)
-        if self.cfg.qk_norm:
-            q, k = self._rms(q, lw["qn"]), self._rms(k, lw["kn"])
-        return self._rope(q, pos), self._rope(k, pos), v
-
-    def _attn_decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q (B, nh, hd) against k, v (B, kvh, T, hd): each KV head's query group is a length-grp query."""
-        b = q.shape[0]
-        o = F.scaled_dot_product_attention(q.view(b, self.kvh, self.grp, self.hd), k, v)
-        return o.reshape(b, self.nh * self.hd)
-
-    def _attn_prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, start: int) -> torch.Tensor:
-        """q (c, nh, hd) for positions start..start+c-1 against k, v (kvh, start+c, hd), causal."""
-        c = q.shape[0]
-        qq = q.transpose(0, 1).unsqueeze(0)
-        kk = k.unsqueeze(0).repeat_interleave(self.grp, dim=1)
-        vv = v.unsqueeze(0).repeat_interleave(self.grp, dim=1)
-        if start == 0:
-            o = F.scaled_dot_product_attention(qq, kk, vv, is_causal=True)
-        else:
-            cols = torch.arange(start + c, device=q.device)
-            mask = cols[None, :] <= (start + torch.arange(c, device=q.device))[:, None]
-            o = F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask)
-        return o[0].transpose(0, 1).reshape(c, self.nh * self.hd)
-
-    def _mlp(self, lw: dict, x: torch.Tensor) -> torch.Tensor:
-        gate, up = (self._rms(x, lw["ln2"]) @ lw["wgu"]).chunk(2, dim=-1)
-        return x + (F.silu(gate) * up) @ lw["wd"]
-
-    def _head(self, x: torch.Tensor) -> torch.Tensor:
-        return (self._rms(x, self.norm) @ self.lm_head).argmax(dim=-1)
-
-    # the three kinds of work
-    def decode_step(self, st: DecodeState) -> torch.Tensor:
-        """One token for every sequence; the context stays at `st.context` (the last slot is rewritten)."""
-        t = st.context - 1
-        x = self.embed[st.tokens]
-        pos = torch.full((x.shape[0],), t, device=x.device, dtype=torch.long)
-        for i, lw in enumerate(self.layers):
-            q, k, v = self._qkv(lw, x, pos)
-            st.k[i][:, :, t], st.v[i][:, :, t] = k, v
-            x = x + self._attn_decode(q, st.k[i], st.v[i]) @ lw["wo"]
-            x = self._mlp(lw, x)
-        st.tokens = self._head(x)
-        return st.tokens
-
-    def prefill_layers(self, ps: PrefillState, start: int, end: int) -> torch.Tensor | None:
-        """Layers [start, end) of the whole prompt; the last call returns the first token (on the device)."""
-        if start == 0:
-            ps.x = self.embed[ps.tokens]
-        x, n = ps.x, ps.tokens.shape[0]
-        pos = torch.arange(n, device=x.device)
-        for i in range(start, end):
-            lw = self.layers[i]
-            q, k, v = self._qkv(lw, x, pos)
-            ps.k[i].copy_(k.transpose(0, 1))
-            ps.v[i].copy_(v.transpose(0, 1))
-            x = x + self._attn_prefill(q, ps.k[i], ps.v[i], 0) @ lw["wo"]
-            x = self._mlp(lw, x)
-        ps.x = x
-        return self._head(x[-1:]) if end == self.L else None
-
-    def mixed_step(self, st: DecodeState, ps: PrefillState, start: int, c: int) -> torch.Tensor:
-        """Chunked prefill: one decode token per sequence plus prompt tokens [start, start+c) in one pass."""
-        b, t = st.tokens.shape[0], st.context - 1
-        x = torch.cat((self.embed[st.tokens], self.embed[ps.tokens[start:start + c]]))
-        pos = torch.cat((torch.full((b,), t, device=x.device, dtype=torch.long),
-                         torch.arange(start, start + c, device=x.device)))
-        for i, lw in enumerate(self.layers):
-            q, k, v = self._qkv(lw, x, pos)
-            st.k[i][:, :, t], st.v[i][:, :, t] = k[:b], v[:b]
-            ps.k[i][:, start:start + c].copy_(k[b:].transpose(0, 1))
-            ps.v[i][:, start:start + c].copy_(v[b:].transpose(0, 1))
-            od = self._attn_decode(q[:b], st.k[i], st.v[i])
-            oc = self._attn_prefill(q[b:], ps.k[i][:, :start + c], ps.v[i][:, :start + c], start)
-            x = x + torch.cat((od, oc)) @ lw["wo"]
-            x = self._mlp(lw, x)
-        st.tokens = self._head(x[:b])
-        return st.tokens
+MODEL = "synthetic:qwen3-8b"
+GiB = 1 << 30
 
 
-# -- devices -------------------------------------------------------------------------------
-class PlainDevice:
-    """Stand-in when green contexts are unavailable (or --smoke): everything on one stream, no overlap."""
-
-    name, units, groups, level, realized = "plain", 0, [(0, 0)], 0, [(0, 0)]
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self._result: Any = None
-
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
-    def set_level(self, level: int) -> None:
-        self.level = level
-
-    def run_whole(self, work: Any) -> Any:
-        out = work.run()
-        self._sync()
-        return out
-
-    run_decode = run_whole
-
-    def submit_prefill(self, work: Any) -> None:
-        self._result = self.run_whole(work)
-
-    def prefill_busy(self) -> bool:
-        return False
-
-    def wait_prefill(self) -> Any:
-        out, self._result = self._result, None
-        return out
-
-    def close(self) -> None:
-        pass
+# -- the report: saved after every section ------------------------------------------------
+class OutOfTime(BaseException):
+    """SIGTERM (the caller's `timeout`): the section in progress stops; what was measured is kept."""
 
 
-def make_work(kind: str, fn: Callable[[], Any]) -> Any:
-    from pdtop.engine.devices.base import Work
-
-    return Work(kind, 0.0, 0.0, fn)
+def _out_of_time(signum: int, frame: Any) -> None:
+    raise OutOfTime
 
 
-# -- measurements --------------------------------------------------------------------------
-def stats_ms(xs: list[float]) -> dict:
-    if not xs:
-        return {"n": 0}
-    ys = sorted(x * 1e3 for x in xs)
+class Report:
+    def __init__(self, path: Path, budget_s: float, mode: str):
+        self.path, self.t0, self.budget = path, STARTED, budget_s
+        self.section = "start"
+        self.data: dict[str, Any] = {"schema": 1, "mode": mode, "model": MODEL,
+                                     "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+                                     "errors": {}, "skipped": {}, "seconds": {}}
 
-    def pct(p: float) -> float:
-        return round(ys[min(len(ys) - 1, max(0, math.ceil(p / 100 * len(ys)) - 1))], 3)
+    def left(self) -> float:
+        return self.budget - (time.perf_counter() - self.t0)
 
-    return {"n": len(ys), "mean": round(statistics.fmean(ys), 3), "p50": pct(50), "p90": pct(90),
-            "p99": pct(99), "max": round(ys[-1], 3)}
+    def save(self) -> None:
+        self.data["elapsed_s"] = round(time.perf_counter() - self.t0, 1)
+        tmp = self.path.with_suffix(self.path.suffix + ".tmp")
+        tmp.write_text(json.dumps(_clean(self.data), indent=1, default=str))
+        tmp.replace(self.path)
+
+    def run(self, name: str, fn: Callable[[], Any], need_s: float = 0.0) -> Any:
+        """Run one section; record its error or that it had no time, and save."""
+        if self.left() < need_s:
+            self.data["skipped"][name] = f"{self.left():.0f} s of the budget left, about {need_s:.0f} s needed"
+            print(f"[gpu_check] {name}: skipped ({self.data['skipped'][name]})", flush=True)
+            self.save()
+            return None
+        self.section = name
+        print(f"[gpu_check] {name} ({self.left():.0f} s left)", flush=True)
+        t = time.perf_counter()
+        try:
+            return fn()
+        except Exception as exc:
+            tb = traceback.format_exc().strip().splitlines()
+            self.data["errors"][name] = f"{type(exc).__name__}: {str(exc).strip()[:300]} | " + " / ".join(tb[-4:])
+            print(f"[gpu_check] {name}: FAILED {self.data['errors'][name]}", flush=True)
+            return None
+        finally:
+            self.data["seconds"][name] = round(time.perf_counter() - t, 1)
+            self.save()
 
 
-class NvmlThread:
-    """Samples NVML every `period` seconds on a thread while active."""
+def _clean(x: Any) -> Any:
+    """Strict JSON: NaN and infinities become null, numpy scalars plain numbers."""
+    if isinstance(x, dict):
+        return {str(k): _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    if isinstance(x, (np.floating, np.integer)):
+        x = x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
 
-    def __init__(self, sampler: Any, period: float = 0.12):
-        self.sampler, self.period, self.samples = sampler, period, []
+
+def _version(pkg: str) -> str | None:
+    try:
+        return importlib.metadata.version(pkg)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _ms(values: list[float]) -> dict[str, float]:
+    return {"p50": percentile(values, 50), "p99": percentile(values, 99), "mean": float(np.mean(values)) if values
+            else math.nan, "n": len(values)}
+
+
+# -- NVML samples, tagged with the section running ----------------------------------------
+class NvmlLog:
+    def __init__(self, report: Report, sampler: NvmlSampler, interval: float = 0.2):
+        self.report, self.sampler, self.interval = report, sampler, interval
+        self.samples: list[tuple[str, dict[str, Any]]] = []
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread = threading.Thread(target=self._loop, name="gpu-check-nvml", daemon=True)
 
-    def __enter__(self) -> NvmlThread:
-        if self.sampler is not None and self.sampler.available:
-            self._thread = threading.Thread(target=self._loop, daemon=True)
+    def start(self) -> NvmlLog:
+        if self.sampler.available:
             self._thread.start()
         return self
 
     def _loop(self) -> None:
-        t0 = time.perf_counter()
-        while not self._stop.wait(self.period):
-            self.samples.append({"t": round(time.perf_counter() - t0, 3), **self.sampler.sample()})
+        while not self._stop.wait(self.interval):
+            self.samples.append((self.report.section, self.sampler.sample()))
 
-    def __exit__(self, *exc: Any) -> None:
+    def stop(self) -> dict[str, Any]:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-
-    def summary(self) -> dict:
-        out: dict[str, Any] = {"n": len(self.samples)}
-        for key in ("dram_bw_util_pct", "sm_util_pct", "sm_occupancy_pct", "mem_busy_pct", "power_w", "sm_clock_mhz"):
-            vals = [s[key] for s in self.samples if isinstance(s.get(key), (int, float))]
-            out[key] = {"max": max(vals), "mean": round(statistics.fmean(vals), 1)} if vals else "n/a"
+        if self._thread.is_alive():
+            self._thread.join(2)
+        out: dict[str, Any] = {"device": self.sampler.describe(), "interval_s": self.interval, "sections": {}}
+        for section, rows in itertools.groupby(self.samples, key=lambda r: r[0]):
+            rows_ = [r for _, r in rows]
+            summary = {}
+            for key in ("sm_util_pct", "dram_bw_util_pct", "sm_occupancy_pct", "gpu_util_pct", "power_w",
+                        "sm_clock_mhz", "mem_used_mib"):
+                vals = [r[key] for r in rows_ if isinstance(r.get(key), (int, float))]
+                summary[key] = {"mean": round(float(np.mean(vals)), 1), "max": max(vals)} if vals else "n/a"
+            out["sections"].setdefault(section, []).append({"samples": len(rows_), **summary})
+        self.sampler.close()
         return out
 
 
-def level_scaling(dev: Any, size: int, reps: int, copy_mib: int) -> list[dict]:
-    """Per level and side: bf16 matmul TFLOP/s and device copy GB/s (read + write) on that side's SMs."""
-    a = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
-    src = torch.empty(copy_mib * 2**20, device="cuda", dtype=torch.uint8)
-    dst = torch.empty_like(src)
-
-    def mm() -> None:
-        for _ in range(reps):
-            torch.mm(a, a)
-
-    def cp() -> None:
-        for _ in range(reps):
-            dst.copy_(src)
-
-    def timed(side: str, fn: Callable[[], None]) -> float:
-        work = make_work("decode" if side == "decode" else "prefill", fn)
-        best = float("inf")
-        for _ in range(3):
-            t = time.perf_counter()
-            if side == "decode":
-                dev.run_decode(work)
-            else:
-                dev.submit_prefill(work)
-                dev.wait_prefill()
-            best = min(best, time.perf_counter() - t)
-        return best
-
-    rows = []
-    for level, (group, real) in enumerate(zip(dev.groups, dev.realized, strict=True)):
-        dev.set_level(level)
-        row: dict[str, Any] = {"level": level, "requested": list(group), "realized": list(real)}
-        for side, sms in (("prefill", real[0]), ("decode", real[1])):
-            if sms == 0:
-                continue
-            t_mm, t_cp = timed(side, mm), timed(side, cp)
-            row[side] = {"sms": sms, "tflops": round(2 * size**3 * reps / t_mm / 1e12, 1),
-                         "copy_gbps": round(2 * copy_mib * 2**20 * reps / t_cp / 1e9, 1)}
-        rows.append(row)
-    return rows
+# -- decode requests and prefill feeding on pdtop's runner --------------------------------
+def decoders(runner: ModelRunner, n: int, context: int, seed: int = 0) -> list[Request]:
+    """n requests prefilled to `context` tokens (whole device, 8192 tokens per batch), decoding."""
+    vocab = runner.config.vocab
+    rng = np.random.default_rng(seed)
+    reqs = [Request(i, rng.integers(0, vocab, context).tolist(), SamplingParams(max_tokens=64, ignore_eos=True))
+            for i in range(n)]
+    per_batch = max(1, 8192 // context)
+    for i in range(0, n, per_batch):
+        batch = reqs[i:i + per_batch]
+        for r in batch:
+            runner.admit(r)
+            r.status = RequestStatus.PREFILLING
+        for r, tok in zip(batch, runner.prefill(batch), strict=True):
+            append_token(r, tok, 0.0, ())
+    return reqs
 
 
-def raw_levels() -> list[dict]:
-    """When CudaDevice fails: try each level's split directly and record what the driver says."""
-    from pdtop.engine.devices.green_ctx import GreenContexts
-    from pdtop.engine.scheduling.splits import stream_groups
+class PrefillFeeder:
+    """Keeps `tokens`-token prefills going on the device's prefill side, slice after slice (as pdmux
+    does: k layers per slice, at most `max_prefill_in_flight` queued), timing each slice on the GPU."""
 
-    gc = GreenContexts(0)
-    rows = []
-    try:
-        for p, d in stream_groups(gc.total_sms, gc.major)[1:-1]:
-            try:
-                pair = gc.split(p, d)
-                rows.append({"requested": [p, d], "realized": list(pair.realized)})
-                gc.destroy(pair)
-            except Exception as e:
-                rows.append({"requested": [p, d], "error": str(e)})
-    finally:
-        gc.close()
-    return rows
+    def __init__(self, dev: Any, runner: ModelRunner, tokens: int = 8192, seed: int = 1):
+        self.dev, self.runner, self.tokens = dev, runner, tokens
+        self.layers = runner.config.num_layers
+        self.k = prefill_layers_per_step(tokens, self.layers)
+        self.rng = np.random.default_rng(seed)
+        self.req: Request | None = None
+        self.state: Any = None
+        self.next = 0
+        self.in_flight: deque[tuple[int, Any, Any]] = deque()  # (end layer, start event, end event)
+        self.slice_ms: list[float] = []
+        self.prefills = 0
+        self._ids = itertools.count(10_000)
 
+    def _slice(self, start: int, end: int) -> Work:
+        events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
 
-def balanced_probe() -> dict:
-    """Can this driver give a split level balanced workqueues (CUDA 13.1+)? Not used by the runs below."""
-    from pdtop.engine.devices.green_ctx import GreenContexts
-    from pdtop.engine.scheduling.splits import choose, stream_groups
+        def run() -> None:
+            events[0].record()
+            self.runner.prefill_layers(self.state, start, end)
+            events[1].record()
 
-    gc = GreenContexts(0)
-    try:
-        groups = stream_groups(gc.total_sms, gc.major)
-        p, d = groups[choose(groups, 32, True)]
-        pair = gc.split(p, d, balanced_workqueues=True)
-        gc.destroy(pair)
-        return {"supported": True, "requested": [p, d], "realized": list(pair.realized)}
-    except Exception as e:
-        return {"supported": False, "reason": str(e)}
-    finally:
-        gc.close()
+        self.in_flight.append((end, *events))
+        return Work("prefill", 0.0, 0.0, run)
 
+    def top_up(self) -> None:
+        """Collect finished slices, finish a prefill that is done, start a new one, queue slices."""
+        for _ in range(self.dev.collect_prefill(len(self.in_flight))):
+            _, e0, e1 = self.in_flight.popleft()
+            self.slice_ms.append(e0.elapsed_time(e1))
+        if self.state is not None and self.next == self.layers and not self.in_flight:
+            self.runner.prefill_finish(self.state)
+            self.runner.free(self.req)
+            self.state, self.prefills = None, self.prefills + 1
+        if self.state is None:
+            ids = self.rng.integers(0, self.runner.config.vocab, self.tokens).tolist()
+            self.req = Request(next(self._ids), ids, SamplingParams(max_tokens=1, ignore_eos=True))
+            self.runner.admit(self.req)
+            self.req.status = RequestStatus.PREFILLING
+            self.state, self.next = self.runner.prefill_begin([self.req]), 0
+        while self.next < self.layers and len(self.in_flight) < self.dev.max_prefill_in_flight:
+            end = min(self.layers, self.next + self.k)
+            self.dev.submit_prefill(self._slice(self.next, end))
+            self.next = end
 
-def decode_alone(dev: Any, model: SyntheticModel, st: DecodeState, steps: int, on_decode_side: bool) -> dict:
-    work = make_work("decode", lambda: model.decode_step(st).tolist())
-    run = dev.run_decode if on_decode_side else dev.run_whole
-    run(work)
-    times = []
-    for _ in range(steps):
-        t = time.perf_counter()
-        run(work)
-        times.append(time.perf_counter() - t)
-    return {"itl_ms": stats_ms(times)}
-
-
-def prefill_alone(dev: Any, model: SyntheticModel, ps: PrefillState, on_prefill_side: bool) -> dict:
-    work = make_work("prefill", lambda: model.prefill_layers(ps, 0, model.L))
-    t = time.perf_counter()
-    if on_prefill_side:
-        dev.submit_prefill(work)
-        dev.wait_prefill()
-    else:
-        dev.run_whole(work)
-    return {"prefill_ms": round((time.perf_counter() - t) * 1e3, 2)}
-
-
-def pdmux_run(dev: Any, model: SyntheticModel, st: DecodeState, ps: PrefillState, level: int,
-              layers_per_round: int) -> dict:
-    """The scheduler's pdmux round: keep one layer slice in flight on the prefill side, decode each round."""
-    dev.set_level(level)
-    decode = make_work("decode", lambda: model.decode_step(st).tolist())
-    dev.run_decode(decode)  # warm this level's decode stream
-    gaps, nxt, slices = [], 0, 0
-    t0 = last = time.perf_counter()
-    done_at = None
-    while done_at is None:
-        if nxt < model.L and not dev.prefill_busy():
-            dev.wait_prefill()
-            s, e = nxt, min(model.L, nxt + layers_per_round)
-            dev.submit_prefill(make_work("prefill", lambda s=s, e=e: model.prefill_layers(ps, s, e)))
-            nxt, slices = e, slices + 1
-        dev.run_decode(decode)
-        now = time.perf_counter()
-        gaps.append(now - last)
-        last = now
-        if nxt >= model.L and not dev.prefill_busy():
-            dev.wait_prefill()
-            done_at = now
-    return {"level": level, "split": list(dev.groups[level]), "realized": list(dev.realized[level]),
-            "layers_per_round": layers_per_round, "slices": slices, "decode_steps_during_prefill": len(gaps),
-            "itl_ms": stats_ms(gaps), "prefill_ms": round((done_at - t0) * 1e3, 2)}
+    def drain(self) -> None:
+        """Finish what is in flight and the prefill under way (all layers), leaving nothing behind."""
+        while self.state is not None:
+            self.dev.collect_prefill(len(self.in_flight), block=True)
+            self.in_flight.clear()
+            if self.next < self.layers:
+                self.runner.prefill_layers(self.state, self.next, self.layers)
+                self.next = self.layers
+            self.runner.prefill_finish(self.state)
+            self.runner.free(self.req)
+            self.state = None
 
 
-def chunked_run(dev: Any, model: SyntheticModel, st: DecodeState, ps: PrefillState, prompt: int, chunk: int) -> dict:
-    dev.run_whole(make_work("decode", lambda: model.decode_step(st).tolist()))
-    gaps = []
-    t0 = time.perf_counter()
-    for start in range(0, prompt, chunk):
-        c = min(chunk, prompt - start)
-        t = time.perf_counter()
-        dev.run_whole(make_work("mixed", lambda s=start, c=c: model.mixed_step(st, ps, s, c).tolist()))
-        gaps.append(time.perf_counter() - t)
-    return {"chunk": chunk, "steps": len(gaps), "itl_ms": stats_ms(gaps),
-            "prefill_ms": round((time.perf_counter() - t0) * 1e3, 2)}
-
-
-# -- driver --------------------------------------------------------------------------------
-class Report:
-    def __init__(self, path: Path):
-        self.path, self.data = path, {"pdtop_gpu_check": 1, "errors": {}}
-
-    def section(self, name: str, fn: Callable[[], Any]) -> Any:
-        t = time.perf_counter()
-        print(f"[gpu_check] {name} ...", flush=True)
-        try:
-            out = fn()
-            if out is not None:
-                self.data[name] = out
-            return out
-        except Exception as e:
-            self.data["errors"][name] = f"{type(e).__name__}: {e}\n" + "".join(traceback.format_exc(limit=6))
-            print(f"[gpu_check] {name} FAILED: {type(e).__name__}: {e}", flush=True)
-            return None
-        finally:
-            self.data.setdefault("section_s", {})[name] = round(time.perf_counter() - t, 2)
-            self.save()
-
-    def save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text(json.dumps(self.data, indent=1, default=str))
-
-
-def environment() -> dict:
-    env = {"python": platform.python_version(), "torch": torch.__version__, "torch_cuda": torch.version.cuda}
-    if torch.cuda.is_available():
-        p = torch.cuda.get_device_properties(0)
-        env.update(gpu=p.name, sms=p.multi_processor_count, cc=f"{p.major}.{p.minor}",
-                   memory_gib=round(p.total_memory / 2**30, 1))
-    from pdtop.engine.devices import green_ctx
-
-    env["cuda_bindings"] = green_ctx.bindings_version()
-    return env
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    default_out = Path(os.environ.get("OUT", ".")) / "gpu_check.json"
-    ap.add_argument("--out", type=Path, default=default_out, help=f"JSON report (default {default_out})")
-    ap.add_argument("--model", default="qwen3-8b", help="synthetic shape name from pdtop.engine.model.config")
-    ap.add_argument("--layers", type=int, default=None, help="fewer layers for a quick run")
-    ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--context", type=int, default=2048)
-    ap.add_argument("--prompt", type=int, default=8192)
-    ap.add_argument("--chunks", default="2048,512")
-    ap.add_argument("--steps", type=int, default=30, help="decode steps for the alone measurements")
-    ap.add_argument("--budget", type=int, default=65536, help="split_forward_token_budget")
-    ap.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU, no green contexts")
-    return ap.parse_args(argv)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    from pdtop.engine.scheduling.splits import choose, prefill_layers_per_step
-
-    rep = Report(args.out)
-    t_start = time.perf_counter()
-    cfg = SYNTHETIC["smollm2-135m" if args.smoke else args.model]
-    rep.data["workload"] = WORKLOAD_LABEL.replace("qwen3-8b", cfg.name.removeprefix("synthetic:"))
-    rep.section("environment", environment)
-    if args.smoke:
-        args.layers, args.batch, args.context, args.prompt, args.steps = 2, 4, 64, 256, 3
-        args.chunks, args.budget = "128,64", 512
-    layers = args.layers or cfg.num_layers
-    chunks = [int(c) for c in args.chunks.split(",") if c]
-
-    sampler = None
-    if not args.smoke:
-        from pdtop.telemetry.hardware.nvml_sampler import NvmlSampler
-
-        sampler = NvmlSampler(0)
-        rep.data["nvml"] = {"describe": sampler.describe(), "idle": sampler.sample()}
-        if not torch.cuda.is_available():
-            rep.data["errors"]["cuda"] = "torch sees no CUDA GPU"
-            rep.save()
-            print("[gpu_check] no CUDA GPU: nothing to check (use --smoke for a CPU run)")
-            return 1
-
-    device = torch.device("cpu" if args.smoke else "cuda")
-    dtype = torch.float32 if args.smoke else torch.bfloat16
-    dev: Any = None
-    if not args.smoke:
-        def levels() -> dict:
-            from pdtop.engine.devices.cuda import CudaDevice
-
-            nonlocal dev
-            t = time.perf_counter()
-            dev = CudaDevice(index=0)
-            return {"create_s": round(time.perf_counter() - t, 3), "describe": dev.describe(),
-                    "groups": [list(g) for g in dev.groups], "realized": [list(r) for r in dev.realized],
-                    "all_match": all(tuple(r) == tuple(g) for g, r in zip(dev.groups, dev.realized, strict=True))}
-
-        rep.section("levels", levels)
-        if dev is None:
-            rep.section("levels_raw", raw_levels)
+def time_decode(dev: Any, runner: ModelRunner, reqs: list[Request], steps: int, feeder: PrefillFeeder | None = None,
+                warmup: int = 3, min_slices: int = 0) -> dict[str, Any]:
+    """Decode steps on the current level's decode stream: host (launch returns), GPU (events), wall (synced);
+    with a feeder, prefill slices run meanwhile (and steps go on until `min_slices` of them are timed)."""
+    stream = dev.side_streams()[1] if dev is not None else None
+    host: list[float] = []
+    gpu: list[float] = []
+    wall: list[float] = []
+    i = 0
+    while i < warmup + steps or (feeder is not None and len(feeder.slice_ms) < min_slices and i < 20 * steps):
+        i += 1
+        if feeder is not None:
+            feeder.top_up()
+        if stream is None:  # CPU: launching is running
+            t0 = time.perf_counter()
+            runner.next_logits(reqs)
+            t1 = t2 = time.perf_counter()
+            ms = None
         else:
-            rep.section("level_scaling", lambda: level_scaling(dev, 8192, 10, 1024))
-            rep.section("balanced_workqueues_probe", balanced_probe)
-    green = dev is not None
-    if dev is None:
-        dev = PlainDevice(device)
-        rep.data["note"] = "no green contexts: every measurement ran on one stream (no overlap)"
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            with torch.cuda.stream(stream):
+                e0.record(stream)
+                t0 = time.perf_counter()
+                runner.next_logits(reqs)  # launches; sampling (what syncs) is left out
+                t1 = time.perf_counter()
+                e1.record(stream)
+            stream.synchronize()
+            t2 = time.perf_counter()
+            ms = e0.elapsed_time(e1)
+        if i > warmup:
+            host.append((t1 - t0) * 1e3)
+            wall.append((t2 - t0) * 1e3)
+            if ms is not None:
+                gpu.append(ms)
+    out: dict[str, Any] = {"wall_ms": _ms(wall), "host_ms": _ms(host)}
+    if gpu:
+        out["gpu_ms"] = _ms(gpu)
+        out["host_over_gpu"] = float(np.median(host) / np.median(gpu))
+    if feeder is not None:
+        out["prefill_slice_gpu_ms"] = _ms(feeder.slice_ms)
+        out["prefill_layers_per_slice"] = feeder.k
+    return out
 
-    model = st = ps = None
 
-    def build() -> dict:
-        nonlocal model, st, ps
+# -- the check ----------------------------------------------------------------------------
+class Check:
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.smoke = args.smoke
+        self.report = Report(Path(args.out), args.budget, "smoke" if args.smoke else "gpu")
+        self.data = self.report.data
+        self.tdev = torch.device("cpu" if self.smoke else "cuda:0")
+        self.dev: Any = None
+        self.model: Any = None
+        self.runner: ModelRunner | None = None
+        self.nvml: NvmlLog | None = None
+        self.decode_bs, self.context, self.long = (4, 64, 256) if self.smoke else (32, 2048, 8192)
+        self.chunks = (64, 32) if self.smoke else (2048, 512)
+
+    # 1
+    def environment(self) -> None:
+        env = {"python": platform.python_version(), "torch": torch.__version__, "torch_cuda": torch.version.cuda,
+               "cuda_bindings": bindings_version(), "nvidia_ml_py": _version("nvidia-ml-py"),
+               "triton": _version("triton"), "numpy": np.__version__, "max_connections": max_connections_state(),
+               "cuda_available": torch.cuda.is_available()}
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            v = pynvml.nvmlSystemGetDriverVersion()
+            env["driver"] = v.decode() if isinstance(v, bytes) else v
+        except Exception as exc:
+            env["driver"] = f"n/a ({type(exc).__name__})"
+        self.data["environment"] = env
+
+    # 2
+    def device(self) -> None:
+        if self.smoke:
+            self.data["device"] = {"name": "cpu", "note": "smoke run: no green contexts"}
+            self.data["levels"] = []
+            return
+        from pdtop.engine.devices.cuda import CudaDevice
+
+        self.dev = dev = CudaDevice(index=0)
+        info = dev.describe()
+        props = torch.cuda.get_device_properties(0)
+        self.data["device"] = {"name": info["gpu"], "sms": info["sms"], "cc": info["cc"],
+                               "memory_gib": round(props.total_memory / GiB, 1), "driver_cuda": info["driver_cuda"],
+                               "pci_bus_id": info["pci_bus_id"], "uuid": info["uuid"],
+                               "partition_limits": info["partition_limits"], "max_connections": info["max_connections"]}
+        self.data["levels"] = [{"level": i, "requested": list(req), "realized": list(real)}
+                               for i, (req, real) in enumerate(zip(dev.requested, dev.realized, strict=True))]
+        manual = []
+        for p, d in ((60, 40), (60, 4)):
+            try:
+                pair = dev.gc.split(p, d)
+                manual.append({"requested": [p, d], "realized": list(pair.realized)})
+                dev.gc.destroy(pair)
+            except Exception as exc:
+                manual.append({"requested": [p, d], "dropped": str(exc)})
+        self.data["manual_levels"] = manual
+        sampler = NvmlSampler(uuid=info["uuid"], pci_bus_id=info["pci_bus_id"])
+        self.nvml = NvmlLog(self.report, sampler).start()
+
+    # 3
+    def runtime(self) -> None:
+        layers = self.args.layers or (2 if self.smoke else None)
+        name = "synthetic:smollm2-135m" if self.smoke else MODEL
         t = time.perf_counter()
-        max_pos = max(args.context, args.prompt) + 1
-        model = SyntheticModel(cfg, layers, device, dtype, max_pos)
-        st = model.decode_state(args.batch, args.context)
-        ps = model.prefill_state(args.prompt)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        return {"model": cfg.name, "layers": layers, "dtype": str(dtype),
-                "weights_gib": round(model.weight_bytes / 2**30, 2),
-                "kv_decode_gib": round(2 * st.k.numel() * st.k.element_size() / 2**30, 2),
-                "batch": args.batch, "context": args.context, "prompt": args.prompt,
-                "build_s": round(time.perf_counter() - t, 2)}
+        self.model = synthetic_model(name, dtype="float32" if self.smoke else "bfloat16", device=self.tdev,
+                                     num_layers=layers)
+        load_s = time.perf_counter() - t
+        kv = 4096 if self.smoke else 131072
+        self.runner = ModelRunner(self.model, kv)
+        if self.dev is not None and self.runner.cuda is not None:
+            self.dev.add_streams_listener(self.runner.cuda.sync_streams)
+        self.data["runtime"] = {"model_load_s": round(load_s, 1), "layers": self.model.config.num_layers,
+                                **self.runner.describe()}
+        if not self.smoke:
+            self.data["runtime"]["memory_gib"] = {"allocated": round(torch.cuda.memory_allocated() / GiB, 1),
+                                                  "reserved": round(torch.cuda.memory_reserved() / GiB, 1)}
 
-    rep.section("workload_shape", build)
-    if model is None:
-        return 2
+    def _pdmux_level(self) -> int:
+        return choose(self.dev.groups, self.decode_bs, True)
 
-    n = len(dev.groups)
-    level = choose(dev.groups, args.batch, True) if green else 0
-    k = prefill_layers_per_step(args.prompt, layers, args.budget)
-    dev.set_level(n - 1 if green else 0)
-    rep.section("decode_alone_whole", lambda: decode_alone(dev, model, st, args.steps, on_decode_side=False))
-    rep.section("prefill_alone_whole", lambda: prefill_alone(dev, model, ps, on_prefill_side=False))
-    if green:
-        dev.set_level(level)
-        rep.section("decode_alone_decode_ctx", lambda: {"split": list(dev.groups[level]),
-                                                        **decode_alone(dev, model, st, args.steps, True)})
-        rep.section("prefill_alone_prefill_ctx", lambda: {"split": list(dev.groups[level]),
-                                                          **prefill_alone(dev, model, ps, True)})
+    # 4
+    def decode(self) -> None:
+        runner = self.runner
+        assert runner is not None
+        reqs = decoders(runner, self.decode_bs, self.context)
+        steps = self.args.steps
+        out: dict[str, Any] = {"batch": self.decode_bs, "context": self.context}
+        modes = ("eager",) if runner.cuda is None or not runner.cuda.use_graphs else ("eager", "graph")
+        for mode in modes:
+            if runner.cuda is not None:
+                runner.cuda.use_graphs = mode == "graph"
+            res: dict[str, Any] = {}
+            if self.dev is None:
+                res["alone"] = time_decode(None, runner, reqs, steps)
+            else:
+                last, split = len(self.dev.groups) - 1, self._pdmux_level()
+                self.dev.set_level(last)
+                res["alone_whole_gpu"] = time_decode(self.dev, runner, reqs, steps)
+                self.dev.set_level(split)
+                res["alone_decode_side"] = time_decode(self.dev, runner, reqs, steps)
+                feeder = PrefillFeeder(self.dev, runner, self.long)
+                res["under_prefill"] = time_decode(self.dev, runner, reqs, steps, feeder)
+                feeder.drain()
+                res["level"] = {"index": split, "realized": list(self.dev.groups[split])}
+            out[mode] = res
+            self.report.save()
+        if runner.cuda is not None:
+            runner.cuda.use_graphs = runner.cuda.graphs_wanted and runner.cuda.paged
+        for r in reqs:
+            runner.free(r)
+        self.data["decode_step"] = out
 
-    def with_nvml(fn: Callable[[], dict]) -> Callable[[], dict]:
-        def run() -> dict:
-            with NvmlThread(sampler) as th:
-                out = fn()
-            return {**out, "nvml": th.summary()}
-        return run
+    # 5
+    def overlap(self) -> None:
+        if self.dev is None:
+            self.data["overlap"] = "needs the cuda device"
+            return
+        runner = self.runner
+        assert runner is not None
+        reqs = decoders(runner, self.decode_bs, self.context, seed=2)
+        rows = []
+        for level in range(1, len(self.dev.groups) - 1):
+            self.dev.set_level(level)
+            feeder = PrefillFeeder(self.dev, runner, self.long, seed=level)
+            feeder.top_up()  # one prefill begun, its first slices queued: time them alone
+            self.dev.collect_prefill(len(feeder.in_flight), block=True)
+            alone_ms = [e0.elapsed_time(e1) for _, e0, e1 in feeder.in_flight]
+            feeder.in_flight.clear()
+            decode_alone = time_decode(self.dev, runner, reqs, 8, warmup=2)
+            together = time_decode(self.dev, runner, reqs, 8, feeder, warmup=0, min_slices=2)
+            feeder.drain()
+            p_alone = float(np.mean(alone_ms))
+            p_together = together["prefill_slice_gpu_ms"]["p50"]
+            rows.append({"level": level, "realized": list(self.dev.groups[level]),
+                         "prefill_slice_ms": {"alone": p_alone, "with_decode": p_together},
+                         "decode_step_ms": {"alone": decode_alone["wall_ms"]["p50"],
+                                            "with_prefill": together["wall_ms"]["p50"]},
+                         "prefill_slowdown": p_together / p_alone if p_alone else None,
+                         "decode_slowdown": together["wall_ms"]["p50"] / decode_alone["wall_ms"]["p50"]})
+            self.data["overlap"] = rows
+            self.report.save()
+        for r in reqs:
+            runner.free(r)
 
-    rep.section("pdmux", with_nvml(lambda: pdmux_run(dev, model, st, ps, level, k)))
-    for c in chunks:
-        rep.section(f"chunked_{c}", with_nvml(lambda c=c: chunked_run(dev, model, st, ps, args.prompt, c)))
-    if sampler is not None:
-        rep.data["nvml"]["end"] = sampler.sample()
-    rep.data["total_s"] = round(time.perf_counter() - t_start, 1)
-    dev.close()
-    if sampler is not None:
-        sampler.close()
-    rep.save()
-    print_summary(rep.data)
-    print(f"[gpu_check] report: {args.out}")
-    return 0 if not rep.data["errors"] else 3
+    def _free_runner(self) -> None:
+        if self.dev is not None:
+            self.dev.close()
+            self.dev = None
+        self.runner = None
+        gc.collect()
+        if not self.smoke:
+            torch.cuda.empty_cache()
+
+    # 6
+    def policies(self) -> None:
+        self._free_runner()
+        sc = SCENARIOS["cuda"] if not self.smoke else Scenario(decode_bs=4, decode_prompt=32, long_tokens=128,
+                                                                long_prompts=1, baseline_steps=3, decode_tokens=300)
+        runs = [("pdmux", "pdmux", PdmuxConfig())] + [
+            (f"chunked_{c}", "chunked", PdmuxConfig(chunk_size=c)) for c in self.chunks]
+        results: dict[str, Any] = {}
+        self.data["policies"] = results
+        itl: dict[str, Any] = {}
+        self.data["itl_ms"] = itl
+        for key, policy, config in runs:
+            if self.report.left() < (15 if self.smoke else 40):
+                self.data["skipped"][f"policies.{key}"] = f"{self.report.left():.0f} s left"
+                continue
+            engine = build_engine("cpu" if self.smoke else "cuda", MODEL, config, policy, loaded_model=self.model,
+                                  kv_capacity_tokens=8192 if self.smoke else self.args.kv_tokens)
+            try:
+                t = time.perf_counter()
+                res = run_policy(engine, sc)
+                res["seconds"] = round(time.perf_counter() - t, 1)
+                res["chunk_size"] = config.chunk_size if policy == "chunked" else None
+                res["levels"] = [list(g) for g in engine.scheduler.table.groups]
+                if key == "pdmux":
+                    res["decode_only_itl_ms"] = self._decode_only(engine)
+                    itl["decode_only"] = res["decode_only_itl_ms"]["p99"]
+                    res["runtime"] = engine.describe()["runtime"]
+                results[key] = res
+                itl["pdmux_under_prefill" if key == "pdmux" else key] = res["itl_ms"]["p99"]
+                self.report.save()
+            finally:
+                engine.close()
+                del engine
+                gc.collect()
+                if not self.smoke:
+                    torch.cuda.empty_cache()
+
+    @staticmethod
+    def _decode_only(engine: Any, rounds: int = 30) -> dict[str, float]:
+        """ITLs of the running requests over rounds with nothing to prefill (every unit to decode)."""
+        running = list(engine.scheduler.running)
+        start = engine.device.now()
+        for _ in range(rounds):
+            engine.step()
+        itls = [b - a for r in running for a, b in itertools.pairwise(r.token_times) if b > start]
+        return summary_ms(itls)
+
+    # 7
+    def connections(self) -> None:
+        if self.smoke:
+            self.data["max_connections"] = "needs a GPU"
+            return
+        under = ((self.data.get("decode_step") or {}).get("graph") or {}).get("under_prefill")
+        level = ((self.data.get("decode_step") or {}).get("graph") or {}).get("level")
+        this = {"value": max_connections_state()["value"], "decode_under_prefill": under}
+        out: dict[str, Any] = {"this_process": this}
+        self.data["max_connections"] = out
+        if level is None:
+            out["8"] = "not run: section decode_step has no graph figure to compare with"
+            return
+        tmp = Path(self.args.out).with_name("gpu_check_connections8.json")
+        env = {**os.environ, "CUDA_DEVICE_MAX_CONNECTIONS": "8", "PYTHONUNBUFFERED": "1"}
+        cmd = [sys.executable, __file__, "--connections-probe", "--out", str(tmp), "--steps", str(self.args.steps),
+               "--probe-split", ",".join(map(str, level["realized"]))]
+        timeout = max(10.0, self.report.left() - 5)
+        try:
+            r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            out["8"] = f"not run: the child did not finish in {timeout:.0f} s"
+            return
+        if r.returncode != 0 or not tmp.exists():
+            out["8"] = f"failed (exit {r.returncode}): {r.stderr.strip().splitlines()[-1:] or r.stdout[-200:]}"
+            return
+        out["8"] = json.loads(tmp.read_text())
+        tmp.unlink()
+
+    def probe(self) -> None:
+        """The child of `connections`: decode under prefill at one split level, graphs, this process's env."""
+        from pdtop.engine.devices.cuda import CudaDevice
+
+        p, d = (int(x) for x in self.args.probe_split.split(","))
+        total = torch.cuda.get_device_properties(0).multi_processor_count
+        dev = CudaDevice([(total, 0), (p, d), (0, total)])
+        model = synthetic_model(MODEL, dtype="bfloat16", device=self.tdev)
+        runner = ModelRunner(model, 81920)
+        assert runner.cuda is not None
+        runner.cuda.buckets = (self.decode_bs,)  # the one batch size measured
+        dev.add_streams_listener(runner.cuda.sync_streams)
+        reqs = decoders(runner, self.decode_bs, self.context)
+        dev.set_level(1)
+        feeder = PrefillFeeder(dev, runner, self.long)
+        res = time_decode(dev, runner, reqs, self.args.steps, feeder)
+        feeder.drain()
+        dev.close()
+        self.data.update(value=max_connections_state()["value"], realized=list(dev.groups[1]), decode_under_prefill=res)
+
+    # the end
+    def targets(self) -> None:
+        t: dict[str, Any] = {}
+        levels = self.data.get("levels") or []
+        if levels:
+            t["realized_equals_requested"] = all(x["requested"] == x["realized"] for x in levels)
+        graph = ((self.data.get("decode_step") or {}).get("graph") or {}).get("alone_whole_gpu")
+        if graph and "host_over_gpu" in graph:
+            t["graph_host_under_10pct_of_gpu"] = graph["host_over_gpu"] < 0.10
+        itl = self.data.get("itl_ms") or {}
+        if itl.get("decode_only") and itl.get("pdmux_under_prefill"):
+            t["pdmux_itl_p99_within_1.3x_decode_only"] = itl["pdmux_under_prefill"] <= 1.3 * itl["decode_only"]
+        if itl.get("pdmux_under_prefill") and itl.get("chunked_2048"):
+            t["pdmux_itl_p99_at_most_quarter_of_chunked_2048"] = itl["pdmux_under_prefill"] <= itl["chunked_2048"] / 4
+        self.data["targets"] = t
+
+    def main(self) -> int:
+        r = self.report
+        if self.args.connections_probe:
+            r.run("probe", self.probe)
+            return 0 if not self.data["errors"] else 1
+        stopped = False
+        try:
+            r.run("environment", self.environment)
+            r.run("device", self.device, need_s=5)
+            r.run("runtime", self.runtime, need_s=20)
+            if self.runner is not None:
+                r.run("decode_step", self.decode, need_s=15)
+                r.run("overlap", self.overlap, need_s=15)
+            r.run("policies", self.policies, need_s=45)
+            r.run("max_connections", self.connections, need_s=40)
+        except OutOfTime:
+            stopped = True
+            self.data["skipped"][r.section] = "stopped by SIGTERM (the caller's timeout) during this section"
+            print(f"[gpu_check] {r.section}: stopped by SIGTERM", flush=True)
+        if self.nvml is not None:
+            self.data["nvml"] = self.nvml.stop()
+        elif not self.smoke:
+            self.data["nvml"] = "not sampled: no device section"
+        else:
+            self.data["nvml"] = {"device": NvmlSampler().describe()}
+        if not self.smoke:
+            self.targets()
+        r.save()
+        print(summary(self.data), flush=True)
+        if stopped:  # engines and graphs were left mid-step: do not wait for their teardown
+            os._exit(124)
+        return 0
 
 
-def print_summary(d: dict) -> None:
-    env = d.get("environment", {})
-    print(f"\n== pdtop gpu_check: {env.get('gpu', 'cpu')} ({env.get('sms', '?')} SMs, cc {env.get('cc', '?')}), "
-          f"torch {env.get('torch')}, cuda-bindings {env.get('cuda_bindings')}")
-    lv = d.get("levels")
-    if lv:
-        print(f"levels requested {lv['groups']}\n       realized  {lv['realized']}  (all match: {lv['all_match']})")
-    for row in d.get("level_scaling", []):
-        sides = "  ".join(f"{s} {row[s]['sms']:>3} SMs {row[s]['tflops']:>6} TFLOP/s {row[s]['copy_gbps']:>7} GB/s"
-                          for s in ("prefill", "decode") if s in row)
-        print(f"  level {row['level']}: {sides}")
-    print(f"workload: {d.get('workload')}")
-    print(f"{'scenario':<28}{'ITL p50 ms':>12}{'ITL p99 ms':>12}{'prefill ms':>12}{'steps':>8}")
-    for name in ["decode_alone_whole", "decode_alone_decode_ctx", "prefill_alone_whole", "prefill_alone_prefill_ctx",
-                 "pdmux"] + [k for k in d if k.startswith("chunked_")]:
-        r = d.get(name)
-        if not isinstance(r, dict):
-            continue
-        itl = r.get("itl_ms", {})
-        steps = r.get("decode_steps_during_prefill", r.get("steps", itl.get("n", "")))
-        label = name + (f" {r['split']}" if "split" in r else "")
-        print(f"{label:<28}{itl.get('p50', '-'):>12}{itl.get('p99', '-'):>12}{r.get('prefill_ms', '-'):>12}{steps:>8}")
+# -- the summary table --------------------------------------------------------------------
+def _f(x: Any, spec: str = ".2f") -> str:
+    return format(x, spec) if isinstance(x, (int, float)) and math.isfinite(x) else "-"
+
+
+def summary(d: dict[str, Any]) -> str:
+    env, dev = d.get("environment", {}), d.get("device", {})
+    lines = [f"gpu_check ({d['mode']}) on {dev.get('name', '?')}: {dev.get('sms', '-')} SMs, driver "
+             f"{env.get('driver', '?')}, torch {env.get('torch')}, cuda-bindings {env.get('cuda_bindings')}, "
+             f"{d.get('elapsed_s')} s"]
+    levels = d.get("levels") or []
+    if levels:
+        lines.append("levels requested -> realized: " + ", ".join(
+            f"{x['requested'][0]}/{x['requested'][1]}" + ("" if x["requested"] == x["realized"] else
+                                                          f"->{x['realized'][0]}/{x['realized'][1]}") for x in levels)
+            + "; manual " + ", ".join(f"{m['requested']}->{m.get('realized', 'dropped')}"
+                                      for m in d.get("manual_levels", [])))
+    rt = d.get("runtime") or {}
+    if rt:
+        g = rt.get("cuda_graphs") or {}
+        lines.append(f"runtime: {rt.get('dtype')}, attention {rt.get('attention', 'sdpa')}, prefix "
+                     f"{rt.get('prefix_attention', '-')}, graphs {g.get('graphs', 0)} on {g.get('streams', 0)} "
+                     f"streams, pool {g.get('pool_mib', '-')} MiB, capture {g.get('capture_s', '-')} s")
+    ds = d.get("decode_step") or {}
+    if ds:
+        lines.append(f"{'decode step (bs ' + str(ds.get('batch')) + ', ctx ' + str(ds.get('context')) + ')':<40}"
+                     f"{'wall p50':>9}{'wall p99':>9}{'host p50':>9}{'gpu p50':>9}{'host/gpu':>9}")
+        for mode in ("eager", "graph"):
+            for where, row in (ds.get(mode) or {}).items():
+                if not isinstance(row, dict) or "wall_ms" not in row:
+                    continue
+                lines.append(f"  {mode + ' ' + where:<38}{_f(row['wall_ms']['p50']):>9}{_f(row['wall_ms']['p99']):>9}"
+                             f"{_f(row['host_ms']['p50']):>9}{_f(row.get('gpu_ms', {}).get('p50')):>9}"
+                             f"{_f(row.get('host_over_gpu')):>9}")
+    ov = d.get("overlap")
+    if isinstance(ov, list) and ov:
+        lines.append("overlap (prefill slice / decode step slowdown together): " + ", ".join(
+            f"{r['realized'][0]}/{r['realized'][1]}: {_f(r['prefill_slowdown'])}x/{_f(r['decode_slowdown'])}x"
+            for r in ov))
+    itl = d.get("itl_ms") or {}
+    if itl:
+        lines.append("ITL p99 ms: " + ", ".join(f"{k} {_f(v, '.1f')}" for k, v in itl.items()))
+    mc = d.get("max_connections")
+    if isinstance(mc, dict):
+        this = ((mc.get("this_process") or {}).get("decode_under_prefill") or {}).get("wall_ms", {})
+        eight = mc.get("8")
+        eight_ms = eight.get("decode_under_prefill", {}).get("wall_ms", {}) if isinstance(eight, dict) else {}
+        lines.append(f"CUDA_DEVICE_MAX_CONNECTIONS decode under prefill p50/p99 ms: "
+                     f"{(mc.get('this_process') or {}).get('value')}: {_f(this.get('p50'))}/{_f(this.get('p99'))}, "
+                     f"8: {_f(eight_ms.get('p50'))}/{_f(eight_ms.get('p99'))}"
+                     + ("" if isinstance(eight, dict) else f" ({eight})"))
+    for name, ok in (d.get("targets") or {}).items():
+        lines.append(f"target {name}: {'met' if ok else 'NOT met'}")
+    for name, why in d.get("skipped", {}).items():
+        lines.append(f"skipped {name}: {why}")
     for name, err in d.get("errors", {}).items():
-        print(f"ERROR {name}: {err.splitlines()[0]}")
-    print(f"total {d.get('total_s')} s")
+        lines.append(f"FAILED {name}: {err[:200]}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "gpu_check.json"))
+    ap.add_argument("--smoke", action="store_true", help="CPU, a 2-layer model, a tiny scenario")
+    ap.add_argument("--budget", type=float, default=270.0, help="seconds; sections that do not fit are skipped")
+    ap.add_argument("--steps", type=int, default=20, help="timed decode steps per figure (default 20)")
+    ap.add_argument("--layers", type=int, help="synthetic model layers (default: all 36; smoke: 2)")
+    ap.add_argument("--kv-tokens", type=int, default=229376, help="KV cache of the policy runs (default 229,376)")
+    ap.add_argument("--connections-probe", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--probe-split", default="80,52", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if not args.smoke and not torch.cuda.is_available():
+        print("gpu_check: no CUDA GPU visible to torch; use --smoke on a CPU", file=sys.stderr)
+        return 2
+    torch.manual_seed(0)
+    signal.signal(signal.SIGTERM, _out_of_time)  # a timeout still gets the summary table
+    return Check(args).main()
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -29,6 +29,13 @@ class Scenario:
     settle_rounds: int = 3  # decode rounds after a long prompt's first token before the next arrives
     decode_tokens: int = 4096  # decode requests' max_tokens: enough to keep decoding through the run
 
+    def kv_tokens(self, decode_budget: int, block_size: int = 16) -> int:
+        """KV the scenario may hold at once: every request's promise (prompt + max_tokens), in blocks."""
+        def blocks(tokens: int) -> int:
+            return -(-tokens // block_size) * block_size
+        decoding = self.decode_bs * blocks(self.decode_prompt + decode_budget)
+        return decoding + self.long_prompts * blocks(self.long_tokens + 4)
+
 
 SCENARIOS = {
     "sim": Scenario(decode_bs=32, decode_prompt=2048, long_tokens=8192),  # the seed's scenario
@@ -49,6 +56,11 @@ def _step_until_first_tokens(engine: Engine, reqs: list[Request]) -> list[float]
 
 def run_policy(engine: Engine, sc: Scenario) -> dict:
     budget = min(engine.executor.cfg.max_context - sc.decode_prompt, sc.decode_tokens)
+    need, capacity = sc.kv_tokens(budget, engine.executor.pool.block_size), engine.executor.kv_usage()[1]
+    if need > capacity:  # it would wait for KV forever: say so before starting
+        raise EngineError(f"the scenario needs {need:,} KV tokens ({sc.decode_bs} requests of {sc.decode_prompt}+"
+                          f"{budget}, {sc.long_prompts} of {sc.long_tokens}); the cache holds {capacity:,}: raise "
+                          "--kv-tokens or --gpu-memory-fraction, or lower --decode-bs")
     decoders = [engine.submit(engine.prompts.make(sc.decode_prompt), budget, ignore_eos=True)
                 for _ in range(sc.decode_bs)]
     _step_until_first_tokens(engine, decoders)

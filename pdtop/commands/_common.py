@@ -1,7 +1,10 @@
-"""What every command shares: the one-line error and the errors that mean bad input."""
+"""What every command shares: the one-line error, the errors that mean bad input, and the
+options of commands that start an engine on a device."""
 from __future__ import annotations
 
+import argparse
 import sys
+from typing import Any
 
 from pdtop.engine.errors import EngineError
 
@@ -10,6 +13,37 @@ INPUT_ERRORS: tuple[type[BaseException], ...] = (EngineError, OSError)
 
 # --device of the commands that start an engine and its workload (`build.parse_device` reads it).
 DEVICE_HELP = "cpu, cuda, or sim:GPU (H100, H200, A100, H20, custom:...); default: cuda if present, else cpu"
+
+
+def add_runtime_arguments(parser: argparse.ArgumentParser) -> None:
+    """--dtype, --kv-tokens, --gpu-memory-fraction and --no-cuda-graph (serve, dashboard, bench)."""
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"),
+                        help="weights, activations and KV cache (default: bfloat16 on cuda, float32 elsewhere)")
+    parser.add_argument("--kv-tokens", type=int, metavar="N",
+                        help="KV cache capacity in tokens (default: on cuda sized from free GPU memory, "
+                             "on cpu 16384); refused up front if it does not fit")
+    parser.add_argument("--gpu-memory-fraction", type=float, metavar="F",
+                        help="cuda: share of the GPU's memory pdtop may use in all; the KV cache gets what the "
+                             "weights and activations leave (default 0.9, as vLLM's --gpu-memory-utilization)")
+    parser.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false",
+                        help="cuda: launch each decode step kernel by kernel instead of replaying CUDA graphs")
+
+
+def runtime_options(args: argparse.Namespace) -> dict[str, Any]:
+    """`build_engine` keywords from `add_runtime_arguments`' options."""
+    return {"dtype": args.dtype, "kv_capacity_tokens": args.kv_tokens,
+            "gpu_memory_fraction": args.gpu_memory_fraction, "cuda_graphs": args.cuda_graph}
+
+
+def cuda_missing(device: str | None) -> str | None:
+    """For `--device cuda[:N]`, what this machine lacks to run it (one line), before anything starts."""
+    if not device or not device.strip().startswith("cuda"):
+        return None
+    from pdtop.engine.build import parse_device
+    from pdtop.engine.devices.cuda import cuda_unavailable_reason
+
+    reason = cuda_unavailable_reason(parse_device(device).index)
+    return f"cuda device unavailable: {reason}" if reason else None
 
 
 def fail(command: str, problem: str | BaseException, code: int = 2) -> int:

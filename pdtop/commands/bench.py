@@ -15,7 +15,7 @@ import argparse
 import json
 
 from pdtop.commands import _bench_url
-from pdtop.commands._common import INPUT_ERRORS, fail
+from pdtop.commands._common import INPUT_ERRORS, add_runtime_arguments, fail, runtime_options
 from pdtop.engine.scheduling.policies import POLICIES
 
 
@@ -24,12 +24,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="sim:H100", help="cpu, cuda, or sim:GPU (default: sim:H100)")
     p.add_argument("--model", default=None, help="GGUF path or synthetic:NAME (default: the device's default)")
     p.add_argument("--config", default=None, help="SGLang-compatible pdmux YAML")
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     p.add_argument("--decode-bs", type=int, default=None, help="requests decoding when the long prompts arrive")
     p.add_argument("--long-tokens", type=int, default=None, help="tokens in each long prompt")
     p.add_argument("--long-prompts", type=int, default=None, help="how many long prompts arrive (one after another)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    add_runtime_arguments(p)
     _bench_url.add_arguments(p)
 
 
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         policies = list(POLICIES) if args.policy == "all" else [args.policy]
         config = load_pdmux_config(args.config) if args.config else PdmuxConfig()
         results = run_bench(lambda policy: build_engine(args.device, args.model, config, policy, seed=args.seed,
-                                                        dtype=args.dtype), policies, sc)
+                                                        **runtime_options(args)), policies, sc)
     except INPUT_ERRORS as exc:
         return fail("bench", exc)
     if args.json:

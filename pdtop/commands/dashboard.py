@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-from pdtop.commands._common import DEVICE_HELP, INPUT_ERRORS, fail
+from pdtop.commands._common import DEVICE_HELP, INPUT_ERRORS, add_runtime_arguments, fail
 from pdtop.commands._startup import READY
 from pdtop.commands.serve import RATE_HELP, SCENARIOS_HELP, SPEED_HELP, check_inputs
 from pdtop.engine.scheduling.policies import DEFAULT_POLICY, POLICIES
@@ -55,6 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rate", type=float, metavar="REQ_PER_S", help=RATE_HELP)
     parser.add_argument("--speed", type=float, metavar="X", help=SPEED_HELP)
     parser.add_argument("--record", metavar="FILE", help="record every event to FILE from the start")
+    add_runtime_arguments(parser)
     add_ui_arguments(parser)
 
 
@@ -63,10 +64,13 @@ def serve_command(args: argparse.Namespace) -> list[str]:
     (its token comes in the environment)."""
     cmd = [sys.executable, "-m", "pdtop", "serve", "--host", "127.0.0.1", "--port", "0", "--api-port", "0",
            "--progress"]
-    for flag in ("device", "model", "config", "policy", "rate", "speed", "record"):
+    for flag in ("device", "model", "config", "policy", "rate", "speed", "record", "dtype", "kv_tokens",
+                 "gpu_memory_fraction"):
         value = getattr(args, flag, None)
         if value is not None:
-            cmd += [f"--{flag}", str(value)]
+            cmd += [f"--{flag.replace('_', '-')}", str(value)]
+    if getattr(args, "cuda_graph", True) is False:
+        cmd.append("--no-cuda-graph")
     return cmd
 
 
@@ -202,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
     problem = check_ui_options(args)
     if problem:
         return fail("dashboard", problem)
-    try:  # a bad device, model or config fails here in one line, not in the engine's log
+    try:  # a bad device (or a missing GPU), model or config fails here in one line, not in the engine's log
         check_inputs(args)
     except INPUT_ERRORS as exc:
         return fail("dashboard", exc)

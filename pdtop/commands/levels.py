@@ -6,7 +6,10 @@ first. GPU splits follow SGLang's divide_sm: prefill at least half, decode at le
 counts in steps of the green-context granularity (2 SMs on 7.x/8.x, 8 SMs on 9.0+).
 On the CPU device cores play SMs (steps of 1, decode at least 1 core). With a prefill
 running, the level is decode_bs * (n-2) // decode_bs_divisor clamped to the split levels,
-or the last manual division whose threshold <= decode_bs. Examples:
+or the last manual division whose threshold <= decode_bs. On a GPU each level is also shown
+as it runs ("realized"): carved as SGLang does (p + d SMs, then p of them), with counts
+rounded up to the partition limits; --device cuda asks the driver, the others predict it
+from the table. Examples:
   pdtop levels --gpu H20;  pdtop levels --sms 132 --cc 9.0 --json;  pdtop levels --device cpu
 """
 from __future__ import annotations
@@ -66,6 +69,37 @@ def _resolve(args: argparse.Namespace) -> tuple[str, int, int | None, int]:
     return spec.name, spec.sms, spec.cc_major, spec.cc_minor
 
 
+def _realized(device: str | None, units: int, major: int,
+              groups: list[tuple[int, int]]) -> list[tuple[int, int] | None]:
+    """Each level as it runs: from the driver's green contexts (--device cuda), else predicted."""
+    from pdtop.engine.devices.sm_split import PartitionLimits, plan_split
+
+    if device and device.startswith("cuda"):
+        from pdtop.engine.build import parse_device
+        from pdtop.engine.devices.green_ctx import GreenContexts
+        from pdtop.engine.errors import DeviceError
+
+        gc = GreenContexts(parse_device(device).index)
+        out: list[tuple[int, int] | None] = []
+        try:
+            for p, d in groups:
+                if not (p and d):
+                    out.append((p, d))
+                    continue
+                try:
+                    pair = gc.split(p, d)
+                except DeviceError:
+                    out.append(None)
+                    continue
+                out.append(pair.realized)
+                gc.destroy(pair)
+        finally:
+            gc.close()
+        return out
+    limits = PartitionLimits.from_table(major)
+    return [(p, d) if not (p and d) else plan_split(p, d, units, limits) for p, d in groups]
+
+
 def run(args: argparse.Namespace) -> int:
     from pdtop.engine.errors import EngineError
     from pdtop.engine.scheduling.pdmux_config import PdmuxConfig, load_pdmux_config
@@ -85,12 +119,15 @@ def run(args: argparse.Namespace) -> int:
             config = config.replace(sm_group_num=k)
         table = (SplitTable.for_cpu(units, config) if major is None
                  else SplitTable.for_gpu(units, major, config))
+        realized = None if major is None else _realized(args.device, units, major, table.groups)
     except (ValueError, EngineError) as exc:  # ValueError: this command's own argument parsing
         return fail("levels", exc)
 
     groups = [list(g) for g in table.groups]
     if args.json:
         out: dict = {"groups": groups}
+        if realized is not None:
+            out["realized"] = [list(r) if r else None for r in realized]
         if major is None:
             out["cores"] = units
         else:
@@ -104,13 +141,22 @@ def run(args: argparse.Namespace) -> int:
     how = "manual divisions" if table.manual else f"sm_group_num {config.sm_group_num}"
     print(f"{name}: {units} {unit}{arch}, {len(groups)} levels ({how})")
     pw, dw = len(f"prefill {unit}"), len(f"decode {unit}")
-    print(f"level  prefill {unit}  decode {unit}")
+    print(f"level  prefill {unit}  decode {unit}" + ("  realized" if realized else ""))
     last = len(groups) - 1
     for i, (p, d) in enumerate(groups):
         note = "  whole device to prefill" if i == 0 else "  whole device to decode" if i == last else ""
         if table.manual and 0 < i < last:
             note = f"  from decode bs {table.thresholds[i - 1]}"
-        print(f"{i:5d}  {p:>{pw}}  {d:>{dw}}{note}")
+        real = ""
+        if realized:
+            r = realized[i]
+            real = f"  {f'{r[0]} + {r[1]}' if r else 'dropped':>8}"
+        print(f"{i:5d}  {p:>{pw}}  {d:>{dw}}{real}{note}")
+    if realized and realized != table.groups:  # the engine runs the realized levels, dropped ones left out
+        table = table.realized(realized)
+        groups = [list(g) for g in table.groups]
+        last = len(groups) - 1
+        print(f"levels as run: {groups}")
     rule = "manual thresholds" if table.manual else f"decode_bs_divisor {config.decode_bs_divisor}"
     print(f"level picked while a prefill runs ({rule}):")
     for bs in SAMPLE_BS:

@@ -44,7 +44,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from pdtop.commands._common import DEVICE_HELP, INPUT_ERRORS, fail
+from pdtop.commands._common import DEVICE_HELP, INPUT_ERRORS, add_runtime_arguments, cuda_missing, fail, runtime_options
 from pdtop.engine.errors import DeviceError
 from pdtop.engine.scheduling.admission import MAX_WAITING_REQUESTS, MAX_WAITING_TOKENS
 from pdtop.engine.scheduling.policies import DEFAULT_POLICY, POLICIES
@@ -80,6 +80,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token", default=os.environ.get("PDTOP_TOKEN") or None,
                         help="secret a client needs to send control messages (default: $PDTOP_TOKEN; "
                         "the environment keeps it out of `ps`)")
+    add_runtime_arguments(parser)
     parser.add_argument("--api-port", type=int, metavar="PORT",
                         help="also serve the OpenAI-compatible HTTP API and /metrics on PORT (0 picks a free one)")
     parser.add_argument("--workload", choices=("synthetic", "none"), default="synthetic",
@@ -101,9 +102,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check_inputs(args: argparse.Namespace) -> PdmuxConfig:
-    """The pdmux config, once the device, --speed and the --config file are checked the way `serve`
-    checks them (EngineError or OSError naming the problem). Cheap, and without torch for `auto`,
-    so the dashboard calls it before its UI starts; the model is checked when the engine is built."""
+    """The pdmux config, once the device (for cuda: that the GPU is there), --speed and the --config
+    file are checked the way `serve` checks them (EngineError or OSError naming the problem). Cheap,
+    and without torch for `auto`, so the dashboard calls it before its UI starts; the model is
+    checked when the engine is built."""
     from pdtop.engine.build import parse_device
 
     device = args.device or "auto"
@@ -114,6 +116,9 @@ def check_inputs(args: argparse.Namespace) -> PdmuxConfig:
             raise DeviceError(f"--speed applies to simulated devices (sim:GPU) only, not {device}")
         if not 0 < speed <= 1000:
             raise DeviceError(f"--speed must be in (0, 1000], got {speed:g}")
+    missing = cuda_missing(device) if kind == "cuda" else None
+    if missing:  # no GPU, or a torch without CUDA: one line before anything starts
+        raise DeviceError(missing)
     return _load_config(args.config)
 
 
@@ -151,11 +156,16 @@ def run(args: argparse.Namespace) -> int:
         workload = None if args.workload == "none" else demo_workload(parse_device(args.device).kind, args.rate)
         engine = build_engine(device=args.device, model=args.model, config=config, policy=args.policy,
                               workload=workload, limits=QueueLimits(args.max_waiting_requests,
-                                                                    args.max_waiting_tokens))
-        if args.progress:
-            _startup.say(_startup.ready(engine, started))
+                                                                    args.max_waiting_tokens),
+                              **runtime_options(args))
     except INPUT_ERRORS as exc:
         return fail("serve", exc)
+    runtime = engine.describe()["runtime"]
+    for line in (runtime["kv_cache"].get("line"), runtime.get("cuda_graphs", {}).get("line")):
+        if line:  # the KV size chosen (on cuda, from free memory), the decode graphs' pool
+            print(f"pdtop serve: {line}", file=sys.stderr, flush=True)
+    if args.progress:  # the last start-up line: `pdtop dashboard` shows those before it
+        _startup.say(_startup.ready(engine, started))
     try:
         return asyncio.run(_serve(engine, args))
     finally:
@@ -221,7 +231,9 @@ async def _serve(engine: Engine, args: argparse.Namespace) -> int:
             loop.call_soon_threadsafe(done.set)
 
     thread = threading.Thread(target=engine_loop, name="pdtop-engine", daemon=True)
-    sampler = HwSampler(server.publish).start()
+    dev = engine.describe()["device"]
+    match = {k: dev[k] for k in ("uuid", "pci_bus_id") if dev.get(k)}  # the engine's GPU, found in NVML
+    sampler = HwSampler(server.publish, gpu_match=match or None).start()
     thread.start()
     try:
         await done.wait()

@@ -28,7 +28,8 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from pdtop.commands._common import INPUT_ERRORS, fail
+from pdtop.commands._common import INPUT_ERRORS, cuda_missing, fail
+from pdtop.engine.errors import DeviceError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -90,6 +91,9 @@ def run(args: argparse.Namespace) -> int:
     slo = Slo(itl_ms / 1e3, None if ttft_ms is None else ttft_ms / 1e3)
     try:
         where = parse_device(args.device)
+        missing = cuda_missing(args.device) if where.kind == "cuda" else None
+        if missing:  # one line before anything loads
+            raise DeviceError(missing)
         sc = SCENARIOS[where.kind]
         if args.workload:
             sc = parse_workload(args.workload, sc)
@@ -119,10 +123,9 @@ def _engine_factory(args: argparse.Namespace, kind: str) -> Callable[[], Engine]
 
     loaded = None
     if kind != "sim":
-        from pdtop.engine.build import parse_device
-        from pdtop.engine.model.loader import default_model_path, load_model
+        from pdtop.engine.build import load_for
 
-        loaded = load_model(args.model or str(default_model_path()), device=parse_device(args.device).torch_device)
+        loaded = load_for(args.device, args.model)  # the device's default dtype (bfloat16 on cuda)
 
     def make() -> Engine:
         return build_engine(args.device, args.model, seed=args.seed, kv_capacity_tokens=args.kv_tokens,

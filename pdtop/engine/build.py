@@ -6,7 +6,7 @@ from typing import Any
 
 from pdtop.engine.devices.base import Device
 from pdtop.engine.engine import Engine
-from pdtop.engine.errors import DeviceError
+from pdtop.engine.errors import DeviceError, EngineError
 from pdtop.engine.roofline.gpu_specs import CUSTOM_HELP, SPECS, GpuSpec, parse_gpu
 from pdtop.engine.runtime.executor import Executor
 from pdtop.engine.scheduling.admission import QueueLimits
@@ -35,6 +35,10 @@ class DeviceSpec:
 def parse_device(text: str) -> DeviceSpec:
     """"auto" (CUDA if torch sees a GPU, else the CPU), "cpu", "cuda", "cuda:N" or "sim:GPU"; DeviceError otherwise."""
     text = text.strip()
+    if text == "auto" or text.startswith("cuda"):
+        from pdtop.engine.devices.cuda import set_max_connections
+
+        set_max_connections()  # before anything starts CUDA
     if text == "auto":
         return DeviceSpec("cuda" if _cuda_available() else "cpu")
     if text == "cpu":
@@ -51,16 +55,25 @@ def parse_device(text: str) -> DeviceSpec:
     raise DeviceError(f"unknown device {text!r}; use {DEVICE_HELP}")
 
 
+def default_dtype(kind: str) -> str:
+    """bfloat16 on a GPU (tensor cores; half the bytes of weights and KV), float32 elsewhere."""
+    return "bfloat16" if kind == "cuda" else "float32"
+
+
 def build_engine(device: str = "auto", model: str | None = None, config: PdmuxConfig | None = None,
                  policy: str = DEFAULT_POLICY, workload: WorkloadSpec | Workload | None = None, seed: int = 0,
-                 dtype: str = "float32", kv_capacity_tokens: int | None = None, temperature: float = 0.0,
-                 loaded_model: Any = None, limits: QueueLimits | None = None) -> Engine:
+                 dtype: str | None = None, kv_capacity_tokens: int | None = None, temperature: float = 0.0,
+                 loaded_model: Any = None, gpu_memory_fraction: float | None = None,
+                 cuda_graphs: bool = True, limits: QueueLimits | None = None) -> Engine:
     """An engine on `device` (see `parse_device`), ready to `run`.
 
     `model` is a GGUF path, `synthetic:NAME`, or None (the default model; on `sim:` devices
     `synthetic:qwen3-8b`). `workload` is a `WorkloadSpec`, or None for no arrivals.
     `loaded_model` reuses a model already in memory (tests load it once per session).
-    `limits` caps the waiting queue (`QueueLimits`' defaults when None).
+    `dtype` defaults by device (`default_dtype`). The KV cache holds `kv_capacity_tokens`, or on
+    CUDA what `gpu_memory_fraction` of the GPU leaves beside the weights (`kv_sizing`); the
+    chosen size is in `describe()["runtime"]["kv_cache"]`. `limits` caps the waiting queue
+    (`QueueLimits`' defaults when None).
     """
     config = config or PdmuxConfig()
     where = parse_device(device)
@@ -77,10 +90,10 @@ def build_engine(device: str = "auto", model: str | None = None, config: PdmuxCo
         executor: Executor = SimExecutor(cfg, kv_capacity_tokens or 1 << 20)
         prompts, name, tokenizer = PromptMaker(None, seed), cfg.name, None
     else:
-        from pdtop.engine.model.loader import default_model_path, load_model
         from pdtop.engine.runtime.executor import ModelExecutor
         from pdtop.engine.runtime.runner import ModelRunner
 
+        cuda_dev = None
         if where.kind == "cpu":
             from pdtop.engine.devices.cpu import CpuDevice, usable_cores
 
@@ -91,12 +104,16 @@ def build_engine(device: str = "auto", model: str | None = None, config: PdmuxCo
 
             info = cuda_device_info(where.index)  # DeviceError naming what is missing
             table = SplitTable.for_gpu(info["sms"], info["major"], config)
-            dev = CudaDevice(table.groups, index=where.index)
+            dev = cuda_dev = CudaDevice(table.groups, index=where.index)
         try:
-            source = model or str(default_model_path())
-            loaded = loaded_model if loaded_model is not None else load_model(source, dtype=dtype,
-                                                                              device=where.torch_device)
-            runner = ModelRunner(loaded, kv_capacity_tokens or 16384)
+            source = model or _default_model()
+            loaded = loaded_model if loaded_model is not None else _load(source, dtype or default_dtype(where.kind),
+                                                                         where.torch_device)
+            plan = _kv_plan(where, loaded, kv_capacity_tokens, gpu_memory_fraction, config)
+            runner = ModelRunner(loaded, plan.tokens, cuda_graphs=cuda_graphs)
+            runner.kv_how = plan.how
+            if runner.cuda is not None and cuda_dev is not None:
+                cuda_dev.add_streams_listener(runner.cuda.sync_streams)  # graphs on every level's decode stream
             tokenizer = None
             if not source.startswith("synthetic:"):
                 from pdtop.engine.model.tokenizer import Tokenizer
@@ -111,6 +128,51 @@ def build_engine(device: str = "auto", model: str | None = None, config: PdmuxCo
     return Engine(device=dev, executor=executor, table=table, config=config, policy=policy, workload=wl,
                   prompts=prompts, model_name=name, temperature=temperature, seed=seed, limits=limits,
                   tokenizer=tokenizer)
+
+
+def _default_model() -> str:
+    from pdtop.engine.model.loader import default_model_path
+
+    return str(default_model_path())
+
+
+def load_for(device: str, model: str | None = None, dtype: str | None = None) -> Any:
+    """The model `build_engine(device, model, dtype=dtype)` would load (the default model, the device's
+    default dtype), to pass as `loaded_model` to several engines. Not for `sim:` devices."""
+    where = parse_device(device)
+    return _load(model or _default_model(), dtype or default_dtype(where.kind), where.torch_device)
+
+
+def _load(source: str, dtype: str, device: str) -> Any:
+    """A synthetic model needs neither gguf nor a file (the GPU check runs where gguf is missing)."""
+    if source.startswith("synthetic:"):
+        from pdtop.engine.model.llama import synthetic_model
+
+        return synthetic_model(source, dtype=dtype, device=device)
+    from pdtop.engine.model.loader import load_model
+
+    return load_model(source, dtype=dtype, device=device)
+
+
+def _kv_plan(where: DeviceSpec, model: Any, tokens: int | None, fraction: float | None, config: PdmuxConfig) -> Any:
+    """The KV cache size: `tokens`, else on CUDA sized from free memory, else the CPU default."""
+    from pdtop.engine.runtime import kv_sizing
+
+    cfg = model.config
+    per_token = cfg.kv_bytes_per_token(model.dtype_bytes)
+    if where.kind != "cuda":
+        if fraction is not None:
+            raise DeviceError("--gpu-memory-fraction applies to cuda devices; use --kv-tokens on the CPU")
+        count = kv_sizing.CPU_KV_TOKENS if tokens is None else tokens
+        if count < 16:
+            raise EngineError(f"--kv-tokens must be at least 16 (one block), got {count}")
+        return kv_sizing.KvPlan(count, count * per_token, "as --kv-tokens asked" if tokens else "the CPU default")
+    import torch
+
+    free, total = torch.cuda.mem_get_info(torch.device(where.torch_device))
+    prefill_tokens = max(8192, config.chunk_size)
+    reserve = kv_sizing.activation_reserve(cfg, model.dtype_bytes, prefill_tokens)
+    return kv_sizing.plan_kv(per_token, free, total, reserve, fraction=fraction, tokens=tokens)
 
 
 def _cuda_available() -> bool:

@@ -133,7 +133,7 @@ class Engine:
             "model": self.model_name, "num_layers": cfg.num_layers, "max_context": cfg.max_context,
             "device": self.device.describe(), "unit_name": self.device.unit_name, "units": self.device.units,
             "virtual_clock": self.device.virtual, "levels": [list(g) for g in self.scheduler.table.groups],
-            "config": self.config_dict(), "policy": self.scheduler.policy,
+            "config": self.config_dict(), "policy": self.scheduler.policy, "runtime": self.executor.describe(),
             "limits": {"max_waiting_requests": self.limits.max_waiting_requests,
                        "max_waiting_tokens": self.limits.max_waiting_tokens, "refused": dict(self.refused)},
             "totals": dict(self.totals),
@@ -195,7 +195,7 @@ class Engine:
                 for name in values:
                     note(name, getattr(old, name), getattr(s.config, name))
                 if change.table is not None:
-                    note("levels", old_levels, [list(g) for g in change.table.groups])
+                    note("levels", old_levels, [list(g) for g in s.table.groups])  # as the device realized them
                     note("pinned_level", old_pin, s.pinned)  # a pin past the new last level is dropped
             if policy is not None:
                 if s.prefill_in_flight and policy != s.policy:

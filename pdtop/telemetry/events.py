@@ -77,6 +77,7 @@ class EngineDescription:
     levels: list[tuple[int, int]]
     config: EngineConfig
     policy: str
+    runtime: dict[str, Any] | None = None  # dtype, KV cache size, how decode runs (kernels, CUDA graphs)
     limits: Limits | None = None  # absent in recordings made before it existed
     totals: Totals | None = None  # absent from servers older than the field
     workload: str | None = None  # one line describing the workload scenario

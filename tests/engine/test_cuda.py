@@ -1,9 +1,11 @@
 """The CUDA green-context device: clear failures without CUDA here, real splits and overlap on a GPU."""
 import ctypes.util
 import importlib.util
+import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -204,25 +206,60 @@ def test_set_groups_rebuilds_levels(device):
 
 
 # -- the GPU check script -------------------------------------------------------------------
+GPU_MACHINE_LACKS = ("gguf", "websockets", "textual", "fastapi", "uvicorn", "httptools", "openai", "pytest_asyncio")
+
+
 def test_gpu_check_smoke_runs_without_packages_the_gpu_machine_lacks(tmp_path):
-    """`bench/gpu_check.py --smoke` (CPU, tiny shapes) runs with gguf/websockets/textual/jinja2 unimportable."""
+    """`bench/gpu_check.py --smoke` (CPU, a 2-layer model) drives pdtop's runner, engine and scheduler
+    through every section that needs no GPU, with what the lent GPU machine lacks unimportable."""
     import json
-    from pathlib import Path
 
     script = Path(__file__).resolve().parents[2] / "bench" / "gpu_check.py"
     out = tmp_path / "gpu_check.json"
     code = ("import runpy, sys\n"
-            "for m in ('gguf', 'websockets', 'textual', 'jinja2'):\n    sys.modules[m] = None\n"
+            f"for m in {GPU_MACHINE_LACKS!r}:\n    sys.modules[m] = None\n"
             f"sys.argv = ['gpu_check.py', '--smoke', '--out', {str(out)!r}]\n"
             f"runpy.run_path({str(script)!r}, run_name='__main__')\n")
     r = _run(code)
     assert r.returncode == 0, r.stdout + r.stderr
     report = json.loads(out.read_text())
-    assert report["errors"] == {}
-    assert report["workload"].startswith("synthetic-torch")
-    for key in ("decode_alone_whole", "prefill_alone_whole", "pdmux", "chunked_128", "chunked_64"):
-        assert key in report, key
-    assert report["pdmux"]["prefill_ms"] > 0 and report["chunked_64"]["steps"] == 4
+    assert report["errors"] == {} and report["skipped"] == {} and report["mode"] == "smoke"
+    assert report["device"]["name"] == "cpu" and report["levels"] == []
+    assert report["environment"]["torch"] == torch.__version__
+    eager = report["decode_step"]["eager"]["alone"]
+    assert eager["wall_ms"]["n"] == 20 and eager["wall_ms"]["p50"] > 0
+    assert set(report["itl_ms"]) == {"decode_only", "pdmux_under_prefill", "chunked_64", "chunked_32"}
+    assert all(v > 0 for v in report["itl_ms"].values())
+    assert report["policies"]["chunked_32"]["chunk_size"] == 32 and report["policies"]["pdmux"]["levels"]
+    assert report["runtime"]["kv_cache"]["tokens"] == 4096
+    assert "ITL p99 ms: decode_only" in r.stdout  # the summary table
+
+
+def test_gpu_check_stopped_by_its_timeout_keeps_results_and_prints_the_table(tmp_path):
+    """SIGTERM (what `timeout` in bench/gpu_run.sh sends) in the middle of a section: the sections done
+    stay in the JSON, the one stopped is recorded as such, the summary table is still printed."""
+    import json
+    import signal
+
+    script = Path(__file__).resolve().parents[2] / "bench" / "gpu_check.py"
+    out = tmp_path / "gpu_check.json"
+    proc = subprocess.Popen([sys.executable, str(script), "--smoke", "--out", str(out)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        lines = []
+        for line in proc.stdout:  # type: ignore[union-attr]
+            lines.append(line)
+            if line.startswith("[gpu_check] decode_step"):
+                proc.send_signal(signal.SIGTERM)
+                break
+        rest = proc.communicate(timeout=120)[0]
+    finally:
+        proc.kill()
+    assert proc.returncode == 124, "".join(lines) + rest
+    report = json.loads(out.read_text())
+    assert "SIGTERM" in report["skipped"]["decode_step"] and report["runtime"]["dtype"] == "float32"
+    assert "policies" not in report["seconds"] and "ITL p99" not in rest
+    assert rest.strip().splitlines()[-1].startswith("skipped decode_step: stopped by SIGTERM")  # the table's end
 
 
 @no_cuda
@@ -231,3 +268,17 @@ def test_device_info_says_what_is_missing():
 
     with pytest.raises(DeviceError, match=r"^cuda device unavailable: "):
         cuda_device_info()
+
+
+@no_cuda
+def test_gpu_run_script_leaves_its_files_without_a_gpu(tmp_path):
+    """`bench/gpu_run.sh` (the one call a lent GPU machine makes) on a machine without a GPU: the check
+    says so and exits 2, the cuda tests skip, and every log lands in $OUT."""
+    script = Path(__file__).resolve().parents[2] / "bench" / "gpu_run.sh"
+    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable}
+    r = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr
+    assert "gpu_run: gpu_check exit 2\n" in r.stdout and "gpu_run: pytest exit 0\n" in r.stdout
+    assert {p.name for p in tmp_path.iterdir()} >= {"nvidia_smi.txt", "gpu_check.log", "pytest_cuda.log"}
+    assert "no CUDA GPU visible to torch" in (tmp_path / "gpu_check.log").read_text()
+    assert "skipped" in (tmp_path / "pytest_cuda.log").read_text()

@@ -31,6 +31,7 @@ class Device(ABC):
     groups: list[tuple[int, int]]
     virtual: bool = False
     level: int = 0
+    max_prefill_in_flight: int = 1  # prefill slices submit_prefill accepts before the first is done
 
     @abstractmethod
     def now(self) -> float: ...
@@ -41,7 +42,8 @@ class Device(ABC):
 
     @abstractmethod
     def submit_prefill(self, work: Work) -> None:
-        """Start prefill work on the prefill side without waiting; one outstanding at a time."""
+        """Start prefill work on the prefill side without waiting; at most `max_prefill_in_flight`
+        outstanding, run in the order submitted."""
 
     @abstractmethod
     def prefill_busy(self) -> bool: ...
@@ -55,6 +57,14 @@ class Device(ABC):
     def wait_prefill(self) -> Any:
         """Block (or advance the virtual clock) until the outstanding prefill is done; its result."""
 
+    def collect_prefill(self, in_flight: int, block: bool = False) -> int:
+        """How many of the `in_flight` submitted prefill slices are done, oldest first, taking them;
+        `block` waits for all of them. (One slice in flight: done when the prefill side is idle.)"""
+        if in_flight and (block or not self.prefill_busy()):
+            self.wait_prefill()
+            return in_flight
+        return 0
+
     @abstractmethod
     def run_decode(self, work: Work) -> Any:
         """Run decode work on the decode side and wait for it."""
@@ -63,10 +73,13 @@ class Device(ABC):
     def run_whole(self, work: Work) -> Any:
         """Run work on every unit and wait for it (chunked and prefill-first steps)."""
 
-    def set_groups(self, groups: list[tuple[int, int]]) -> None:
-        """Replace the split levels (e.g. new manual divisions); called between rounds."""
+    def set_groups(self, groups: list[tuple[int, int]]) -> list[tuple[int, int] | None]:
+        """Replace the split levels (e.g. new manual divisions); called between rounds. Returns the
+        units each level realized (None: the level could not be made and was dropped); `groups`
+        becomes the realized levels. Here every level is realized as asked."""
         self.groups = list(groups)
         self.level = min(self.level, len(self.groups) - 1)
+        return list(self.groups)
 
     def describe(self) -> dict:
         return {"name": self.name, "kind": self.kind, "unit_name": self.unit_name, "units": self.units}

@@ -14,17 +14,54 @@ it makes belong to that stream; a prefill's run() must not synchronize (no .item
 """
 from __future__ import annotations
 
+import logging
+import os
 import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from pdtop.engine.devices.base import Device, Work
 from pdtop.engine.devices.green_ctx import INSTALL_HINT, GreenContexts, GreenPair
 from pdtop.engine.errors import DeviceError
 
+log = logging.getLogger(__name__)
+MAX_CONNECTIONS_ENV = "CUDA_DEVICE_MAX_CONNECTIONS"
+DEFAULT_MAX_CONNECTIONS = "32"  # the most hardware work queues; CUDA's default is 8
+PREFILL_SLICES_IN_FLIGHT = 2
+_connections_note: dict[str, Any] = {}
+
+
+def set_max_connections() -> None:
+    """Set CUDA_DEVICE_MAX_CONNECTIONS (unless the user did) before CUDA starts: with CUDA's
+    default of 8 work queues, streams of different green contexts share queues and a decode
+    launch can wait behind queued prefill kernels. Called by everything that may start CUDA
+    for the cuda device; `max_connections_state()` says whether it came in time."""
+    if _connections_note:
+        return
+    user = os.environ.get(MAX_CONNECTIONS_ENV)
+    started = False
+    try:
+        import torch
+
+        started = torch.cuda.is_initialized()
+    except ImportError:
+        pass
+    if user is None:
+        os.environ[MAX_CONNECTIONS_ENV] = DEFAULT_MAX_CONNECTIONS
+    _connections_note.update(set_by="user" if user is not None else "pdtop", cuda_started_before=started)
+
+
+def max_connections_state() -> dict[str, Any]:
+    """The value CUDA_DEVICE_MAX_CONNECTIONS has, who set it, and whether CUDA had already started
+    (then the setting may not apply to this process)."""
+    return {"value": os.environ.get(MAX_CONNECTIONS_ENV), **_connections_note}
+
 
 def cuda_unavailable_reason(index: int = 0) -> str | None:
     """Why the CUDA device cannot start here (everything missing, on one line), or None."""
+    set_max_connections()
     missing: list[str] = []
     try:
         import cuda.bindings.driver  # noqa: F401
@@ -62,10 +99,11 @@ def cuda_device_info(index: int = 0) -> dict:
 class _Level:
     """The two streams one level runs on; `pair` is None for the whole-device end levels."""
 
+    requested: tuple[int, int]
+    realized: tuple[int, int]
     prefill: Any  # torch.cuda.Stream | torch.cuda.ExternalStream
     decode: Any
     pair: GreenPair | None
-    realized: tuple[int, int]
 
 
 @dataclass
@@ -75,14 +113,19 @@ class _Pending:
     event: Any  # torch.cuda.Event recorded after the prefill's kernels
 
 
+StreamsListener = Callable[[dict[int, Any]], None]
+
+
 class CudaDevice(Device):
     kind = "cuda"
     unit_name = "SMs"
     virtual = False
+    max_prefill_in_flight = PREFILL_SLICES_IN_FLIGHT
 
     def __init__(self, groups: list[tuple[int, int]] | None = None, index: int = 0, sm_group_num: int = 8,
                  balanced_workqueues: bool = False):
         """`groups=None` builds SGLang's `stream_groups`; `balanced_workqueues` needs a CUDA 13.1+ driver."""
+        set_max_connections()
         reason = cuda_unavailable_reason(index)
         if reason:
             raise DeviceError(f"cuda device unavailable: {reason}")
@@ -98,8 +141,11 @@ class CudaDevice(Device):
         self._whole_prefill = torch.cuda.Stream(self.tdev)  # torch's pool streams are non-blocking
         self._whole_decode = torch.cuda.Stream(self.tdev)
         self._whole = torch.cuda.Stream(self.tdev)
-        self._levels: dict[tuple[int, int], _Level] = {}
-        self._pending: _Pending | None = None
+        self._made: dict[tuple[int, int], _Level] = {}  # by requested group
+        self._active: list[_Level] = []  # one per level, in level order
+        self.dropped: list[tuple[tuple[int, int], str]] = []
+        self._pending: deque[_Pending] = deque()
+        self._listeners: list[StreamsListener] = []
         self._closed = False
         self.balanced_workqueues = balanced_workqueues
         self.groups = []
@@ -118,43 +164,61 @@ class CudaDevice(Device):
     def _make_level(self, group: tuple[int, int]) -> _Level:
         p, d = group
         if p < 0 or d < 0 or p + d > self.units or p + d == 0:
-            raise DeviceError(f"level {group} does not fit {self.name} ({self.units} SMs)")
+            raise DeviceError(f"does not fit {self.name} ({self.units} SMs)")
         if p == 0 or d == 0:
-            return _Level(self._whole_prefill, self._whole_decode, None, (p, d))
+            return _Level(group, (self.units if p else 0, self.units if d else 0),
+                          self._whole_prefill, self._whole_decode, None)
         pair = self.gc.split(p, d, self.balanced_workqueues)
         ext = self._torch.cuda.ExternalStream
-        return _Level(ext(pair.prefill_stream, device=self.tdev), ext(pair.decode_stream, device=self.tdev),
-                      pair, pair.realized)
+        return _Level(group, pair.realized, ext(pair.prefill_stream, device=self.tdev),
+                      ext(pair.decode_stream, device=self.tdev), pair)
 
-    def set_groups(self, groups: list[tuple[int, int]]) -> None:
-        """Build green contexts for new levels, destroy those no longer used; keeps the old set on failure."""
+    def set_groups(self, groups: list[tuple[int, int]]) -> list[tuple[int, int] | None]:
+        """Carve each split level (`GreenContexts.split`); a level the driver cannot make is dropped
+        with a one-line warning naming it. Levels no longer used are destroyed; the device's
+        `groups` become the realized counts of the levels kept."""
         wanted = [(int(p), int(d)) for p, d in groups]
         if len(wanted) < 2:
             raise DeviceError(f"a split table needs at least 2 levels, got {wanted}")
         self._sync_all()
-        made: dict[tuple[int, int], _Level] = {}
-        try:
-            for g in wanted:
-                if g not in made:
-                    made[g] = self._levels[g] if g in self._levels else self._make_level(g)
-        except BaseException:
+        made, dropped = make_levels(wanted, self._make_level, self._made)
+        active = [made[g] for g in wanted if g in made]
+        if len(active) < 2:
             for g, lvl in made.items():
-                if g not in self._levels and lvl.pair is not None:
+                if g not in self._made and lvl.pair is not None:
                     self.gc.destroy(lvl.pair)
-            raise
-        for g, lvl in self._levels.items():
+            raise DeviceError(f"no usable split table on {self.name}: {'; '.join(r for _, r in dropped)}")
+        streams = _decode_streams(active, self._whole)
+        for listener in self._listeners:  # e.g. CUDA graphs: captured for new streams, freed for old ones
+            listener(streams)
+        for g, lvl in self._made.items():
             if g not in made and lvl.pair is not None:
                 self.gc.destroy(lvl.pair)
-        self._levels = made
-        super().set_groups(wanted)
+        self._made, self._active, self.dropped = made, active, dropped
+        super().set_groups([lvl.realized for lvl in active])
+        return [made[g].realized if g in made else None for g in wanted]
+
+    def add_streams_listener(self, listener: StreamsListener) -> None:
+        """Call `listener({handle: stream})` with every decode stream now and whenever the levels change."""
+        self._listeners.append(listener)
+        listener(_decode_streams(self._active, self._whole))
 
     @property
     def realized(self) -> list[tuple[int, int]]:
-        """SMs the driver gave each level (>= the request; equal on the GPUs seen so far)."""
-        return [self._levels[g].realized for g in self.groups]
+        """SMs each level's green contexts hold (what runs; equal to `groups`)."""
+        return [lvl.realized for lvl in self._active]
+
+    @property
+    def requested(self) -> list[tuple[int, int]]:
+        return [lvl.requested for lvl in self._active]
 
     def _current(self) -> _Level:
-        return self._levels[self.groups[self.level]]
+        return self._active[self.level]
+
+    def side_streams(self) -> tuple[Any, Any]:
+        """The current level's (prefill, decode) streams, for timing work on them (bench/gpu_check.py)."""
+        lvl = self._current()
+        return lvl.prefill, lvl.decode
 
     def set_level(self, level: int) -> None:
         if not 0 <= level < len(self.groups):
@@ -176,23 +240,37 @@ class CudaDevice(Device):
             return work.run()
 
     def submit_prefill(self, work: Work) -> None:
-        if self.prefill_busy():
-            raise RuntimeError("a prefill is already outstanding")
+        """Queue a prefill slice behind those in flight on the prefill stream (at most
+        `max_prefill_in_flight`, as SGLang launches a slice every round without waiting)."""
+        running = sum(1 for p in self._pending if not p.event.query())  # done ones wait to be collected
+        if running >= self.max_prefill_in_flight:
+            raise RuntimeError(f"{running} prefill slices are already in flight")
         stream = self._current().prefill
         result = self._launch(stream, work)
         event = self._torch.cuda.Event()
         event.record(stream)
-        self._pending = _Pending(work, result, event)
+        self._pending.append(_Pending(work, result, event))
 
     def prefill_busy(self) -> bool:
-        return self._pending is not None and not self._pending.event.query()
+        return bool(self._pending) and not self._pending[-1].event.query()
 
     def wait_prefill(self) -> Any:
-        pending, self._pending = self._pending, None
-        if pending is None:
+        if not self._pending:
             return None
-        pending.event.synchronize()
-        return pending.result
+        last = self._pending[-1]
+        last.event.synchronize()  # one stream: the last slice done means all are
+        self._pending.clear()
+        return last.result
+
+    def collect_prefill(self, in_flight: int, block: bool = False) -> int:
+        if block:
+            self.wait_prefill()
+            return in_flight
+        done = 0
+        while self._pending and self._pending[0].event.query():
+            self._pending.popleft()
+            done += 1
+        return done
 
     def run_decode(self, work: Work) -> Any:
         stream = self._current().decode
@@ -208,12 +286,15 @@ class CudaDevice(Device):
     # -- the rest ----------------------------------------------------------------------------
     def describe(self) -> dict:
         return {**super().describe(), **{k: v for k, v in self.gc.describe().items() if k != "name"},
-                "gpu": self.gc.name, "levels_realized": [list(r) for r in self.realized],
-                "balanced_workqueues": self.balanced_workqueues}
+                "gpu": self.gc.name, "levels_requested": [list(g) for g in self.requested],
+                "levels_realized": [list(r) for r in self.realized],
+                "dropped_levels": [{"requested": list(g), "reason": r} for g, r in self.dropped],
+                "prefill_slices_in_flight": self.max_prefill_in_flight,
+                "max_connections": max_connections_state(), "balanced_workqueues": self.balanced_workqueues}
 
     def _sync_all(self) -> None:
         streams = [self._whole, self._whole_prefill, self._whole_decode]
-        for lvl in self._levels.values():
+        for lvl in self._made.values():
             streams += [lvl.prefill, lvl.decode]
         for s in streams:
             s.synchronize()
@@ -225,6 +306,38 @@ class CudaDevice(Device):
         try:
             self._sync_all()
         finally:
-            self._levels.clear()
-            self._pending = None
+            self._made.clear()
+            self._active.clear()
+            self._pending.clear()
+            self._listeners.clear()
             self.gc.close()
+
+
+T = TypeVar("T")
+
+
+Group = tuple[int, int]
+
+
+def make_levels(wanted: list[Group], make: Callable[[Group], T],
+                existing: dict[Group, T]) -> tuple[dict[Group, T], list[tuple[Group, str]]]:
+    """Each distinct level of `wanted`: from `existing`, else `make(group)`. A level `make` refuses
+    (DeviceError) is dropped with a one-line warning naming it; returns (made, dropped with reasons)."""
+    made: dict[tuple[int, int], T] = {}
+    dropped: dict[tuple[int, int], str] = {}
+    for i, g in enumerate(wanted):
+        if g in made or g in dropped:
+            continue
+        try:
+            made[g] = existing[g] if g in existing else make(g)
+        except DeviceError as exc:
+            dropped[g] = str(exc)
+            log.warning("pdtop: level %d %s dropped: %s", i, list(g), exc)
+    return made, list(dropped.items())
+
+
+def _decode_streams(levels: list[_Level], whole: Any) -> dict[int, Any]:
+    """Each distinct decode stream of `levels`, and the whole-device one (`run_whole`), by raw handle."""
+    out = {int(lvl.decode.cuda_stream): lvl.decode for lvl in levels}
+    out[int(whole.cuda_stream)] = whole
+    return out

@@ -1,7 +1,11 @@
 """Raw CUDA driver calls for green contexts, through cuda-python (`cuda.bindings.driver`).
 
-One `GreenPair` is one split level: the device's SMs cut in two, a green context on
-each part, and one non-blocking stream on each. Every CUresult is checked; anything a
+One `GreenPair` is one split level, carved as SGLang carves it (`sm_split`): `p + d` SMs
+into one green context, those cut in two, a green context on each part, and one
+non-blocking stream on each; the realized counts are read back from the contexts
+(`cuGreenCtxGetDevResource`). Partition limits come from the driver where CUDA 13
+reports them (`minSmPartitionSize`, `smCoscheduledAlignment`), else from the seed's
+table. Every CUresult is checked; anything a
 machine lacks (cuda-python, a driver, a GPU, green contexts) becomes a one-line
 `DeviceError` saying what is missing. This module never imports torch.
 
@@ -14,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from pdtop.engine.devices.sm_split import PartitionLimits, plan_split, why_not
 from pdtop.engine.errors import DeviceError
 from pdtop.engine.roofline.partition import round_sms, sm_granularity  # noqa: F401 (re-exported for callers)
 
@@ -106,21 +111,25 @@ class GreenPair:
     """One split level: a green context and a stream on each side; streams are raw CUstream ints."""
 
     requested: tuple[int, int]  # (prefill SMs, decode SMs) asked for
-    realized: tuple[int, int]  # what the driver gave (resource.sm.smCount)
+    realized: tuple[int, int]  # what the two contexts hold (cuGreenCtxGetDevResource)
     prefill_stream: int
     decode_stream: int
-    _handles: list[Any] = field(default_factory=list, repr=False)  # [ctx_p, ctx_d, stream_p, stream_d]
+    _streams: list[Any] = field(default_factory=list, repr=False)
+    _contexts: list[Any] = field(default_factory=list, repr=False)  # prefill, decode, then the carved outer one
 
 
 class GreenContexts:
-    """The driver side of one GPU: initialises CUDA, checks versions, makes and destroys split levels."""
+    """The driver side of one GPU: initialises CUDA, checks versions, makes and destroys split levels.
 
-    def __init__(self, index: int = 0):
-        self.drv = load_driver()
+    `driver` replaces `cuda.bindings.driver` (tests pass a fake one).
+    """
+
+    def __init__(self, index: int = 0, driver: Any = None):
+        self.drv = driver if driver is not None else load_driver()
         drv = self.drv
         call(drv, "cuInit", 0)
         self.driver_version = int(call(drv, "cuDriverGetVersion"))
-        self.bindings = bindings_version()
+        self.bindings = bindings_version() if driver is None else str(getattr(driver, "__version__", "?"))
         check_driver_versions(self.driver_version, self.bindings)
         count = int(call(drv, "cuDeviceGetCount"))
         if count == 0:
@@ -134,17 +143,22 @@ class GreenContexts:
         self.minor = int(call(drv, "cuDeviceGetAttribute", attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self.dev))
         if self.major < 6:
             raise DeviceError(f"compute capability {self.major}.{self.minor} has no green contexts (6.0+ needed)")
-        name = call(drv, "cuDeviceGetName", 256, self.dev)
-        self.name = (name.split(b"\0", 1)[0].decode() if isinstance(name, bytes) else str(name)).strip()
+        self.name = _text(call(drv, "cuDeviceGetName", 256, self.dev))
+        self.pci_bus_id, self.uuid = _pci_bus_id(drv, self.dev), _uuid(drv, self.dev)
         # Green contexts retain the primary context; holding it avoids re-creating it per level.
         self._primary = call(drv, "cuDevicePrimaryCtxRetain", self.dev)
-        self.total_sms = int(self._sm_resource().sm.smCount)
+        whole = self._sm_resource()
+        self.total_sms = int(whole.sm.smCount)
+        self.limits = partition_limits(whole.sm, self.major)
         self.pairs: list[GreenPair] = []
         self._closed = False
 
     def _sm_resource(self) -> Any:
         """The whole device's SM resource (queried per split: split outputs cannot be split again)."""
         return call(self.drv, "cuDeviceGetDevResource", self.dev, self.drv.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM)
+
+    def _ctx_sms(self, ctx: Any) -> Any:
+        return call(self.drv, "cuGreenCtxGetDevResource", ctx, self.drv.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM)
 
     def _workqueue_resource(self) -> Any:
         """A workqueue config asking for non-overlapping workqueues between balanced green contexts."""
@@ -156,48 +170,61 @@ class GreenContexts:
         wq.wqConfig.sharingScope = drv.CUdevWorkqueueConfigScope.CU_WORKQUEUE_SCOPE_GREEN_CTX_BALANCED
         return wq
 
-    def split(self, prefill_sms: int, decode_sms: int | None = None, balanced_workqueues: bool = False) -> GreenPair:
-        """Carve `prefill_sms` (rounded up to the granularity) off the device; the rest is decode's.
+    def _split_one(self, resource: Any, count: int) -> tuple[Any, Any]:
+        """One group of at least `count` SMs out of `resource`, and the remainder."""
+        groups, n, rest = call(self.drv, "cuDevSmResourceSplitByCount", 1, resource, 0, count)
+        if int(n) < 1 or not groups:
+            raise DeviceError(f"the driver made no group of {count} SMs out of {int(resource.sm.smCount)}")
+        return groups[0], rest
+
+    def _context(self, resources: list[Any]) -> Any:
+        desc = call(self.drv, "cuDevResourceGenerateDesc", resources, len(resources))
+        return call(self.drv, "cuGreenCtxCreate", desc, self.dev,
+                    self.drv.CUgreenCtxCreate_flags.CU_GREEN_CTX_DEFAULT_STREAM)
+
+    def split(self, prefill_sms: int, decode_sms: int, balanced_workqueues: bool = False) -> GreenPair:
+        """A level of `prefill_sms` + `decode_sms`, carved as SGLang does (`sm_split.plan_split`):
+        `p + d` SMs into one green context (the whole device when that is all of it), then `p`
+        of those for prefill and the rest for decode. The realized counts are read back from
+        the two contexts; DeviceError (saying why) when the level cannot be made.
 
         `balanced_workqueues` (CUDA 13.1+) also asks the driver to keep the two sides'
         submissions on separate hardware workqueues, so launches do not queue behind each other.
         """
-        drv = self.drv
+        requested = (int(prefill_sms), int(decode_sms))
+        p, d = requested
+        planned = plan_split(p, d, self.total_sms, self.limits)
+        if planned is None:
+            raise DeviceError(f"{self.name} cannot carve it: {why_not(p, d, self.total_sms, self.limits)}")
         extra = [self._workqueue_resource()] if balanced_workqueues else []
-        want_p = round_sms(prefill_sms, self.major)
-        want_d = self.total_sms - want_p if decode_sms is None else decode_sms
-        if want_p + want_d > self.total_sms or want_d < 1:
-            raise DeviceError(f"split ({prefill_sms}, {want_d}) needs {want_p + want_d} SMs after rounding "
-                              f"prefill to {want_p}; {self.name} has {self.total_sms}")
-        handles: list[Any] = []
+        pair = GreenPair(requested, (0, 0), 0, 0)
         try:
-            groups, n, rest = call(drv, "cuDevSmResourceSplitByCount", 1, self._sm_resource(), 0, want_p)
-            if int(n) < 1 or not groups:
-                raise DeviceError(f"cuDevSmResourceSplitByCount made no group of {want_p} SMs")
-            part = groups[0]
-            got_p, got_d = int(part.sm.smCount), int(rest.sm.smCount)
-            if got_p < want_p or got_d < want_d:
-                raise DeviceError(f"green contexts got ({got_p}, {got_d}) SMs for a requested "
-                                  f"({want_p}, {want_d}) split on {self.name} ({self.total_sms} SMs)")
-            flag = drv.CUgreenCtxCreate_flags.CU_GREEN_CTX_DEFAULT_STREAM
-            for res in (part, rest):
-                desc = call(drv, "cuDevResourceGenerateDesc", [res, *extra], 1 + len(extra))
-                handles.append(call(drv, "cuGreenCtxCreate", desc, self.dev, flag))
-            nb = drv.CUstream_flags.CU_STREAM_NON_BLOCKING
-            for ctx in handles[:2]:
-                handles.append(call(drv, "cuGreenCtxStreamCreate", ctx, nb, 0))
+            outer = self._sm_resource()
+            if sum(planned) < self.total_sms:  # step 1: carve p + d into a context of its own
+                carved, _ = self._split_one(outer, p + d)
+                pair._contexts.append(self._context([carved]))
+                outer = self._ctx_sms(pair._contexts[-1])
+            part, rest = self._split_one(outer, p)  # step 2: prefill's part; decode gets the rest
+            if int(rest.sm.smCount) < 1:
+                raise DeviceError(f"prefill's {int(part.sm.smCount)} SMs leave decode none")
+            for res in (rest, part):  # decode first: the list ends prefill, decode, outer
+                pair._contexts.insert(0, self._context([res, *extra]))
+            nb = self.drv.CUstream_flags.CU_STREAM_NON_BLOCKING
+            for ctx in pair._contexts[:2]:
+                pair._streams.append(call(self.drv, "cuGreenCtxStreamCreate", ctx, nb, 0))
+            pair.realized = (int(self._ctx_sms(pair._contexts[0]).sm.smCount),
+                             int(self._ctx_sms(pair._contexts[1]).sm.smCount))
         except BaseException:
-            _destroy(drv, handles)
+            _destroy(self.drv, pair)
             raise
-        pair = GreenPair((want_p, want_d), (got_p, got_d), int(handles[2]), int(handles[3]), handles)
+        pair.prefill_stream, pair.decode_stream = int(pair._streams[0]), int(pair._streams[1])
         self.pairs.append(pair)
         return pair
 
     def destroy(self, pair: GreenPair) -> None:
         """Destroy a level's streams, then its green contexts; the caller has synchronized them."""
         self.pairs = [p for p in self.pairs if p is not pair]
-        errors = _destroy(self.drv, pair._handles)
-        pair._handles = []
+        errors = _destroy(self.drv, pair)
         if errors:
             raise DeviceError("; ".join(errors))
 
@@ -207,8 +234,7 @@ class GreenContexts:
         self._closed = True
         errors: list[str] = []
         for pair in list(self.pairs):
-            errors += _destroy(self.drv, pair._handles)
-            pair._handles = []
+            errors += _destroy(self.drv, pair)
         self.pairs.clear()
         try:
             call(self.drv, "cuDevicePrimaryCtxRelease", self.dev)
@@ -220,7 +246,53 @@ class GreenContexts:
     def describe(self) -> dict:
         return {"name": self.name, "index": self.index, "cc": f"{self.major}.{self.minor}",
                 "sms": self.total_sms, "driver_cuda": version_str(self.driver_version),
-                "cuda_bindings": self.bindings}
+                "cuda_bindings": self.bindings, "pci_bus_id": self.pci_bus_id, "uuid": self.uuid,
+                "partition_limits": {"min_sms": self.limits.min_part, "align": self.limits.align,
+                                     "source": self.limits.source}}
+
+
+def partition_limits(sm: Any, major: int) -> PartitionLimits:
+    """`minSmPartitionSize` and `smCoscheduledAlignment` of an SM resource where the driver reports them
+    (CUDA 13 bindings), else the seed's table for compute capability `major`."""
+    min_part = int(getattr(sm, "minSmPartitionSize", 0) or 0)
+    align = int(getattr(sm, "smCoscheduledAlignment", 0) or 0)
+    if min_part > 0 and align > 0:
+        return PartitionLimits(min_part, align, "driver")
+    return PartitionLimits.from_table(major)
+
+
+def _text(value: Any) -> str:
+    """A driver string output (bytes with a NUL, or str) as text."""
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).split(b"\0", 1)[0].decode(errors="replace").strip()
+    return str(value).split("\0", 1)[0].strip()
+
+
+def _pci_bus_id(drv: Any, dev: Any) -> str | None:
+    """The GPU's PCI bus id (`0000:65:00.0`), or None if the driver will not say."""
+    try:
+        return _text(call(drv, "cuDeviceGetPCIBusId", 64, dev)) or None
+    except DeviceError:
+        return None
+
+
+def _uuid(drv: Any, dev: Any) -> str | None:
+    """The GPU's UUID as NVML writes it (`GPU-xxxxxxxx-xxxx-...`), or None if the driver will not say."""
+    for name in ("cuDeviceGetUuid", "cuDeviceGetUuid_v2"):
+        try:
+            raw = call(drv, name, dev)
+            b = raw.bytes if hasattr(raw, "bytes") else raw
+            if isinstance(b, str):
+                b = b.encode("latin-1")
+            elif isinstance(b, (list, tuple)):  # signed chars
+                b = bytes(x & 0xFF for x in b)
+            b = bytes(b)[:16]
+        except (DeviceError, TypeError, ValueError, UnicodeError):
+            continue
+        if len(b) == 16:
+            h = b.hex()
+            return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+    return None
 
 
 def check_driver_versions(driver: int, bindings: str) -> None:
@@ -236,14 +308,14 @@ def check_driver_versions(driver: int, bindings: str) -> None:
                           f"CUDA {version_str(driver)}: install cuda-python 12.x (pip install 'cuda-python>=12.5,<13')")
 
 
-def _destroy(drv: Any, handles: list[Any]) -> list[str]:
-    """Streams first (they outlive nothing), then contexts; returns the errors instead of stopping."""
+def _destroy(drv: Any, pair: GreenPair) -> list[str]:
+    """Streams first (they outlive nothing), then contexts in order; returns the errors instead of stopping."""
     errors: list[str] = []
-    streams, ctxs = handles[2:], handles[:2]
-    for name, items in (("cuStreamDestroy", streams), ("cuGreenCtxDestroy", ctxs)):
+    for name, items in (("cuStreamDestroy", pair._streams), ("cuGreenCtxDestroy", pair._contexts)):
         for h in items:
             try:
                 call(drv, name, h)
             except DeviceError as e:
                 errors.append(str(e))
+    pair._streams, pair._contexts = [], []
     return errors

@@ -20,8 +20,10 @@ from pdtop.engine.errors import EngineError, UnsupportedModelError
 from pdtop.engine.model import rope
 from pdtop.engine.model.config import ModelConfig, synthetic_config
 from pdtop.engine.model.linear import Linear
+from pdtop.engine.model.paged_attention import prefix_attention
 
 if TYPE_CHECKING:
+    from pdtop.engine.model.paged_attention import PagedDecode
     from pdtop.engine.runtime.kv_cache import KVCache
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
@@ -43,7 +45,8 @@ class Segment:
     length: int               # new tokens
     prefix: int               # tokens of this sequence already in the KV cache
     gather: torch.Tensor | None = None  # KV slots of prefix + new tokens (only when prefix > 0)
-    mask: torch.Tensor | None = None    # [length, prefix + length] bool, True = attend
+    mask: torch.Tensor | None = None    # [length, prefix + length] bool, True = attend; None: causal
+                                        # to the last position (CUDA, `paged_attention.prefix_attention`)
 
 
 @dataclass
@@ -64,6 +67,7 @@ class ForwardBatch:
     num_decode: int = 0               # the first rows are single-token decode rows
     decode_groups: list[DecodeGroup] = field(default_factory=list)  # those rows, by context length
     segments: list[Segment] = field(default_factory=list)
+    paged: PagedDecode | None = None  # CUDA: the decode rows read the paged cache in place instead
     _rope: torch.Tensor | None = None
 
     def rope(self, model: LlamaModel) -> torch.Tensor:
@@ -141,6 +145,8 @@ class Attention(nn.Module):
 
     def _decode(self, q: torch.Tensor, cache: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """One query per row against its gathered context, by length group when lengths differ widely."""
+        if batch.paged is not None:
+            return batch.paged.attend(q, cache, self.scale)
         groups = batch.decode_groups
         if len(groups) == 1:  # the usual case: every row in one group
             g = groups[0]
@@ -168,7 +174,10 @@ class Attention(nn.Module):
 
     def _prefill(self, q: torch.Tensor, kv: torch.Tensor, cache: torch.Tensor, seg: Segment) -> torch.Tensor:
         qt = q.transpose(0, 1)[None]
-        if seg.gather is not None:  # attend to the cached prefix too (the new tokens were just written)
+        if seg.gather is not None and seg.mask is None:  # CUDA: no mask, so SDPA's fused kernels apply
+            ctx = gather(cache, seg.gather)
+            o = prefix_attention(qt, ctx[0][None], ctx[1][None], self.groups, self.scale)
+        elif seg.gather is not None:  # attend to the cached prefix too (the new tokens were just written)
             ctx = gather(cache, seg.gather)
             o = sdpa_gqa(qt, ctx[0][None], ctx[1][None], self.groups, attn_mask=seg.mask, scale=self.scale)
         else:

@@ -47,9 +47,11 @@ def greedy_tokens(logits: torch.Tensor, chunk: int = 128) -> torch.Tensor:
     return first * chunk + inner
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams], gens: list[torch.Generator | None]) -> list[int]:
-    """One token per row of `[n, vocab]` logits; greedy rows in one argmax."""
-    out = greedy_tokens(logits).tolist()
+def sample(logits: torch.Tensor, params: list[SamplingParams], gens: list[torch.Generator | None],
+           greedy: torch.Tensor | None = None) -> list[int]:
+    """One token per row of `[n, vocab]` logits; greedy rows in one argmax (`greedy`, when the work that
+    made the logits took it already)."""
+    out = (greedy_tokens(logits) if greedy is None else greedy).tolist()
     for i, (p, g) in enumerate(zip(params, gens, strict=True)):
         if not p.greedy:
             out[i] = sample_one(logits[i], p, g)

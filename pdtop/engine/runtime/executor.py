@@ -35,6 +35,10 @@ class Executor(ABC):
         """(used tokens, capacity tokens)."""
         return self.pool.used_tokens, self.pool.capacity_tokens
 
+    def describe(self) -> dict[str, Any]:
+        """How the work runs (dtype, KV cache, kernels), for `Engine.describe()["runtime"]`."""
+        return {"kv_cache": {"tokens": self.pool.capacity_tokens}}
+
     @abstractmethod
     def _run_decode(self, reqs: list[Request]) -> list[int]: ...
 
@@ -46,7 +50,8 @@ class Executor(ABC):
 
     @abstractmethod
     def finish_prefill(self, state: Any) -> list[int]:
-        """Final norm + logits at each prompt's last position and the first tokens.
+        """The first tokens, sampled from the logits the last prefill slice made (the final norm and
+        LM head run inside that slice, on the prefill side).
 
         Run by the scheduler thread after the last layers are done, not inside the
         prefill work: on CUDA, sampling syncs, so it must not sit in the launched work.
@@ -93,6 +98,9 @@ class ModelExecutor(Executor):
 
     def admit(self, req: Request) -> None:
         self.runner.admit(req)
+
+    def describe(self) -> dict[str, Any]:
+        return self.runner.describe()
 
     def release(self, req: Request) -> None:
         self.runner.free(req)

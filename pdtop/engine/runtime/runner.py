@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,10 +24,12 @@ import torch
 from pdtop.engine.errors import PromptError
 from pdtop.engine.model.config import ModelConfig
 from pdtop.engine.model.llama import DecodeGroup, ForwardBatch, LlamaModel, Segment
-from pdtop.engine.model.sampling import make_generator, sample
+from pdtop.engine.model.sampling import greedy_tokens, make_generator, sample
 from pdtop.engine.request import Request, RequestStatus
 from pdtop.engine.runtime.block_pool import BlockTable
+from pdtop.engine.runtime.cuda_graphs import CudaDecoder, DecodeInputs
 from pdtop.engine.runtime.kv_cache import KVCache
+from pdtop.engine.runtime.kv_sizing import KvPlan
 
 __all__ = ["ModelRunner", "PrefillState", "length_groups"]
 
@@ -41,7 +44,8 @@ class PrefillState:
     batch: ForwardBatch
     last_rows: torch.Tensor        # row of each prompt's last token
     next_layer: int = 0
-    logits: torch.Tensor | None = None  # [n, vocab] float32, set by prefill_finish
+    logits: torch.Tensor | None = None  # [n, vocab] float32, set with the last layers
+    greedy: torch.Tensor | None = None  # [n] their argmax, taken there too
 
     @property
     def tokens(self) -> int:
@@ -53,6 +57,13 @@ def _unfinished(state: PrefillState) -> torch.Tensor:
     if state.hidden is None:
         raise ValueError(f"the prefill of requests {[r.id for r in state.reqs]} is already finished")
     return state.hidden
+
+
+def _tensors(state: PrefillState) -> list[torch.Tensor]:
+    """The device tensors an in-flight prefill carries from one slice to the next."""
+    b = state.batch
+    ts = [state.hidden, state.last_rows, b.positions, b.slots, b._rope, *(s.gather for s in b.segments)]
+    return [t for t in ts if t is not None]
 
 
 def length_groups(lens: list[int]) -> list[list[int]]:
@@ -72,7 +83,10 @@ def length_groups(lens: list[int]) -> list[list[int]]:
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, kv_capacity_tokens: int = 8192, block_size: int = 16):
+    def __init__(self, model: LlamaModel, kv_capacity_tokens: int = 8192, block_size: int = 16, *,
+                 cuda_graphs: bool = True):
+        """On CUDA, decode goes through `cuda_graphs.CudaDecoder` (paged attention, CUDA graphs unless
+        `cuda_graphs` is False)."""
         self.model = model
         self.config: ModelConfig = model.config
         self.kv = KVCache(self.config.num_layers, self.config.num_kv_heads, self.config.head_dim,
@@ -80,6 +94,18 @@ class ModelRunner:
         self.dtype_bytes = model.dtype_bytes
         self._lock = threading.Lock()
         self._in_flight: list[PrefillState] = []
+        self.cuda: CudaDecoder | None = None
+        if model.device.type == "cuda":
+            self.cuda = CudaDecoder(model, self.kv, graphs=cuda_graphs)
+
+    kv_how = "as given"  # where the KV size came from (`build_engine` says)
+
+    def describe(self) -> dict[str, Any]:
+        """The dtype, the KV cache's size, and on CUDA how decode runs (attention kernel, graphs)."""
+        kv = KvPlan(self.kv.pool.capacity_tokens, self.kv.bytes, self.kv_how)
+        out: dict[str, Any] = {"dtype": str(self.model.dtype).removeprefix("torch."),
+                               "kv_cache": {**kv.to_dict(), "line": kv.line()}}
+        return {**out, **self.cuda.describe()} if self.cuda is not None else out
 
     # --- requests ----------------------------------------------------------
 
@@ -151,21 +177,34 @@ class ModelRunner:
         if start != state.next_layer or not start < end <= self.config.num_layers:
             raise ValueError(f"prefill_layers({start}, {end}): next layer is {state.next_layer} "
                              f"of {self.config.num_layers}")
-        state.hidden = self.model.forward_layers(_unfinished(state), state.batch, start, end)
+        hidden = _unfinished(state)
+        stream = torch.cuda.current_stream(hidden.device) if hidden.is_cuda else None
+        if stream is not None:  # made on another stream: not to be reused before this one is done with it
+            for t in _tensors(state):
+                t.record_stream(stream)
+        hidden = self.model.forward_layers(hidden, state.batch, start, end)
         state.next_layer = end
+        if end == self.config.num_layers:  # final norm, LM head and argmax here, on the prefill side's units
+            state.logits = self.model.logits(hidden.index_select(0, state.last_rows))
+            state.greedy = greedy_tokens(state.logits)
+            state.hidden = None
+        else:
+            state.hidden = hidden
 
     @torch.inference_mode()
     def prefill_finish(self, state: PrefillState) -> list[int]:
-        """Final norm + logits at each prompt's last token: each request's first token (not appended)."""
+        """Each request's first token (not appended), from the logits and argmax the last layers made:
+        only reading them back (and sampling rows that are not greedy) happens here."""
         if state.next_layer != self.config.num_layers:
             raise ValueError(f"prefill_finish after {state.next_layer} of {self.config.num_layers} layers")
-        logits = self.model.logits(_unfinished(state).index_select(0, state.last_rows))
-        state.hidden, state.logits = None, logits
-        tokens = self._sample(logits, state.reqs)
+        with self._lock:
+            if state not in self._in_flight:
+                raise ValueError(f"the prefill of requests {[r.id for r in state.reqs]} is already finished")
+            self._in_flight.remove(state)
+        assert state.logits is not None
+        tokens = sample(state.logits, [r.params for r in state.reqs], [r.generator for r in state.reqs], state.greedy)
         for r in state.reqs:
             r.num_cached = r.prompt_len
-        with self._lock:
-            self._in_flight.remove(state)
         return tokens
 
     def prefill(self, reqs: list[Request]) -> list[int]:
@@ -219,6 +258,8 @@ class ModelRunner:
         K/V of each last token but counts it nowhere (`decode` does), so it may be called again."""
         self._check_decoding(reqs)
         self._grow(reqs)
+        if self.cuda is not None and self.cuda.paged:
+            return self.cuda.logits(DecodeInputs.of(self.kv, reqs))
         ids, pos, slots, groups = self._decode_batch(reqs)
         batch = ForwardBatch(kv=self.kv, positions=self._tensor(pos), slots=self._tensor(slots),
                              num_decode=len(reqs), decode_groups=groups)
@@ -251,18 +292,26 @@ class ModelRunner:
                 raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
             start = chunk_req.num_cached
             n = min(chunk_tokens, chunk_req.prompt_len - start)
-        elif not decode_reqs:
-            return [], None
+        else:  # decode rows alone: the decode step (CUDA graphs on a GPU)
+            return self.decode(decode_reqs), None
         ids: list[int] = []
         pos: list[np.ndarray] = []
         slots: list[np.ndarray] = []
         groups: list[DecodeGroup] = []
+        paged = None
         if decode_reqs:
             self._grow(decode_reqs)
-            d_ids, d_pos, d_slots, groups = self._decode_batch(decode_reqs)
-            ids += d_ids
-            pos.append(np.asarray(d_pos, dtype=np.int64))
-            slots.append(d_slots)
+            if self.cuda is not None and self.cuda.paged:
+                inp = DecodeInputs.of(self.kv, decode_reqs)
+                ids += inp.ids.tolist()
+                pos.append(inp.positions)
+                slots.append(inp.slots)
+                paged = self.cuda.paged_batch(inp)
+            else:
+                d_ids, d_pos, d_slots, groups = self._decode_batch(decode_reqs)
+                ids += d_ids
+                pos.append(np.asarray(d_pos, dtype=np.int64))
+                slots.append(d_slots)
         segments = []
         if chunk_req is not None:
             ids += chunk_req.prompt_ids[start:start + n]
@@ -271,12 +320,13 @@ class ModelRunner:
             seg = Segment(offset=len(decode_reqs), length=n, prefix=start)
             if start:
                 seg.gather = self._tensor(self.kv.slots(chunk_req.table, 0, start + n))
-                causal = np.arange(start + n)[None, :] <= (start + np.arange(n))[:, None]
-                seg.mask = torch.as_tensor(causal, device=self.model.device)
+                if self.cuda is None:  # on CUDA the causal rule needs no mask (`prefix_attention`)
+                    causal = np.arange(start + n)[None, :] <= (start + np.arange(n))[:, None]
+                    seg.mask = torch.as_tensor(causal, device=self.model.device)
             segments.append(seg)
         batch = ForwardBatch(kv=self.kv, positions=self._tensor(np.concatenate(pos)),
                              slots=self._tensor(np.concatenate(slots)), num_decode=len(decode_reqs),
-                             decode_groups=groups, segments=segments)
+                             decode_groups=groups, segments=segments, paged=paged)
         h = self.model.forward_layers(self.model.embed(self._tensor(ids)), batch, 0, self.config.num_layers)
         for r in decode_reqs:
             r.num_cached += 1

@@ -85,9 +85,9 @@ class PrefillBatch:
     tokens: int
     layers_per_round: int
     layers_done: int = 0
-    submitted_end: int = 0  # layers submitted so far (>= layers_done while a chunk is in flight)
-    chunk: Work | None = None  # the chunk in flight, until its FLOPs and bytes are all charged
-    charged: float = 0.0  # the fraction of `chunk` charged to rounds so far
+    submitted_end: int = 0  # layers submitted so far (>= layers_done while slices are in flight)
+    in_flight: deque[tuple[int, Work]] = field(default_factory=deque)  # (end layer, work) of each unfinished slice
+    charged: float = 0.0  # the fraction of the oldest slice in flight charged to rounds so far
 
 
 @dataclass
@@ -106,10 +106,10 @@ class RoundStats:
 class Scheduler:
     def __init__(self, device: Device, executor: Executor, table: SplitTable, config: PdmuxConfig,
                  policy: str = "pdmux", max_prefill_tokens: int = MAX_PREFILL_TOKENS):
-        self.device, self.executor, self.table = device, executor, table
+        self.device, self.executor = device, executor
         self.config = config.for_device(device.kind)
         self.policy = check_policy(policy)
-        self.device.set_groups(table.groups)
+        self.table = table.realized(device.set_groups(table.groups))  # the units each level runs with
         self.max_prefill_tokens = max_prefill_tokens
         self.pinned: int | None = None
         self.waiting: deque[Request] = deque()
@@ -233,27 +233,31 @@ class Scheduler:
         if level != self.device.level:
             self.device.set_level(level)
 
+    @staticmethod
+    def _charge(stats: RoundStats, work: Work, fraction: float) -> None:
+        stats.flops += fraction * work.flops
+        stats.bytes += fraction * work.bytes
+
     def _charge_prefill(self, stats: RoundStats) -> None:
-        """Charge this round the part of the in-flight chunk's FLOPs and bytes done since the last
-        charge, by the device's progress: a chunk's cost is spread over the rounds it runs in."""
+        """Charge this round the part of a lone slice in flight done since the last charge, by the
+        device's progress: a slice's cost is spread over the rounds it runs in. (With several in
+        flight, each is charged whole when it is collected.)"""
         pf = self.prefill
-        if pf is None or pf.chunk is None:
+        if pf is None or len(pf.in_flight) != 1:
             return
         done = self.device.prefill_progress()
-        stats.flops += (done - pf.charged) * pf.chunk.flops
-        stats.bytes += (done - pf.charged) * pf.chunk.bytes
+        self._charge(stats, pf.in_flight[0][1], done - pf.charged)
         pf.charged = done
-        if done >= 1.0:
-            pf.chunk = None
 
     def _collect_prefill(self, stats: RoundStats, block: bool = False) -> None:
-        """Take a finished prefill chunk; `block` waits for it (a round with nothing to decode)."""
+        """Take finished prefill slices; `block` waits for them (a round with nothing to decode)."""
         pf = self.prefill
-        if pf is None or pf.submitted_end == pf.layers_done or (self.device.prefill_busy() and not block):
+        if pf is None or not pf.in_flight:
             return
-        self.device.wait_prefill()
-        self._charge_prefill(stats)
-        pf.layers_done = pf.submitted_end
+        for _ in range(self.device.collect_prefill(len(pf.in_flight), block)):
+            pf.layers_done, work = pf.in_flight.popleft()
+            self._charge(stats, work, 1.0 - pf.charged)
+            pf.charged = 0.0
         if pf.layers_done == self.num_layers:
             self.prefill = None
             self._join_decode(pf.reqs, self.executor.finish_prefill(pf.state), stats)
@@ -271,11 +275,15 @@ class Scheduler:
                 len(self.running), self.prefill is not None, self.config)
             self._set_level(level)
         pf = self.prefill
-        if pf is not None and not self.device.prefill_busy() and pf.submitted_end < self.num_layers:
+        # A slice every round while the device takes more (SGLang launches one per loop iteration;
+        # CUDA queues up to two, so the prefill SMs never wait for the next round to get work).
+        if pf is not None and pf.submitted_end < self.num_layers and (
+                not self.device.prefill_busy() or len(pf.in_flight) < self.device.max_prefill_in_flight):
             end = min(self.num_layers, pf.submitted_end + pf.layers_per_round)
             work = self.executor.prefill(pf.state, pf.reqs, pf.submitted_end, end)
             self.device.submit_prefill(work)
-            pf.submitted_end, pf.chunk, pf.charged = end, work, 0.0
+            pf.submitted_end = end
+            pf.in_flight.append((end, work))
         stats.split = self.device.split
         if self.running:
             self._decode(stats, whole=False)
@@ -381,8 +389,7 @@ class Scheduler:
         """New knobs, and new levels when manual divisions or sm_group_num changed; with new levels
         the level is chosen again next round (a pin past the last level is dropped)."""
         if table is not None:
-            self.device.set_groups(table.groups)  # first: a device that cannot build them changes nothing
-            self.table = table
-            if self.pinned is not None and self.pinned >= len(table.groups):
+            self.table = table.realized(self.device.set_groups(table.groups))
+            if self.pinned is not None and self.pinned >= len(self.table.groups):
                 self.pinned = None
         self.config = config.for_device(self.device.kind)

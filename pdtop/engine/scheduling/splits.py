@@ -9,7 +9,7 @@ for decode. The CPU device reuses the rules with cores as units (`cpu_groups`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from pdtop.engine.errors import ConfigError, DeviceError
@@ -110,7 +110,8 @@ def cpu_groups(cores: int, sm_group_num: int = 8) -> list[Group]:
 def check_manual_fit(total: int, manual_divisions: Sequence[Sequence[int]], unit: str = "SMs") -> None:
     """SGLang's checks on a manual division (sgl_kernel's create_greenctx_stream_by_value):
     both sides positive and together no more than the device. Granularity is not checked:
-    the driver rounds SM counts up to it, and the cuda device reports the realized counts."""
+    the driver rounds SM counts up to it (`devices/sm_split.py`), the cuda device reports the
+    realized counts and drops a level it cannot make."""
     for i, (p, d, _) in enumerate(manual_divisions):
         if p < 1 or d < 1:
             raise ConfigError("manual_divisions", f"entry {i} [{p}, {d}]: each side needs at least 1 {unit[:-1]}")
@@ -143,8 +144,17 @@ class SplitTable:
             return choose_manual(divisions, decode_bs, has_prefill)
         return choose(self.groups, decode_bs, has_prefill, config.decode_bs_divisor)
 
+    def realized(self, groups: Sequence[Group | None]) -> SplitTable:
+        """This table as a device realized it (`Device.set_groups`): each level's units as they run,
+        levels the device dropped (None) left out with their manual threshold."""
+        if len(groups) != len(self.groups):
+            raise ValueError(f"{len(groups)} realized levels for a table of {len(self.groups)}")
+        kept = [(i, g) for i, g in enumerate(groups) if g is not None]
+        thresholds = tuple(self.thresholds[i - 1] for i, _ in kept if 0 < i < len(groups) - 1) if self.manual else ()
+        return replace(self, groups=[(int(p), int(d)) for _, (p, d) in kept], thresholds=thresholds)
+
     def rebuilt(self, config: PdmuxConfig) -> SplitTable:
-        """The same device's table under another config."""
+        """The same device's table under another config (as requested; the device realizes it)."""
         if self.cc_major is None:
             return SplitTable.for_cpu(self.units, config)
         return SplitTable.for_gpu(self.units, self.cc_major, config)

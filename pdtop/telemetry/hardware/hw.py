@@ -32,9 +32,9 @@ def host_metrics() -> dict[str, Any]:
     }
 
 
-def _nvml_sampler() -> NvmlSampler | None:
+def _nvml_sampler(match: dict[str, Any] | None) -> NvmlSampler | None:
     try:
-        return NvmlSampler()
+        return NvmlSampler(**(match or {}))
     except Exception as exc:  # a broken driver must not stop telemetry
         log.info("NVML unavailable: %s", exc)
         return None
@@ -44,10 +44,11 @@ class HwSampler:
     """Calls `publish(event)` every `interval` seconds until `stop()`."""
 
     def __init__(self, publish: Callable[[dict[str, Any]], None], interval: float = 1.0, *,
-                 gpu: bool = True) -> None:
+                 gpu: bool = True, gpu_match: dict[str, Any] | None = None) -> None:
+        """`gpu_match`: the engine's GPU as {"uuid": ..., "pci_bus_id": ...} (else NVML's GPU 0)."""
         self.publish = publish
         self.interval = interval
-        self._gpu = _nvml_sampler() if gpu else None
+        self._gpu = _nvml_sampler(gpu_match) if gpu else None
         self._stop = threading.Event()
         self._quiet = QuietLog(log)  # a failure that repeats every second (out of files) is logged once
         self._thread = threading.Thread(target=self._loop, name="pdtop-hw-sampler", daemon=True)

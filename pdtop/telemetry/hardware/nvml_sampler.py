@@ -6,6 +6,10 @@ being read or written in the last sample period, not the share of bandwidth used
 Bandwidth is `dram_bw_util_pct`, a GPM metric (Hopper and newer), like SM utilization
 and occupancy; GPM metrics compare two samples at least 100 ms apart, so the sampler
 keeps the previous one between calls and reports "n/a" until it has a pair.
+
+NVML numbers GPUs its own way (PCI order), CUDA and torch theirs (fastest first, and
+CUDA_VISIBLE_DEVICES renumbers them), so the engine's GPU is found by its UUID or PCI bus
+id (`match_nvml_device`), not by its index.
 """
 from __future__ import annotations
 
@@ -29,11 +33,47 @@ def _unavailable_reason(e: Exception) -> str:
     return f"NVML unavailable: {e}"
 
 
-class NvmlSampler:
-    """`NvmlSampler(index).sample()` -> {key: number | "n/a"}; `.available`, `.reason` say why not."""
+def _pci_key(bus_id: str | bytes) -> tuple[int, ...] | None:
+    """`0000:65:00.0` (CUDA) and `00000000:65:00.0` (NVML) -> (0, 0x65, 0, 0), to compare them."""
+    text = bus_id.decode() if isinstance(bus_id, bytes) else str(bus_id)
+    try:
+        domain, bus, rest = text.strip().rstrip("\0").split(":")
+        device, function = rest.split(".")
+        return int(domain, 16), int(bus, 16), int(device, 16), int(function, 16)
+    except ValueError:
+        return None
 
-    def __init__(self, index: int = 0):
+
+def match_nvml_device(nv: Any, uuid: str | None = None, pci_bus_id: str | None = None) -> tuple[int, str]:
+    """NVML's index of the GPU with this UUID (`GPU-...`), else this PCI bus id, and which one matched;
+    LookupError when none does."""
+    want_pci = _pci_key(pci_bus_id) if pci_bus_id else None
+    found: dict[str, int] = {}
+    for i in range(int(nv.nvmlDeviceGetCount())):
+        h = nv.nvmlDeviceGetHandleByIndex(i)
+        got = _quiet(nv.nvmlDeviceGetUUID, h)
+        got = got.decode() if isinstance(got, bytes) else got
+        if uuid and got and got.lower() == uuid.lower():
+            found.setdefault("uuid", i)
+        pci = _quiet(nv.nvmlDeviceGetPciInfo, h)
+        if want_pci and pci is not None and _pci_key(pci.busId) == want_pci:
+            found.setdefault("pci_bus_id", i)
+    for how in ("uuid", "pci_bus_id"):
+        if how in found:
+            return found[how], how
+    raise LookupError(f"no GPU NVML sees has UUID {uuid} or PCI bus id {pci_bus_id}")
+
+
+class NvmlSampler:
+    """`NvmlSampler(index).sample()` -> {key: number | "n/a"}; `.available`, `.reason` say why not.
+
+    With `uuid` or `pci_bus_id` (the torch/CUDA device's, see `CudaDevice.describe()`), the GPU
+    is the one NVML lists with that UUID or bus id, whatever its NVML index.
+    """
+
+    def __init__(self, index: int = 0, *, uuid: str | None = None, pci_bus_id: str | None = None):
         self.index = index
+        self.matched_by = "index"
         self.available = False
         self.reason = ""
         self.name = NA
@@ -55,9 +95,11 @@ class NvmlSampler:
             self.reason = _unavailable_reason(e)
             return
         try:
-            self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            if uuid or pci_bus_id:
+                self.index, self.matched_by = match_nvml_device(pynvml, uuid, pci_bus_id)
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(self.index)
         except Exception as e:
-            self.reason = f"NVML has no GPU {index}: {e}"
+            self.reason = str(e) if isinstance(e, LookupError) else f"NVML has no GPU {index}: {e}"
             _quiet(pynvml.nvmlShutdown)
             return
         self._nvml = pynvml
@@ -83,7 +125,7 @@ class NvmlSampler:
 
     def describe(self) -> dict:
         return {"index": self.index, "name": self.name, "available": self.available,
-                "reason": self.reason, "gpm": self.gpm}
+                "reason": self.reason, "gpm": self.gpm, "matched_by": self.matched_by}
 
     def sample(self) -> dict[str, Any]:
         out: dict[str, Any] = dict.fromkeys(KEYS, NA)

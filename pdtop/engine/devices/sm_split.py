@@ -1,0 +1,60 @@
+"""How the driver carves a GPU's SMs for one split level, predicted without a GPU.
+
+SGLang (`sgl_kernel`'s `create_greenctx_stream_by_value`) makes a level `(p, d)` in two
+steps: carve `p + d` SMs off the device into one green context, then split that
+context's SMs into `p` for prefill and the rest for decode. The driver rounds each
+count up to the partition limits (`minSmPartitionSize`, `smCoscheduledAlignment`; the
+seed's table where the driver does not report them), so a manual division such as
+`[60, 40]` on a 9.x GPU runs as 64 + 40 SMs: what pdtop reports as realized.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pdtop.engine.roofline.partition import arch_constraints
+
+
+@dataclass(frozen=True)
+class PartitionLimits:
+    """What a split must respect: parts of at least `min_part` SMs, in multiples of `align`."""
+
+    min_part: int
+    align: int
+    source: str  # "driver" (CUDA 13 reports them) or "table" (the seed's table by compute capability)
+
+    @classmethod
+    def from_table(cls, major: int) -> PartitionLimits:
+        min_part, align = arch_constraints(major)
+        return cls(min_part, align, "table")
+
+    def carve(self, count: int) -> int:
+        """SMs a group asked for `count` gets: at least `min_part`, rounded up to `align`."""
+        count = max(count, self.min_part, 1)
+        return -(-count // self.align) * self.align
+
+
+def why_not(prefill: int, decode: int, total: int, limits: PartitionLimits) -> str:
+    """Why `plan_split` refuses a level, in words."""
+    if prefill < 1 or decode < 1:
+        return "each side needs at least 1 SM"
+    if prefill + decode > total:
+        return f"it asks for {prefill + decode} SMs of {total}"
+    outer = min(limits.carve(prefill + decode), total)
+    return (f"prefill's {prefill} SMs round up to {limits.carve(prefill)} of the {outer} carved for the level, "
+            f"leaving decode none (parts of at least {limits.min_part} SMs, in steps of {limits.align})")
+
+
+def plan_split(prefill: int, decode: int, total: int, limits: PartitionLimits) -> tuple[int, int] | None:
+    """The (prefill, decode) SMs the two-step carve gives a requested level, or None if it cannot.
+
+    Step 1 carves `prefill + decode` (the whole device when the rounded count reaches it);
+    step 2 gives prefill its rounded count out of that, decode the remainder. None when
+    the request does not fit or decode would be left with no SM.
+    """
+    if prefill < 1 or decode < 1 or prefill + decode > total:
+        return None
+    outer = min(limits.carve(prefill + decode), total)
+    p = limits.carve(prefill)
+    if p >= outer:
+        return None
+    return p, outer - p

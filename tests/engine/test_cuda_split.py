@@ -1,0 +1,107 @@
+"""Carving split levels as SGLang does (p + d, then p), against a stand-in driver with real rounding rules."""
+import logging
+
+import pytest
+from fake_cuda_driver import FakeDriver
+
+from pdtop.engine.devices.cuda import make_levels
+from pdtop.engine.devices.green_ctx import GreenContexts
+from pdtop.engine.devices.sm_split import PartitionLimits, plan_split
+from pdtop.engine.errors import DeviceError
+from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
+from pdtop.engine.scheduling.splits import SplitTable, stream_groups
+
+HOPPER = PartitionLimits(8, 8, "driver")
+
+
+@pytest.mark.parametrize("p,d,total,limits,expected", [
+    (60, 40, 132, HOPPER, (64, 40)),  # the issue's example: recorded 60/40, ran 64/68 before
+    (80, 52, 132, HOPPER, (80, 52)),  # p + d is the whole device: no first carve
+    (60, 44, 132, HOPPER, (64, 40)),  # 104 carved, prefill takes 64: decode gets less than asked
+    (64, 4, 132, HOPPER, (64, 8)),
+    (60, 4, 132, HOPPER, None),  # 64 carved, all of it prefill's
+    (130, 2, 132, HOPPER, None),
+    (13, 40, 108, PartitionLimits.from_table(8), (14, 40)),  # A100: parts of 2, at least 4
+    (60, 40, 132, PartitionLimits(16, 16, "driver"), (64, 48)),
+    (0, 40, 132, HOPPER, None),
+    (100, 40, 132, HOPPER, None),
+])
+def test_plan_split(p, d, total, limits, expected):
+    assert plan_split(p, d, total, limits) == expected
+
+
+def test_limits_come_from_the_driver_where_cuda13_reports_them():
+    assert GreenContexts(driver=FakeDriver(min_part=16, align=16)).limits == PartitionLimits(16, 16, "driver")
+    assert GreenContexts(driver=FakeDriver(cuda13=False)).limits == PartitionLimits(8, 8, "table")
+    assert GreenContexts(driver=FakeDriver(cuda13=False, cc=(8, 0), sms=108)).limits == PartitionLimits(4, 2, "table")
+
+
+def test_manual_division_is_carved_then_split_and_read_back():
+    drv = FakeDriver()
+    gc = GreenContexts(driver=drv)
+    pair = gc.split(60, 40)
+    assert pair.requested == (60, 40) and pair.realized == (64, 40)
+    assert drv.calls.count("cuDevSmResourceSplitByCount") == 2  # p + d first, then p
+    assert sorted(r.sm.smCount for r in drv.live_contexts.values()) == [40, 64, 104]  # outer context kept alive
+    assert len(drv.live_streams) == 2 and {pair.prefill_stream, pair.decode_stream} == drv.live_streams
+    gc.destroy(pair)
+    assert not drv.live_contexts and not drv.live_streams
+
+
+def test_whole_device_levels_need_one_split():
+    drv = FakeDriver()
+    gc = GreenContexts(driver=drv)
+    for p, d in stream_groups(132, 9)[1:-1]:
+        pair = gc.split(p, d)
+        assert pair.realized == (p, d)  # realized equals requested for every automatic level
+    assert drv.calls.count("cuDevSmResourceSplitByCount") == 6
+    gc.close()
+    assert not drv.live_contexts and not drv.live_streams
+
+
+def test_driver_limits_change_what_is_realized():
+    gc = GreenContexts(driver=FakeDriver(min_part=16, align=16))
+    assert gc.split(60, 40).realized == (64, 48)
+
+
+def test_unrealizable_level_is_refused_without_leaks():
+    drv = FakeDriver()
+    gc = GreenContexts(driver=drv)
+    with pytest.raises(DeviceError, match=r"cannot carve it: prefill's 60 SMs round up to 64 of the 64 carved"):
+        gc.split(60, 4)
+    drv.fail_create = {40}
+    with pytest.raises(DeviceError, match=r"^cuGreenCtxCreate failed"):
+        gc.split(60, 40)
+    assert not drv.live_contexts and not drv.live_streams
+
+
+def test_a_bad_level_is_dropped_with_one_warning_line_and_the_rest_kept(caplog):
+    gc = GreenContexts(driver=FakeDriver())
+    wanted = [(132, 0), (80, 52), (60, 4), (60, 40), (0, 132)]
+
+    def make(g):
+        p, d = g
+        return (p, d) if not (p and d) else gc.split(p, d).realized
+
+    with caplog.at_level(logging.WARNING):
+        made, dropped = make_levels(wanted, make, {})
+    assert [made.get(g) for g in wanted] == [(132, 0), (80, 52), None, (64, 40), (0, 132)]
+    assert [g for g, _ in dropped] == [(60, 4)]
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and lines[0].startswith("pdtop: level 2 [60, 4] dropped: ") and "\n" not in lines[0]
+
+
+def test_table_takes_what_the_device_realized():
+    config = PdmuxConfig(manual_divisions=[[60, 40, 4], [60, 4, 8], [80, 52, 16]])
+    table = SplitTable.for_gpu(132, 9, config)
+    real = table.realized([(132, 0), (64, 40), None, (80, 52), (0, 132)])
+    assert real.groups == [(132, 0), (64, 40), (80, 52), (0, 132)] and real.thresholds == (4, 16)
+    assert real.choose(20, True, config) == 2 and real.choose(5, True, config) == 1
+    assert table.realized(table.groups) == table
+
+
+def test_describe_names_the_gpu_as_nvml_does():
+    info = GreenContexts(driver=FakeDriver()).describe()
+    assert info["uuid"] == "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f"
+    assert info["pci_bus_id"] == "0000:65:00.0" and info["name"] == "NVIDIA H200"
+    assert info["partition_limits"] == {"min_sms": 8, "align": 8, "source": "driver"}
