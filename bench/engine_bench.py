@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+import pdtop  # noqa: F401, I001 (before torch: sets how OpenMP threads wait, pdtop/__init__.py; both engines alike)
 import torch
 
 FIGURES = ("b1", "b32", "prefill")
@@ -169,6 +170,7 @@ def main() -> int:
     args = ap.parse_args()
     figures = [f for f in FIGURES if f in args.only.split(",")]
     torch.set_num_threads(args.threads)
+    load_before = os.getloadavg()
     table: list[Engine] = []
     for dtype in args.dtypes.split(","):
         engines: list[Engine] = []
@@ -191,6 +193,11 @@ def main() -> int:
         table.extend(engines)
         del engines
         gc.collect()
+    from pdtop.engine.model import cpu_kernels
+
+    waits = ", ".join(f"{k}={os.environ[k]}" for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if k in os.environ)
+    print(f"load average {load_before[0]:.2f} -> {os.getloadavg()[0]:.2f} (1 min); OpenMP: {waits or 'defaults'}; "
+          f"pdtop decode attention: {'C kernel' if cpu_kernels.decode_attention() else 'torch SDPA'}")
     print(f"torch {torch.__version__}, {args.threads} threads, {os.cpu_count()} cores; "
           f"decode: {args.prompt_tokens}-token prompts, {args.steps} steps x {args.repeats} turns, "
           f"tok/s at the q{args.quantile:g} step time; prefill: {args.prefill_tokens} tokens, best of {args.repeats}")

@@ -2,10 +2,14 @@
 
 The engine runs unpaced on the simulated GPU (sim:H100, synthetic:qwen3-8b, a seeded
 Poisson workload): every run executes the same rounds, so rounds/s compare directly.
-Both wall-clock rounds/s and rounds per CPU-second of the engine's process are shown:
-the second is what telemetry costs the engine, unblurred by other load on the machine.
-Clients run in a separate process (as real dashboards do) and count what they receive.
-Each configuration is measured --repeats times, interleaved; the median is shown.
+The engine's process (its round thread, the server's event loop, the hardware sampler)
+is pinned to --engine-cores (default: all but the last core) and the clients' process
+to --client-cores (default: the last), so the clients' own work does not land on the
+engine's core. Shown: wall-clock rounds/s; rounds per CPU-second of the engine's process
+(what telemetry costs the engine, unblurred by other load on the machine); where that
+CPU goes (microseconds per round on the engine thread, the event loop's share of a core);
+and the clients' process CPU. Each configuration is measured --repeats times, interleaved;
+the median is shown.
 
     .venv/bin/python bench/telemetry_bench.py [--rounds 150000] [--repeats 5]
 """
@@ -14,6 +18,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -37,16 +43,16 @@ def make_engine():
     return build_engine(device="sim:H100", model="synthetic:qwen3-8b", workload=WorkloadSpec(rate=20.0, seed=3))
 
 
-def run_rounds(engine, n: int) -> tuple[float, float]:
-    """n unpaced rounds on a thread of their own (as `pdtop serve` runs them) ->
-    (wall seconds, CPU seconds of this whole process meanwhile: engine + telemetry)."""
+def run_rounds(engine, n: int) -> tuple[float, float, float]:
+    """n unpaced rounds on a thread of their own (as `pdtop serve` runs them) -> (wall seconds, CPU
+    seconds of this whole process meanwhile: engine + telemetry, CPU seconds of the round thread)."""
     out = []
 
     def work():
-        t0, c0 = time.perf_counter(), time.process_time()
+        t0, c0, e0 = time.perf_counter(), time.process_time(), time.thread_time()
         for _ in range(n):
             engine.step()
-        out.append((time.perf_counter() - t0, time.process_time() - c0))
+        out.append((time.perf_counter() - t0, time.process_time() - c0, time.thread_time() - e0))
 
     thread = threading.Thread(target=work)
     thread.start()
@@ -54,41 +60,51 @@ def run_rounds(engine, n: int) -> tuple[float, float]:
     return out[0]
 
 
-async def measure(rounds: int, on: bool, clients: int, batch: bool, server_kw: dict) -> dict:
+def _figures(rounds: int, wall: float, cpu: float, engine_cpu: float, loop_cpu: float) -> dict:
+    return {"rounds_per_s": rounds / wall, "rounds_per_cpu_s": rounds / cpu, "engine_us": engine_cpu / rounds * 1e6,
+            "loop_share": loop_cpu / wall}
+
+
+async def measure(rounds: int, on: bool, clients: int, batch: bool, server_kw: dict, client_cores: str) -> dict:
     from pdtop.telemetry.hardware.hw import HwSampler
     from pdtop.telemetry.server.server import TelemetryServer
 
     engine = make_engine()
     if not on:
-        wall, cpu = await asyncio.to_thread(run_rounds, engine, rounds)
-        return {"rounds_per_s": rounds / wall, "rounds_per_cpu_s": rounds / cpu}
+        loop0 = time.thread_time()
+        wall, cpu, engine_cpu = await asyncio.to_thread(run_rounds, engine, rounds)
+        return _figures(rounds, wall, cpu, engine_cpu, time.thread_time() - loop0)
     server = TelemetryServer(engine, port=0, **server_kw)
     await server.start()
     sampler = HwSampler(server.publish).start()
     worker = None
     if clients:
         worker = await asyncio.create_subprocess_exec(
-            sys.executable, __file__, "--worker", server.url, str(clients), "1" if batch else "0",
+            sys.executable, __file__, "--worker", server.url, str(clients), "1" if batch else "0", client_cores,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         await worker.stdout.readline()  # "ready": every client got its hello
-    wall, cpu = await asyncio.to_thread(run_rounds, engine, rounds)
+    loop0 = time.thread_time()
+    wall, cpu, engine_cpu = await asyncio.to_thread(run_rounds, engine, rounds)
+    loop_cpu = time.thread_time() - loop0
     await asyncio.sleep(0.3)  # let the last tick reach the clients
-    counts = []
+    counts, client_cpu = [], 0.0
     if worker is not None:
         worker.stdin.close()
-        counts = json.loads((await worker.stdout.readline()).decode())
+        counts, client_cpu = json.loads((await worker.stdout.readline()).decode())
         await worker.wait()
     sampler.stop()
     await server.stop()
     first = counts[0] if counts else {"events": 0, "dropped": 0}
-    return {"rounds_per_s": rounds / wall, "rounds_per_cpu_s": rounds / cpu,
-            "client_events_per_s": first["events"] / wall,
-            "client_dropped": first["dropped"], "shed": server.events_shed}
+    return {**_figures(rounds, wall, cpu, engine_cpu, loop_cpu), "client_events_per_s": first["events"] / wall,
+            "client_dropped": first["dropped"], "shed": server.events_shed, "client_cpu_share": client_cpu / wall}
 
 
-async def worker(url: str, n: int, batch: bool) -> None:
-    """Clients in their own process: connect, count events until stdin closes."""
+async def worker(url: str, n: int, batch: bool, cores: str) -> None:
+    """Clients in their own process, on their own cores: connect, count events until stdin closes;
+    print the counts and this process's CPU seconds meanwhile."""
     from websockets.asyncio.client import connect
+
+    os.sched_setaffinity(0, _cores(cores))  # before any thread starts: they all inherit it
 
     counts = [{"events": 0, "dropped": 0} for _ in range(n)]
     q = "/?batch=1" if batch else ""
@@ -112,11 +128,22 @@ async def worker(url: str, n: int, batch: bool) -> None:
             counts[i]["events"] += n
 
     readers = [asyncio.create_task(read(i, ws)) for i, ws in enumerate(conns)]
+    cpu0 = _cpu_self()
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    cpu = _cpu_self() - cpu0
     for ws in conns:
         await ws.close()
     await asyncio.gather(*readers, return_exceptions=True)
-    print(json.dumps(counts), flush=True)
+    print(json.dumps([counts, cpu]), flush=True)
+
+
+def _cpu_self() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _cores(text: str) -> set[int]:
+    return {int(c) for c in text.split(",")}
 
 
 def main() -> None:
@@ -125,36 +152,43 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--max-event-rate", type=float, help="server setting (default: the server's)")
     parser.add_argument("--tick", type=float, help="server setting (default: the server's)")
-    parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
+    cores = sorted(os.sched_getaffinity(0))
+    parser.add_argument("--engine-cores", default=",".join(map(str, cores[:-1] or cores)),
+                        help="cores of the engine's process (default: all but the last)")
+    parser.add_argument("--client-cores", default=str(cores[-1]),
+                        help="cores of the clients' process (default: the last)")
+    parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        url, n, batch = args.worker
-        asyncio.run(worker(url, int(n), batch == "1"))
+        url, n, batch, client_cores = args.worker
+        asyncio.run(worker(url, int(n), batch == "1", client_cores))
         return
+    os.sched_setaffinity(0, _cores(args.engine_cores))  # before any thread starts: they all inherit it
+    load_before = os.getloadavg()[0]
     server_kw = {k: v for k, v in (("max_event_rate", args.max_event_rate), ("tick", args.tick)) if v}
     results: dict[str, list[dict]] = {label: [] for label, *_ in CONFIGS}
     for _ in range(args.repeats):
         for label, on, clients, batch in CONFIGS:
-            results[label].append(asyncio.run(measure(args.rounds, on, clients, batch, server_kw)))
-    def best(label: str, key: str) -> float:
-        return max(r.get(key, 0) for r in results[label])
-
+            results[label].append(asyncio.run(measure(args.rounds, on, clients, batch, server_kw, args.client_cores)))
     def med(label: str, key: str) -> float:
         return statistics.median(r.get(key, 0) for r in results[label])
 
     print(f"pdtop telemetry bench: sim:H100 synthetic:qwen3-8b, unpaced, {args.rounds} rounds x {args.repeats} "
-          f"(interleaved), server {server_kw or 'defaults'}")
-    print(f"{'telemetry':31} {'best rounds/s':>13} {'vs off':>7} {'median':>8} {'vs off':>7} "
-          f"{'per CPU-s':>9} {'vs off':>7} {'events/s to client 1':>21} {'shed/s':>7}")
+          f"(interleaved, medians), server {server_kw or 'defaults'}; engine on cores {args.engine_cores}, clients on "
+          f"{args.client_cores}; load average {load_before:.2f} -> {os.getloadavg()[0]:.2f}")
+    print(f"{'telemetry':31} {'rounds/s':>9} {'vs off':>7} {'per CPU-s':>9} {'vs off':>7} {'engine us/rnd':>13} "
+          f"{'loop':>6} {'clients':>8} {'events/s to client 1':>21} {'shed/s':>7}")
     for label, *_ in CONFIGS:
-        b, m, c = best(label, "rounds_per_s"), med(label, "rounds_per_s"), med(label, "rounds_per_cpu_s")
-        b0, m0, c0 = best("off", "rounds_per_s"), med("off", "rounds_per_s"), med("off", "rounds_per_cpu_s")
+        m, c = med(label, "rounds_per_s"), med(label, "rounds_per_cpu_s")
+        m0, c0 = med("off", "rounds_per_s"), med("off", "rounds_per_cpu_s")
         shed = med(label, "shed") * m / args.rounds
-        print(f"{label:31} {b:13.0f} {100 * (b / b0 - 1):+6.1f}% {m:8.0f} {100 * (m / m0 - 1):+6.1f}% "
-              f"{c:9.0f} {100 * (c / c0 - 1):+6.1f}% {med(label, 'client_events_per_s'):21.0f} {shed:7.0f}")
+        print(f"{label:31} {m:9.0f} {100 * (m / m0 - 1):+6.1f}% {c:9.0f} {100 * (c / c0 - 1):+6.1f}% "
+              f"{med(label, 'engine_us'):13.1f} {100 * med(label, 'loop_share'):5.1f}% "
+              f"{100 * med(label, 'client_cpu_share'):7.0f}% {med(label, 'client_events_per_s'):21.0f} {shed:7.0f}")
     off = [r["rounds_per_s"] for r in results["off"]]
-    print(f"noise: the 'off' runs alone spread by {100 * (max(off) / min(off) - 1):.0f}% (best/worst); "
-          "per CPU-s divides by the process's CPU time (engine thread + telemetry), median.")
+    print(f"noise: the 'off' runs alone spread by {100 * (max(off) / min(off) - 1):.0f}% (best/worst). per CPU-s: "
+          "rounds / CPU seconds of the engine's process; engine us/rnd: CPU of the round thread per round (sink "
+          "included); loop: the event loop's CPU as a share of a core; clients: their process's CPU, same.")
 
 
 if __name__ == "__main__":

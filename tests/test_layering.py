@@ -1,6 +1,7 @@
 """ui -> telemetry -> engine and api -> engine, never back: checked by importing in a clean interpreter."""
 from __future__ import annotations
 
+import importlib.util
 import pkgutil
 import subprocess
 import sys
@@ -9,8 +10,13 @@ import pdtop.engine
 import pdtop.telemetry
 
 
+# Modules that import an optional package at their top (Triton ships only with CUDA builds of torch).
+NEEDS = {"pdtop.engine.model.triton_decode": "triton"}
+
+
 def _modules(pkg) -> list[str]:
-    return [m.name for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + ".")]
+    names = [m.name for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + ".")]
+    return [n for n in names if n not in NEEDS or importlib.util.find_spec(NEEDS[n]) is not None]
 
 
 def _imported_after(modules: list[str]) -> set[str]:

@@ -1,9 +1,10 @@
-"""Compare scheduling policies on a fixed, seeded workload: long prompts arrive while a decode
-batch is running. Reports, per policy, TTFT p50/p99 of the long prompts, decode ITL p50/p99/max
-while they prefill, the decode-only ITL baseline (every unit to decode, no prefill) and output
-tokens/s. `--device sim:H100` runs the seed's scenario (32 requests decoding at context 2048,
-8192-token prompts) on the simulated GPU; `--device cpu` runs the real model on this machine's
-cores (8 requests decoding, 1024-token prompts).
+"""Compare scheduling policies on a fixed, seeded workload: long prompts arrive one after another
+while a decode batch is running. Reports, per policy, TTFT p50/max of the long prompts, decode ITL
+p50/p99/max while they prefill, and interference: each ITL divided by the decode-only step time of
+the same batch at the same contexts, replayed on the whole device right after (p50/p99; see
+docs/levels.md). `--device sim:H100` runs the seed's scenario (32 requests decoding at context 2048,
+8192-token prompts) on the simulated GPU; `--device cpu` runs the real model on this machine's cores
+(8 requests decoding, eight 1024-token prompts). Progress goes to stderr.
 
 With --url http://HOST:PORT/v1 it is a load generator instead: vllm bench serve's seeded random
 load, sent as streaming requests to any OpenAI-compatible server (pdtop serve --api-port, vLLM,
@@ -13,10 +14,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
+from dataclasses import asdict
+from typing import TYPE_CHECKING
 
 from pdtop.commands import _bench_url
 from pdtop.commands._common import INPUT_ERRORS, add_runtime_arguments, fail, runtime_options
 from pdtop.engine.scheduling.policies import POLICIES
+
+if TYPE_CHECKING:
+    from pdtop.engine.engine import Engine
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -28,20 +36,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--long-tokens", type=int, default=None, help="tokens in each long prompt")
     p.add_argument("--long-prompts", type=int, default=None, help="how many long prompts arrive (one after another)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    p.add_argument("--json", action="store_true", help="print exactly one JSON object (with the scenario)")
+    p.add_argument("--trace", metavar="FILE", default=None,
+                   help="write one JSON line per measured decode step (level, cores, what prefill ran, GC) "
+                        "and print which of these the slowest steps share")
     add_runtime_arguments(p)
     _bench_url.add_arguments(p)
 
 
-def _table(results: dict[str, dict], device: str) -> str:
-    head = (f"{'policy':<14}{'TTFT p50':>10}{'TTFT p99':>10}{'ITL p50':>9}{'ITL p99':>9}{'ITL max':>9}"
-            f"{'baseline':>10}{'p99/base':>10}{'out tok/s':>11}")
-    lines = [f"pdtop bench on {device} (ms unless noted)", head]
+def _table(results: dict[str, dict], head: str) -> str:
+    cols = (f"{'policy':<14}{'TTFT p50':>9}{'max':>8}{'ITL p50':>9}{'p99':>7}{'max':>8}{'base p50':>9}"
+            f"{'intf p50':>9}{'p99':>7}{'cores':>7}{'cont p50':>9}{'p99':>7}{'out tok/s':>10}")
+    lines = [head, cols]
     for policy, r in results.items():
-        t, i, b = r["ttft_ms"], r["itl_ms"], r["itl_baseline_ms"]
-        lines.append(f"{policy:<14}{t['p50']:>10.1f}{t['p99']:>10.1f}{i['p50']:>9.1f}{i['p99']:>9.1f}{i['max']:>9.1f}"
-                     f"{b:>10.1f}{i['p99'] / b:>10.2f}{r['output_tok_s']:>11.1f}")
+        t, i, b = r["ttft_ms"], r["itl_ms"], r["baseline_ms"]
+        x, c, k = r["interference"], r["fewer_cores"], r["contention"]
+        lines.append(f"{policy:<14}{t['p50']:>9.1f}{t['max']:>8.1f}{i['p50']:>9.1f}{i['p99']:>7.1f}{i['max']:>8.1f}"
+                     f"{b['p50']:>9.1f}{x['p50']:>8.2f}x{x['p99']:>6.2f}x{c['p50']:>6.2f}x{k['p50']:>8.2f}x"
+                     f"{k['p99']:>6.2f}x{r['output_tok_s']:>10.1f}")
+    lines.append("ms unless noted. base: the same batch decode-only on the whole device; intf: ITL / base; "
+                 "cores: decode-only on the step's own cores / base; cont: ITL / that (docs/levels.md)")
     return "\n".join(lines)
+
+
+def _loadavg() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,9 +68,20 @@ def run(args: argparse.Namespace) -> int:
         return _bench_url.run(args)
     from dataclasses import replace
 
-    from pdtop.analysis.policy_bench import SCENARIOS, run_bench
+    from pdtop.analysis.policy_bench import SCENARIOS, Observer, run_bench, trace_rows
+    from pdtop.analysis.round_trace import RoundTracer, slow_step_report
     from pdtop.engine.build import build_engine, parse_device
+    from pdtop.engine.engine import freeze_startup_heap
     from pdtop.engine.scheduling.pdmux_config import PdmuxConfig, load_pdmux_config
+
+    def make_engine(policy: str) -> Engine:
+        engine = build_engine(args.device, args.model, config, policy, seed=args.seed,
+                              **runtime_options(args))
+        freeze_startup_heap()
+        return engine
+
+    def progress(msg: str) -> None:
+        print(f"bench {msg}", file=sys.stderr, flush=True)
 
     try:
         sc = SCENARIOS[parse_device(args.device).kind]
@@ -63,12 +93,24 @@ def run(args: argparse.Namespace) -> int:
                 sc = replace(sc, **{name: value})
         policies = list(POLICIES) if args.policy == "all" else [args.policy]
         config = load_pdmux_config(args.config) if args.config else PdmuxConfig()
-        results = run_bench(lambda policy: build_engine(args.device, args.model, config, policy, seed=args.seed,
-                                                        **runtime_options(args)), policies, sc)
+        load_before = _loadavg()
+        runs = run_bench(make_engine, policies, sc, progress, RoundTracer if args.trace else Observer)
     except INPUT_ERRORS as exc:
         return fail("bench", exc)
+    load = {"before": load_before, "after": _loadavg()}
+    results = {p: {k: v for k, v in r.summary.items() if k != "decode_units"} for p, r in runs.items()}
+    if args.trace:
+        rows = [row for p, r in runs.items() for row in trace_rows(p, r.steps)]
+        with open(args.trace, "w") as f:
+            f.writelines(json.dumps(row) + "\n" for row in rows)
     if args.json:
-        print(json.dumps({p: {k: v for k, v in r.items() if k != "decode_units"} for p, r in results.items()}))
-    else:
-        print(_table(results, args.device))
+        print(json.dumps({"device": args.device, "scenario": asdict(sc), "loadavg": load, "results": results}))
+        return 0
+    head = (f"pdtop bench on {args.device}: {sc.decode_bs} requests decoding ({sc.decode_prompt}-token prompts), "
+            f"{sc.long_prompts} prompts of {sc.long_tokens} tokens one after another; "
+            f"load average {load['before'][0]:.2f} -> {load['after'][0]:.2f}")
+    print(_table(results, head))
+    if args.trace:
+        print(f"\nslow steps (trace: {args.trace})")
+        print(slow_step_report(rows, sc.long_tokens))
     return 0

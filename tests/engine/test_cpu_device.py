@@ -83,3 +83,39 @@ def test_errors_in_work_reach_the_caller_and_the_device_stays_usable(device):
     with pytest.raises(RuntimeError, match="kernel failed"):
         device.run_decode(Work("decode", 0, 0, boom))
     assert device.run_decode(Work("decode", 0, 0, lambda: 7)) == 7
+
+
+def _threads_on(cores: set[int]) -> set[int]:
+    """This process's threads whose affinity is exactly `cores`."""
+    out = set()
+    for tid in map(int, os.listdir("/proc/self/task")):
+        try:
+            if os.sched_getaffinity(tid) == cores:
+                out.add(tid)
+        except OSError:  # the thread ended meanwhile
+            pass
+    return out
+
+
+def test_narrowing_a_worker_also_moves_its_existing_openmp_team():
+    """A team thread keeps the affinity it was created with; pin_team moves it onto the worker's cores."""
+    from pdtop.engine.model import cpu_kernels
+
+    last = {CORES[-1]}
+    seen: dict[str, set[int]] = {}
+
+    def worker() -> None:
+        tid = threading.get_native_id()
+        os.sched_setaffinity(tid, CORES)
+        torch.set_num_threads(2)
+        torch.ones(4_000_000).add_(1)  # a parallel region: the team thread is created, on every core
+        os.sched_setaffinity(tid, last)
+        seen["narrowed"] = _threads_on(last)
+        assert cpu_kernels.pin_team(tuple(last))
+        seen["pinned"] = _threads_on(last)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert len(seen["pinned"] - seen["narrowed"]) == 1  # the team's other thread, no longer on every core
+

@@ -8,7 +8,9 @@ that still has work runs on every core (time-shared, not isolated).
 
 Each worker thread sets its own affinity (`os.sched_setaffinity` on its native
 thread id) and its own torch thread count (per calling thread with torch's
-OpenMP backend) before each job whose core set changed.
+OpenMP backend) before each job whose core set changed, then pins its OpenMP team
+threads to the same cores (`cpu_kernels.pin_team`): they keep the affinity they were
+created with, which after a level change may be the other side's cores.
 """
 from __future__ import annotations
 
@@ -40,9 +42,12 @@ class _SideWorker:
             if cores != self._applied:
                 import torch
 
+                from pdtop.engine.model import cpu_kernels
+
                 self.native_id = threading.get_native_id()
                 os.sched_setaffinity(self.native_id, cores)
                 torch.set_num_threads(len(cores))
+                cpu_kernels.pin_team(cores)
                 self._applied = cores
             return fn()
 

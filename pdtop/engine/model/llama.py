@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pdtop.engine.errors import EngineError, UnsupportedModelError
-from pdtop.engine.model import rope
+from pdtop.engine.model import cpu_kernels, rope
 from pdtop.engine.model.config import ModelConfig, synthetic_config
 from pdtop.engine.model.linear import Linear
 from pdtop.engine.model.paged_attention import prefix_attention
@@ -56,6 +56,7 @@ class DecodeGroup:
     gather: torch.Tensor              # [G * L] long: KV slots each row attends to
     length: int                       # L, the group's padded context length
     mask: torch.Tensor | None = None  # [G, 1, 1, L] bool, True = attend; None = all valid
+    lens: torch.Tensor | None = None  # [G] long: each row's context length (for the CPU kernel)
 
 
 @dataclass
@@ -86,7 +87,13 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.shape = (weight.shape[0],)
 
+    def _kernel(self, *ts: torch.Tensor) -> cpu_kernels.AddRmsNorm | None:
+        """The one-pass CPU kernel (csrc/rms_norm.c) when it takes these rows."""
+        return cpu_kernels.add_rms_norm() if self.shape[0] % 16 == 0 and cpu_kernels.fits_rows(*ts) else None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if kernel := self._kernel(x):
+            return kernel(x, None, self.weight_f32, self.eps)[0]
         if x.dtype != torch.float32 and x.shape[0] < 64:
             return F.rms_norm(x, self.shape, self.weight, self.eps)
         # Same arithmetic as F.rms_norm (float32 inside), which on CPU (torch 2.13) runs
@@ -94,6 +101,15 @@ class RMSNorm(nn.Module):
         xf = x.float()
         out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True).add_(self.eps)) * self.weight_f32
         return out if out.dtype == x.dtype else out.to(x.dtype)
+
+    def after_add(self, x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(x + delta, its norm)`, in one pass where the CPU kernel takes them."""
+        if kernel := self._kernel(x, delta):
+            out, s = kernel(x, delta, self.weight_f32, self.eps)
+            if s is not None:
+                return s, out
+        s = x + delta
+        return s, self.forward(s)
 
 
 def rope_(x: torch.Tensor, rot: torch.Tensor) -> None:
@@ -149,17 +165,19 @@ class Attention(nn.Module):
             return batch.paged.attend(q, cache, self.scale)
         groups = batch.decode_groups
         if len(groups) == 1:  # the usual case: every row in one group
-            g = groups[0]
-            return self._attend(q, cache, g.gather, g.length, g.mask)
+            return self._attend(q, cache, groups[0])
         out = torch.empty_like(q)
         for g in groups:
-            out[g.rows] = self._attend(q[g.rows], cache, g.gather, g.length, g.mask)
+            out[g.rows] = self._attend(q[g.rows], cache, g)
         return out
 
-    def _attend(self, q: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor, L: int,
-                mask: torch.Tensor | None) -> torch.Tensor:
-        n, kvh, d = q.shape[0], self.kvh, self.d
-        ctx = gather(cache, slots).view(2, kvh, n, L, d)
+    def _attend(self, q: torch.Tensor, cache: torch.Tensor, group: DecodeGroup) -> torch.Tensor:
+        n, kvh, d, L, mask = q.shape[0], self.kvh, self.d, group.length, group.mask
+        if group.lens is not None and cpu_kernels.supports(q, cache):
+            kernel = cpu_kernels.decode_attention()
+            if kernel is not None:  # reads K/V in place (csrc/decode_attention.c)
+                return kernel(q, cache, group.gather.view(n, L), group.lens, self.scale)
+        ctx = gather(cache, group.gather).view(2, kvh, n, L, d)
         kk, vv = ctx[0].transpose(0, 1), ctx[1].transpose(0, 1)
         if _HAS_GQA and L <= 256 and q.dtype == torch.float32 and q.is_cpu and torch.get_num_threads() > 1:
             # torch 2.13's CPU flash kernel splits this shape (one query row per head) well over
@@ -211,7 +229,10 @@ class MLP(nn.Module):
         self.gate_up, self.down = gate_up, down
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up.forward(x).chunk(2, dim=-1)
+        gate_up = self.gate_up.forward(x)
+        if gate_up.shape[1] % 32 == 0 and cpu_kernels.fits_rows(gate_up) and (act := cpu_kernels.silu_mul()):
+            return self.down.forward(act(gate_up))  # one pass, no parallel region at decode sizes
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down.forward(F.silu(gate) * up)
 
 
@@ -223,8 +244,8 @@ class DecoderLayer(nn.Module):
 
     def forward(self, h: torch.Tensor, batch: ForwardBatch, rot: torch.Tensor) -> torch.Tensor:
         # .forward directly: nn.Module.__call__ costs a few microseconds per call, ~0.5 ms per step
-        h = h + self.attn.forward(self.attn_norm.forward(h), batch, rot)
-        return h + self.mlp.forward(self.mlp_norm.forward(h))
+        h, x = self.mlp_norm.after_add(h, self.attn.forward(self.attn_norm.forward(h), batch, rot))
+        return h + self.mlp.forward(x)
 
 
 class LlamaModel(nn.Module):

@@ -235,22 +235,21 @@ class ModelRunner:
         slots = np.array([t.blocks[p // bs] * bs + p % bs for t, p in zip(tables, pos, strict=True)], dtype=np.int64)
         groups = length_groups(lens)
         if len(groups) == 1:  # the usual case: every row, in batch order
-            idx, L, mask = self._gather(tables, lens)
-            return ids, pos, slots, [DecodeGroup(slice(None), idx, L, mask)]
-        decode_groups = []
-        for rows in groups:
-            idx, L, mask = self._gather([tables[i] for i in rows], [lens[i] for i in rows])
-            decode_groups.append(DecodeGroup(self._tensor(rows), idx, L, mask))
+            return ids, pos, slots, [self._group(slice(None), tables, lens)]
+        decode_groups = [self._group(self._tensor(rows), [tables[i] for i in rows], [lens[i] for i in rows])
+                         for rows in groups]
         return ids, pos, slots, decode_groups
 
-    def _gather(self, tables: list[BlockTable], lens: list[int]) -> tuple[torch.Tensor, int, torch.Tensor | None]:
-        """KV slots of each row's context padded to the longest, and the mask (None if none is padded)."""
+    def _group(self, rows: torch.Tensor | slice, tables: list[BlockTable], lens: list[int]) -> DecodeGroup:
+        """KV slots of each row's context padded to the longest, the mask (None if none is padded) and
+        the lengths (what the CPU kernel reads instead of the mask)."""
         idx, L = self.kv.gather_index(tables, lens)
         mask = None
         if min(lens) != L:
             valid = np.arange(L)[None, :] < np.asarray(lens)[:, None]
             mask = torch.as_tensor(valid, device=self.model.device)[:, None, None, :]
-        return self._tensor(idx.reshape(-1)), L, mask
+        cpu = self.model.device.type == "cpu"
+        return DecodeGroup(rows, self._tensor(idx.reshape(-1)), L, mask, self._tensor(lens) if cpu else None)
 
     @torch.inference_mode()
     def next_logits(self, reqs: list[Request]) -> torch.Tensor:

@@ -1,0 +1,213 @@
+"""Native CPU kernels (`csrc/*.c`), built on first use with the C compiler and loaded with ctypes.
+
+Decode attention over the paged KV cache (`csrc/decode_attention.c`), 2-3x faster than
+gathering each row's context and calling SDPA (the gather copies the whole context every
+layer); SwiGLU's `silu(gate) * up` (`csrc/silu_mul.c`) and RMSNorm after the residual add
+(`csrc/rms_norm.c`) in one pass each; and `pin_team`
+(`csrc/omp_team.c`), which pins a thread's OpenMP team to its cores.
+Building takes about half a second each (plain C, no torch headers) and the libraries are
+cached under `~/.cache/pdtop/kernels`, keyed by the source, the compiler and this CPU. They
+are compiled with `-march=native` and `-fopenmp`, linked to the OpenMP runtime torch already
+loaded (libgomp), so a kernel's team is the calling thread's torch thread count. The attention
+and activation kernels are checked once against torch; anything missing or wrong (no compiler, another OpenMP
+runtime, a mismatch) means `None` (or False) and the torch path runs, as without the kernels.
+`PDTOP_NO_KERNELS=1` turns them off (for comparisons).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+CSRC = Path(__file__).with_name("csrc")
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
+DecodeAttention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
+_lock = threading.Lock()
+
+
+def _torch_libgomp() -> str | None:
+    """The libgomp torch runs on, as mapped in this process (None if torch uses another runtime)."""
+    torch.get_num_threads()  # make sure torch's OpenMP runtime is loaded
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    paths = {line.split()[-1] for line in maps.splitlines() if "/libgomp" in line}
+    return min(paths) if len(paths) == 1 else None
+
+
+def _cpu_id() -> str:
+    try:
+        return next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
+    except OSError:
+        return platform.processor()
+
+
+def _build(source: Path, gomp: str) -> Path:
+    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc") or "cc"
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
+    texts = [source.read_text(), *(h.read_text() for h in sorted(CSRC.glob("*.h")))]
+    key = hashlib.sha256("\0".join([*texts, *FLAGS, gomp, version, _cpu_id()]).encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pdtop" / "kernels"
+    out = cache / f"{source.stem}-{key}.so"
+    if not out.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=cache) as tmp:  # built aside, then renamed: safe if two build at once
+            part = Path(tmp) / out.name
+            gomp_dir = str(Path(gomp).parent)
+            subprocess.run([cc, *FLAGS, str(source), "-o", str(part), gomp, f"-Wl,-rpath,{gomp_dir}"],
+                           capture_output=True, text=True, check=True)
+            os.replace(part, out)
+    return out
+
+
+def _reference(q: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor, lens: torch.Tensor,
+               scale: float) -> torch.Tensor:
+    n, h, d = q.shape
+    kvh = cache.shape[1]
+    outs = []
+    for i in range(n):
+        idx = slots[i, : int(lens[i])]
+        k = cache[0][:, idx].repeat_interleave(h // kvh, 0)
+        v = cache[1][:, idx].repeat_interleave(h // kvh, 0)
+        outs.append(torch.softmax(q[i, :, None] @ k.transpose(1, 2) * scale, -1) @ v)
+    return torch.cat(outs, 1).transpose(0, 1).reshape(n, h, d)
+
+
+@functools.cache
+def _library(name: str) -> ctypes.CDLL | None:
+    """`csrc/{name}.c`, built (or found in the cache) and loaded; None when it cannot be."""
+    if os.environ.get("PDTOP_NO_KERNELS"):
+        return None
+    with _lock:
+        try:
+            gomp = _torch_libgomp()
+            return ctypes.CDLL(str(_build(CSRC / f"{name}.c", gomp))) if gomp is not None else None
+        except (OSError, subprocess.CalledProcessError, StopIteration) as exc:
+            log.debug("CPU kernel %s unavailable: %s", name, exc)
+            return None
+
+
+@functools.cache
+def decode_attention() -> DecodeAttention | None:
+    """`f(q [n, h, d] (rows may be strided), cache [2, kvh, S, d], slots [n, L] int64, lens [n] int64, scale)`
+    -> `[n, h, d]`: each row's attention over its first `lens[i]` slots; None when the kernel is unavailable."""
+    lib = _library("decode_attention")
+    if lib is None:
+        return None
+    fn = lib.pdtop_decode_attention_f32
+    fn.restype = None
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    fn.argtypes = [ptr, i64, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, ctypes.c_float]
+
+    def attend(q: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor, lens: torch.Tensor,
+               scale: float) -> torch.Tensor:
+        n, h, d = q.shape
+        out = torch.empty(n, h, d, dtype=q.dtype)
+        fn(q.data_ptr(), q.stride(0), cache.data_ptr(), slots.data_ptr(), lens.data_ptr(), out.data_ptr(),
+           n, h, cache.shape[1], d, cache.shape[2], slots.shape[1], scale)
+        return out
+
+    g = torch.Generator().manual_seed(0)
+    cache = torch.randn(2, 3, 100, 64, generator=g)
+    q = torch.randn(5, 13, 64, generator=g)[:, 2:11]  # strided rows, as q sits inside the qkv output
+    slots = torch.randint(0, 100, (5, 40), generator=g)
+    lens = torch.tensor([1, 17, 40, 16, 33])
+    if not torch.allclose(attend(q, cache, slots, lens, 0.125), _reference(q, cache, slots, lens, 0.125),
+                          atol=1e-5, rtol=1e-4):
+        log.warning("the CPU decode-attention kernel disagrees with torch here; using torch")
+        return None
+    return attend
+
+
+@functools.cache
+def silu_mul() -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """`f(x [n, 2f] float32, rows contiguous, f a multiple of 16)` -> `silu(x[:, :f]) * x[:, f:]`
+    (`[n, f]`); None when the kernel is unavailable."""
+    lib = _library("silu_mul")
+    if lib is None:
+        return None
+    fn = lib.pdtop_silu_mul_f32
+    fn.restype = None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
+
+    def act(x: torch.Tensor) -> torch.Tensor:
+        n, f = x.shape[0], x.shape[1] // 2
+        out = torch.empty(n, f, dtype=x.dtype)
+        fn(x.data_ptr(), x.stride(0), out.data_ptr(), n, f)
+        return out
+
+    x = torch.randn(37, 96, generator=torch.Generator().manual_seed(0)) * 6
+    if not torch.allclose(act(x), torch.nn.functional.silu(x[:, :48]) * x[:, 48:], atol=1e-5, rtol=1e-5):
+        log.warning("the CPU SwiGLU kernel disagrees with torch here; using torch")
+        return None
+    return act
+
+
+AddRmsNorm = Callable[[torch.Tensor, "torch.Tensor | None", torch.Tensor, float],
+                      tuple[torch.Tensor, "torch.Tensor | None"]]
+
+
+@functools.cache
+def add_rms_norm() -> AddRmsNorm | None:
+    """`f(x [n, dim], delta [n, dim] or None, w [dim], eps)` -> `(rmsnorm(s) * w, s)` with `s = x + delta`
+    (`None` for s without delta); float32, rows contiguous, dim a multiple of 16. None when unavailable."""
+    lib = _library("rms_norm")
+    if lib is None:
+        return None
+    fn = lib.pdtop_add_rms_norm_f32
+    fn.restype = None
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    fn.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, ctypes.c_float]
+
+    def norm(x: torch.Tensor, delta: torch.Tensor | None, w: torch.Tensor,
+             eps: float) -> tuple[torch.Tensor, torch.Tensor | None]:
+        out = torch.empty_like(x)
+        s = torch.empty_like(x) if delta is not None else None
+        fn(x.data_ptr(), delta.data_ptr() if delta is not None else None, s.data_ptr() if s is not None else None,
+           w.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], eps)
+        return out, s
+
+    g = torch.Generator().manual_seed(0)
+    x, d, w = torch.randn(7, 48, generator=g), torch.randn(7, 48, generator=g), torch.rand(48, generator=g)
+    out, s = norm(x, d, w, 1e-5)
+    want = torch.nn.functional.rms_norm(x + d, (48,), w, 1e-5)
+    if s is None or not (torch.allclose(out, want, atol=1e-5) and torch.equal(s, x + d)):
+        log.warning("the CPU RMSNorm kernel disagrees with torch here; using torch")
+        return None
+    return norm
+
+
+def fits_rows(*ts: torch.Tensor) -> bool:
+    """Whether the row kernels (`silu_mul`, `add_rms_norm`) take these: contiguous float32 CPU matrices."""
+    return all(t.dim() == 2 and t.dtype == torch.float32 and t.is_cpu and t.is_contiguous() for t in ts)
+
+
+def pin_team(cores: tuple[int, ...]) -> bool:
+    """Pin every thread of the calling thread's OpenMP team (its `torch.get_num_threads()` threads)
+    to `cores`, as the calling thread itself is; False when that could not be done."""
+    lib = _library("omp_team")
+    if lib is None:
+        return False
+    return lib.pdtop_pin_team((ctypes.c_int32 * len(cores))(*cores), len(cores), torch.get_num_threads()) == 0
+
+
+def supports(q: torch.Tensor, cache: torch.Tensor) -> bool:
+    """Whether the kernel takes these shapes (float32 on the CPU, head_dim a multiple of 16 up to 128,
+    up to 16 query heads per KV head, q rows contiguous within a row)."""
+    _, h, d = q.shape
+    return (q.dtype == torch.float32 and cache.dtype == torch.float32 and q.device.type == "cpu"
+            and d % 16 == 0 and d <= 128 and h // cache.shape[1] <= 16 and q.stride(2) == 1 and q.stride(1) == d
+            and cache.is_contiguous())

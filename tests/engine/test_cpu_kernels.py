@@ -1,0 +1,107 @@
+"""The native CPU decode-attention kernel (pdtop/engine/model/csrc/decode_attention.c) against torch."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from pdtop.engine.model import cpu_kernels
+from pdtop.engine.request import Request, SamplingParams
+from pdtop.engine.scheduling.scheduler import append_token
+
+pytestmark = pytest.mark.skipif(not (shutil.which("gcc") or shutil.which("cc")), reason="no C compiler")
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    k = cpu_kernels.decode_attention()
+    assert k is not None, "a C compiler is here, yet the kernel did not build or disagreed with torch"
+    return k
+
+
+def softmax_attention(q, cache, slots, lens, scale):
+    """Plain float64 attention of each row's query heads over its first lens[i] slots."""
+    n, h, d = q.shape
+    g = h // cache.shape[1]
+    out = torch.empty(n, h, d, dtype=torch.float64)
+    for i in range(n):
+        idx = slots[i, : int(lens[i])]
+        for a in range(h):
+            k, v = cache[0, a // g, idx].double(), cache[1, a // g, idx].double()
+            out[i, a] = torch.softmax(k @ q[i, a].double() * scale, 0) @ v
+    return out
+
+
+@pytest.mark.parametrize("h,kvh,d", [(9, 3, 64), (32, 8, 128), (4, 4, 16), (16, 1, 32)])
+def test_kernel_matches_softmax_attention(kernel, h, kvh, d):
+    g = torch.Generator().manual_seed(h * d)
+    S, n = 700, 6
+    cache = torch.randn(2, kvh, S, d, generator=g)
+    qkv = torch.randn(n, h + 2 * kvh, d, generator=g) * 3  # q sits inside the qkv rows: strided
+    q = qkv[:, :h]
+    lens = torch.tensor([1, 15, 16, 17, 300, 640])  # below, at and past the kernel's 16-key blocks
+    L = int(lens.max())
+    slots = torch.stack([torch.randperm(S, generator=g)[:L] for _ in range(n)])
+    assert cpu_kernels.supports(q, cache)
+    got = kernel(q, cache, slots, lens, d ** -0.5)
+    assert (got.double() - softmax_attention(q, cache, slots, lens, d ** -0.5)).abs().max() < 1e-4
+
+
+def test_kernel_refuses_what_it_does_not_take():
+    cache = torch.zeros(2, 2, 8, 64)
+    assert not cpu_kernels.supports(torch.zeros(1, 4, 64, dtype=torch.bfloat16), cache.bfloat16())
+    assert not cpu_kernels.supports(torch.zeros(1, 4, 72), torch.zeros(2, 2, 8, 72))  # head_dim not 16k
+    assert not cpu_kernels.supports(torch.zeros(1, 4, 256), torch.zeros(2, 2, 8, 256))  # head_dim > 128
+    assert not cpu_kernels.supports(torch.zeros(1, 64, 64), cache)  # 32 query heads per KV head
+
+
+def test_model_decode_through_the_kernel_matches_prefill_of_the_same_tokens(kernel, runner, tokenizer):
+    """Decode steps of the real model (attention by the kernel) give the logits a whole-sequence
+    prefill (attention by torch's SDPA) gives at the same positions."""
+    r = runner()
+    texts = ["The capital of France is", "def fibonacci(n):\n    " * 6, "A" + " long story" * 40]
+    reqs = [Request(i, tokenizer.encode(t), SamplingParams(max_tokens=8, ignore_eos=True)) for i, t in enumerate(texts)]
+    for q in reqs:
+        r.admit(q)
+    for q, t in zip(reqs, r.prefill(reqs), strict=True):
+        append_token(q, t, 0.0, [])
+    for _ in range(3):
+        for q, t in zip(reqs, r.decode(reqs), strict=True):
+            append_token(q, t, 0.0, [])
+    decoded = r.next_logits(reqs)
+    fresh = runner()
+    for i, q in enumerate(reqs):
+        whole = Request(100 + i, q.prompt_ids + q.output_ids, SamplingParams(max_tokens=1))
+        fresh.admit(whole)
+        state = fresh.prefill_begin([whole])
+        fresh.prefill_layers(state, 0, fresh.model.num_layers)
+        fresh.prefill_finish(state)
+        assert (state.logits[0] - decoded[i]).abs().max() < 1e-3
+        fresh.free(whole)
+
+
+@pytest.mark.parametrize("rows,f", [(1, 16), (32, 1536), (200, 1536)])  # the last: over the parallel threshold
+def test_swiglu_kernel_matches_torch(rows, f):
+    act = cpu_kernels.silu_mul()
+    assert act is not None
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 2 * f, generator=g) * 8
+    x[0, :4] = torch.tensor([0.0, -0.0, -200.0, 200.0])  # zeros, exp underflow, saturation
+    want = torch.nn.functional.silu(x[:, :f].double()) * x[:, f:].double()
+    assert (act(x).double() - want).abs().max() <= 1e-5 * want.abs().max()
+
+
+@pytest.mark.parametrize("rows,dim", [(1, 16), (32, 576), (600, 576)])  # the last: over the parallel threshold
+def test_rms_norm_kernel_matches_torch_with_and_without_the_residual_add(rows, dim):
+    norm = cpu_kernels.add_rms_norm()
+    assert norm is not None
+    g = torch.Generator().manual_seed(rows)
+    x, d, w = torch.randn(rows, dim, generator=g) * 5, torch.randn(rows, dim, generator=g), torch.rand(dim, generator=g)
+    out, s = norm(x, d, w, 1e-6)
+    assert s is not None and torch.equal(s, x + d)
+    want = torch.nn.functional.rms_norm((x + d).double(), (dim,), w.double(), 1e-6)
+    assert (out.double() - want).abs().max() < 1e-5
+    alone, none = norm(x, None, w, 1e-6)
+    assert none is None
+    assert (alone.double() - torch.nn.functional.rms_norm(x.double(), (dim,), w.double(), 1e-6)).abs().max() < 1e-5
