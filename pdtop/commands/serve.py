@@ -158,14 +158,14 @@ def run(args: argparse.Namespace) -> int:
                               workload=workload, limits=QueueLimits(args.max_waiting_requests,
                                                                     args.max_waiting_tokens),
                               **runtime_options(args))
-        if args.progress:
-            _startup.say(_startup.ready(engine, started))
     except INPUT_ERRORS as exc:
         return fail("serve", exc)
     runtime = engine.describe()["runtime"]
     for line in (runtime["kv_cache"].get("line"), runtime.get("cuda_graphs", {}).get("line")):
         if line:  # the KV size chosen (on cuda, from free memory), the decode graphs' pool
             print(f"pdtop serve: {line}", file=sys.stderr, flush=True)
+    if args.progress:  # the last start-up line: `pdtop dashboard` shows those before it
+        _startup.say(_startup.ready(engine, started))
     try:
         return asyncio.run(_serve(engine, args))
     finally:

@@ -8,6 +8,7 @@ command table in `pdtop.ui.commands`.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -158,10 +159,12 @@ class PdtopApp(App[None]):
         self._repaint_soon()
 
     def _fit_layout(self, width: int, height: int) -> None:
-        """Size classes for app.tcss: -short (under 36 rows), -tiny (under 28), -narrow (under 110 columns)."""
+        """Size classes for app.tcss: -short (under 36 rows), -tiny (under 28), -narrow (under 110 columns),
+        -no-palette-key (under 130: the footer's keys need the room; ctrl+p still works and help lists it)."""
         self.set_class(height < 36, "-short")
         self.set_class(height < 28, "-tiny")
         self.set_class(width < 110, "-narrow")
+        self.set_class(width < 130, "-no-palette-key")
 
     def _repaint_soon(self) -> None:
         self._force_paint = True
@@ -240,10 +243,15 @@ class PdtopApp(App[None]):
         hint = self.screen_stack[0].query_one(BandwidthPanel).hint_hidden if self.screen_stack else None
         if hint:
             parts.append(Text(hint, "dim"))
-        if state.info.workload:
-            parts.append(Text.assemble(("workload ", "dim"), state.info.workload))
-        parts.append(Text("? help  ctrl+p commands", "dim"))
-        return Text("  ·  ", "dim").join(parts)
+        workload = state.info.workload
+        for short in (False, True):  # narrow: the workload without its details, then without the help hint
+            if workload and short:
+                workload = re.sub(r" \([^)]*\)", "", workload)
+            line = [*parts, Text.assemble(("workload ", "dim"), workload)] if workload else list(parts)
+            text = Text("  ·  ", "dim").join([*line, Text("? help  ctrl+p commands", "dim")])
+            if text.cell_len <= self.size.width - 2:
+                return text
+        return Text("  ·  ", "dim").join(line)  # the footer has `? help`
 
     # ---- repaint ----------------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """Header: connection, device, model, policy, API URL, recording and dropped events, fitted to one line.
 
-Every item stays at every width: the separators tighten first, then items take their short
-form, then the model's name is cut.
+The separators tighten first, then items take their short form, then the API item goes (the
+status line and help still name the server), then the model's name is cut; the rest stay at every width.
 """
 from __future__ import annotations
 
@@ -62,13 +62,15 @@ class HeaderBar(Static):
         if state.server_version and state.server_version != __version__:
             items.append(([("engine ", "dim"), (state.server_version, "")], [(state.server_version, "dim")]))
         units = f" · {info.units} {info.unit_name}" if f"{info.units} " not in info.device else ""
-        items.append(([(info.device, "bold"), (units, "")], [(info.device, "bold")]))  # short: the units are in
-        # the split panel's title
+        # short: `cpu`, not `cpu (2 cores)`: the split panel's title and level table give the units
+        items.append(([(info.device, "bold"), (units, "")], [(info.device.split(" (")[0], "bold")]))
         model_at = len(items)
         items.append(([("model ", "dim"), (info.model, "")], [(info.model.removeprefix("synthetic:"), "")]))
         items.append(([("policy ", "dim"), (state.policy, "")], [(state.policy, "")]))
+        api_at = None
         if state.api and connection != "replay":
             port = state.api.rsplit(":", 1)[-1].split("/")[0]
+            api_at = len(items)
             items.append(([("api ", "dim"), (state.api, "")], [("api ", "dim"), (f":{port}", "")]))
         if connection != "replay":
             if state.recording:
@@ -79,7 +81,7 @@ class HeaderBar(Static):
         dropped_style = colours.get("warning", "") if state.dropped else "dim"
         items.append(([("dropped ", "dim"), (str(state.dropped), dropped_style)],
                       [("dropped ", "dim"), (str(state.dropped), dropped_style)]))
-        self._show(fitted(items, max(20, self.content_size.width or 80), model_at))
+        self._show(fitted(items, max(20, self.content_size.width or 80), model_at, api_at))
 
     def _show(self, text: Text) -> None:
         if text != self._last:
@@ -87,8 +89,9 @@ class HeaderBar(Static):
             self.update(text, layout=False)
 
 
-def fitted(items: list[Item], width: int, model_item: int) -> Text:
-    """The items joined to fit `width`: wide separators and full forms if they fit, else tighter."""
+def fitted(items: list[Item], width: int, model_item: int, optional_item: int | None = None) -> Text:
+    """The items joined to fit `width`: wide separators and full forms if they fit, else tighter;
+    `optional_item` goes before the model's name is cut."""
     def build(sep: str, short: int, model_room: int | None = None) -> list[list[tuple[str, str]]]:
         # items from the end take their short form first (`short` of them), the first items last
         chosen = [full if i < len(items) - short else brief for i, (full, brief) in enumerate(items)]
@@ -106,7 +109,13 @@ def fitted(items: list[Item], width: int, model_item: int) -> Text:
         if width_of(chosen, sep) <= width:
             return _join(chosen, sep)
     sep = " │ "
+    if optional_item is not None:
+        items = items[:optional_item] + items[optional_item + 1:]
+        if model_item > optional_item:
+            model_item -= 1
     chosen = build(sep, len(items))
+    if width_of(chosen, sep) <= width:
+        return _join(chosen, sep)
     over = width_of(chosen, sep) - width
     model = chosen[model_item][-1][0]
     chosen = build(sep, len(items), max(3, len(model) - over))

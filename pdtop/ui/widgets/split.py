@@ -58,8 +58,9 @@ class SplitPanel(Panel):
                 short = Text.assemble(("■ ", prefill), f"prefill {state.prefill_units}  ", ("■ ", decode),
                                       f"decode {fmt.units(state.decode_units, unit)}")
             head = Text.assemble(f"level {level}  ", mode, "  ", short)
-            if head.cell_len > width and short.plain.endswith(unit):  # the unit is in the title
-                head = Text.assemble(f"level {level} ", mode, " ", short[:-len(unit) - 1])
+            if head.cell_len > width and not state.idle and not together:  # the unit is in the title
+                head = Text.assemble(f"level {level} ", mode, " ", ("■ ", prefill), f"prefill {state.prefill_units} ",
+                                     ("■ ", decode), f"decode {state.decode_units}")
             lines = [head, bar]
             self.border_subtitle = knob_line.plain.strip()
         lines += self._table(state, width, max(0, height - len(lines)))

@@ -32,7 +32,7 @@ class StepTimePanel(Panel):
             if decoded:
                 top_parts.append(Text(f"  {fmt.percent(over / decoded)} over"))
         else:
-            top_parts.append(Text("  SLO – (s)", "dim"))
+            top_parts.append(Text("  SLO none (s sets one)", "dim"))
         head = Text().join(top_parts)
         for drop in (2, -1):  # narrow: max goes first, then the last part
             if head.cell_len <= self.inner_width or len(top_parts) <= 2:
