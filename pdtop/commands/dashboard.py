@@ -33,13 +33,15 @@ from pathlib import Path
 from typing import IO
 
 from pdtop.commands._common import DEVICE_HELP, INPUT_ERRORS, add_runtime_arguments, fail
+from pdtop.commands._startup import READY
 from pdtop.commands.serve import RATE_HELP, SCENARIOS_HELP, SPEED_HELP, check_inputs
 from pdtop.engine.scheduling.policies import DEFAULT_POLICY, POLICIES
 from pdtop.ui.cli_args import add_ui_arguments
 
 __doc__ = __doc__.replace("{scenarios}", SCENARIOS_HELP)
-URL_PREFIX = "pdtop serve: listening on "
-SERVE_ERROR = "pdtop serve: error: "  # how the child reports bad input (`fail`), before it exits 2
+SERVE_PREFIX = "pdtop serve: "
+URL_PREFIX = SERVE_PREFIX + "listening on "
+SERVE_ERROR = SERVE_PREFIX + "error: "  # how the child reports bad input (`fail`), before it exits 2
 START_TIMEOUT_S = 300.0  # loading a real model on a slow CPU can take a while
 
 
@@ -60,7 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def serve_command(args: argparse.Namespace) -> list[str]:
     """The child's command line: `pdtop serve` on a free loopback port, with the HTTP API on another
     (its token comes in the environment)."""
-    cmd = [sys.executable, "-m", "pdtop", "serve", "--host", "127.0.0.1", "--port", "0", "--api-port", "0"]
+    cmd = [sys.executable, "-m", "pdtop", "serve", "--host", "127.0.0.1", "--port", "0", "--api-port", "0",
+           "--progress"]
     for flag in ("device", "model", "config", "policy", "rate", "speed", "record", "dtype", "kv_tokens",
                  "gpu_memory_fraction"):
         value = getattr(args, flag, None)
@@ -83,40 +86,100 @@ def _tie_to_parent(parent: int) -> None:
         os._exit(1)
 
 
-def start_server(args: argparse.Namespace, token: str, log: IO[str]) -> tuple[subprocess.Popen, str]:
-    """Start `pdtop serve` and return it with the URL from its first stdout line; RuntimeError if it fails."""
+class Progress:
+    """The start-up lines on stderr: each `pdtop serve:` line the child prints, and on a terminal a
+    ticking `starting the engine… 3 s` under them until the dashboard takes the screen."""
+
+    def __init__(self, stream: IO[str] = sys.stderr) -> None:
+        self.stream, self.started = stream, time.monotonic()
+        self.ticking = stream.isatty()
+        self._ticker_shown = False
+
+    def line(self, text: str) -> None:
+        self._clear()
+        print(f"  {text}", file=self.stream, flush=True)
+
+    def tick(self) -> None:
+        if self.ticking:
+            self.stream.write(f"\r  starting the engine… {time.monotonic() - self.started:.0f} s\x1b[K")
+            self.stream.flush()
+            self._ticker_shown = True
+
+    def _clear(self) -> None:
+        if self._ticker_shown:
+            self.stream.write("\r\x1b[K")
+            self._ticker_shown = False
+
+    def done(self) -> None:
+        self._clear()
+        self.stream.flush()
+
+
+def start_server(args: argparse.Namespace, token: str, log: IO[str],
+                 progress: Progress | None = None) -> tuple[subprocess.Popen, str]:
+    """Start `pdtop serve` and return it with the URL from its first stdout line; RuntimeError if it fails.
+    Its start-up lines (stderr, `pdtop serve: ...`) go to `progress` as they come, and everything to `log`."""
     parent = os.getpid()
     child = subprocess.Popen(
-        serve_command(args), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log, text=True,
+        serve_command(args), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PDTOP_TOKEN": token},  # not on the command line, where `ps` shows it
         start_new_session=True,  # terminal signals go to the dashboard, which stops the child itself
         preexec_fn=lambda: _tie_to_parent(parent),
     )
-    assert child.stdout is not None
+    assert child.stdout is not None and child.stderr is not None
     lines: queue.Queue[str] = queue.Queue()
+    notes: queue.Queue[str] = queue.Queue()
+    started, writing = threading.Event(), threading.Lock()
 
-    def pump(stream: IO[str]) -> None:  # keep reading, so the child never blocks on a full pipe
+    def pump(stream: IO[str], out: queue.Queue[str]) -> None:  # keep reading: a full pipe blocks the child
         for line in stream:
-            lines.put(line)
-            log.write(line)
-        lines.put("")
+            with writing:  # two pumps, one log
+                log.write(line)
+                log.flush()
+            if not started.is_set():
+                out.put(line)
+        out.put("")
 
-    threading.Thread(target=pump, args=(child.stdout,), name="pdtop-serve-stdout", daemon=True).start()
+    for stream, out, name in ((child.stdout, lines, "stdout"), (child.stderr, notes, "stderr")):
+        threading.Thread(target=pump, args=(stream, out), name=f"pdtop-serve-{name}", daemon=True).start()
     deadline = time.monotonic() + START_TIMEOUT_S
-    while True:
-        try:
-            line = lines.get(timeout=0.2)
-        except queue.Empty:
-            if child.poll() is not None or time.monotonic() > deadline:
-                stop_server(child)
-                reason = "the engine did not start" if child.returncode else "the engine timed out starting"
-                raise RuntimeError(reason) from None
-            continue
-        if line.startswith(URL_PREFIX):
-            return child, line[len(URL_PREFIX):].strip()
-        if line == "":
-            child.wait(timeout=10)
-            raise RuntimeError(f"the engine exited (code {child.returncode}) before listening")
+
+    def show_notes(until_ready: bool = False) -> None:
+        """Pass the child's start-up lines on; `until_ready`: wait (a moment) for its last one, which it
+        wrote to stderr just before its URL went to stdout."""
+        while True:
+            try:
+                note = notes.get(timeout=1.0) if until_ready else notes.get_nowait()
+            except queue.Empty:
+                return
+            if note.startswith(SERVE_PREFIX) and progress is not None:
+                progress.line(note[len(SERVE_PREFIX):].rstrip())
+            if not note or note.startswith(SERVE_PREFIX + READY):
+                return
+
+    try:
+        while True:
+            show_notes()
+            try:
+                line = lines.get(timeout=0.2)
+            except queue.Empty:
+                if progress is not None:
+                    progress.tick()
+                if child.poll() is not None or time.monotonic() > deadline:
+                    stop_server(child)
+                    reason = "the engine did not start" if child.returncode else "the engine timed out starting"
+                    raise RuntimeError(reason) from None
+                continue
+            if line.startswith(URL_PREFIX):
+                show_notes(until_ready=True)
+                return child, line[len(URL_PREFIX):].strip()
+            if line == "":
+                child.wait(timeout=10)
+                raise RuntimeError(f"the engine exited (code {child.returncode}) before listening")
+    finally:
+        started.set()
+        if progress is not None:
+            progress.done()
 
 
 def stop_server(child: subprocess.Popen, timeout: float = 10.0) -> None:
@@ -138,11 +201,9 @@ def _tail(path: Path, lines: int = 15) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pdtop.ui.launch import check_theme
+    from pdtop.ui.launch import check_ui_options
 
-    problem = check_theme(args.theme)
-    if args.slo_ms is not None and args.slo_ms <= 0:
-        problem = f"--slo-ms must be positive, got {args.slo_ms:g}"
+    problem = check_ui_options(args)
     if problem:
         return fail("dashboard", problem)
     try:  # a bad device (or a missing GPU), model or config fails here in one line, not in the engine's log
@@ -152,29 +213,29 @@ def run(args: argparse.Namespace) -> int:
     token = secrets.token_urlsafe(24)
     log_file = tempfile.NamedTemporaryFile("w", prefix="pdtop-serve-", suffix=".log", delete=False)
     log_path = Path(log_file.name)
-    print(f"pdtop: starting the engine ({args.device or 'auto'}); log: {log_path}", file=sys.stderr, flush=True)
+    print(f"pdtop: starting the engine (log: {log_path})", file=sys.stderr, flush=True)
     try:
-        child, url = start_server(args, token, log_file)
+        child, url = start_server(args, token, log_file, Progress())
     except (RuntimeError, OSError) as exc:
         log_file.close()
         refused = [line for line in _tail(log_path).splitlines() if line.startswith(SERVE_ERROR)]
         if refused:  # bad input the checks above could not see (e.g. a tensor type): the child's one line
             log_path.unlink(missing_ok=True)
             return fail("dashboard", refused[-1][len(SERVE_ERROR):])
-        fail("dashboard", exc)
+        code = fail("dashboard", exc, code=1)
         print(_tail(log_path), file=sys.stderr, end="")
-        return 1
-    failed = False
+        return code
+    code = 0
     try:
-        failed = _watch(child, url, token, args, log_path) != 0
+        code = _watch(child, url, token, args, log_path)
     finally:
         if child.poll() is None:
             print("pdtop: stopping the engine…", file=sys.stderr, flush=True)
         stop_server(child)
         log_file.close()
-    if child.returncode not in (0, -signal.SIGTERM) or failed:
+    if child.returncode not in (0, -signal.SIGTERM) or code:
         print(f"pdtop dashboard: the engine's log: {log_path}\n{_tail(log_path)}", file=sys.stderr, end="")
-        return 1
+        return code or 1
     log_path.unlink(missing_ok=True)
     return 0
 
@@ -182,10 +243,10 @@ def run(args: argparse.Namespace) -> int:
 def _watch(child: subprocess.Popen, url: str, token: str, args: argparse.Namespace, log_path: Path) -> int:
     """Run the dashboard on the child's URL; tell the operator if the child exits under it."""
     from pdtop.telemetry.sources.live import LiveSource
-    from pdtop.ui.app import PdtopApp
+    from pdtop.ui.launch import exit_code, make_app
 
-    app = PdtopApp(LiveSource(url, token=token), theme=args.theme, slo_ms=args.slo_ms)
-    app.state.recording = args.record  # the protocol does not announce a recording the server started itself
+    # the protocol does not announce a recording the server started itself: the dashboard knows it asked
+    app = make_app(LiveSource(url, token=token), args, recording=args.record)
 
     def waiter() -> None:
         code = child.wait()
@@ -200,4 +261,4 @@ def _watch(child: subprocess.Popen, url: str, token: str, args: argparse.Namespa
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda *_: app.exit())
     app.run()
-    return 1 if app.source_error else 0
+    return exit_code(app, "dashboard")

@@ -41,6 +41,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import TYPE_CHECKING
 
 from pdtop.commands._common import DEVICE_HELP, INPUT_ERRORS, add_runtime_arguments, cuda_missing, fail, runtime_options
@@ -95,6 +96,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where clients' record_start may create recordings (default: the working directory)")
     parser.add_argument("--max-clients", type=int, default=64, metavar="N",
                         help="connections served at once (default 64)")
+    parser.add_argument("--progress", action="store_true", default=sys.stderr.isatty(),
+                        help="say on stderr which device was picked and why and which model loads "
+                             "(default: when stderr is a terminal; `pdtop dashboard` shows these lines)")
 
 
 def check_inputs(args: argparse.Namespace) -> PdmuxConfig:
@@ -141,9 +145,14 @@ def run(args: argparse.Namespace) -> int:
         return fail("serve", f"--max-clients must be at least 1, got {args.max_clients}")
     try:
         config = check_inputs(args)
+        from pdtop.commands import _startup
         from pdtop.engine.build import build_engine, parse_device
         from pdtop.engine.scheduling.admission import QueueLimits
 
+        started = time.monotonic()
+        if args.progress:
+            _startup.say(_startup.device_choice(args.device))
+            _startup.say(_startup.model_loading(args.model, args.device))
         workload = None if args.workload == "none" else demo_workload(parse_device(args.device).kind, args.rate)
         engine = build_engine(device=args.device, model=args.model, config=config, policy=args.policy,
                               workload=workload, limits=QueueLimits(args.max_waiting_requests,
@@ -155,6 +164,8 @@ def run(args: argparse.Namespace) -> int:
     for line in (runtime["kv_cache"].get("line"), runtime.get("cuda_graphs", {}).get("line")):
         if line:  # the KV size chosen (on cuda, from free memory), the decode graphs' pool
             print(f"pdtop serve: {line}", file=sys.stderr, flush=True)
+    if args.progress:  # the last start-up line: `pdtop dashboard` shows those before it
+        _startup.say(_startup.ready(engine, started))
     try:
         return asyncio.run(_serve(engine, args))
     finally:

@@ -98,6 +98,7 @@ class Engine:
         self._refusals: deque[tuple[RequestRecord, RequestRecord]] = deque(maxlen=MAX_REFUSALS_HELD)
         self._wake = threading.Event()  # set when work comes in, so an idle round ends early
         self._watched: list[_Watch] = []  # engine thread only
+        self.totals = {"arrived": 0, "first_token": 0, "finished": 0, "rejected": 0}  # since the engine started
         self._open: list[tuple[Arrival, Request]] = []  # closed-loop and periodic requests not finished yet
         self._pace: Callable[[], None] = lambda: None  # set by `run` to hold a virtual clock to wall time
 
@@ -110,8 +111,18 @@ class Engine:
             self._sinks.remove(sink)
 
     def _emit(self, record: Record) -> None:
+        if isinstance(record, RequestRecord):
+            self._count(record)
         for sink in list(self._sinks):
             sink(record)
+
+    def _count(self, record: RequestRecord) -> None:
+        if record.kind == "arrival":
+            self.totals["arrived"] += 1
+        elif record.kind == "first_token":
+            self.totals["first_token"] += 1
+        elif record.kind == "finish":
+            self.totals["rejected" if record.finish_reason == "rejected" else "finished"] += 1
 
     @property
     def config(self) -> PdmuxConfig:
@@ -134,6 +145,7 @@ class Engine:
             "config": self.config_dict(), "policy": self.scheduler.policy, "runtime": self.executor.describe(),
             "limits": {"max_waiting_requests": self.limits.max_waiting_requests,
                        "max_waiting_tokens": self.limits.max_waiting_tokens, "refused": dict(self.refused)},
+            "totals": dict(self.totals),
             "workload": self.workload.spec.describe() if self.workload else None,
         }
 

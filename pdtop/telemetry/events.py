@@ -45,6 +45,16 @@ class DeviceDescription:
 
 
 @dataclass
+class Totals:
+    """`hello.engine.totals`: requests counted since the engine started (a dashboard seeds its counters)."""
+
+    arrived: int
+    first_token: int
+    finished: int  # finished after running (eos or length)
+    rejected: int  # finished with finish_reason "rejected": never ran
+
+
+@dataclass
 class Limits:
     """`hello.engine.limits`: the waiting-queue caps, and what they refused since the engine started."""
 
@@ -69,6 +79,7 @@ class EngineDescription:
     policy: str
     runtime: dict[str, Any] | None = None  # dtype, KV cache size, how decode runs (kernels, CUDA graphs)
     limits: Limits | None = None  # absent in recordings made before it existed
+    totals: Totals | None = None  # absent from servers older than the field
     workload: str | None = None  # one line describing the workload scenario
 
 

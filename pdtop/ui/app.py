@@ -8,12 +8,15 @@ command table in `pdtop.ui.commands`.
 from __future__ import annotations
 
 import asyncio
+import re
+import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+from rich.text import Text
 from textual import events
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding, BindingType
@@ -22,10 +25,11 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer
 
-from pdtop.telemetry.events import ErrorNotice, Hello
+from pdtop.telemetry.events import ConfigEvent, Dropped, ErrorNotice, Hello
 from pdtop.telemetry.sources.replay import ReplaySource
 from pdtop.telemetry.sources.source import ControlRefused, Source
 from pdtop.ui.commands import BY_ID, COMMANDS, SPEEDS, Command
+from pdtop.ui.screens.choice import ChoiceScreen
 from pdtop.ui.screens.help import HelpScreen
 from pdtop.ui.screens.prompt import PromptScreen
 from pdtop.ui.screens.tune import TuneScreen
@@ -34,14 +38,19 @@ from pdtop.ui.themes import DEFAULT_THEME, default_variables, load_themes
 from pdtop.ui.widgets.bandwidth import BandwidthPanel
 from pdtop.ui.widgets.base import Panel
 from pdtop.ui.widgets.header import HeaderBar
-from pdtop.ui.widgets.itl import ItlPanel
 from pdtop.ui.widgets.prefill import PrefillPanel
 from pdtop.ui.widgets.replay_bar import ReplayBar, replay_state
 from pdtop.ui.widgets.requests import RequestsPanel
 from pdtop.ui.widgets.split import SplitPanel
+from pdtop.ui.widgets.status_line import StatusLine
+from pdtop.ui.widgets.step_time import StepTimePanel
+from pdtop.ui.widgets.timeline import TimelinePanel
+from pdtop.ui.words import asked, change_words, starved_side
 
 
 def _bindings(commands: list[Command]) -> list[BindingType]:
+    """One binding per command; help and quit first, so a narrow footer still shows them."""
+    commands = sorted(commands, key=lambda c: c.id not in ("help", "quit"))
     return [Binding(c.key, f"run_command('{c.id}')", c.label, show=c.footer, key_display=c.key_display,
                     id=f"pdtop.{c.id}", tooltip=c.description) for c in commands]
 
@@ -54,15 +63,18 @@ class PdtopApp(App[None]):
     BINDINGS = _bindings(COMMANDS)
     ENABLE_COMMAND_PALETTE = True
 
-    def __init__(self, source: Source, *, theme: str | None = None, tick_hz: float = 10.0,
-                 slo_ms: float | None = None, themes_dirs: list[Path] | None = None) -> None:
+    def __init__(self, source: Source, *, theme: str | None = None, interval_s: float = 0.1,
+                 slo_ms: float | None = None, themes_dirs: list[Path] | None = None,
+                 recording: str | None = None) -> None:
         self.source = source
         self.replay_source = source if isinstance(source, ReplaySource) else None  # for the transport keys
         self.replay = self.replay_source is not None
         self.state = DashboardState()
+        self.state.recording = recording  # a recording the server was started with (no event announces it)
         if slo_ms:
             self.state.itl_slo_s = slo_ms / 1e3
-        self.tick_hz = tick_hz
+        self.interval_s = interval_s
+        self.frozen: DashboardState | None = None  # the state on screen while the screen is frozen
         self.pdtop_themes = load_themes(themes_dirs)
         self._initial_theme = theme or DEFAULT_THEME
         self._painted: tuple[Any, ...] = ()
@@ -84,21 +96,30 @@ class PdtopApp(App[None]):
 
     def compose(self) -> ComposeResult:
         yield HeaderBar(id="header")
+        yield StatusLine(id="status")
         with Horizontal(id="row-top"):
             yield SplitPanel(id="split")
             yield RequestsPanel(id="requests")
         with Horizontal(id="row-mid"):
-            yield ItlPanel(id="itl")
+            yield StepTimePanel(id="steps")
             yield BandwidthPanel(id="bandwidth")
+        yield TimelinePanel(id="timeline")
         yield PrefillPanel(id="prefill")
         if self.replay:
             yield ReplayBar(id="replay-bar")
         yield Footer()
 
-    def notify(self, message: str, *, title: str = "", severity: str = "information", **kwargs: Any) -> None:
-        """Show a toast, and keep it in `notices` (the last 100)."""
+    def notify(self, message: str, *, title: str = "", severity: str = "information", timeout: float | None = None,
+               **_kwargs: Any) -> None:
+        """Show a message on the status line under the header (never over the panels), and keep it
+        in `notices` (the last 100)."""
         self.notices.append((severity, title, message))
-        super().notify(message, title=title, severity=severity, **kwargs)  # type: ignore[arg-type]
+        try:
+            status = self.screen_stack[0].query_one(StatusLine)
+        except (NoMatches, IndexError):  # not mounted yet, or shutting down
+            return
+        status.show(severity, title, message, timeout or (8.0 if severity == "error" else 4.0))
+        self._repaint_soon()
 
     def repaint(self) -> None:
         """Repaint every panel now (the tick does this when something changed)."""
@@ -112,8 +133,9 @@ class PdtopApp(App[None]):
         # A plain task, not a worker: workers are cancelled before unmount, and a live source
         # should be closed (a clean websocket close) before its reader goes away.
         self._pump_task = asyncio.create_task(self._pump(), name="pdtop-events")
-        self.set_interval(1.0 / self.tick_hz, self._tick, name="pdtop-repaint")
+        self.set_interval(self.interval_s, self._tick, name="pdtop-repaint")
         self.theme_changed_signal.subscribe(self, lambda _theme: self._repaint_soon())
+        self._fit_layout(*self.size)
         self._tick()
 
     async def on_unmount(self) -> None:
@@ -132,8 +154,17 @@ class PdtopApp(App[None]):
             except (asyncio.TimeoutError, asyncio.CancelledError):
                 pass
 
-    def on_resize(self, _event: events.Resize) -> None:
+    def on_resize(self, event: events.Resize) -> None:
+        self._fit_layout(event.size.width, event.size.height)
         self._repaint_soon()
+
+    def _fit_layout(self, width: int, height: int) -> None:
+        """Size classes for app.tcss: -short (under 36 rows), -tiny (under 28), -narrow (under 110 columns),
+        -no-palette-key (under 130: the footer's keys need the room; ctrl+p still works and help lists it)."""
+        self.set_class(height < 36, "-short")
+        self.set_class(height < 28, "-tiny")
+        self.set_class(width < 110, "-narrow")
+        self.set_class(width < 130, "-no-palette-key")
 
     def _repaint_soon(self) -> None:
         self._force_paint = True
@@ -144,14 +175,24 @@ class PdtopApp(App[None]):
     async def _pump(self) -> None:
         """Take every event into the state as it arrives; repaint happens on the tick."""
         was_readonly = self.readonly
+        dropped_before = 0
         try:
             async for raw in self.source.events():
                 event = self.state.ingest(raw)
                 for listener in list(self.event_listeners):
                     listener(event)
-                if isinstance(event, Hello) and self.readonly != was_readonly:
-                    was_readonly = self.readonly
-                    self.refresh_bindings()
+                if isinstance(event, Hello):
+                    dropped_before = self.state.dropped
+                    if self.readonly != was_readonly:
+                        was_readonly = self.readonly
+                        self.refresh_bindings()
+                elif isinstance(event, ConfigEvent):
+                    if event.client != self.state.client_id:  # ours were said when the reply came
+                        who = f"{event.client}: " if event.client else ""
+                        self.notify(who + change_words(event.changes, self.state), title="changed", timeout=4)
+                elif isinstance(event, Dropped) and dropped_before == self.state.dropped - event.count:
+                    self.notify(f"the server skipped {event.count} events this dashboard did not take in time; "
+                                "the charts have a gap there", title="dropped", severity="warning", timeout=8)
                 elif isinstance(event, ErrorNotice):
                     self.notify(f"{event.field or 'engine'}: {event.reason}", title="pdtop server",
                                 severity="error", timeout=8)
@@ -173,23 +214,67 @@ class PdtopApp(App[None]):
     def readonly(self) -> bool:
         return self.replay or self.source.readonly or self.state.readonly
 
+    def status_text(self) -> Text:
+        """The status line between messages: why there is no connection, how to get controls, or
+        what runs (the workload) and where help is."""
+        state, source = self.state, self.source
+        url = getattr(source, "url", "")
+        error, retry_at = getattr(source, "last_error", None), getattr(source, "retry_at", None)
+        warning = self.theme_variables.get("warning", "")
+        if self.connection in ("connecting", "reconnecting") and error:
+            wait = max(0.0, retry_at - time.monotonic()) if retry_at is not None else None
+            retry = f"retrying in {wait:.0f} s" if wait is not None and wait >= 0.5 else "retrying now"
+            full = Text.assemble((f"cannot reach {url}: ", warning), error, ("  ·  ", "dim"), retry)
+            if full.cell_len <= self.size.width - 2:
+                return full
+            return Text.assemble((error, warning), ("  ·  ", "dim"), retry)  # the address is in the header
+        if self.connection == "connecting":
+            return Text(f"connecting to {url}…", "dim")
+        if self.connection == "closed" and not self.replay:
+            return Text.assemble((f"disconnected from {url}", warning), (f": {self.source_error}" if
+                                                                          self.source_error else "", ""))
+        parts: list[Text] = []
+        if self.frozen is not None:
+            parts.append(Text("frozen: f follows the engine again (events are still taken)", "bold " + warning))
+        elif not self.replay and self.readonly and not getattr(source, "want_readonly", True):
+            parts.append(Text.assemble(("read-only: ", warning), "no control token; to control the engine, attach "
+                                       "with --token TOKEN or set $PDTOP_TOKEN"))
+        hint = self.screen_stack[0].query_one(BandwidthPanel).hint_hidden if self.screen_stack else None
+        if hint:
+            parts.append(Text(hint, "dim"))
+        workload = state.info.workload
+        for short in (False, True):  # narrow: the workload without its details, then without the help hint
+            if workload and short:
+                workload = re.sub(r" \([^)]*\)", "", workload)
+            line = [*parts, Text.assemble(("workload ", "dim"), workload)] if workload else list(parts)
+            text = Text("  ·  ", "dim").join([*line, Text("? help  ctrl+p commands", "dim")])
+            if text.cell_len <= self.size.width - 2:
+                return text
+        return Text("  ·  ", "dim").join(line)  # the footer has `? help`
+
     # ---- repaint ----------------------------------------------------------------------------
 
     def _tick(self) -> None:
+        main = self.screen_stack[0]  # the main screen, even under a modal one
+        try:
+            header, status = main.query_one(HeaderBar), main.query_one(StatusLine)
+        except NoMatches:  # shutting down: the widgets are gone
+            return
+        status.paint(self.status_text())
+        view = self.frozen or self.state
         replay = replay_state(self.replay_source) if self.replay_source is not None else ()
-        key = (self.state.version, self.connection, self.readonly, replay, self.state.itl_slo_s)
+        key = (view.version, self.connection, self.readonly, replay, self.state.itl_slo_s, self.frozen is None,
+               self.state.recording)
         if key == self._painted and not self._force_paint:
             return
         force, self._painted, self._force_paint = self._force_paint, key, False
         self.repaints += 1
-        state, main = self.state, self.screen_stack[0]  # the main screen, even under a modal one
-        try:
-            header = main.query_one(HeaderBar)
-        except NoMatches:  # shutting down: the widgets are gone
-            return
-        header.paint(state, self.connection, self.readonly)
+        view.itl_slo_s, view.recording = self.state.itl_slo_s, self.state.recording
+        address = str(getattr(self.source, "url", ""))
+        header.paint(view, self.connection, self.readonly, frozen=self.frozen is not None, address=address)
         for panel in main.query(Panel):
-            panel.paint(state, force)
+            panel.paint(view, force)
+        self.state.shown_level = view.level
         if self.replay_source is not None:
             main.query_one(ReplayBar).paint(self.replay_source)
 
@@ -233,6 +318,9 @@ class PdtopApp(App[None]):
             return
         if cmd.arg is None:
             self.execute(cmd, None)
+        elif cmd.arg.choices:
+            self.push_screen(ChoiceScreen(cmd.arg.prompt, cmd.arg.choices, cmd.arg.default(self.state)),
+                             callback=partial(self._prompted, cmd))
         else:
             self.push_screen(PromptScreen(cmd.arg.prompt, cmd.arg.default(self.state)),
                              callback=partial(self._prompted, cmd))
@@ -263,15 +351,15 @@ class PdtopApp(App[None]):
             self.call_later(self.run_action, cmd.action or "")
 
     async def _send(self, cmd: Command, msg: dict[str, Any]) -> None:
+        said = asked(msg, self.state)  # in words, from the state the operator saw when asking
         try:
             reply = await self.source.send(msg)
         except ControlRefused as exc:
             field = f"{exc.field}: " if exc.field else ""
-            self.notify(f"{cmd.description}\n{field}{exc.reason}", title="refused", severity="error", timeout=8)
+            self.notify(f"{said}: {field}{exc.reason}", title="refused", severity="error", timeout=8)
             return
         except Exception as exc:
-            self.notify(f"{cmd.description}\n{type(exc).__name__}: {exc}", title="not sent", severity="error",
-                        timeout=8)
+            self.notify(f"{said}: {type(exc).__name__}: {exc}", title="not sent", severity="error", timeout=8)
             return
         if msg["cmd"] == "record_start":
             self.state.recording = reply.path or msg["path"]
@@ -279,9 +367,10 @@ class PdtopApp(App[None]):
         elif msg["cmd"] == "record_stop":
             self.state.recording = None
             self.notify(f"saved {reply.path or ''}", title="recording stopped")
+        elif msg["cmd"] == "pin_level" and (why := starved_side(self.state, msg["level"])):
+            self.notify(f"{said}; {why}", title="accepted", severity="warning", timeout=8)
         else:
-            shown = ", ".join(f"{k}={v}" for k, v in msg.items() if k not in ("cmd", "id"))
-            self.notify(f"{msg['cmd']} {shown}".strip(), title="accepted", timeout=3)
+            self.notify(said, title="accepted", timeout=4)
         self.state.version += 1
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
@@ -304,6 +393,11 @@ class PdtopApp(App[None]):
         else:
             note = ""
         self.push_screen(HelpScreen(offered, note))
+
+    def action_toggle_freeze(self) -> None:
+        """Freeze the screen on what it shows now (events are still taken), or follow the engine again."""
+        self.frozen = None if self.frozen is not None else self.state.snapshot()
+        self._repaint_soon()
 
     def action_set_slo(self, value: float | None) -> None:
         self.state.itl_slo_s = value

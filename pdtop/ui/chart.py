@@ -44,7 +44,7 @@ def block_chart(
         style = line_colour if line_row is not None and r > line_row else colour
         if r == line_row:
             chars = chars.replace(" ", "╌")
-            rows.append(_merge([(c, line_colour if c == "╌" else style) for c in chars]))
+            rows.append(merge_cells([(c, line_colour if c == "╌" else style) for c in chars]))
         else:
             rows.append(_blocks(chars, style))
     return rows
@@ -58,7 +58,7 @@ def _blocks(chars: str, style: str) -> Text:
     return text
 
 
-def _merge(cells: list[tuple[str, str]]) -> Text:
+def merge_cells(cells: list[tuple[str, str]]) -> Text:
     """One Text with a span per run of equal style (cheaper to render than a span per cell)."""
     text = Text()
     run: list[str] = []
@@ -108,3 +108,17 @@ def fill_bar(fraction: float | None, width: int, colour: str, empty_colour: str 
             text.append(partial_chars[part], colour)
         text.append("░" * (width - full - (1 if part else 0)), empty_colour)
     return text
+
+
+def split_band(decode_shares: list[float | None], prefill_colour: str, decode_colour: str,
+               idle_colour: str = "grey30") -> Text:
+    """One row, a cell per round: decode's share of the units as an eighth block in the decode
+    colour over the prefill colour (full block: all decode, blank: all prefill); None is idle (·)."""
+    cells: list[tuple[str, str]] = []
+    on = f"{decode_colour} on {prefill_colour}"
+    for share in decode_shares:
+        if share is None:
+            cells.append(("·", idle_colour))
+        else:
+            cells.append((EIGHTHS[max(0, min(8, round(share * 8)))], on))
+    return merge_cells(cells)

@@ -23,11 +23,12 @@ SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
 
 @dataclass(frozen=True)
 class Arg:
-    """A value the operator types before the command runs."""
+    """A value the operator types (or, with `choices`, picks from a list) before the command runs."""
 
     prompt: str
     parse: Callable[[str], Any]
     default: Callable[[DashboardState], str] = lambda state: ""
+    choices: tuple[tuple[str, str], ...] = ()  # (value, what it means): shown as a list, not typed
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,13 @@ def parse_policy(text: str) -> str:
     return value  # the engine validates it, so a typo shows the engine's own reason
 
 
+POLICY_CHOICES = (
+    ("pdmux", "prefill beside decode, on split units"),
+    ("chunked", "decode batch + a prompt chunk each step"),
+    ("prefill-first", "whole prompts first, decode waits"),
+)
+
+
 def parse_slo_ms(text: str) -> float | None:
     """ITL SLO in milliseconds; empty or 0 removes the line. Returns seconds."""
     text = text.strip().removesuffix("ms").strip()
@@ -132,13 +140,16 @@ def parse_seconds(text: str) -> float:
 # ---- message builders ------------------------------------------------------------------------
 
 def _level_step(delta: int) -> Callable[[DashboardState, Any], dict[str, Any]]:
+    """Pin the level next to the one on screen (under auto the engine's own level moves each round:
+    the operator steps from what they see)."""
     def build(state: DashboardState, _value: Any) -> dict[str, Any]:
         n = len(state.levels)
-        if n == 0 or state.level is None:
+        level = state.shown_level if state.shown_level is not None else state.level
+        if n == 0 or level is None:
             raise ValueError("no split level known yet")
-        target = state.level + delta
+        target = level + delta
         if not 0 <= target < n:
-            raise ValueError(f"already at level {state.level} (levels 0..{n - 1})")
+            raise ValueError(f"already at level {level} (levels 0..{n - 1})")
         return {"cmd": "pin_level", "level": target}
 
     return build
@@ -190,8 +201,8 @@ COMMANDS: list[Command] = [
     Command("chunk_size", "c", "chunk", "set chunk size (chunked policy)", _set("chunk_size"), True,
             arg=Arg("chunk_size (prompt tokens per chunked step)", parse_int, _config_default("chunk_size")),
             footer=False),
-    Command("policy", "p", "policy", "set policy", _set("policy"), True,
-            arg=Arg(f"policy ({' | '.join(POLICIES)})", parse_policy, _config_default("policy", "pdmux"))),
+    Command("policy", "p", "policy", "choose the scheduling policy", _set("policy"), True,
+            arg=Arg("scheduling policy", parse_policy, _config_default("policy", "pdmux"), POLICY_CHOICES)),
     # live: the workload
     Command("inject", "i", "inject", "inject a long prompt", lambda s, v: {"cmd": "inject", "prompt_tokens": v}, True,
             arg=Arg("prompt tokens of the injected request", parse_int, lambda s: str(LONG_PROMPT_TOKENS))),
@@ -220,6 +231,8 @@ COMMANDS: list[Command] = [
             key_display="<"),
     Command("faster", "greater_than_sign", "faster", "faster (up to 16x)", mode="replay", action="replay_speed(1)",
             key_display=">"),
+    Command("freeze", "f", "freeze", "freeze / unfreeze the screen", mode="live",
+            action="toggle_freeze"),
     # both
     Command("itl_slo", "s", "SLO", "set the ITL SLO line (ms)", mode="any", action="set_slo",
             arg=Arg("ITL SLO in ms (empty or 0: none)", parse_slo_ms,

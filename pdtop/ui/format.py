@@ -60,3 +60,14 @@ def count(n: float | None) -> str:
 
 def percent(fraction: float | None) -> str:
     return "–" if fraction is None else f"{fraction * 100:.0f}%"
+
+
+def units(n: int, unit_name: str) -> str:
+    """A count of a device's units with the right number: 1 core, 2 cores, 1 SM, 132 SMs."""
+    singular = unit_name[:-1] if unit_name.endswith("s") else unit_name
+    return f"{n} {singular if n == 1 else unit_name}"
+
+
+def fit(text: str, width: int) -> str:
+    """`text` cut to `width` cells with an ellipsis."""
+    return text if len(text) <= width else text[:max(0, width - 1)] + "…"

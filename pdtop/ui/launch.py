@@ -3,9 +3,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from pdtop.telemetry.sources.source import Source
 from pdtop.ui.themes import DEFAULT_THEME, ThemeError, load_themes
+
+if TYPE_CHECKING:
+    from pdtop.ui.app import PdtopApp
 
 
 def check_theme(name: str | None) -> str | None:
@@ -23,20 +27,38 @@ def check_theme(name: str | None) -> str | None:
     return f"unknown theme {name!r}; known: {', '.join(sorted(themes) + sorted(BUILTIN_THEMES))}"
 
 
+def check_ui_options(args: argparse.Namespace) -> str | None:
+    """None if the dashboard options (--theme, --slo-ms, --interval) can be used, else why not."""
+    if args.slo_ms is not None and not args.slo_ms > 0:
+        return f"--slo-ms must be positive, got {args.slo_ms:g}"
+    if not 0.02 <= args.interval <= 10:
+        return f"--interval must be 0.02 to 10 seconds, got {args.interval:g}"
+    return check_theme(args.theme)
+
+
+def make_app(source: Source, args: argparse.Namespace, recording: str | None = None) -> PdtopApp:
+    from pdtop.ui.app import PdtopApp
+
+    return PdtopApp(source, theme=args.theme, slo_ms=args.slo_ms, interval_s=args.interval, recording=recording)
+
+
+def exit_code(app: PdtopApp, prog: str) -> int:
+    """After `app.run()`: 0, or 1 when it crashed (Textual printed the traceback) or its event source failed."""
+    if app.return_code:
+        print(f"pdtop {prog}: error: the dashboard stopped on an error (above)", file=sys.stderr)
+        return app.return_code
+    if app.source_error:
+        print(f"pdtop {prog}: error: {app.source_error}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def run_dashboard(source: Source, args: argparse.Namespace, prog: str) -> int:
-    """Run the app until the operator quits; 2 for bad options, 0 otherwise."""
-    problem = check_theme(args.theme)
-    slo = args.slo_ms
-    if slo is not None and slo <= 0:
-        problem = f"--slo-ms must be positive, got {slo:g}"
+    """Run the app until the operator quits: 2 for bad options, else `exit_code`."""
+    problem = check_ui_options(args)
     if problem:
         print(f"pdtop {prog}: error: {problem}", file=sys.stderr)
         return 2
-    from pdtop.ui.app import PdtopApp
-
-    app = PdtopApp(source, theme=args.theme, slo_ms=slo)
+    app = make_app(source, args)
     app.run()
-    if app.source_error:
-        print(f"pdtop {prog}: {app.source_error}", file=sys.stderr)
-        return 1
-    return 0
+    return exit_code(app, prog)

@@ -5,9 +5,17 @@ missing or of the wrong type is refused, never read as 0) and keeps the latest v
 appends to bounded buffers, so it is cheap and events are taken at full rate; panels read
 the derived figures on the repaint tick. Nothing here imports Textual, so the model is
 tested with plain event dicts.
+
+The metrics are named and defined as in vLLM's serving benchmark:
+- decode step time: how long a round's decode forward took (`decode_step_s`), per round;
+- ITL: the gap between two consecutive tokens of a request (per token);
+- TPOT: a request's time per output token after the first, (end - first token) / (tokens - 1),
+  which is the mean of its ITLs;
+- output throughput: output tokens / elapsed time (not busy time).
 """
 from __future__ import annotations
 
+import copy
 import math
 from collections import deque
 from collections.abc import Callable
@@ -22,14 +30,23 @@ from pdtop.ui.stats import bucket_max, summary
 
 @dataclass(slots=True)
 class RoundPoint:
-    """The few figures of a round the rolling charts need."""
+    """The figures of a round the charts, the level table and the timeline need."""
 
+    index: int
     time: float
+    span_s: float  # engine time since the previous round ended (this round and any idle wait before it)
     decode_step_s: float
     round_s: float
     bytes_moved: float
     tokens: int
     decode_bs: int
+    level: int
+    prefill_units: int
+    decode_units: int
+    idle: bool  # no request anywhere: nothing ran, nothing waits
+    itl_s: float | None  # the decode batch's token gap that ended in this round (None: no decode, or unknown)
+    prefill_ids: tuple[int, ...]  # requests of the first prefill in flight in the round (empty: none)
+    prefill_frac: float  # its layers done by the end of the layers in flight (done + k) / total
 
 
 @dataclass
@@ -38,15 +55,17 @@ class EngineInfo:
 
     model: str = "?"
     device: str = "?"
+    device_kind: str = "?"
     unit_name: str = "units"
     units: int = 0
     peak_bytes_per_s: float | None = None
+    workload: str | None = None  # one line describing the workload scenario, when the server says
 
     @classmethod
     def from_hello(cls, hello: Hello) -> EngineInfo:
         e = hello.engine
-        return cls(model=e.model, device=e.device.name, unit_name=e.unit_name, units=e.units,
-                   peak_bytes_per_s=e.device.peak_bw)
+        return cls(model=e.model, device=e.device.name, device_kind=e.device.kind, unit_name=e.unit_name,
+                   units=e.units, peak_bytes_per_s=e.device.peak_bw, workload=getattr(e, "workload", None))
 
 
 @dataclass
@@ -59,6 +78,18 @@ class PrefillView:
     layers_total: int
     layers_per_round: int
     eta_s: float | None
+
+
+@dataclass
+class LevelStat:
+    """One row of the per-level table: where the engine spent the window, and the ITL there."""
+
+    level: int | None  # None: idle (no request anywhere)
+    prefill_units: int
+    decode_units: int
+    share: float  # of the window's engine time
+    itl_p50_s: float | None
+    itl_p99_s: float | None
 
 
 @dataclass
@@ -90,16 +121,22 @@ class DashboardState:
     decode_bs: int = 0
     waiting: int = 0
     running: int = 0
+    idle: bool = False
     kv_used: int = 0
     kv_capacity: int = 0
     prefills: list[PrefillView] = field(default_factory=list)
+    shown_level: int | None = None  # the level on screen at the last repaint: what + and - step from
 
     rounds: deque[RoundPoint] = field(default_factory=deque)
     ttfts: deque[float] = field(default_factory=deque)
     itls: deque[float] = field(default_factory=deque)
+    tpots: deque[float] = field(default_factory=deque)
+    # request counts since `counts_since` ("engine start" from hello's totals, else "connect" or "seek")
     arrivals: int = 0
     first_tokens: int = 0
     finished: int = 0
+    rejected: int = 0
+    counts_since: str = "connect"
     config_changes: deque[ConfigEvent] = field(default_factory=lambda: deque(maxlen=64))
     errors: deque[ErrorNotice] = field(default_factory=lambda: deque(maxlen=64))
     dropped: int = 0
@@ -112,12 +149,14 @@ class DashboardState:
 
     itl_slo_s: float | None = None  # the operator's ITL SLO line (a dashboard setting)
     _prefill_first_seen: dict[tuple[int, ...], tuple[float, int]] = field(default_factory=dict, repr=False)
+    _last_decode_time: float | None = field(default=None, repr=False)  # when the decode batch last got tokens
     _window_cache: tuple[int, list[RoundPoint]] = field(default=(-1, []), repr=False)
 
     def __post_init__(self) -> None:
         self.rounds = deque(self.rounds, maxlen=self.max_rounds)
         self.ttfts = deque(self.ttfts, maxlen=self.max_requests)
         self.itls = deque(self.itls, maxlen=self.max_requests * 8)
+        self.tpots = deque(self.tpots, maxlen=self.max_requests)
 
     # ---- ingest -------------------------------------------------------------------------
 
@@ -148,6 +187,15 @@ class DashboardState:
         self.info = EngineInfo.from_hello(hello)
         self.api = hello.api
         self._set_config(hello.engine.config)
+        totals = hello.engine.totals  # the server's counts: nothing carries over from another connection
+        if totals is not None:
+            self._set_counts(totals.arrived, totals.first_token, totals.finished, totals.rejected, "engine start")
+        else:
+            self._set_counts(0, 0, 0, 0, "connect")
+
+    def _set_counts(self, arrived: int, first_token: int, finished: int, rejected: int, since: str) -> None:
+        self.arrivals, self.first_tokens, self.finished, self.rejected = arrived, first_token, finished, rejected
+        self.counts_since = since
 
     def _set_config(self, config: EngineConfig) -> None:
         self.config = config
@@ -155,8 +203,11 @@ class DashboardState:
 
     def _on_round(self, r: RoundRecord) -> None:
         t = r.time
-        if self.rounds and t < self.rounds[-1].time:
+        last = self.rounds[-1] if self.rounds else None
+        if last is not None and t < last.time:
             self.reset_series()  # the clock went back: a new engine, or a replay seek
+            last = None
+        follows = last is not None and r.index == last.index + 1  # no round missed in between
         self.rounds_seen += 1
         self.round_index = r.index
         self.time = t
@@ -168,12 +219,29 @@ class DashboardState:
         self.decode_bs = r.decode_bs
         self.waiting = r.waiting
         self.running = r.running
+        self.idle = r.decode_bs == 0 and not r.prefills and r.waiting == 0 and r.running == 0
         self.kv_used = r.kv_used_tokens
         self.kv_capacity = r.kv_capacity_tokens
-        self.rounds.append(RoundPoint(t, r.decode_step_s, r.round_s, r.bytes_moved, r.tokens_emitted, r.decode_bs))
+        # ITL of the decode batch: from the last round that gave it tokens (or that a prefill joined it
+        # in) to this one; unknown after a gap in the rounds
+        if not follows:
+            self._last_decode_time = None
+        itl = t - self._last_decode_time if r.decode_bs > 0 and self._last_decode_time is not None else None
+        if r.running == 0:
+            self._last_decode_time = None
+        elif r.decode_bs > 0 or self._last_decode_time is None:
+            self._last_decode_time = t
         self._update_prefills(r.prefills, t)
+        first = r.prefills[0] if r.prefills else None
+        self.rounds.append(RoundPoint(
+            r.index, t, t - last.time if follows and last is not None else r.round_s, r.decode_step_s, r.round_s,
+            r.bytes_moved, r.tokens_emitted, r.decode_bs, r.level, r.prefill_units, r.decode_units, self.idle, itl,
+            tuple(first.request_ids) if first else (),
+            min(1.0, (first.layers_done + first.layers_per_round) / first.layers_total)
+            if first and first.layers_total else 0.0))
 
     def _update_prefills(self, progress: list[PrefillProgress], t: float) -> None:
+        """The prefill views after this round, with their ETAs."""
         seen: dict[tuple[int, ...], tuple[float, int]] = {}
         views: list[PrefillView] = []
         mean_round = self.mean_round_s()
@@ -204,8 +272,13 @@ class DashboardState:
             if r.ttft_s is not None:
                 self.ttfts.append(r.ttft_s)
         elif r.kind == "finish":
+            if r.finish_reason == "rejected":
+                self.rejected += 1
+                return
             self.finished += 1
             self.itls.extend(r.itls_s)
+            if r.itls_s:  # TPOT = (end - first token) / (tokens - 1): the mean of its gaps
+                self.tpots.append(sum(r.itls_s) / len(r.itls_s))
 
     def _on_config(self, change: ConfigEvent) -> None:
         self._set_config(change.config)
@@ -223,16 +296,31 @@ class DashboardState:
     def _on_seek(self, seek: Seek) -> None:
         """A replay moved: drop what was accumulated, take the configuration in force there."""
         self.reset_series()
+        self.config_changes.clear()
         self._set_config(seek.config)
+        self._set_counts(0, 0, 0, 0, "seek")
 
     def reset_series(self) -> None:
         """Forget the rolling buffers (after a replay seek or when a new engine starts)."""
         self.rounds.clear()
         self.ttfts.clear()
         self.itls.clear()
+        self.tpots.clear()
         self.prefills = []
         self._prefill_first_seen = {}
+        self._last_decode_time = None
         self.version += 1
+
+    def snapshot(self) -> DashboardState:
+        """A copy that later events do not change (a frozen screen); the buffers are copied, their
+        points shared (they are never changed once appended)."""
+        twin = copy.copy(self)
+        for name in ("rounds", "ttfts", "itls", "tpots", "config_changes", "errors"):
+            buffer = getattr(self, name)
+            setattr(twin, name, deque(buffer, maxlen=buffer.maxlen))
+        twin.prefills = list(self.prefills)
+        twin._window_cache = (-1, [])
+        return twin
 
     # ---- derived figures (read on the tick) -------------------------------------------------
 
@@ -256,6 +344,11 @@ class DashboardState:
         out.reverse()
         return out
 
+    def last_rounds(self, n: int) -> list[RoundPoint]:
+        """The latest `n` rounds, oldest first (the timeline)."""
+        n = min(n, len(self.rounds))
+        return [self.rounds[i] for i in range(len(self.rounds) - n, len(self.rounds))]
+
     def mean_round_s(self, last: int = 32) -> float | None:
         n = min(last, len(self.rounds))
         if n == 0:
@@ -263,19 +356,19 @@ class DashboardState:
         total = sum(self.rounds[-i].round_s for i in range(1, n + 1))
         return total / n
 
-    def itl_summary(self, rounds: list[RoundPoint] | None = None) -> tuple[float | None, float | None, float | None]:
-        """(p50, p99, max) of per-round decode step time over the window (rounds that decoded)."""
+    def step_summary(self, rounds: list[RoundPoint] | None = None) -> tuple[float | None, float | None, float | None]:
+        """(p50, p99, max) of the decode step time over the window (rounds that decoded)."""
         rounds = self.window() if rounds is None else rounds
         return summary(r.decode_step_s for r in rounds if r.decode_bs > 0)
 
-    def itl_series(self, buckets: int, rounds: list[RoundPoint] | None = None) -> list[float | None]:
+    def step_series(self, buckets: int, rounds: list[RoundPoint] | None = None) -> list[float | None]:
         """Worst decode step per time slice across the window, oldest first."""
         rounds = self.window() if rounds is None else rounds
-        start, end = self._slices(buckets, rounds)
+        start, end = self.slices(buckets, rounds)
         pts = [(r.time, r.decode_step_s) for r in rounds if r.decode_bs > 0]
         return bucket_max(pts, start, end, buckets)
 
-    def _slices(self, buckets: int, rounds: list[RoundPoint]) -> tuple[float, float]:
+    def slices(self, buckets: int, rounds: list[RoundPoint]) -> tuple[float, float]:
         """The charts' time range: `window_s` ending at the slice boundary after the latest round.
 
         Slice edges sit on multiples of the slice width, so a column keeps its rounds as time
@@ -298,25 +391,50 @@ class DashboardState:
 
     def bandwidth_series(self, buckets: int, rounds: list[RoundPoint] | None = None) -> list[float | None]:
         rounds = self.window() if rounds is None else rounds
-        start, end = self._slices(buckets, rounds)
+        start, end = self.slices(buckets, rounds)
         pts = [(r.time, r.bytes_moved / r.round_s) for r in rounds if r.round_s > 0]
         return bucket_max(pts, start, end, buckets)
 
-    def tokens_per_s(self, rounds: list[RoundPoint] | None = None) -> float | None:
-        """Output tokens per second of engine time over the window."""
+    def output_throughput(self, rounds: list[RoundPoint] | None = None) -> float | None:
+        """vLLM's output throughput: output tokens / elapsed engine time over the window (idle time counts)."""
         rounds = self.window() if rounds is None else rounds
-        busy = sum(r.round_s for r in rounds)
-        return sum(r.tokens for r in rounds) / busy if busy > 0 else None
+        elapsed = sum(r.span_s for r in rounds)
+        return sum(r.tokens for r in rounds) / elapsed if elapsed > 0 else None
+
+    def level_stats(self, rounds: list[RoundPoint] | None = None) -> list[LevelStat]:
+        """Per level seen in the window (and idle): its share of engine time and the decode batch's ITL
+        p50/p99 in its rounds; levels in order, idle last."""
+        rounds = self.window() if rounds is None else rounds
+        spans: dict[int | None, float] = {}
+        gaps: dict[int | None, list[float]] = {}
+        units: dict[int | None, tuple[int, int]] = {}
+        for r in rounds:
+            key = None if r.idle else r.level
+            spans[key] = spans.get(key, 0.0) + r.span_s
+            units.setdefault(key, (r.prefill_units, r.decode_units))
+            if r.itl_s is not None:
+                gaps.setdefault(key, []).append(r.itl_s)
+        total = sum(spans.values())
+        out = []
+        for key in sorted(spans, key=lambda k: (k is None, k or 0)):
+            p50, p99, _ = summary(gaps.get(key, ()))
+            p, d = units[key]
+            out.append(LevelStat(key, p, d, spans[key] / total if total > 0 else 0.0, p50, p99))
+        return out
 
     def ttft_summary(self, last: int = 512) -> tuple[float | None, float | None]:
         """(p50, p99) of time to first token over the latest `last` requests."""
-        values = list(self.ttfts)[-last:]
-        p50, p99, _ = summary(values)
+        p50, p99, _ = summary(list(self.ttfts)[-last:])
         return p50, p99
 
-    def pooled_itl_summary(self, last: int = 4096) -> tuple[float | None, float | None, float | None]:
-        """(p50, p99, max) of per-request inter-token gaps from finished requests."""
+    def itl_summary(self, last: int = 4096) -> tuple[float | None, float | None, float | None]:
+        """(p50, p99, max) of ITL: every gap between consecutive tokens of finished requests, pooled."""
         return summary(list(self.itls)[-last:])
+
+    def tpot_summary(self, last: int = 512) -> tuple[float | None, float | None]:
+        """(p50, p99) of TPOT over the latest `last` finished requests."""
+        p50, p99, _ = summary(list(self.tpots)[-last:])
+        return p50, p99
 
     @property
     def kv_usage(self) -> float | None:

@@ -31,6 +31,14 @@ def q6_k_constant(rows: int, cols: int, d: float, scale: int, q: int) -> np.ndar
     return np.tile(block, (rows, cols // 256))
 
 
+def test_the_model_is_named_as_its_publisher_spells_it(gguf_path, tmp_path):
+    assert gguf.GGUFReader(gguf_path).fields["general.name"].contents() == "Smollm2 135M 8k Lc100K Mix1 Ep2"
+    assert read_config(gguf_path).name == "SmolLM2-135M-Instruct"  # the file's name, its basename in it
+    path = tmp_path / "tiny-llama-F32.gguf"
+    write_tiny(path, TINY1)  # no general.* names at all: the file's name without its type tag
+    assert read_config(path).name == "tiny-llama"
+
+
 def test_default_model_config(gguf_path):
     assert gguf_path == default_model_path() and gguf_path.suffix == ".gguf"
     cfg = read_config(gguf_path)

@@ -159,6 +159,35 @@ def stepped():
     es.close()
 
 
+@pytest.fixture
+def busy():
+    """A sim engine the test steps by hand, with a steady decode batch (long outputs, 6 requests/s),
+    served on loopback with nothing shed; `play_busy` drives it."""
+    engine = build_engine(device="sim:H100", model="synthetic:qwen3-8b",
+                          workload=WorkloadSpec(rate=6.0, output_tokens=(200, 600), seed=0), seed=0)
+    es = EngineServer(engine, manual=True, max_event_rate=1e9).start()
+    yield es
+    es.close()
+
+
+async def play_busy(pilot: Any, app: Any, engine: Any) -> None:
+    """About 2000 rounds with prefill budget 16384 (an 8192-token prompt advances 2 layers a round): such
+    a prompt injected every 400 rounds, decode_bs_divisor 8 from round 1000, and a last one still in
+    prefill at the end. Waits until the dashboard has every round."""
+    await _until(pilot, lambda: app.connection == "live", "connected")
+    engine.control({"cmd": "set", "split_forward_token_budget": 16384})
+    for batch in range(40):
+        if batch % 8 == 3 or batch == 39:
+            engine.control({"cmd": "inject", "prompt_tokens": 8192})
+        if batch == 20:
+            engine.control({"cmd": "set", "decode_bs_divisor": 8})
+        for _ in range(50 if batch < 39 else 8):
+            engine.step()
+        target = engine.scheduler.round_index - 1
+        await _until(pilot, lambda target=target: app.state.round_index >= target, f"round {target}")
+    assert app.state.dropped == 0 and app.state.prefills
+
+
 # ---- events as the server sends them: built from the engine's records and a real engine's hello ----
 
 def _real_hello() -> dict:

@@ -20,14 +20,23 @@ def state_at(ev):
     return make
 
 
-def test_level_builders_step_from_the_current_level(state_at):
+def test_level_builders_step_from_the_level_on_screen(state_at):
     s = state_at(4)
-    assert BY_ID["level_up"].build(s, None) == {"cmd": "pin_level", "level": 5}
-    assert BY_ID["level_down"].build(s, None) == {"cmd": "pin_level", "level": 3}
+    assert BY_ID["level_up"].build(s, None) == {"cmd": "pin_level", "level": 5}  # nothing painted yet
+    s.shown_level = 2  # under auto the engine's level moved on since the screen showed 2
+    assert BY_ID["level_up"].build(s, None) == {"cmd": "pin_level", "level": 3}
+    assert BY_ID["level_down"].build(s, None) == {"cmd": "pin_level", "level": 1}
     with pytest.raises(ValueError, match="already at level 7"):
         BY_ID["level_up"].build(state_at(7), None)
     with pytest.raises(ValueError, match="no split level"):
         BY_ID["level_up"].build(DashboardState(), None)
+
+
+def test_policy_is_chosen_from_every_policy():
+    from pdtop.engine.scheduling.policies import POLICIES
+
+    arg = BY_ID["policy"].arg
+    assert tuple(value for value, _ in arg.choices) == POLICIES and all(meaning for _, meaning in arg.choices)
 
 
 def test_set_builders_and_toggles(state_at):
@@ -100,3 +109,25 @@ def test_docs_list_every_command():
     doc = (Path(__file__).resolve().parents[2] / "docs" / "dashboard.md").read_text()
     for cmd in COMMANDS:
         assert f"| `{cmd.key_display or cmd.key}` | {cmd.description} |" in doc, cmd.id
+
+
+def test_interval_option_sets_the_refresh(tmp_path):
+    import argparse
+    import subprocess
+    import sys
+
+    from pdtop.commands import attach
+    from pdtop.telemetry.sources.live import LiveSource
+    from pdtop.ui.launch import check_ui_options, make_app
+
+    parser = argparse.ArgumentParser()
+    attach.add_arguments(parser)
+    args = parser.parse_args(["ws://127.0.0.1:9", "--interval", "0.5"])
+    assert check_ui_options(args) is None
+    assert make_app(LiveSource(args.url), args).interval_s == 0.5
+    assert parser.parse_args(["ws://127.0.0.1:9"]).interval == 0.1
+    for bad in ("0", "60", "nan"):
+        assert "--interval" in check_ui_options(parser.parse_args(["ws://127.0.0.1:9", "--interval", bad]))
+    result = subprocess.run([sys.executable, "-m", "pdtop", "attach", "ws://127.0.0.1:9", "--interval", "0"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "--interval must be 0.02 to 10 seconds" in result.stderr

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import signal
 import subprocess
@@ -11,7 +12,8 @@ import time
 
 import pytest
 
-from pdtop.commands.dashboard import serve_command, start_server, stop_server
+from pdtop.commands._startup import device_choice
+from pdtop.commands.dashboard import Progress, serve_command, start_server, stop_server
 from pdtop.telemetry.sources.live import LiveSource
 from pdtop.ui.app import PdtopApp
 
@@ -35,13 +37,20 @@ def test_serve_command_line():
     assert cmd[:4] == [sys.executable, "-m", "pdtop", "serve"]
     assert cmd[cmd.index("--port") + 1] == "0" and cmd[cmd.index("--host") + 1] == "127.0.0.1"
     assert "--token" not in cmd  # it goes in the environment, out of `ps`
+    assert "--progress" in cmd  # its start-up lines, shown while the dashboard waits
     assert cmd[cmd.index("--device") + 1] == "sim:H100"
     assert "--model" not in cmd  # defaults are the server's
 
 
 async def test_dashboard_attaches_to_its_child_and_stops_it(tmp_path, until):
     log = open(tmp_path / "serve.log", "w")
-    child, url = start_server(ARGS, "secret", log)
+    said = io.StringIO()
+    child, url = start_server(ARGS, "secret", log, Progress(said))
+    assert said.getvalue().splitlines() == [  # the child's start-up, as it came
+        "  using sim:H100 (a simulated H100), 132 SMs",
+        "  synthetic model qwen3-8b (no weights to load)",
+        f"  ready in {said.getvalue().split('ready in ')[1].split(' s:')[0]} s: model synthetic:qwen3-8b on sim:H100",
+    ]
     try:
         assert url.startswith("ws://127.0.0.1:")
         app = PdtopApp(LiveSource(url, token="secret"))
@@ -76,3 +85,14 @@ def test_child_does_not_outlive_a_killed_dashboard(tmp_path):
         assert not _alive(child_pid), "the serve child outlived its dashboard"
     finally:
         parent.kill()
+
+
+def test_the_device_choice_is_explained():
+    import torch
+
+    said = device_choice("auto")
+    if torch.cuda.is_available():
+        assert said.startswith("CUDA device found: using cuda:0")
+    else:
+        assert said.startswith("no CUDA device (") and ": using cpu, " in said and said.endswith(("core", "cores"))
+    assert device_choice("sim:H100") == "using sim:H100 (a simulated H100), 132 SMs"

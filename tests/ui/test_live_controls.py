@@ -5,6 +5,7 @@ from textual.widgets import Input
 
 from pdtop.telemetry.sources.live import LiveSource
 from pdtop.ui.app import PdtopApp
+from pdtop.ui.commands import BY_ID
 
 SIZE = (130, 40)
 
@@ -22,6 +23,11 @@ async def _answer(pilot, key: str, text: str) -> None:
         await pilot.press("enter")
 
 
+def _accepted(app) -> list[tuple[str, str, str]]:
+    """The answers to accepted controls among the notifications (others, e.g. `dropped`, may come in between)."""
+    return [n for n in app.notices if n[1] == "accepted"]
+
+
 async def test_every_control_reaches_the_engine(served, until):
     engine = served.engine
     app = PdtopApp(LiveSource(served.url, token=served.token))
@@ -32,11 +38,13 @@ async def test_every_control_reaches_the_engine(served, until):
         # level down / up move the pinned level; `a` goes back to automatic. Start from a level
         # pinned on the engine's side, so rounds arriving meanwhile cannot move the starting point.
         engine.control({"cmd": "pin_level", "level": 3})
-        await until(pilot, lambda: app.state.level == 3 and app.state.pinned, "level 3 pinned in the rounds")
+        await until(pilot, lambda: app.state.shown_level == 3 and app.state.pinned, "level 3 pinned, on screen")
         await pilot.press("minus")
         await until(pilot, lambda: cfg()["pinned_level"] == 2, "level down")
+        await until(pilot, lambda: _accepted(app), "the answer")
+        assert _accepted(app)[-1][2] == "pinned level 2: prefill 104 SMs, decode 28"  # words, not `pin_level level=2`
         pinned = 2
-        await until(pilot, lambda: app.state.level == pinned and app.state.pinned, "the pinned level in the rounds")
+        await until(pilot, lambda: app.state.shown_level == pinned and app.state.pinned, "the pinned level on screen")
         await pilot.press("plus")
         await until(pilot, lambda: cfg()["pinned_level"] == pinned + 1, "level up")
         await pilot.press("a")
@@ -60,7 +68,10 @@ async def test_every_control_reaches_the_engine(served, until):
                     "the dashboard saw the pause")
         await pilot.press("w")
         await until(pilot, lambda: cfg()["workload_paused"] is False, "workload resumed")
-        await _answer(pilot, "p", "chunked")
+        await pilot.press("p")  # the policy is picked from a list, not typed
+        await until(pilot, lambda: type(app.screen).__name__ == "ChoiceScreen", "the policy list")
+        assert app.screen.query_one("OptionList").highlighted == 0  # pdmux, the one in force
+        await pilot.press("down", "enter")
         await until(pilot, lambda: cfg()["policy"] == "chunked", "policy chunked")
 
         injected = []
@@ -74,14 +85,74 @@ async def test_engine_refusal_is_shown(served, until):
     app = PdtopApp(LiveSource(served.url, token=served.token))
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.connection == "live", "live")
-        await _answer(pilot, "p", "")
-        await pilot.press(*"bogus")  # typed: keys that are also commands (b, s) go to the prompt
-        assert app.screen.query_one(Input).value == "bogus"
+        await _answer(pilot, "m", "")
+        await pilot.press(*"500 20 1")  # typed: keys that are also commands go to the prompt
+        assert app.screen.query_one(Input).value == "500 20 1"
         await pilot.press("enter")
         await until(pilot, lambda: any(sev == "error" for sev, _t, _m in app.notices), "an error notification")
         _, title, message = [n for n in app.notices if n[0] == "error"][-1]
-        assert "policy" in message and title == "refused"
-        assert served.engine.config_dict()["policy"] == "pdmux"
+        assert title == "refused" and "uses 520 SMs, the device has 132" in message
+        assert served.engine.config_dict()["manual_divisions"] == []
+        await until(pilot, lambda: "refused" in app.query_one("StatusLine").text, "shown under the header")
+
+
+async def test_under_auto_plus_steps_from_the_level_on_screen(stepped, until):
+    """The engine's own level moves every round; + pins the one next to what the operator sees."""
+    engine = stepped.engine
+    app = PdtopApp(LiveSource(stepped.url, token=stepped.token))
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.connection == "live", "live")
+        for _ in range(40):
+            engine.step()
+        target = engine.scheduler.round_index - 1
+        await until(pilot, lambda: app.state.round_index == target and app.state.shown_level == app.state.level,
+                    "the latest round on screen")
+        shown = app.state.shown_level
+        key, want = ("plus", shown + 1) if shown < len(app.state.levels) - 1 else ("minus", shown - 1)
+        await pilot.press(key)
+        engine.step()  # the pin applies at the next round boundary
+        await until(pilot, lambda: engine.config_dict()["pinned_level"] == want, f"level {want} pinned")
+
+
+async def test_pinning_a_side_to_no_units_warns(stepped, until):
+    engine = stepped.engine
+    app = PdtopApp(LiveSource(stepped.url, token=stepped.token))
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.connection == "live", "live")
+        while engine.scheduler.round_index < 400 or not engine.scheduler.running:
+            engine.step()
+        await until(pilot, lambda: app.state.running > 0, "a running batch on screen")
+        engine.control({"cmd": "pin_level", "level": 1})
+        engine.step()
+        await until(pilot, lambda: app.state.shown_level == 1, "level 1 on screen")
+        await pilot.press("minus")  # level 0: the whole device to prefill
+        await until(pilot, lambda: _accepted(app), "the answer")
+        severity, _, message = _accepted(app)[-1]
+        assert severity == "warning" and message.startswith("pinned level 0: prefill 132 SMs, decode 0")
+        assert "decode gets no SMs" in message
+
+
+async def test_freeze_keeps_the_screen_while_events_come_in(stepped, until):
+    engine = stepped.engine
+    app = PdtopApp(LiveSource(stepped.url, token=stepped.token))
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.connection == "live", "live")
+        for _ in range(50):
+            engine.step()
+        await until(pilot, lambda: app.state.round_index == engine.scheduler.round_index - 1, "caught up")
+        await pilot.press("f")
+        await pilot.pause(0.2)
+        timeline = app.query_one("TimelinePanel")
+        picture, seen = list(timeline._last_texts), app.state.rounds_seen
+        assert "frozen" in app.query_one("HeaderBar").text
+        for _ in range(50):
+            engine.step()
+        await until(pilot, lambda: app.state.rounds_seen >= seen + 50, "events still taken")
+        await pilot.pause(0.3)
+        assert timeline._last_texts == picture
+        await pilot.press("f")
+        await until(pilot, lambda: timeline._last_texts != picture, "following the engine again")
+        assert "frozen" not in app.query_one("HeaderBar").text
 
 
 async def test_recording_start_stop(served, tmp_path, until):
@@ -89,8 +160,6 @@ async def test_recording_start_stop(served, tmp_path, until):
     target = tmp_path / "from-dashboard.ndjson"
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.connection == "live", "live")
-        from pdtop.ui.commands import BY_ID
-
         app.execute(BY_ID["record"], str(target))
         await until(pilot, lambda: served.server.recorder is not None, "the server records")
         assert app.state.recording == str(target)

@@ -27,22 +27,32 @@ def test_rounds_give_split_itl_bandwidth_and_throughput(ev):
         s.ingest(ev.round(i, t, step=step))
     s.ingest(ev.round(5, t + 0.02, step=0.02, bs=0))  # a prefill-only round: not a decode step
     assert (s.level, s.prefill_units, s.decode_units) == (4, 88, 44)
-    p50, p99, worst = s.itl_summary()
+    p50, p99, worst = s.step_summary()
     # sorted 10, 10, 11, 12, 50 ms: p99 sits 0.96 of the way from 12 to 50 (linear, numpy's default)
     assert p50 == pytest.approx(0.011) and p99 == pytest.approx(0.012 + 0.96 * 0.038) and worst == 0.050
     avg, last = s.bandwidth()
     assert avg == pytest.approx(6 * 2e10 / (sum(steps) + 0.02))
     assert last == pytest.approx(2e10 / 0.02)
-    assert s.tokens_per_s() == pytest.approx(24 / (sum(steps) + 0.02))
+    assert s.output_throughput() == pytest.approx(24 / (sum(steps) + 0.02))  # back to back: elapsed = busy
     assert s.kv_usage == 0.5 and s.running == 0 and s.waiting == 1
 
 
-def test_itl_series_buckets_take_the_worst_step(ev):
+def test_output_throughput_is_tokens_over_elapsed_time_not_busy_time(ev):
+    """vLLM's output throughput: an engine that waits between rounds has a lower one."""
+    s = DashboardState()
+    for i, t in enumerate((1.0, 1.5, 2.0)):  # 10 ms rounds, 0.5 s apart
+        s.ingest(ev.round(i, t, step=0.01, tokens=5))
+    assert s.output_throughput() == pytest.approx(15 / (0.01 + 0.5 + 0.5))
+    s.ingest(ev.round(10, 2.01, step=0.01, tokens=5))  # rounds 3..9 missed: only this round's own time is known
+    assert s.output_throughput() == pytest.approx(20 / (0.01 + 1.0 + 0.01))
+
+
+def test_step_series_buckets_take_the_worst_step(ev):
     s = DashboardState(window_s=1.0)
     s.ingest(ev.hello)
     for i in range(100):
         s.ingest(ev.round(i, (i + 1) * 0.01, step=0.05 if i == 50 else 0.01))
-    series = s.itl_series(10)
+    series = s.step_series(10)
     assert len(series) == 10 and max(v for v in series if v is not None) == 0.05
     assert sum(1 for v in series if v == 0.05) == 1
 
@@ -71,17 +81,96 @@ def test_prefill_eta_from_layers_per_round_and_from_progress(ev):
     assert s.prefills[0].eta_s == pytest.approx(0.02)
 
 
-def test_requests_give_ttft_and_pooled_itl(ev):
+def test_requests_give_ttft_itl_and_tpot(ev):
     s = DashboardState()
     for i in range(100):
         s.ingest(ev.request("arrival", i))
         s.ingest(ev.request("first_token", i, 0.1, output_tokens=1, ttft_s=(i + 1) / 1000))
     s.ingest(ev.request("finish", 0, 1.0, output_tokens=4, ttft_s=0.001, itls_s=[0.01, 0.02, 0.03],
                         finish_reason="length"))
-    assert s.arrivals == 100 and s.first_tokens == 100 and s.finished == 1
+    s.ingest(ev.request("finish", 1, 1.0, output_tokens=3, ttft_s=0.002, itls_s=[0.1, 0.1], finish_reason="eos"))
+    s.ingest(ev.request("finish", 2, 1.0, finish_reason="rejected"))
+    assert s.arrivals == 100 and s.first_tokens == 100 and s.finished == 2 and s.rejected == 1
     # 1..100 ms: p50 halfway between 50 and 51 ms, p99 at 99.01 ms (positions 49.5 and 98.01)
     assert s.ttft_summary() == pytest.approx((0.0505, 0.09901))
-    assert s.pooled_itl_summary() == pytest.approx((0.02, 0.0298, 0.03))
+    # ITL: every gap pooled (10, 20, 30, 100, 100 ms); TPOT: one value per request, its mean gap (20, 100 ms)
+    assert s.itl_summary() == pytest.approx((0.03, 0.1, 0.1))
+    assert s.tpot_summary() == pytest.approx((0.06, 0.0992))
+
+
+def test_counts_come_from_the_servers_totals(ev):
+    """hello's totals seed the counters; a new hello (a restarted server) replaces them; a seek restarts them."""
+    s = DashboardState()
+    hello = ev.hello
+    hello["engine"]["totals"] = {"arrived": 41, "first_token": 40, "finished": 33, "rejected": 2}
+    s.ingest(hello)
+    s.ingest(ev.request("arrival", 42))
+    assert (s.arrivals, s.first_tokens, s.finished, s.rejected) == (42, 40, 33, 2)
+    assert s.counts_since == "engine start"
+    hello["engine"]["totals"] = {"arrived": 3, "first_token": 1, "finished": 0, "rejected": 0}
+    s.ingest(hello)
+    assert (s.arrivals, s.first_tokens, s.finished, s.rejected) == (3, 1, 0, 0)
+    del hello["engine"]["totals"]  # a server older than the field: counted from this connection
+    s.ingest(hello)
+    assert (s.arrivals, s.finished, s.counts_since) == (0, 0, "connect")
+    s.ingest(ev.request("arrival", 1))
+    s.ingest({"type": "seek", "v": 1, "position": 3.0, "config": ev.hello["engine"]["config"]})
+    assert (s.arrivals, s.counts_since) == (0, "seek")
+
+
+def test_itl_and_time_share_per_level(ev):
+    """Per level: its share of engine time, and the decode batch's token gaps in its rounds."""
+    s = DashboardState()
+    s.ingest(ev.hello)
+    t = 0.0
+    for i in range(10):  # level 4: 10 ms rounds
+        t += 0.010
+        s.ingest(ev.round(i, t, step=0.010, level=4))
+    for i in range(10, 20):  # level 7: 5 ms rounds
+        t += 0.005
+        s.ingest(ev.round(i, t, step=0.005, level=7))
+    idle = ev.round(20, t + 0.05, step=0.0, bs=0)
+    idle.update(waiting=0, running=0)
+    s.ingest(idle)
+    by_level = {st.level: st for st in s.level_stats()}
+    assert set(by_level) == {4, 7, None}
+    total = 0.1 + 0.05 + 0.05
+    assert by_level[4].share == pytest.approx(0.1 / total) and by_level[7].share == pytest.approx(0.05 / total)
+    assert by_level[None].share == pytest.approx(0.05 / total) and s.idle
+    assert by_level[4].itl_p50_s == pytest.approx(0.010)  # the first round has no gap: 9 gaps of 10 ms
+    assert by_level[7].itl_p50_s == pytest.approx(0.005) and by_level[None].itl_p50_s is None
+    assert (by_level[7].prefill_units, by_level[7].decode_units) == tuple(ev.levels[7])
+
+
+def test_itl_spans_rounds_that_did_not_decode_and_restarts_when_the_batch_empties(ev):
+    s = DashboardState()
+    s.ingest(ev.round(0, 1.00, step=0.01))
+    prefill_round = ev.round(1, 1.20, step=0.2, bs=0)  # a whole-device prefill round (prefill-first): decode waits
+    prefill_round["running"] = 4
+    s.ingest(prefill_round)
+    s.ingest(ev.round(2, 1.21, step=0.01))
+    assert s.rounds[-1].itl_s == pytest.approx(0.21)
+    empty = ev.round(3, 1.22, step=0.01)
+    empty["running"] = 0  # the batch finished
+    s.ingest(empty)
+    joined = ev.round(4, 5.00, step=0.01, bs=0)  # a prefill joins the empty batch: its first tokens now
+    joined["running"] = 2
+    s.ingest(joined)
+    s.ingest(ev.round(5, 5.01, step=0.01))
+    assert s.rounds[-1].itl_s == pytest.approx(0.01)
+    s.ingest(ev.round(9, 5.05, step=0.01))  # rounds missed: the gap is unknown
+    assert s.rounds[-1].itl_s is None
+
+
+def test_snapshot_keeps_its_picture(ev):
+    s = DashboardState()
+    s.ingest(ev.hello)
+    s.ingest(ev.round(0, 0.01, level=4))
+    frozen = s.snapshot()
+    for i in range(1, 5):
+        s.ingest(ev.round(i, 0.01 * (i + 1), level=7))
+    assert frozen.level == 4 and len(frozen.rounds) == 1 and len(frozen.window()) == 1
+    assert s.level == 7 and len(s.rounds) == 5
 
 
 def test_config_event_replaces_config_and_levels(ev):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -63,6 +64,22 @@ class GGUFWeights:
     tensors: dict[str, np.ndarray]  # GGUF tensor names -> float32 arrays, [out, in], Q/K in adjacent-pair order
 
 
+_QUANT_TAG = re.compile(r"[.-](?:I?Q\d\w*|B?F16|F32)$", re.IGNORECASE)
+
+
+def display_name(f: GGUFFile) -> str:
+    """The model's name as its publisher spells it: the file's name without its quantization tag
+    when it names the model (SmolLM2-135M-Instruct.Q4_1.gguf -> SmolLM2-135M-Instruct), else
+    general.basename-size_label-finetune, else general.name (often a converter's guess), else the file."""
+    stem = _QUANT_TAG.sub("", Path(f.path).stem)
+    base = f.get("general.basename")
+    if isinstance(base, str) and base:
+        if base.lower() in stem.lower():
+            return stem
+        return "-".join(str(p) for p in (base, f.get("general.size_label"), f.get("general.finetune")) if p)
+    return str(f.get("general.name") or stem)
+
+
 def _config(f: GGUFFile) -> ModelConfig:
     path = f.path
     arch = f.get("general.architecture")
@@ -103,7 +120,7 @@ def _config(f: GGUFFile) -> ModelConfig:
                                   if x is not None))
     bos = f.get("tokenizer.ggml.bos_token_id")
     return ModelConfig(
-        name=str(f.get("general.name", path.stem)),
+        name=display_name(f),
         num_layers=need("block_count"),
         hidden=hidden,
         num_heads=heads,

@@ -11,12 +11,15 @@ import asyncio
 import itertools
 import json
 import random
+import socket
+import time
 from collections.abc import AsyncIterator, Generator
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed
+from websockets.client import process_exception
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from pdtop.telemetry.decode import EventError, decode_event
 from pdtop.telemetry.events import Batch, Hello, Reply
@@ -62,11 +65,14 @@ class LiveSource:
         self._pending: dict[str, asyncio.Future[Reply]] = {}
         self._ids = itertools.count(1)
         self._closed = False
+        self.last_error: str | None = None  # why the latest connection attempt failed (None once connected)
+        self.retry_at: float | None = None  # time.monotonic() of the next attempt after a failure
 
     async def events(self) -> AsyncIterator[dict[str, Any]]:
         try:
             async for ws in connect(self._connect_url, compression=None, max_size=WIRE_MAX_SIZE,
-                                    open_timeout=self.open_timeout, reconnect_delays=reconnect_delays):
+                                    open_timeout=self.open_timeout, reconnect_delays=self._delays,
+                                    process_exception=self._failed):
                 if self._closed:
                     await ws.close()
                     return
@@ -90,6 +96,16 @@ class LiveSource:
             self.state = "closed"
             self._fail_pending("source closed")
 
+    def _failed(self, exc: Exception) -> Exception | None:
+        """A connection attempt failed: note why; websockets decides whether to retry."""
+        self.last_error = why_not_connected(exc, self.open_timeout)
+        return process_exception(exc)
+
+    def _delays(self) -> Generator[float, None, None]:
+        for delay in reconnect_delays():
+            self.retry_at = time.monotonic() + delay
+            yield delay
+
     def _accept(self, frame: str | bytes) -> list[dict[str, Any]]:
         """A frame -> the events it holds, as received (consumers decode them); a frame that
         is not JSON holds none. Hellos and replies are decoded here, for the connection's state."""
@@ -108,6 +124,7 @@ class LiveSource:
             self.readonly = self.want_readonly or typed.readonly
             self.state = "live"
             self.connections += 1
+            self.last_error = self.retry_at = None
         elif isinstance(typed, Reply):
             future = self._pending.pop(str(typed.id), None)
             if future is not None and not future.done():
@@ -151,3 +168,18 @@ class LiveSource:
         self.state = "closed"
         if self._ws is not None:
             await self._ws.close()
+
+
+def why_not_connected(exc: BaseException, open_timeout: float) -> str:
+    """A failed connection attempt in words: `connection refused`, `no answer within 5 s`, ..."""
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused (is `pdtop serve` running there?)"
+    if isinstance(exc, socket.gaierror):
+        return f"unknown host ({exc.strerror})"
+    if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
+        return f"no answer within {open_timeout:g} s"
+    if isinstance(exc, InvalidStatus):
+        return f"the server answered HTTP {exc.response.status_code}, not a websocket"
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror[0].lower() + exc.strerror[1:]
+    return str(exc) or type(exc).__name__

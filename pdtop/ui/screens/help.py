@@ -40,7 +40,7 @@ class HelpScreen(ModalScreen[None]):
         table.add_column("", style="dim")
         for cmd in self.commands:
             key = cmd.key_display or cmd.key
-            table.add_row(key, cmd.description, "sends to engine" if cmd.build else "")
+            table.add_row(key, cmd.description, "→ engine" if cmd.build else "")
         table.add_row("ctrl+p", "command palette (every command, searchable)", "")
         with VerticalScroll() as scroll:
             scroll.border_title = "pdtop help"

@@ -1,6 +1,8 @@
 """Bandwidth: estimated bytes moved per round over round time, against the device's peak."""
 from __future__ import annotations
 
+import textwrap
+
 from rich.console import Group
 from rich.text import Text
 
@@ -18,6 +20,7 @@ def _hw_value(value: float | str) -> str:
 class BandwidthPanel(Panel):
     TITLE = "bandwidth (estimated)"
     LINE_API = True
+    hint_hidden: str | None = None  # the NVML hint when the panel had no room for it
 
     def on_mount(self) -> None:
         super().on_mount()
@@ -27,11 +30,21 @@ class BandwidthPanel(Panel):
         rounds = state.window()
         avg, last = state.bandwidth(rounds)
         peak = state.info.peak_bytes_per_s
-        head = Text.assemble(("avg ", "dim"), (fmt.rate_bytes(avg), "bold"), ("  last ", "dim"), fmt.rate_bytes(last))
-        if peak:
-            share = fmt.percent(avg / peak) if avg is not None else "–"
-            head.append_text(Text.assemble("  ", (share, "bold"), (" of ", "dim"), fmt.rate_bytes(peak)))
-        hw_lines = hw_text(state.hw)
+        share = fmt.percent(avg / peak) if peak and avg is not None else "–"
+        of_peak = [Text.assemble("  ", (share, "bold"), (" of ", "dim"), fmt.rate_bytes(peak))] if peak else []
+        last_part = Text.assemble(("  last ", "dim"), fmt.rate_bytes(last))
+        head = Text()
+        for parts in ([last_part, *of_peak], of_peak, [Text.assemble("  ", (share, "bold"))] if peak else []):
+            head = Text.assemble(("avg ", "dim"), (fmt.rate_bytes(avg), "bold"), *parts)
+            if head.cell_len <= self.inner_width:
+                break
+        hw_lines = hw_text(state.hw, self.inner_width)
+        if self.inner_height - 1 - len(hw_lines) < 2 and state.hw is not None and state.hw.cpu_percent:
+            hw_lines = hw_lines[:-1]  # small: the host line goes first, so the chart keeps a row or two
+        self.hint_hidden = None
+        if self.inner_height - 1 - len(hw_lines) < 1:  # no room for the NVML hint: the status line says it
+            self.hint_hidden = " ".join(line.plain for line in hw_lines)
+            hw_lines = [Text("NVML n/a (reason at the top)", "dim")]
         height = max(1, self.inner_height - 1 - len(hw_lines))
         values = state.bandwidth_series(self.inner_width, rounds)
         top = max([v for v in values if v is not None] + [peak or 0.0, 1.0])
@@ -44,8 +57,9 @@ _GPU_FIELDS = (("dram_bw_util_pct", "DRAM bw", "%"), ("mem_busy_pct", "mem busy"
 NA = "n/a"
 
 
-def hw_text(hw: Hw | None) -> list[Text]:
-    """The latest `hw` event as up to two lines: NVML figures when the server has them, then the host."""
+def hw_text(hw: Hw | None, width: int = 80) -> list[Text]:
+    """The latest `hw` event: NVML figures when the server has them (or why not, wrapped to `width`
+    and never cut), then the host's CPU and memory."""
     lines: list[Text] = []
     if hw is None:
         return lines
@@ -55,8 +69,8 @@ def hw_text(hw: Hw | None) -> list[Text]:
         if known:
             lines.append(Text.assemble(("NVML ", "dim"), "  ".join(known)))
         else:
-            reason = hw.gpu_reason or ""
-            lines.append(Text.assemble(("NVML n/a", "dim"), (f"  {reason}" if reason else "", "dim")))
+            reason = f"NVML n/a: {hw.gpu_reason}" if hw.gpu_reason else "NVML n/a"
+            lines.extend(Text(line, "dim") for line in textwrap.wrap(reason, max(10, width)))
     if hw.cpu_percent:
         lines.append(Text.assemble(("host cpu ", "dim"), " ".join(f"{c:.0f}%" for c in hw.cpu_percent[:16]),
                                    ("  mem ", "dim"), f"{hw.host_mem_percent:.0f}%"))

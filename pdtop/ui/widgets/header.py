@@ -1,10 +1,15 @@
-"""Header: engine, device, model, policy, API URL, connection, recording and dropped events."""
+"""Header: connection, device, model, policy, API URL, recording and dropped events, fitted to one line.
+
+The separators tighten first, then items take their short form, then the API item goes (the
+status line and help still name the server), then the model's name is cut; the rest stay at every width.
+"""
 from __future__ import annotations
 
 from rich.text import Text
 from textual.widgets import Static
 
 from pdtop import __version__
+from pdtop.ui.format import fit
 from pdtop.ui.state import DashboardState
 
 CONNECTION = {
@@ -14,6 +19,8 @@ CONNECTION = {
     "closed": ("✖ disconnected", "error"),
     "replay": ("▶ replay", "primary"),
 }
+
+Item = tuple[list[tuple[str, str]], list[tuple[str, str]]]  # (full, short): (text, style) parts
 
 
 class HeaderBar(Static):
@@ -26,32 +33,92 @@ class HeaderBar(Static):
         """What the header shows now, as plain text."""
         return self._last.plain if self._last is not None else ""
 
-    def paint(self, state: DashboardState, connection: str, readonly: bool) -> None:
+    def paint(self, state: DashboardState, connection: str, readonly: bool, frozen: bool = False,
+              address: str = "") -> None:
+        """`address`: where the source reads from, shown until the engine has described itself."""
         colours = self.app.theme_variables
-        sep = ("  │  ", "dim")
         label, key = CONNECTION.get(connection, (connection, "warning"))
         info = state.info
-        text = Text.assemble(
-            ("pdtop ", "bold " + colours.get("accent", "")), (__version__, "dim"), sep,
-            (label, "bold " + colours.get(key, "")),
-        )
+        status = [(label, "bold " + colours.get(key, ""))]
+        if frozen:
+            status.append(("  ❄ frozen", "bold " + colours.get("warning", "")))
         if readonly and connection != "replay":
-            text.append("  read-only", colours.get("warning", ""))
+            status.append(("  read-only", colours.get("warning", "")))
+        items: list[Item] = [([("pdtop ", "bold " + colours.get("accent", "")), (__version__, "dim")],
+                              [("pdtop", "bold " + colours.get("accent", ""))]),
+                             (status, status)]
+        if not state.hello:
+            self._show(fitted([*items, ([(address, "")], [(address, "")])], max(20, self.content_size.width or 80),
+                              len(items)))
+            return
         if state.server_version and state.server_version != __version__:
-            text.append_text(Text.assemble(sep, ("engine ", "dim"), state.server_version))
+            items.append(([("engine ", "dim"), (state.server_version, "")], [(state.server_version, "dim")]))
         units = f" · {info.units} {info.unit_name}" if f"{info.units} " not in info.device else ""
-        model = info.model if len(info.model) <= 32 else info.model[:31] + "…"
-        text.append_text(Text.assemble(
-            sep, (info.device, "bold"), units, sep, ("model ", "dim"), model, sep, ("policy ", "dim"), state.policy,
-        ))
+        # short: `cpu`, not `cpu (2 cores)`: the split panel's title and level table give the units
+        items.append(([(info.device, "bold"), (units, "")], [(info.device.split(" (")[0], "bold")]))
+        model_at = len(items)
+        items.append(([("model ", "dim"), (info.model, "")], [(info.model.removeprefix("synthetic:"), "")]))
+        items.append(([("policy ", "dim"), (state.policy, "")], [(state.policy, "")]))
+        api_at = None
         if state.api and connection != "replay":
-            text.append_text(Text.assemble(sep, ("api ", "dim"), state.api))
+            port = state.api.rsplit(":", 1)[-1].split("/")[0]
+            api_at = len(items)
+            items.append(([("api ", "dim"), (state.api, "")], [("api ", "dim"), (f":{port}", "")]))
         if connection != "replay":
-            rec = Text.assemble(("◉ REC ", "bold " + colours.get("error", "")), state.recording) if state.recording \
-                else Text("○ not recording", "dim")
-            text.append_text(Text.assemble(sep, rec))
+            if state.recording:
+                rec_style = "bold " + colours.get("error", "")
+                items.append(([("◉ REC ", rec_style), (state.recording, "")], [("◉ REC", rec_style)]))
+            else:
+                items.append(([("○ not recording", "dim")], [("○ no rec", "dim")]))
         dropped_style = colours.get("warning", "") if state.dropped else "dim"
-        text.append_text(Text.assemble(sep, ("dropped ", "dim"), (str(state.dropped), dropped_style)))
+        items.append(([("dropped ", "dim"), (str(state.dropped), dropped_style)],
+                      [("dropped ", "dim"), (str(state.dropped), dropped_style)]))
+        self._show(fitted(items, max(20, self.content_size.width or 80), model_at, api_at))
+
+    def _show(self, text: Text) -> None:
         if text != self._last:
             self._last = text
             self.update(text, layout=False)
+
+
+def fitted(items: list[Item], width: int, model_item: int, optional_item: int | None = None) -> Text:
+    """The items joined to fit `width`: wide separators and full forms if they fit, else tighter;
+    `optional_item` goes before the model's name is cut."""
+    def build(sep: str, short: int, model_room: int | None = None) -> list[list[tuple[str, str]]]:
+        # items from the end take their short form first (`short` of them), the first items last
+        chosen = [full if i < len(items) - short else brief for i, (full, brief) in enumerate(items)]
+        if model_room is not None:
+            parts = chosen[model_item]
+            chosen[model_item] = [(fit(parts[-1][0], model_room), parts[-1][1])]
+        return chosen
+
+    def width_of(chosen: list[list[tuple[str, str]]], sep: str) -> int:
+        return sum(len(t) for parts in chosen for t, _ in parts) + len(sep) * (len(chosen) - 1)
+
+    tries = [("  │  ", 0)] + [(" │ ", short) for short in range(len(items) + 1)]
+    for sep, short in tries:
+        chosen = build(sep, short)
+        if width_of(chosen, sep) <= width:
+            return _join(chosen, sep)
+    sep = " │ "
+    if optional_item is not None:
+        items = items[:optional_item] + items[optional_item + 1:]
+        if model_item > optional_item:
+            model_item -= 1
+    chosen = build(sep, len(items))
+    if width_of(chosen, sep) <= width:
+        return _join(chosen, sep)
+    over = width_of(chosen, sep) - width
+    model = chosen[model_item][-1][0]
+    chosen = build(sep, len(items), max(3, len(model) - over))
+    return _join(chosen, sep)
+
+
+def _join(chosen: list[list[tuple[str, str]]], sep: str) -> Text:
+    text = Text(no_wrap=True, overflow="ellipsis")
+    for i, parts in enumerate(chosen):
+        if i:
+            text.append(sep, "dim")
+        for t, style in parts:
+            text.append(t, style or None)
+    return text

@@ -31,19 +31,20 @@ class PrefillPanel(Panel):
         if not state.prefills:
             return Group(Text("no prefill in flight", "dim"))
         width = self.inner_width
-        bar_w = max(6, width - 66)
+        wide = width >= 70
+        screen_h = self.app.size.height  # the panel's height follows its lines: its room follows the screen's
+        rows = MAX_ROWS if screen_h >= 40 else 2 if screen_h >= 28 else 1
+        shown = state.prefills if len(state.prefills) <= rows else state.prefills[:rows - 1]
         lines: list[Text] = []
-        for p in state.prefills[:MAX_ROWS]:
+        for p in shown:
             frac = p.layers_done / p.layers_total if p.layers_total else None
             k = f"{p.layers_per_round}/rnd" if p.layers_per_round else "chunked"
-            lines.append(Text.assemble(
-                (f"req {_ids(p.request_ids):<9}", "bold"),
-                f"{fmt.count(p.tokens):>6} tok ",
-                fill_bar(frac, bar_w, self.colour("prefill"), self.colour("idle")),
-                f" {p.layers_done:>3}/{p.layers_total:<3} layers ",
-                (f"{k:<8}", "dim"),
-                ("ETA ", "dim"), f"{fmt.duration(p.eta_s):>8}",
-            ))
-        if len(state.prefills) > MAX_ROWS:
-            lines.append(Text(f"… {len(state.prefills) - MAX_ROWS} more", "dim"))
+            left = Text.assemble((f"req {_ids(p.request_ids):<9}", "bold"), f"{fmt.count(p.tokens):>6} tok ")
+            right = Text.assemble(f" {p.layers_done:>3}/{p.layers_total:<3}", (" layers " if wide else " ", "dim"),
+                                  (f"{k:<8}", "dim") if wide else "", ("ETA ", "dim"), f"{fmt.duration(p.eta_s):>8}")
+            bar_w = max(4, width - left.cell_len - right.cell_len)
+            lines.append(Text.assemble(left, fill_bar(frac, bar_w, self.colour("prefill"), self.colour("idle")),
+                                       right))
+        if len(shown) < len(state.prefills):
+            lines.append(Text(f"… {len(state.prefills) - len(shown)} more", "dim"))
         return Group(*lines)

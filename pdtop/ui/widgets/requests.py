@@ -1,4 +1,5 @@
-"""Requests: running / waiting, KV usage, TTFT p50/p99 and output tokens/s."""
+"""Requests: running / waiting, KV usage, TTFT, ITL and TPOT (vLLM's definitions), output
+throughput and request counts. Lines are dropped or shortened, never cut, when the panel is small."""
 from __future__ import annotations
 
 from rich.console import Group
@@ -10,26 +11,48 @@ from pdtop.ui.state import DashboardState
 from pdtop.ui.widgets.base import Panel
 
 
+def _pair(label: str, p50: str, p99: str, note: str, wide: bool) -> Text:
+    pad = 9 if wide else 0
+    return Text.assemble((f"{label:<5}", "dim"), ("p50 ", "dim"), f"{p50:<{pad}}", ("  p99 " if not wide else "p99 ",
+                         "dim"), f"{p99:<{pad}}", (note if wide else "", "dim"))
+
+
 class RequestsPanel(Panel):
     TITLE = "requests"
 
     def render_state(self, state: DashboardState) -> Group:
-        ttft50, ttft99 = state.ttft_summary()
-        itl50, itl99, _ = state.pooled_itl_summary()
+        width, height = self.inner_width, self.inner_height
+        wide = width >= 46
         kv = state.kv_usage
-        bar_w = max(6, self.inner_width - 30)
         kv_colour = self.colour("error") if kv is not None and kv > 0.9 else self.colour("decode")
-        return Group(
-            Text.assemble(("running ", "dim"), (f"{state.running:<5}", "bold"), ("waiting ", "dim"),
-                          (f"{state.waiting:<5}", "bold"), ("decode bs ", "dim"), str(state.decode_bs)),
-            Text.assemble(("KV ", "dim"), fill_bar(kv, bar_w, kv_colour, self.colour("idle")),
-                          f" {fmt.percent(kv)} ",
-                          (f"{fmt.count(state.kv_used)}/{fmt.count(state.kv_capacity)} tok", "dim")),
-            Text.assemble(("TTFT ", "dim"), ("p50 ", "dim"), fmt.duration(ttft50), ("  p99 ", "dim"),
-                          fmt.duration(ttft99)),
-            Text.assemble(("ITL  ", "dim"), ("p50 ", "dim"), fmt.ms(itl50), ("  p99 ", "dim"), fmt.ms(itl99),
-                          ("  token gaps", "dim")),
-            Text.assemble(("output ", "dim"), (f"{fmt.count(state.tokens_per_s())} tok/s", "bold")),
-            Text.assemble(("arrived ", "dim"), fmt.count(state.arrivals), ("  first token ", "dim"),
-                          fmt.count(state.first_tokens), ("  finished ", "dim"), fmt.count(state.finished)),
-        )
+        if wide:
+            load = Text.assemble(("running ", "dim"), (f"{state.running:<5}", "bold"), ("waiting ", "dim"),
+                                 (f"{state.waiting:<5}", "bold"), ("decode batch ", "dim"), str(state.decode_bs))
+        else:
+            load = Text.assemble(("run ", "dim"), (f"{state.running:<4}", "bold"), ("wait ", "dim"),
+                                 (f"{state.waiting:<4}", "bold"), ("batch ", "dim"), str(state.decode_bs))
+        kv_text = f" {fmt.percent(kv)} "
+        kv_line = Text.assemble(("KV ", "dim"), fill_bar(kv, max(4, width - 20), kv_colour, self.colour("idle")),
+                                kv_text, (f"{fmt.count(state.kv_used)}/{fmt.count(state.kv_capacity)}", "dim"))
+        ttft50, ttft99 = state.ttft_summary()
+        itl50, itl99, _ = state.itl_summary()
+        tpot50, tpot99 = state.tpot_summary()
+        ttft = _pair("TTFT", fmt.duration(ttft50), fmt.duration(ttft99), "", wide)
+        itl = _pair("ITL", fmt.ms(itl50), fmt.ms(itl99), "token gaps", wide)
+        tpot = _pair("TPOT", fmt.ms(tpot50), fmt.ms(tpot99), "per request", wide)
+        out = Text.assemble(("output ", "dim"), (f"{fmt.count(state.output_throughput())} tok/s", "bold"),
+                            ("  over the last ", "dim") if wide else "", (fmt.duration(state.window_s), "dim") if wide
+                            else "")
+        counts = Text.assemble(("arrived ", "dim"), fmt.count(state.arrivals),
+                               ("  first token ", "dim") if wide else "", fmt.count(state.first_tokens) if wide else "",
+                               ("  finished ", "dim"), fmt.count(state.finished))
+        if state.rejected or wide:
+            counts.append_text(Text.assemble(("  rejected ", "dim"), fmt.count(state.rejected)))
+        since = Text(f"counts since {state.counts_since}", "dim")
+        lines = [load, kv_line, ttft, itl, tpot, out, counts, since]
+        if len(lines) > height:
+            lines.remove(since)
+        if len(lines) > height:  # KV joins the first line
+            lines.remove(kv_line)
+            load.append_text(Text.assemble(("  KV ", "dim"), fmt.percent(kv)))
+        return Group(*lines[:height])

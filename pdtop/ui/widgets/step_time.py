@@ -1,0 +1,92 @@
+"""Decode step time: per-round decode step time over a rolling window, with p50/p99/max, the
+ITL SLO line and marks where the configuration changed (one letter per setting, on the last row)."""
+from __future__ import annotations
+
+from rich.console import Group
+from rich.text import Text
+
+from pdtop.ui import format as fmt
+from pdtop.ui.chart import block_chart
+from pdtop.ui.state import DashboardState
+from pdtop.ui.widgets.base import Panel
+from pdtop.ui.words import change_mark, change_words
+
+
+class StepTimePanel(Panel):
+    TITLE = "decode step time"
+    LINE_API = True
+
+    def render_state(self, state: DashboardState) -> Group:
+        rounds = state.window()
+        p50, p99, worst = state.step_summary(rounds)
+        slo = state.itl_slo_s
+        over = sum(1 for r in rounds if r.decode_bs > 0 and slo is not None and r.decode_step_s > slo)
+        decoded = sum(1 for r in rounds if r.decode_bs > 0)
+        top_parts = [Text.assemble(("p50 ", "dim"), fmt.ms(p50)), Text.assemble(("  p99 ", "dim"), fmt.ms(p99)),
+                     Text.assemble(("  max ", "dim"), fmt.ms(worst))]
+        if slo is not None:
+            top_parts.append(Text.assemble(("  SLO ", "dim"), (fmt.ms(slo), self.colour("slo"))))
+            if decoded:
+                top_parts.append(Text(f"  {fmt.percent(over / decoded)} over"))
+        else:
+            top_parts.append(Text("  SLO none (s sets one)", "dim"))
+        head = Text().join(top_parts)
+        for drop in (2, -1):  # narrow: max goes first, then the last part
+            if head.cell_len <= self.inner_width or len(top_parts) <= 2:
+                break
+            top_parts.pop(drop)
+            head = Text().join(top_parts)
+        axis = 9 if self.inner_width >= 60 else 8  # "19.5 ms" and a space
+        width = max(4, self.inner_width - axis)
+        lines: list[Text] = []
+        window = f"last {fmt.duration(state.window_s)}"
+        if self.inner_height >= 6:
+            lines.append(head)
+            self.border_title = self.TITLE
+            self.border_subtitle = f"worst step per slice · {window}"
+        else:  # short: the chart keeps its rows, the figures go in the border
+            self.border_title = f"decode step p50 {fmt.ms(p50)}  p99 {fmt.ms(p99)}"
+            over_text = f"{fmt.percent(over / decoded)} over SLO · " if slo is not None and decoded else ""
+            self.border_subtitle = over_text + window
+        height = max(1, self.inner_height - len(lines) - 1)
+        values = state.step_series(width, rounds)
+        top = max([v for v in values if v is not None] + [slo * 1.25 if slo else 0.0, 1e-3])
+        rows = block_chart(values, height, top, self.colour("chart"), slo, self.colour("slo"), self.colour("idle"))
+        for i, row in enumerate(rows):
+            label = fmt.ms(top) if i == 0 else ""
+            lines.append(Text.assemble((f"{label:>{axis - 1}} ", "dim"), row))
+        lines.append(self._marks(state, rounds, width, axis))
+        return Group(*lines)
+
+    def _marks(self, state: DashboardState, rounds: list, width: int, axis: int) -> Text:
+        """The bottom row: 0 on the axis, a letter under the slice where each config change happened,
+        and the latest change in words where there is room."""
+        start, end = state.slices(width, rounds)
+        cells = [" "] * width
+        latest = None
+        for change in state.config_changes:
+            if start <= change.time < end:
+                cells[min(width - 1, int((change.time - start) / (end - start) * width))] = change_mark(change.changes)
+                latest = change
+        accent = "bold " + self.colour("accent")
+        row = Text.assemble((f"{'0':>{axis - 1}} ", "dim"))
+        for is_mark, run in _runs(cells):
+            row.append(run, accent if is_mark else None)
+        if latest is not None:
+            note = f" {change_mark(latest.changes)}: {change_words(latest.changes, state)} "
+            used = max((i for i, c in enumerate(cells) if c != " "), default=-1) + 1
+            if width - used > len(note) + 2:
+                row = row[:axis + width - len(note)]
+                row.append(note, "dim")
+        return row
+
+
+def _runs(cells: list[str]) -> list[tuple[bool, str]]:
+    out: list[tuple[bool, str]] = []
+    for c in cells:
+        mark = c != " "
+        if out and out[-1][0] == mark:
+            out[-1] = (mark, out[-1][1] + c)
+        else:
+            out.append((mark, c))
+    return out

@@ -1,0 +1,107 @@
+"""Control messages and config changes in plain words, for notifications and chart marks."""
+from __future__ import annotations
+
+from typing import Any
+
+from pdtop.ui.format import units
+from pdtop.ui.state import DashboardState
+
+# one letter per setting, for the marks on the step-time chart (docs/dashboard.md lists them)
+MARKS = {"pinned_level": "L", "decode_bs_divisor": "d", "policy": "p", "manual_divisions": "m", "levels": "m",
+         "split_forward_token_budget": "b", "chunk_size": "c", "workload_rate": "r", "workload_paused": "w",
+         "inject": "i"}
+_SETTINGS = {"decode_bs_divisor": "decode_bs_divisor", "split_forward_token_budget": "split_forward_token_budget",
+             "chunk_size": "chunk size", "workload_rate": "workload rate", "policy": "policy"}
+
+
+def level_words(state: DashboardState, level: int) -> str:
+    """`level 3: prefill 96 SMs, decode 36`."""
+    levels = state.levels
+    if not 0 <= level < len(levels):
+        return f"level {level}"
+    p, d = levels[level]
+    return f"level {level}: prefill {units(p, state.info.unit_name)}, decode {d}"
+
+
+def starved_side(state: DashboardState, level: int) -> str | None:
+    """Why pinning `level` stalls work (a side with no units while it has requests), else None."""
+    levels = state.levels
+    if not 0 <= level < len(levels):
+        return None
+    p, d = levels[level]
+    unit = state.info.unit_name
+    if d == 0 and state.running:
+        return f"decode gets no {unit}: the {state.running} running requests wait (a: automatic)"
+    if d == 0:
+        return f"decode gets no {unit}: requests stop after their first token (a: automatic)"
+    if p == 0:
+        return f"prefill gets no {unit}: new requests wait (a: automatic)"
+    return None
+
+
+def _divisions(value: Any) -> str:
+    if not value:
+        return "none"
+    return ", ".join(f"{p}/{d} from batch {t}" for p, d, t in value)
+
+
+def _setting(name: str, old: Any, new: Any) -> str:
+    if name == "manual_divisions":
+        return f"manual divisions: {_divisions(new)}"
+    if name == "workload_rate":
+        return f"workload rate {old:g} → {new:g} requests/s" if old is not None else f"workload rate {new:g}/s"
+    label = _SETTINGS.get(name, name)
+    return f"{label} {old} → {new}" if old is not None else f"{label} {new}"
+
+
+def asked(msg: dict[str, Any], state: DashboardState) -> str:
+    """What an accepted control message does, said before its `config` event comes back."""
+    cmd, config = msg["cmd"], state.config
+    if cmd == "pin_level":
+        return f"pinned {level_words(state, msg['level'])}"
+    if cmd == "auto_level":
+        return "automatic level choice"
+    if cmd == "inject":
+        return f"injected a prompt of {msg['prompt_tokens']:,} tokens"
+    if cmd == "pause_workload":
+        return "workload paused: no new arrivals"
+    if cmd == "resume_workload":
+        return "workload resumed"
+    if cmd == "set":
+        parts = []
+        for name, new in msg.items():
+            if name in ("cmd", "id"):
+                continue
+            old = getattr(config, name, None) if config is not None else None
+            text = _setting(name, old, new)
+            if name == "policy" and state.prefills and new != old:
+                text += " (once the prefill in flight is done)"
+            parts.append(text)
+        return "; ".join(parts)
+    return cmd.replace("_", " ")
+
+
+def change_words(changes: dict[str, dict[str, Any]], state: DashboardState) -> str:
+    """A `config` event's changes in words."""
+    parts = []
+    for name, diff in changes.items():
+        old, new = diff.get("old"), diff.get("new")
+        if name == "pinned_level":
+            parts.append(f"pinned {level_words(state, new)}" if new is not None else "automatic level choice")
+        elif name == "inject":
+            parts.append(f"injected a prompt of {new:,} tokens" if isinstance(new, int) else "injected a long prompt")
+        elif name == "workload_paused":
+            parts.append("workload paused" if new else "workload resumed")
+        elif name == "levels":
+            parts.append(f"{len(new)} split levels" if isinstance(new, list) else "new split levels")
+        else:
+            parts.append(_setting(name, old, new))
+    return "; ".join(parts)
+
+
+def change_mark(changes: dict[str, Any]) -> str:
+    """The letter a change is marked with on the chart (the first setting it changed)."""
+    for name in changes:
+        if name in MARKS:
+            return MARKS[name]
+    return "*"

@@ -1,0 +1,89 @@
+"""80x24, 120x30 and 160x48: every panel fits and says something, the header keeps every item, the
+footer keeps `? help` and `q quit` (from 120 columns, every key), and nothing is drawn outside the panels.
+Also the header and status line of what `pdtop` starts on a laptop: cpu, the real model, the API."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from rich.text import Text
+
+from pdtop.engine.build import build_engine
+from pdtop.engine.scheduling.workload import demo_workload
+from pdtop.telemetry.sources.live import LiveSource
+from pdtop.ui.app import PdtopApp
+from pdtop.ui.widgets.base import Panel
+
+from .conftest import EngineServer, play_busy
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 30), (160, 48)])
+async def test_every_panel_fits(busy, size):
+    width, _height = size
+    app = PdtopApp(LiveSource(busy.url, token=busy.token), slo_ms=12)
+    async with app.run_test(size=size) as pilot:
+        await play_busy(pilot, app, busy.engine)
+        app.repaint()
+        await pilot.pause()
+        header = app.query_one("HeaderBar").text
+        assert len(header) <= width - 2
+        for item in ("● live", "H100", "qwen3-8b", "pdmux", "rec", "dropped 0"):
+            assert item in header, (item, header)
+        assert len(app.query_one("StatusLine").text) <= width - 2
+        shown = [p for p in app.query(Panel) if p.display]
+        assert {p.id for p in shown} >= {"split", "requests", "steps", "bandwidth", "timeline"}
+        bottom = 0
+        for panel in shown:
+            inner = panel.content_size.width
+            lines = [t for t in panel._last_texts if isinstance(t, Text)]
+            assert any(t.plain.strip() for t in lines), f"{panel.id} is empty"
+            assert len(lines) <= panel.content_size.height, f"{panel.id}: more lines than rows"
+            for line in lines:
+                assert line.cell_len <= inner, f"{panel.id} cut at {inner}: {line.plain!r}"
+            for edge in (str(panel.border_title or ""), str(panel.border_subtitle or "")):
+                assert len(edge) <= panel.outer_size.width - 4, f"{panel.id} border cut: {edge!r}"
+            bottom = max(bottom, panel.region.bottom)
+        footer = app.query_one("Footer")
+        assert bottom <= footer.region.y  # nothing under the footer, no scrolling screen
+        keys = {k.action: k.region for k in app.screen.query("FooterKey")}
+        for command in ("help", "quit"):
+            region = keys[f"run_command('{command}')"]
+            assert region.right <= width, command
+        if width >= 120:  # every key whole: inside the screen and none drawn over another
+            shown_keys = sorted((r for r in keys.values() if r.width), key=lambda r: r.x)
+            assert all(r.right <= width for r in shown_keys), keys
+            assert all(a.right <= b.x for a, b in itertools.pairwise(shown_keys)), keys
+        steps = app.query_one("StepTimePanel")
+        assert steps.content_size.height >= 5  # at least 4 chart rows and the marks
+        lanes = [t.plain for t in app.query_one("TimelinePanel")._last_texts]
+        assert any(lane.startswith("prefill") and "#" in lane for lane in lanes), lanes  # a prefill's ids
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 30)])
+async def test_the_default_start_fits_the_header_and_status_line(model_fp32, until, size):
+    """`pdtop` on a machine without a GPU: the model's real name, the device, and the workload in words,
+    none of them cut; the API's address where there is room."""
+    width, _height = size
+    engine = build_engine("cpu", loaded_model=model_fp32, workload=demo_workload("cpu"))
+    es = EngineServer(engine, manual=True).start()
+    es.server.api_url = "http://127.0.0.1:40375/v1"
+    try:
+        app = PdtopApp(LiveSource(es.url, token=es.token))
+        async with app.run_test(size=size) as pilot:
+            await until(pilot, lambda: app.connection == "live", "connected")
+            for _ in range(3):
+                engine.step()
+            await until(pilot, lambda: app.state.round_index >= 2, "three rounds")
+            app.repaint()
+            await pilot.pause()
+            header, status = app.query_one("HeaderBar").text, app.query_one("StatusLine").text
+            assert len(header) <= width - 2 and len(status) <= width - 2
+            for item in ("● live", "cpu", "SmolLM2-135M-Instruct", "pdmux", "rec", "dropped 0"):
+                assert item in header, (item, header)
+            assert ("api " in header) == (width >= 120), header
+            assert "…" not in header + status, (header, status)
+            assert "1024-token prompts every 5 s; seed 0" in status, status
+            split = [t.plain for t in app.query_one("SplitPanel")._last_texts]
+            assert any("decode" in line for line in split) and not any("…" in line for line in split), split
+    finally:
+        es.close()
