@@ -54,7 +54,13 @@ class Scenario:
         def blocks(tokens: int) -> int:
             return -(-tokens // block_size) * block_size
         decoding = self.decode_bs * blocks(self.decode_prompt + decode_budget)
-        return decoding + self.long_prompts * blocks(self.long_tokens + 4)
+        return decoding + self.long_at_once * blocks(self.long_tokens + self.long_max_tokens)
+
+    @property
+    def long_at_once(self) -> int:
+        """Long prompts holding KV at once: they run one after another (each ends with its segment's
+        settle rounds), so at most one, counted twice for safety should a segment's end overlap the next."""
+        return min(self.long_prompts, 2)
 
 
 SCENARIOS = {
@@ -212,8 +218,8 @@ def run_policy(engine: Engine, sc: Scenario, progress: Progress | None = None,
     need, capacity = sc.kv_tokens(budget, engine.executor.pool.block_size), engine.executor.kv_usage()[1]
     if need > capacity:  # it would wait for KV forever: say so before starting
         raise EngineError(f"the scenario needs {need:,} KV tokens ({sc.decode_bs} requests of {sc.decode_prompt}+"
-                          f"{budget}, {sc.long_prompts} of {sc.long_tokens}); the cache holds {capacity:,}: raise "
-                          "--kv-tokens or --gpu-memory-fraction, or lower --decode-bs")
+                          f"{budget}, {sc.long_at_once} of {sc.long_tokens} at once); the cache holds {capacity:,}: "
+                          "raise --kv-tokens or --gpu-memory-fraction, or lower --decode-bs")
     decoders = [engine.submit(engine.prompts.make(sc.decode_prompt), budget, ignore_eos=True)
                 for _ in range(sc.decode_bs)]
     _step_until_first_tokens(engine, decoders)

@@ -71,3 +71,13 @@ def test_trace_rows_say_where_the_round_ran_and_the_report_reads_them(bench):
     assert report.count("decode steps at interference >=") == 3
     for label, _ in ATTRIBUTES:
         assert label in report
+
+
+def test_the_default_cpu_scenario_fits_the_default_cpu_kv_cache(model_fp32):
+    """`pdtop bench --device cpu` with no flags must run, not stop at its KV check."""
+    from pdtop.analysis.policy_bench import SCENARIOS
+    from pdtop.engine.runtime.kv_sizing import CPU_KV_TOKENS
+
+    sc = SCENARIOS["cpu"]
+    budget = min(model_fp32.config.max_context - sc.decode_prompt, sc.decode_tokens)
+    assert sc.kv_tokens(budget) <= CPU_KV_TOKENS
