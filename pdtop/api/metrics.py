@@ -17,6 +17,8 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from pdtop.engine.records import ConfigChange, RequestRecord, RoundRecord
 
@@ -27,6 +29,27 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
                80.0)
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
                480.0, 960.0, 1920.0, 7680.0)
+class SplitCollector(Collector):
+    """`split_level`, `prefill_units` and `decode_units` of one round: set as one tuple on the engine
+    thread and read once per scrape, so a scrape never mixes two rounds' split (three gauges set one
+    after another could be read between the sets)."""
+
+    DOCS = (("split_level", "Split level of the last round (index into the levels)"),
+            ("prefill_units", "Units (SMs or cores) given to prefill in the last round"),
+            ("decode_units", "Units (SMs or cores) given to decode in the last round"))
+
+    def __init__(self, model: str):
+        self.model = model
+        self.split: tuple[float, float, float] = (0.0, 0.0, 0.0)
+
+    def collect(self) -> Any:
+        split = self.split  # one read: the three values of one round
+        for (name, doc), value in zip(self.DOCS, split, strict=True):
+            family = GaugeMetricFamily(f"pdtop:{name}", doc, labels=["model_name"])
+            family.add_metric([self.model], value)
+            yield family
+
+
 SUCCESS_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "abort": "abort"}  # vLLM's label values
 
 
@@ -56,9 +79,8 @@ class EngineMetrics:
         self.generation_tokens = Counter("pdtop:generation_tokens", "Tokens generated", m, registry=r).labels(model)
         self.success = Counter("pdtop:request_success", "Finished requests, by finish reason",
                                [*m, "finished_reason"], registry=r)
-        self.split_level = gauge("split_level", "Split level of the last round (index into the levels)")
-        self.prefill_units = gauge("prefill_units", "Units (SMs or cores) given to prefill in the last round")
-        self.decode_units = gauge("decode_units", "Units (SMs or cores) given to decode in the last round")
+        self.split = SplitCollector(model)
+        r.register(self.split)
         self.decode_bs_divisor = gauge("decode_bs_divisor", "Decode requests per level step (pdmux config)")
         self.policy = Info("pdtop:policy", "Scheduling policy", m, registry=r).labels(model)
         self._model = model
@@ -71,9 +93,7 @@ class EngineMetrics:
             self.waiting.set(rec.waiting)
             self.kv_usage.set(rec.kv_used_tokens / rec.kv_capacity_tokens if rec.kv_capacity_tokens else 0.0)
             self.generation_tokens.inc(rec.tokens_emitted)
-            self.split_level.set(rec.level)
-            self.prefill_units.set(rec.prefill_units)
-            self.decode_units.set(rec.decode_units)
+            self.split.split = (rec.level, rec.prefill_units, rec.decode_units)
         elif isinstance(rec, RequestRecord):
             if rec.kind == "first_token":
                 self.prompt_tokens.inc(rec.prompt_tokens)

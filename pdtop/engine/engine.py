@@ -61,8 +61,6 @@ class _Watch:
     on_update: OnUpdate
     sent: int = 0  # tokens reported so far
 
-log = logging.getLogger("pdtop.engine")
-
 
 def freeze_startup_heap() -> None:
     """Collect once, then move every object alive after start-up (model, tokenizer, modules: about 180k
