@@ -125,7 +125,7 @@ def slow_step_report(rows: list[dict[str, Any]], long_tokens: int, top: float = 
     among all steps, and the median interference of the steps with and without it."""
     lines = []
     for policy in dict.fromkeys(r["policy"] for r in rows):
-        mine = [r for r in rows if r["policy"] == policy and math.isfinite(r["ratio"])]
+        mine = [r for r in rows if r["policy"] == policy and r["ratio"] is not None and math.isfinite(r["ratio"])]
         if not mine:
             continue
         cut = percentile([r["ratio"] for r in mine], top)

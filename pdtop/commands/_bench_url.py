@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import math
 import os
 import sys
 from typing import TYPE_CHECKING
 
 from pdtop.commands._common import INPUT_ERRORS, fail
+from pdtop.telemetry.encode import encode
 
 if TYPE_CHECKING:
     from pdtop.analysis.loadgen import LoadSpec
@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
             return fail("bench", f"cannot use {args.url}: {type(exc).__name__}: {exc}")
     summary = summarize(spec, results, duration)
-    print(json.dumps(summary) if args.json else table(summary))
+    print(encode(summary) if args.json else table(summary))
     if not summary["completed"]:
         print(f"pdtop bench: error: no request completed: {'; '.join(summary['errors'])}", file=sys.stderr)
         return 1

@@ -13,7 +13,6 @@ SGLang), reporting request and token throughput, TTFT, TPOT, ITL, E2EL and goodp
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from dataclasses import asdict
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING
 from pdtop.commands import _bench_url
 from pdtop.commands._common import INPUT_ERRORS, add_runtime_arguments, fail, runtime_options
 from pdtop.engine.scheduling.policies import POLICIES
+from pdtop.telemetry.encode import encode
 
 if TYPE_CHECKING:
     from pdtop.engine.engine import Engine
@@ -102,9 +102,9 @@ def run(args: argparse.Namespace) -> int:
     if args.trace:
         rows = [row for p, r in runs.items() for row in trace_rows(p, r.steps)]
         with open(args.trace, "w") as f:
-            f.writelines(json.dumps(row) + "\n" for row in rows)
+            f.writelines(encode(row) + "\n" for row in rows)
     if args.json:
-        print(json.dumps({"device": args.device, "scenario": asdict(sc), "loadavg": load, "results": results}))
+        print(encode({"device": args.device, "scenario": asdict(sc), "loadavg": load, "results": results}))
         return 0
     head = (f"pdtop bench on {args.device}: {sc.decode_bs} requests decoding ({sc.decode_prompt}-token prompts), "
             f"{sc.long_prompts} prompts of {sc.long_tokens} tokens one after another; "

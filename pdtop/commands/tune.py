@@ -22,7 +22,6 @@ Examples:
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -30,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from pdtop.commands._common import INPUT_ERRORS, cuda_missing, fail
 from pdtop.engine.errors import DeviceError
+from pdtop.telemetry.encode import encode
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
 
         out = report_json(report, args.device, load)
         out["out"] = args.out if args.out and report.best is not None else None
-        print(json.dumps(out))
+        print(encode(out))
     else:
         print("\n".join(_text(report, args, load)))
     return 0 if report.best is not None else 1
