@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pdtop.engine.engine import TokenUpdate
 from pdtop.engine.request import Request
+from pdtop.engine.updates import TokenUpdate
 
 # the engine's finish reasons -> OpenAI's
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "abort": "abort", "rejected": "error"}

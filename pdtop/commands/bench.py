@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     from pdtop.analysis.policy_bench import SCENARIOS, Observer, run_bench, trace_rows
     from pdtop.analysis.round_trace import RoundTracer, slow_step_report
     from pdtop.engine.build import build_engine, parse_device
-    from pdtop.engine.engine import freeze_startup_heap
+    from pdtop.engine.runtime.heap import freeze_startup_heap
     from pdtop.engine.scheduling.pdmux_config import PdmuxConfig, load_pdmux_config
 
     def make_engine(policy: str) -> Engine:

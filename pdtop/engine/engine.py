@@ -14,13 +14,11 @@ and every refusal is reported as a request that arrived and finished "rejected".
 """
 from __future__ import annotations
 
-import gc
 import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from pdtop.engine.devices.base import Device
@@ -28,12 +26,14 @@ from pdtop.engine.errors import ControlError, EngineError, FieldError, PromptErr
 from pdtop.engine.records import ConfigChange, RequestRecord, RoundRecord
 from pdtop.engine.request import SOURCES, Request, SamplingParams
 from pdtop.engine.runtime.executor import Executor
+from pdtop.engine.runtime.heap import freeze_startup_heap
 from pdtop.engine.scheduling.admission import QueueLimits
 from pdtop.engine.scheduling.control import Change, ControlFailure, Plan, subject, validate
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
 from pdtop.engine.scheduling.scheduler import Scheduler
 from pdtop.engine.scheduling.splits import SplitTable
 from pdtop.engine.scheduling.workload import LONG_PROMPT_TOKENS, Arrival, PromptMaker, Workload
+from pdtop.engine.updates import OnUpdate, Watchers
 
 Record = RoundRecord | RequestRecord | ConfigChange | ControlFailure
 Sink = Callable[[Record], None]
@@ -41,33 +41,6 @@ IDLE_S = 0.05  # how long an idle round waits for arrivals (a real device wakes 
 MAX_REFUSALS_HELD = 4096  # refusals reported per round boundary at most; the counts in describe() keep the rest
 
 log = logging.getLogger("pdtop.engine")
-
-
-@dataclass(frozen=True)
-class TokenUpdate:
-    """What an enqueued request got since its last update: new tokens, and on the last update why it ended."""
-
-    tokens: list[int]
-    finish_reason: str | None = None  # "eos" | "length" | "stop" | "abort" | "rejected" on the last update
-    error: str | None = None  # why it was rejected
-
-
-OnUpdate = Callable[[TokenUpdate], "bool | None"]  # True: end the request now, finish reason "stop"
-
-
-@dataclass(eq=False)
-class _Watch:
-    req: Request
-    on_update: OnUpdate
-    sent: int = 0  # tokens reported so far
-
-
-def freeze_startup_heap() -> None:
-    """Collect once, then move every object alive after start-up (model, tokenizer, modules: about 180k
-    objects with the default model) out of the collector's reach. A full collection over them took
-    120 ms here, a stall in whichever round it fell; after this it takes well under 1 ms."""
-    gc.collect()
-    gc.freeze()
 
 
 class Engine:
@@ -95,7 +68,7 @@ class Engine:
         self._aborts: deque[tuple[Request, str]] = deque()
         self._refusals: deque[tuple[RequestRecord, RequestRecord]] = deque(maxlen=MAX_REFUSALS_HELD)
         self._wake = threading.Event()  # set when work comes in, so an idle round ends early
-        self._watched: list[_Watch] = []  # engine thread only
+        self._watchers = Watchers()  # engine thread only
         self.totals = {"arrived": 0, "first_token": 0, "finished": 0, "rejected": 0}  # since the engine started
         self._open: list[tuple[Arrival, Request]] = []  # closed-loop and periodic requests not finished yet
         self._pace: Callable[[], None] = lambda: None  # set by `run` to hold a virtual clock to wall time
@@ -356,7 +329,9 @@ class Engine:
         """At a round boundary: queued requests join the scheduler, refusals are reported, aborts applied."""
         with self._lock:  # added under the lock, so a concurrent cap check never misses them
             added = [self.scheduler.add(req) for req, _ in self._incoming]
-            self._watched += [_Watch(req, cb) for req, cb in self._incoming if cb is not None]
+            for req, cb in self._incoming:
+                if cb is not None:
+                    self._watchers.add(req, cb)
             self._incoming.clear()
             self._incoming_tokens = 0
             refusals = list(self._refusals)
@@ -373,27 +348,11 @@ class Engine:
             if finish is not None:
                 self._emit(finish)
 
-    def _notify(self) -> None:
-        """Tell each enqueued request's caller what it got this round; forget the finished ones."""
-        keep = []
-        for w in self._watched:
-            req = w.req
-            n = len(req.output_ids)
-            if n > w.sent or req.finished:
-                update = TokenUpdate(req.output_ids[w.sent:n], req.finish_reason if req.finished else None, req.error)
-                w.sent = n
-                try:
-                    stop = w.on_update(update)
-                except Exception:  # a caller's bug must not stop the engine
-                    log.exception("on_update of request %d", req.id)
-                    stop = False
-                if stop and not req.finished:
-                    finish = self.scheduler.abort(req, "stop")
-                    if finish is not None:
-                        self._emit(finish)
-            if not req.finished:
-                keep.append(w)
-        self._watched = keep
+    def _stop(self, req: Request) -> None:
+        """A caller's stop string matched: end `req` before the next round."""
+        finish = self.scheduler.abort(req, "stop")
+        if finish is not None:
+            self._emit(finish)
 
     def idle(self) -> bool:
         """Nothing queued, waiting, prefilling or decoding."""
@@ -417,8 +376,8 @@ class Engine:
         for r in requests:
             self._emit(r)
         self._emit(record)
-        if self._watched:
-            self._notify()
+        if self._watchers:
+            self._watchers.notify(self._stop)
         return record
 
     def run(self, stop: threading.Event, realtime: bool = True, speed: float = 1.0) -> None:
