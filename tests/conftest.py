@@ -45,3 +45,20 @@ def runner(model_fp32) -> Callable[..., ModelRunner]:
         return ModelRunner(model_fp32, kv_capacity_tokens=kv_capacity_tokens, block_size=block_size)
 
     return make
+
+
+@pytest.fixture
+def mamba_gguf(tmp_path) -> Path:
+    """A well-formed GGUF of an architecture pdtop does not run ("mamba")."""
+    import gguf
+    import numpy as np
+
+    path = tmp_path / "mamba.gguf"
+    w = gguf.GGUFWriter(str(path), "mamba")
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((8, 32), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

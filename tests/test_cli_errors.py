@@ -4,31 +4,18 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import gguf
-import numpy as np
 import pytest
 
 from pdtop.cli import main
 
 
-def _unsupported_gguf(path):
-    w = gguf.GGUFWriter(str(path), "mamba")
-    w.add_block_count(1)
-    w.add_tensor("token_embd.weight", np.zeros((8, 32), dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
-
-
 @pytest.fixture
-def bad_models(tmp_path):
+def bad_models(tmp_path, mamba_gguf):
     text = tmp_path / "notes.txt"
     text.write_text("not a model\n")
     return {"missing": (str(tmp_path / "nope.gguf"), "model file not found"),
             "not gguf": (str(text), "not a GGUF file"),
-            "unsupported": (str(_unsupported_gguf(tmp_path / "mamba.gguf")), "unsupported architecture 'mamba'")}
+            "unsupported": (str(mamba_gguf), "unsupported architecture 'mamba'")}
 
 
 def _one_error_line(args: list[str], capsys) -> str:

@@ -90,9 +90,9 @@ class Progress:
     """The start-up lines on stderr: each `pdtop serve:` line the child prints, and on a terminal a
     ticking `starting the engine… 3 s` under them until the dashboard takes the screen."""
 
-    def __init__(self, stream: IO[str] = sys.stderr) -> None:
-        self.stream, self.started = stream, time.monotonic()
-        self.ticking = stream.isatty()
+    def __init__(self, stream: IO[str] | None = None) -> None:
+        self.stream, self.started = stream or sys.stderr, time.monotonic()  # stderr as it is now, not at import
+        self.ticking = self.stream.isatty()
         self._ticker_shown = False
 
     def line(self, text: str) -> None:
@@ -152,7 +152,8 @@ def start_server(args: argparse.Namespace, token: str, log: IO[str],
                 note = notes.get(timeout=1.0) if until_ready else notes.get_nowait()
             except queue.Empty:
                 return
-            if note.startswith(SERVE_PREFIX) and progress is not None:
+            if note.startswith(SERVE_PREFIX) and not note.startswith(SERVE_ERROR) and progress is not None:
+                # (an error line is not echoed: the dashboard reports it once, as its own)
                 progress.line(note[len(SERVE_PREFIX):].rstrip())
             if not note or note.startswith(SERVE_PREFIX + READY):
                 return

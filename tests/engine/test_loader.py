@@ -123,15 +123,8 @@ def test_unsupported_tensor_type(tmp_path):
         load_gguf(path)
 
 
-def test_unsupported_architecture(tmp_path):
-    path = tmp_path / "mamba.gguf"
-    w = gguf.GGUFWriter(str(path), "mamba")
-    w.add_block_count(1)
-    w.add_tensor("token_embd.weight", np.zeros((8, 32), dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+def test_unsupported_architecture(mamba_gguf):
+    path = mamba_gguf
     with pytest.raises(UnsupportedModelError) as exc:
         load_model(path)
     msg = str(exc.value)
