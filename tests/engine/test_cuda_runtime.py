@@ -17,7 +17,6 @@ from pdtop.engine.errors import EngineError
 from pdtop.engine.model.config import synthetic_config
 from pdtop.engine.model.paged_attention import decode_splits
 from pdtop.engine.roofline.gpu_specs import parse_gpu
-from pdtop.engine.roofline.sharing import share_bandwidth
 from pdtop.engine.runtime.cuda_graphs import DEFAULT_BUCKETS, bucket_for
 from pdtop.engine.runtime.executor import SimExecutor
 from pdtop.engine.runtime.kv_sizing import GiB, activation_reserve, plan_kv
@@ -141,19 +140,11 @@ class PipelinedSim(SimDevice):
         self.most_in_flight = max(self.most_in_flight, self.in_flight())
 
     def _advance(self, job, deadline=math.inf):
-        time_shared = 0 in self.groups[self.level]
         while self.clock < deadline:
             pf = self._prefill if self.prefill_busy() else None
             if (job is None and pf is None) or (job is not None and job.left <= 0):
                 break
-            running = [j for j in (job, pf) if j is not None and j.left > 0]
-            grants = share_bandwidth(self._bandwidth, [j.demand for j in running])
-            slow = 0.5 if time_shared and len(running) == 2 else 1.0
-            rates = [j.rate(g) * slow for j, g in zip(running, grants, strict=True)]
-            dt = min(deadline - self.clock, *(j.left / r for j, r in zip(running, rates, strict=True)))
-            for j, r in zip(running, rates, strict=True):
-                j.left = 0.0 if j.left / r <= dt else j.left - r * dt
-            self.clock += dt
+            self._run_for([j for j in (job, pf) if j is not None and j.left > 0], deadline)
             if pf is not None and pf.left <= 0:
                 self.finished += 1
                 if self.queued:

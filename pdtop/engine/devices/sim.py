@@ -87,18 +87,21 @@ class SimDevice(Device):
         """Move the clock on, running `job` beside the prefill in flight, until `job` is done
         (without a job: until the prefill is done) or the clock reaches `deadline`."""
         goal = job if job is not None else self._prefill
-        time_shared = 0 in self.groups[self.level]
         while goal is not None and goal.left > 0 and self.clock < deadline:
-            running = [j for j in (job, self._prefill) if j is not None and j.left > 0]
-            grants = share_bandwidth(self._bandwidth, [j.demand for j in running])
-            slow = 0.5 if time_shared and len(running) == 2 else 1.0
-            rates = [j.rate(g) * slow for j, g in zip(running, grants, strict=True)]
-            dt = min(deadline - self.clock, *(j.left / r for j, r in zip(running, rates, strict=True)))
-            for j, r in zip(running, rates, strict=True):
-                j.left = 0.0 if j.left / r <= dt else j.left - r * dt
-            self.clock += dt
+            self._run_for([j for j in (job, self._prefill) if j is not None and j.left > 0], deadline)
         if deadline < math.inf:
             self.clock = max(self.clock, deadline)
+
+    def _run_for(self, running: list[_Running], deadline: float) -> None:
+        """Run `running` (one or both sides, sharing bandwidth; half speed each on a time-shared
+        level) until the first of them ends or the clock reaches `deadline`."""
+        grants = share_bandwidth(self._bandwidth, [j.demand for j in running])
+        slow = 0.5 if 0 in self.groups[self.level] and len(running) == 2 else 1.0
+        rates = [j.rate(g) * slow for j, g in zip(running, grants, strict=True)]
+        dt = min(deadline - self.clock, *(j.left / r for j, r in zip(running, rates, strict=True)))
+        for j, r in zip(running, rates, strict=True):
+            j.left = 0.0 if j.left / r <= dt else j.left - r * dt
+        self.clock += dt
 
     def idle(self, seconds: float) -> None:
         self._advance(None, self.clock + seconds)
