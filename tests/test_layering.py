@@ -9,7 +9,6 @@ import sys
 import pdtop.engine
 import pdtop.telemetry
 
-
 # Modules that import an optional package at their top (Triton ships only with CUDA builds of torch).
 NEEDS = {"pdtop.engine.model.triton_decode": "triton"}
 

@@ -55,7 +55,8 @@ class Engine:
         self.temperature, self.seed = temperature, seed
         self.limits = limits or QueueLimits()
         self.refused = dict.fromkeys(SOURCES, 0)  # requests refused over the caps, by source
-        self._sinks: list[Sink] = []
+        self._sinks: tuple[Sink, ...] = ()  # replaced whole, never mutated: other threads add and remove
+        self._failed_sinks: dict[Sink, int] = {}  # sinks that raised, and how often
         self._pending: deque[tuple[Change, str | None]] = deque()
         self._plan: Plan | None = None  # the state once every queued change is applied; None: the current one
         self._deferred_policy: tuple[str, str | None] | None = None
@@ -75,17 +76,32 @@ class Engine:
 
     # -- what clients see ------------------------------------------------------------------
     def add_sink(self, sink: Sink) -> None:
-        self._sinks.append(sink)
+        """Call `sink(record)` on the engine thread for every record; thread-safe."""
+        self._sinks = (*self._sinks, sink)
 
     def remove_sink(self, sink: Sink) -> None:
-        if sink in self._sinks:
-            self._sinks.remove(sink)
+        self._sinks = tuple(s for s in self._sinks if s != sink)
+
+    @property
+    def sinks(self) -> tuple[Sink, ...]:
+        return self._sinks
 
     def _emit(self, record: Record) -> None:
         if isinstance(record, RequestRecord):
             self._count(record)
-        for sink in list(self._sinks):
-            sink(record)
+        for sink in self._sinks:
+            try:
+                sink(record)
+            except Exception:  # a broken watcher must not stop the engine
+                self._sink_failed(sink)
+
+    def _sink_failed(self, sink: Sink) -> None:
+        """Logged the first time with the traceback, then at every power of two."""
+        n = self._failed_sinks[sink] = self._failed_sinks.get(sink, 0) + 1
+        if n == 1:
+            log.exception("a sink failed (%r); the engine goes on", sink)
+        elif n & (n - 1) == 0:
+            log.warning("a sink has failed %d times (%r)", n, sink)
 
     def _count(self, record: RequestRecord) -> None:
         if record.kind == "arrival":

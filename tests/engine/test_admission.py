@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gc
+import logging
 import threading
 import tracemalloc
 
@@ -141,3 +142,24 @@ def test_limits_are_checked_and_described():
                                                "refused": {"workload": 0, "inject": 0, "api": 0}}
     finally:
         engine.close()
+
+
+def test_a_sink_that_raises_neither_stops_the_engine_nor_the_other_sinks(caplog):
+    engine = build_engine("sim:H100", workload=WorkloadSpec(rate=20.0, seed=1))
+    seen: list = []
+
+    def broken(record) -> None:
+        raise RuntimeError("a broken watcher")
+
+    engine.add_sink(broken)
+    engine.add_sink(seen.append)
+    with caplog.at_level(logging.WARNING, logger="pdtop.engine"):
+        for _ in range(40):
+            engine.step()
+    assert sum(isinstance(r, RoundRecord) for r in seen) == 40
+    failures = [r for r in caplog.records if "sink" in r.getMessage()]
+    assert 1 <= len(failures) <= 8  # once with the traceback, then at powers of two: quiet under a flood
+    assert "a broken watcher" in caplog.text
+    engine.remove_sink(broken)
+    assert engine.sinks == (seen.append,)
+    engine.close()

@@ -3,7 +3,6 @@ the scenario in --json, progress on stderr, and the --trace rows with their slow
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
 

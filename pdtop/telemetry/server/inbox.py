@@ -1,6 +1,7 @@
 """The hand-off from the engine thread to the event loop, with admission control.
 
-`sink` runs on the engine thread for every record and does little: while the current
+`sink` runs on the engine thread for every record (while anyone listens: the server
+takes it off the engine otherwise) and does little: while the current
 tick has room it encodes the record to its JSON text and queues that, otherwise it only
 counts the record as shed. Either way the record itself is freed at once: queueing
 records instead would keep thousands of young objects alive across garbage
@@ -20,6 +21,8 @@ from pdtop.engine.records import ConfigChange, RequestRecord, RoundRecord
 from pdtop.engine.scheduling.control import ControlFailure
 from pdtop.telemetry.encode import config_event, encode, encode_record, error_event
 
+_STREAM = frozenset((RoundRecord, RequestRecord))
+
 
 class Outgoing(NamedTuple):
     """One event on its way out, as JSON text. `lane` "config" and "notice" events reach every
@@ -37,15 +40,16 @@ class Inbox:
 
         def sink(record: RoundRecord | RequestRecord | ConfigChange | ControlFailure) -> None:
             try:
-                if isinstance(record, ConfigChange):
+                if record.__class__ in _STREAM:  # most records: the cheapest test first
+                    if gate[0] > 0:
+                        gate[0] -= 1
+                        append(Outgoing(encode_record(record), "stream"))  # type: ignore[arg-type]
+                    else:
+                        gate[1] += 1
+                elif isinstance(record, ConfigChange):
                     append(Outgoing(encode(config_event(record, config_dict())), "config"))
                 elif isinstance(record, ControlFailure):
                     append(Outgoing(encode(error_event(record.field, f"not applied: {record.reason}")), "notice"))
-                elif gate[0] > 0:
-                    gate[0] -= 1
-                    append(Outgoing(encode_record(record), "stream"))
-                else:
-                    gate[1] += 1
             except Exception:  # never raise into the engine's loop
                 gate[1] += 1
 

@@ -81,8 +81,9 @@ class Client:
 
 
 class TelemetryServer:
-    """Serve `engine`'s events and control on ws://host:port. Registers its sink with the
-    engine at construction; `start()` inside a running event loop, `stop()` to finish.
+    """Serve `engine`'s events and control on ws://host:port. `start()` inside a running event
+    loop, `stop()` to finish. Its sink is registered with the engine only while a client or the
+    recorder listens: with nobody listening, telemetry costs the engine's rounds nothing.
 
     `allow_origins`: browser origins allowed to connect (none by default: the dashboard and
     other programs send no `Origin`). `record_dir`: where `record_start` may create files
@@ -124,7 +125,7 @@ class TelemetryServer:
         self._last_tick = 0.0
         self._budget = max_event_rate
         self._loop_handler: Any = None  # the event loop's exception handler before ours
-        engine.add_sink(self._inbox.sink)
+        self._hooked = False  # the inbox's sink is registered with the engine
 
     def publish(self, event: dict[str, Any]) -> None:
         """Queue a ready-made event (the hardware sampler's); thread-safe, never blocks."""
@@ -151,7 +152,7 @@ class TelemetryServer:
 
     async def stop(self) -> None:
         """Stop serving: pending events are sent to the recorder, connections closed (1001)."""
-        self.engine.remove_sink(self._inbox.sink)
+        self._listen(False)
         if self._pump_task is not None:
             self._pump_task.cancel()
             try:
@@ -203,6 +204,7 @@ class TelemetryServer:
             self.recorder = Recorder(real, hello, file=file)
         else:
             self.recorder = Recorder(path, hello)
+        self._listen(True)
         self._inbox.refill(max(0, int(self._budget)))
         self._recorder_shed_base = self._inbox.shed_total
         return self.recorder
@@ -233,6 +235,16 @@ class TelemetryServer:
             self._send_priority(client, note)
 
     # -- fan-out ---------------------------------------------------------------------
+    def _listen(self, on: bool) -> None:
+        """Register the inbox's sink with the engine, or take it off. Off, nothing is counted as
+        shed: a client or recording that starts later has lost nothing it was there for."""
+        if on and not self._hooked:
+            self.engine.add_sink(self._inbox.sink)
+        elif not on and self._hooked:
+            self.engine.remove_sink(self._inbox.sink)
+            self._inbox.refill(0)
+        self._hooked = on
+
     async def _pump(self) -> None:
         while True:
             await asyncio.sleep(self.tick)
@@ -256,7 +268,7 @@ class TelemetryServer:
         self._budget = min(self.max_event_rate, self._budget - len(frames) + self.max_event_rate * elapsed)
         clients = list(self.clients.values())
         if not clients and self.recorder is None:
-            self._inbox.refill(0)  # nobody listens: the sink only counts
+            self._listen(False)  # nobody listens: what the engine does meanwhile is nobody's loss
             return
         self._inbox.refill(max(0, int(self._budget)))
         self.events_shed += shed
@@ -350,6 +362,7 @@ class TelemetryServer:
             if given is not None and not authorized:
                 await ws.send(ev.encode(ev.error_event("token", "wrong token; this connection is read-only")))
             self.clients[client_id] = client
+            self._listen(True)
             self._inbox.refill(max(0, int(self._budget)))
             client.shed_base = self._inbox.shed_total
             writer = asyncio.create_task(self._write(client), name=f"pdtop-writer-{client_id}")
