@@ -105,3 +105,28 @@ def test_rms_norm_kernel_matches_torch_with_and_without_the_residual_add(rows, d
     alone, none = norm(x, None, w, 1e-6)
     assert none is None
     assert (alone.double() - torch.nn.functional.rms_norm(x.double(), (dim,), w.double(), 1e-6)).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("rows,h,kvh,d", [(1, 9, 3, 64), (32, 9, 3, 64), (700, 8, 2, 128)])  # the last: parallel
+def test_rope_kv_kernel_matches_torch_rope_and_cache_write(rows, h, kvh, d):
+    """RoPE on the q and k heads in place and k/v written to each row's slot: what `rope_` and
+    `index_copy_` do, on qkv rows with a stride (a view of a wider matrix), leaving other slots alone."""
+    rope_kv = cpu_kernels.rope_kv()
+    assert rope_kv is not None
+    g = torch.Generator().manual_seed(rows)
+    S, width = 1024, (h + 2 * kvh) * d
+    wide = torch.randn(rows, width + 16, generator=g)
+    qkv, pad = wide[:, :width], wide[:, width:].clone()
+    positions = torch.randint(0, 4000, (rows,), generator=g).float()
+    freqs = positions[:, None] * (10000.0 ** (-torch.arange(0, d, 2).float() / d))[None, :]
+    rot = torch.polar(torch.ones_like(freqs), freqs)[:, None, :]
+    slots = torch.randperm(S, generator=g)[:rows]
+    cache = torch.randn(2, kvh, S, d, generator=g)
+    want, want_cache = qkv.double().clone(), cache.double().clone()
+    pairs = torch.view_as_complex(want[:, : (h + kvh) * d].reshape(rows, h + kvh, d // 2, 2).contiguous())
+    want[:, : (h + kvh) * d] = torch.view_as_real(pairs * rot.to(torch.complex128)).reshape(rows, -1)
+    want_cache.index_copy_(2, slots, want[:, h * d:].view(rows, 2, kvh, d).permute(1, 2, 0, 3))
+    rope_kv(qkv, rot, cache, slots, h, kvh)
+    assert (qkv.double() - want).abs().max() < 1e-4
+    assert (cache.double() - want_cache).abs().max() < 1e-4
+    assert torch.equal(wide[:, width:], pad)

@@ -2,14 +2,14 @@
 
 Decode attention over the paged KV cache (`csrc/decode_attention.c`), 2-3x faster than
 gathering each row's context and calling SDPA (the gather copies the whole context every
-layer); SwiGLU's `silu(gate) * up` (`csrc/silu_mul.c`) and RMSNorm after the residual add
-(`csrc/rms_norm.c`) in one pass each; and `pin_team`
+layer); SwiGLU's `silu(gate) * up` (`csrc/silu_mul.c`), RMSNorm after the residual add
+(`csrc/rms_norm.c`), and RoPE with the K/V cache write (`csrc/rope_kv.c`) in one pass each; and `pin_team`
 (`csrc/omp_team.c`), which pins a thread's OpenMP team to its cores.
 Building takes about half a second each (plain C, no torch headers) and the libraries are
 cached under `~/.cache/pdtop/kernels`, keyed by the source, the compiler and this CPU. They
 are compiled with `-march=native` and `-fopenmp`, linked to the OpenMP runtime torch already
-loaded (libgomp), so a kernel's team is the calling thread's torch thread count. The attention
-and activation kernels are checked once against torch; anything missing or wrong (no compiler, another OpenMP
+loaded (libgomp), so a kernel's team is the calling thread's torch thread count. Each kernel is
+checked once against torch when it loads; anything missing or wrong (no compiler, another OpenMP
 runtime, a mismatch) means `None` (or False) and the torch path runs, as without the kernels.
 `PDTOP_NO_KERNELS=1` turns them off (for comparisons).
 """
@@ -156,6 +156,42 @@ def silu_mul() -> Callable[[torch.Tensor], torch.Tensor] | None:
     return act
 
 
+RopeKV = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, int], None]
+
+
+@functools.cache
+def rope_kv() -> RopeKV | None:
+    """`f(qkv [t, (h + 2 kvh) d], rot [t, 1, d/2] complex64, cache [2, kvh, S, d], slots [t] int64, h, kvh)`:
+    RoPE on the q and k heads of `qkv` in place (adjacent pairs), then each row's k and v written to
+    `cache` at its slot; float32, rows contiguous. None when the kernel is unavailable."""
+    lib = _library("rope_kv")
+    if lib is None:
+        return None
+    fn = lib.pdtop_rope_kv_f32
+    fn.restype = None
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    fn.argtypes = [ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64, i64]
+
+    def apply(qkv: torch.Tensor, rot: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor, h: int, kvh: int) -> None:
+        fn(qkv.data_ptr(), qkv.stride(0), rot.data_ptr(), cache.data_ptr(), slots.data_ptr(), qkv.shape[0],
+           h, kvh, cache.shape[3], cache.shape[2])
+
+    g = torch.Generator().manual_seed(0)
+    h, kvh, d, t, S = 6, 2, 32, 5, 40
+    qkv = torch.randn(t, (h + 2 * kvh) * d, generator=g)
+    rot = torch.polar(torch.ones(t, 1, d // 2), torch.rand(t, 1, d // 2, generator=g) * 6)
+    slots = torch.randperm(S, generator=g)[:t]
+    cache, want_cache, want = torch.zeros(2, kvh, S, d), torch.zeros(2, kvh, S, d), qkv.clone()
+    qk = want[:, : (h + kvh) * d].view(t, h + kvh, d // 2, 2)
+    qk.copy_(torch.view_as_real(torch.view_as_complex(qk) * rot))
+    want_cache.index_copy_(2, slots, want[:, h * d:].view(t, 2, kvh, d).permute(1, 2, 0, 3))
+    apply(qkv, rot, cache, slots, h, kvh)
+    if not (torch.allclose(qkv, want, atol=1e-5) and torch.allclose(cache, want_cache, atol=1e-5)):
+        log.warning("the CPU RoPE/KV-write kernel disagrees with torch here; using torch")
+        return None
+    return apply
+
+
 AddRmsNorm = Callable[[torch.Tensor, "torch.Tensor | None", torch.Tensor, float],
                       tuple[torch.Tensor, "torch.Tensor | None"]]
 
@@ -188,6 +224,15 @@ def add_rms_norm() -> AddRmsNorm | None:
         log.warning("the CPU RMSNorm kernel disagrees with torch here; using torch")
         return None
     return norm
+
+
+def fits_rope_kv(qkv: torch.Tensor, rot: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) -> bool:
+    """Whether `rope_kv` takes these: float32 CPU tensors, qkv rows contiguous, rot complex64 with
+    one rotation per row, the cache and slots contiguous."""
+    return (qkv.dtype == torch.float32 and qkv.is_cpu and qkv.dim() == 2 and qkv.stride(1) == 1
+            and rot.dtype == torch.complex64 and rot.is_contiguous() and rot.shape[0] == qkv.shape[0]
+            and cache.dtype == torch.float32 and cache.is_contiguous() and slots.dtype == torch.int64
+            and slots.is_contiguous())
 
 
 def fits_rows(*ts: torch.Tensor) -> bool:
