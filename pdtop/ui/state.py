@@ -37,28 +37,8 @@ from pdtop.telemetry.events import (
     Seek,
 )
 from pdtop.ui.scrape_view import ScrapeView
-from pdtop.ui.stats import bucket_max, summary
-
-
-@dataclass(slots=True)
-class RoundPoint:
-    """The figures of a round the charts, the level table and the timeline need."""
-
-    index: int
-    time: float
-    span_s: float  # engine time since the previous round ended (this round and any idle wait before it)
-    decode_step_s: float
-    round_s: float
-    bytes_moved: float
-    tokens: int
-    decode_bs: int
-    level: int
-    prefill_units: int
-    decode_units: int
-    idle: bool  # no request anywhere: nothing ran, nothing waits
-    itl_s: float | None  # the decode batch's token gap that ended in this round (None: no decode, or unknown)
-    prefill_ids: tuple[int, ...]  # requests of the first prefill in flight in the round (empty: none)
-    prefill_frac: float  # its layers done by the end of the layers in flight (done + k) / total
+from pdtop.ui.stats import summary
+from pdtop.ui.window_figures import RoundPoint
 
 
 @dataclass
@@ -89,18 +69,6 @@ class PrefillView:
     layers_total: int
     layers_per_round: int
     eta_s: float | None
-
-
-@dataclass
-class LevelStat:
-    """One row of the per-level table: where the engine spent the window, and the ITL there."""
-
-    level: int | None  # None: idle (no request anywhere)
-    prefill_units: int
-    decode_units: int
-    share: float  # of the window's engine time
-    itl_p50_s: float | None
-    itl_p99_s: float | None
 
 
 @dataclass
@@ -388,71 +356,17 @@ class DashboardState:
         total = sum(self.rounds[-i].round_s for i in range(1, n + 1))
         return total / n
 
-    def step_summary(self, rounds: list[RoundPoint] | None = None) -> tuple[float | None, float | None, float | None]:
-        """(p50, p99, max) of the decode step time over the window (rounds that decoded)."""
-        rounds = self.window() if rounds is None else rounds
-        return summary(r.decode_step_s for r in rounds if r.decode_bs > 0)
-
-    def step_series(self, buckets: int, rounds: list[RoundPoint] | None = None) -> list[float | None]:
-        """Worst decode step per time slice across the window, oldest first."""
-        rounds = self.window() if rounds is None else rounds
-        start, end = self.slices(buckets, rounds)
-        pts = [(r.time, r.decode_step_s) for r in rounds if r.decode_bs > 0]
-        return bucket_max(pts, start, end, buckets)
-
-    def slices(self, buckets: int, rounds: list[RoundPoint]) -> tuple[float, float]:
+    def slices(self, buckets: int) -> tuple[float, float]:
         """The charts' time range: `window_s` ending at the slice boundary after the latest round.
 
         Slice edges sit on multiples of the slice width, so a column keeps its rounds as time
         moves on (only the newest column changes until the next slice starts).
         """
-        if not rounds or buckets <= 0:
+        if not self.rounds or buckets <= 0:
             return 0.0, self.window_s
         width = self.window_s / buckets
         end = (math.floor(self.time / width) + 1) * width
         return end - self.window_s, end
-
-    def bandwidth(self, rounds: list[RoundPoint] | None = None) -> tuple[float | None, float | None]:
-        """(average over the window, last round) of estimated bytes/s: bytes_moved / round time."""
-        rounds = self.window() if rounds is None else rounds
-        busy = sum(r.round_s for r in rounds)
-        avg = sum(r.bytes_moved for r in rounds) / busy if busy > 0 else None
-        last = rounds[-1] if rounds else None
-        last_bps = last.bytes_moved / last.round_s if last and last.round_s > 0 else None
-        return avg, last_bps
-
-    def bandwidth_series(self, buckets: int, rounds: list[RoundPoint] | None = None) -> list[float | None]:
-        rounds = self.window() if rounds is None else rounds
-        start, end = self.slices(buckets, rounds)
-        pts = [(r.time, r.bytes_moved / r.round_s) for r in rounds if r.round_s > 0]
-        return bucket_max(pts, start, end, buckets)
-
-    def output_throughput(self, rounds: list[RoundPoint] | None = None) -> float | None:
-        """vLLM's output throughput: output tokens / elapsed engine time over the window (idle time counts)."""
-        rounds = self.window() if rounds is None else rounds
-        elapsed = sum(r.span_s for r in rounds)
-        return sum(r.tokens for r in rounds) / elapsed if elapsed > 0 else None
-
-    def level_stats(self, rounds: list[RoundPoint] | None = None) -> list[LevelStat]:
-        """Per level seen in the window (and idle): its share of engine time and the decode batch's ITL
-        p50/p99 in its rounds; levels in order, idle last."""
-        rounds = self.window() if rounds is None else rounds
-        spans: dict[int | None, float] = {}
-        gaps: dict[int | None, list[float]] = {}
-        units: dict[int | None, tuple[int, int]] = {}
-        for r in rounds:
-            key = None if r.idle else r.level
-            spans[key] = spans.get(key, 0.0) + r.span_s
-            units.setdefault(key, (r.prefill_units, r.decode_units))
-            if r.itl_s is not None:
-                gaps.setdefault(key, []).append(r.itl_s)
-        total = sum(spans.values())
-        out = []
-        for key in sorted(spans, key=lambda k: (k is None, k or 0)):
-            p50, p99, _ = summary(gaps.get(key, ()))
-            p, d = units[key]
-            out.append(LevelStat(key, p, d, spans[key] / total if total > 0 else 0.0, p50, p99))
-        return out
 
     def ttft_summary(self, last: int = 512) -> tuple[float | None, float | None]:
         """(p50, p99) of time to first token over the latest `last` requests."""

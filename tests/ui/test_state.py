@@ -5,6 +5,7 @@ import pytest
 
 from pdtop.telemetry.events import ErrorNotice, Hello
 from pdtop.ui.state import DashboardState
+from pdtop.ui.window_figures import bandwidth, level_stats, output_throughput, step_series, step_summary
 
 
 def test_hello_fills_engine_info_and_config(ev):
@@ -27,13 +28,13 @@ def test_rounds_give_split_itl_bandwidth_and_throughput(ev):
         s.ingest(ev.round(i, t, step=step))
     s.ingest(ev.round(5, t + 0.02, step=0.02, bs=0))  # a prefill-only round: not a decode step
     assert (s.level, s.prefill_units, s.decode_units) == (4, 88, 44)
-    p50, p99, worst = s.step_summary()
+    p50, p99, worst = step_summary(s.window())
     # sorted 10, 10, 11, 12, 50 ms: p99 sits 0.96 of the way from 12 to 50 (linear, numpy's default)
     assert p50 == pytest.approx(0.011) and p99 == pytest.approx(0.012 + 0.96 * 0.038) and worst == 0.050
-    avg, last = s.bandwidth()
+    avg, last = bandwidth(s.window())
     assert avg == pytest.approx(6 * 2e10 / (sum(steps) + 0.02))
     assert last == pytest.approx(2e10 / 0.02)
-    assert s.output_throughput() == pytest.approx(24 / (sum(steps) + 0.02))  # back to back: elapsed = busy
+    assert output_throughput(s.window()) == pytest.approx(24 / (sum(steps) + 0.02))  # back to back: elapsed = busy
     assert s.kv_usage == 0.5 and s.running == 0 and s.waiting == 1
 
 
@@ -42,9 +43,9 @@ def test_output_throughput_is_tokens_over_elapsed_time_not_busy_time(ev):
     s = DashboardState()
     for i, t in enumerate((1.0, 1.5, 2.0)):  # 10 ms rounds, 0.5 s apart
         s.ingest(ev.round(i, t, step=0.01, tokens=5))
-    assert s.output_throughput() == pytest.approx(15 / (0.01 + 0.5 + 0.5))
+    assert output_throughput(s.window()) == pytest.approx(15 / (0.01 + 0.5 + 0.5))
     s.ingest(ev.round(10, 2.01, step=0.01, tokens=5))  # rounds 3..9 missed: only this round's own time is known
-    assert s.output_throughput() == pytest.approx(20 / (0.01 + 1.0 + 0.01))
+    assert output_throughput(s.window()) == pytest.approx(20 / (0.01 + 1.0 + 0.01))
 
 
 def test_step_series_buckets_take_the_worst_step(ev):
@@ -52,7 +53,7 @@ def test_step_series_buckets_take_the_worst_step(ev):
     s.ingest(ev.hello)
     for i in range(100):
         s.ingest(ev.round(i, (i + 1) * 0.01, step=0.05 if i == 50 else 0.01))
-    series = s.step_series(10)
+    series = step_series(s.window(), s.slices(10), 10)
     assert len(series) == 10 and max(v for v in series if v is not None) == 0.05
     assert sum(1 for v in series if v == 0.05) == 1
 
@@ -132,7 +133,7 @@ def test_itl_and_time_share_per_level(ev):
     idle = ev.round(20, t + 0.05, step=0.0, bs=0)
     idle.update(waiting=0, running=0)
     s.ingest(idle)
-    by_level = {st.level: st for st in s.level_stats()}
+    by_level = {st.level: st for st in level_stats(s.window())}
     assert set(by_level) == {4, 7, None}
     total = 0.1 + 0.05 + 0.05
     assert by_level[4].share == pytest.approx(0.1 / total) and by_level[7].share == pytest.approx(0.05 / total)

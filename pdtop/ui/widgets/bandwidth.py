@@ -12,6 +12,7 @@ from pdtop.ui.chart import block_chart
 from pdtop.ui.state import DashboardState
 from pdtop.ui.widgets import scraped
 from pdtop.ui.widgets.base import Panel
+from pdtop.ui.window_figures import bandwidth, bandwidth_series
 
 
 def _hw_value(value: float | str) -> str:
@@ -32,7 +33,7 @@ class BandwidthPanel(Panel):
             self.hint_hidden = None
             return scraped.not_exposed(self, "bytes moved", state.scrape)
         rounds = state.window()
-        avg, last = state.bandwidth(rounds)
+        avg, last = bandwidth(rounds)
         peak = state.info.peak_bytes_per_s
         share = fmt.percent(avg / peak) if peak and avg is not None else "–"
         of_peak = [Text.assemble("  ", (share, "bold"), (" of ", "dim"), fmt.rate_bytes(peak))] if peak else []
@@ -50,7 +51,7 @@ class BandwidthPanel(Panel):
             self.hint_hidden = " ".join(line.plain for line in hw_lines)
             hw_lines = [Text("NVML n/a (reason at the top)", "dim")]
         height = max(1, self.inner_height - 1 - len(hw_lines))
-        values = state.bandwidth_series(self.inner_width, rounds)
+        values = bandwidth_series(rounds, state.slices(self.inner_width), self.inner_width)
         top = max([v for v in values if v is not None] + [peak or 0.0, 1.0])
         chart = block_chart(values, height, top, self.colour("chart"), peak, self.colour("slo"), self.colour("idle"))
         return Group(head, *chart, *hw_lines)

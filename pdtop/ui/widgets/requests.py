@@ -10,6 +10,7 @@ from pdtop.ui.chart import fill_bar
 from pdtop.ui.state import DashboardState
 from pdtop.ui.widgets import scraped
 from pdtop.ui.widgets.base import Panel
+from pdtop.ui.window_figures import output_throughput
 
 
 def _pair(label: str, p50: str, p99: str, note: str, wide: bool) -> Text:
@@ -43,7 +44,7 @@ class RequestsPanel(Panel):
         ttft = _pair("TTFT", fmt.duration(ttft50), fmt.duration(ttft99), "", wide)
         itl = _pair("ITL", fmt.ms(itl50), fmt.ms(itl99), "token gaps", wide)
         tpot = _pair("TPOT", fmt.ms(tpot50), fmt.ms(tpot99), "per request", wide)
-        out = Text.assemble(("output ", "dim"), (f"{fmt.count(state.output_throughput())} tok/s", "bold"),
+        out = Text.assemble(("output ", "dim"), (f"{fmt.count(output_throughput(state.window()))} tok/s", "bold"),
                             ("  over the last ", "dim") if wide else "", (fmt.duration(state.window_s), "dim") if wide
                             else "")
         counts = Text.assemble(("arrived ", "dim"), fmt.count(state.arrivals),

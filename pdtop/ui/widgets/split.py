@@ -8,9 +8,10 @@ from rich.text import Text
 from pdtop.telemetry.events import EngineConfig
 from pdtop.ui import format as fmt
 from pdtop.ui.chart import split_bar
-from pdtop.ui.state import DashboardState, LevelStat
+from pdtop.ui.state import DashboardState
 from pdtop.ui.widgets import scraped
 from pdtop.ui.widgets.base import Panel
+from pdtop.ui.window_figures import LevelStat, level_stats
 
 CELL_MIN = 30  # a table cell's width without its bar
 
@@ -72,7 +73,7 @@ class SplitPanel(Panel):
         """The level table in `rows` lines (one of them the column names), in one or two columns."""
         if rows < 2 or not state.levels:
             return []
-        stats = {s.level: s for s in state.level_stats()}
+        stats = {s.level: s for s in level_stats(state.window())}
         entries: list[tuple[int | None, int, int]] = [(i, p, d) for i, (p, d) in enumerate(state.levels)]
         if None in stats:
             entries.append((None, stats[None].prefill_units, stats[None].decode_units))

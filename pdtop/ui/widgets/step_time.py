@@ -10,6 +10,7 @@ from pdtop.ui.chart import block_chart
 from pdtop.ui.state import DashboardState
 from pdtop.ui.widgets import scraped
 from pdtop.ui.widgets.base import Panel
+from pdtop.ui.window_figures import step_series, step_summary
 from pdtop.ui.words import change_mark, change_words
 
 
@@ -21,7 +22,7 @@ class StepTimePanel(Panel):
         if state.scrape is not None:
             return scraped.latency_chart(self, state.scrape, state.itl_slo_s, self.inner_width, self.inner_height)
         rounds = state.window()
-        p50, p99, worst = state.step_summary(rounds)
+        p50, p99, worst = step_summary(rounds)
         slo = state.itl_slo_s
         over = sum(1 for r in rounds if r.decode_bs > 0 and slo is not None and r.decode_step_s > slo)
         decoded = sum(1 for r in rounds if r.decode_bs > 0)
@@ -52,7 +53,7 @@ class StepTimePanel(Panel):
             over_text = f"{fmt.percent(over / decoded)} over SLO · " if slo is not None and decoded else ""
             self.border_subtitle = over_text + window
         height = max(1, self.inner_height - len(lines) - 1)
-        values = state.step_series(width, rounds)
+        values = step_series(rounds, state.slices(width), width)
         top = max([v for v in values if v is not None] + [slo * 1.25 if slo else 0.0, 1e-3])
         rows = block_chart(values, height, top, self.colour("chart"), slo, self.colour("slo"), self.colour("idle"))
         for i, row in enumerate(rows):
@@ -64,7 +65,7 @@ class StepTimePanel(Panel):
     def _marks(self, state: DashboardState, rounds: list, width: int, axis: int) -> Text:
         """The bottom row: 0 on the axis, a letter under the slice where each config change happened,
         and the latest change in words where there is room."""
-        start, end = state.slices(width, rounds)
+        start, end = state.slices(width)
         cells = [" "] * width
         latest = None
         for change in state.config_changes:

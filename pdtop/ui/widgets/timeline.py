@@ -9,9 +9,10 @@ from rich.text import Text
 
 from pdtop.ui import format as fmt
 from pdtop.ui.chart import block_chart, split_band
-from pdtop.ui.state import DashboardState, RoundPoint
+from pdtop.ui.state import DashboardState
 from pdtop.ui.widgets import scraped
 from pdtop.ui.widgets.base import Panel
+from pdtop.ui.window_figures import RoundPoint
 
 LABEL = 8  # the lane names' column
 
