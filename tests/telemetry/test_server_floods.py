@@ -18,7 +18,8 @@ import time
 from conftest import Raw, steps
 from websockets.asyncio.client import connect
 
-from pdtop.telemetry.server.server import CONTROL_BURST, TelemetryServer
+from pdtop.telemetry.server.clients import CONTROL_BURST
+from pdtop.telemetry.server.server import TelemetryServer
 
 
 async def test_2000_config_changes_in_one_tick_leave_every_reading_client_connected(engine, server):

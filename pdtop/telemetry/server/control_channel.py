@@ -16,7 +16,8 @@ from pdtop.telemetry.recording.recorder import RecordingError
 from pdtop.telemetry.server.frames import FrameError, parse_control
 
 if TYPE_CHECKING:  # the server calls in here with itself: no import at run time
-    from pdtop.telemetry.server.server import Client, TelemetryServer
+    from pdtop.telemetry.server.clients import Client
+    from pdtop.telemetry.server.server import TelemetryServer
 
 
 def same_token(a: str, b: str) -> bool:

@@ -3,7 +3,7 @@
 The engine's sink only appends to a deque (`Inbox`): the engine thread never waits for
 the network. A pump task on the event loop takes what arrived every `tick` seconds (at
 most `max_event_rate` events a second: the newest; the rest are shed and counted),
-encodes each event once and hands the same text to every client's bounded queue and to
+encodes each event once and hands the same text to every client (`clients.fan_out`) and to
 the recorder. Clients that asked for `?batch=1` get one `batch` frame per tick instead of
 one frame per event. Each client has its own writer task, so a client that stops
 reading only loses its own oldest events (reported with `dropped`).
@@ -24,12 +24,11 @@ import itertools
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
-from websockets.asyncio.server import Server, ServerConnection, broadcast, serve
+from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 from websockets.typing import Origin
@@ -39,20 +38,17 @@ from pdtop.telemetry.quiet_log import QuietLog
 from pdtop.telemetry.recording.record_dir import open_new_in, recordings_dir
 from pdtop.telemetry.recording.recorder import Recorder, RecordingError
 from pdtop.telemetry.server.client_queue import ClientQueue, QueueOverflow
+from pdtop.telemetry.server.clients import Client, fan_out
 from pdtop.telemetry.server.config_merge import merge_configs
 from pdtop.telemetry.server.control_channel import handle_control, same_token
 from pdtop.telemetry.server.frames import WIRE_MAX_SIZE
 from pdtop.telemetry.server.inbox import Inbox
-from pdtop.telemetry.server.rate import TokenBucket
 
 if TYPE_CHECKING:
     from pdtop.engine.engine import Engine
 
 log = logging.getLogger("pdtop.telemetry.server.server")
 
-DIRECT_WRITE_LIMIT = 32 * 1024  # websockets' default high-water mark: above it, queue instead
-CONTROL_RATE, CONTROL_BURST = 20.0, 40.0  # control messages a second per connection
-AUTH_RATE, AUTH_BURST = 1.0, 3.0  # `auth` attempts a second per connection
 
 
 def is_loopback(host: str) -> bool:
@@ -62,22 +58,6 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-@dataclass(eq=False)
-class Client:
-    """The server's record of one connection."""
-
-    id: str
-    ws: ServerConnection
-    queue: ClientQueue
-    authorized: bool  # may send control messages
-    batch: bool  # asked for `batch` frames
-    shed_base: int = 0  # the inbox's shed count when it connected: what was shed before is not its loss
-    frames_sent: int = 0
-    closing: bool = False  # being closed for not reading: its messages are no longer handled
-    messages: TokenBucket = field(default_factory=lambda: TokenBucket(CONTROL_RATE, CONTROL_BURST))
-    auths: TokenBucket = field(default_factory=lambda: TokenBucket(AUTH_RATE, AUTH_BURST))
 
 
 class TelemetryServer:
@@ -289,38 +269,7 @@ class TelemetryServer:
                 self._send_priority(client, merged)
         if frames or shed:
             self.events_published += len(frames)
-            self._fan_out(clients, frames, shed_before, shed_total)
-
-    def _fan_out(self, clients: list[Client], frames: list[str], shed_before: int, shed_total: int) -> None:
-        """The same text to every client. A batch client that is caught up (nothing queued,
-        little unsent) gets its batch written straight to its socket in one `broadcast` call,
-        no task switch; every other client's frames go through its queue and writer task.
-        A client is told only of events shed since it connected."""
-        shed = shed_total - shed_before
-        direct: list[ServerConnection] = []
-        batch = None
-        for client in clients:
-            if client.closing:
-                continue
-            q = client.queue
-            lost = shed_total - max(shed_before, client.shed_base)
-            if client.batch and not q and lost == shed and _unsent(client.ws) < DIRECT_WRITE_LIMIT:
-                direct.append(client.ws)
-                client.frames_sent += 1
-                continue
-            if lost > 0:
-                q.lose(lost)
-            if not frames:
-                continue
-            if client.batch:
-                batch = batch or _batch(frames)
-                q.put(batch, len(frames))
-            else:
-                for frame in frames:
-                    q.put(frame)
-        if direct:
-            lost_note = [ev.encode(ev.dropped_event(shed))] if shed else []
-            broadcast(direct, _batch(lost_note + frames))
+            fan_out(clients, frames, shed_before, shed_total)
 
     def _send_priority(self, client: Client, frame: str) -> None:
         if client.closing:
@@ -405,18 +354,6 @@ class TelemetryServer:
         except Exception:
             self.quiet.warning("writer", "writer for %s", client.id, exc_info=True)
             await ws.close(1011, "server error")
-
-
-def _batch(frames: list[str]) -> str:
-    return f'{{"type":"batch","v":{ev.PROTOCOL_VERSION},"events":[{",".join(frames)}]}}'
-
-
-def _unsent(ws: ServerConnection) -> int:
-    """Bytes written to the socket's transport but not yet sent (huge if it is gone)."""
-    try:
-        return ws.transport.get_write_buffer_size()
-    except Exception:
-        return 1 << 62
 
 
 def _query(ws: ServerConnection) -> dict[str, str]:
