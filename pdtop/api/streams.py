@@ -59,7 +59,7 @@ class Completion:
         self.queue: asyncio.Queue[Chunk] = asyncio.Queue()
         self.request: Request | None = None  # set by the caller once enqueued (for `Engine.abort`)
         self._mailbox = mailbox
-        self._decoder = tokenizer.stream_decoder()
+        self._decoder = tokenizer.stream_decoder(skip_special=True)  # as vLLM by default (skip_special_tokens)
         self._stops = list(stops)
         self._held = ""  # text that may be the start of a stop string
         self._tokens = 0

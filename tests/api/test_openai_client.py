@@ -121,3 +121,23 @@ def test_sixteen_concurrent_streams_all_complete(live):
     assert all(reason == "length" and tokens == 8 and text for text, reason, tokens in results)
     rounds = [r for r in live.records[n:] if isinstance(r, RoundRecord)]
     assert max(r.decode_bs for r in rounds) > 1  # they were batched together
+
+
+def test_special_tokens_stay_out_of_the_text_as_in_vllm(tokenizer):
+    """vLLM's `skip_special_tokens` default: control tokens are not written into the text. A simulated GPU
+    runs no model, and its placeholder tokens (token 0, a control token here) give no text, only usage."""
+    from pdtop.engine.build import build_engine
+
+    from .live_api import LiveApi
+
+    assert 0 in tokenizer.special_ids
+    sim = LiveApi(build_engine("sim:H100", workload=None), tokenizer)
+    try:
+        client = openai.OpenAI(base_url=sim.url, api_key="unused", max_retries=0)
+        chat = client.chat.completions.create(model=sim.engine.model_name, max_tokens=5,
+                                              messages=[{"role": "user", "content": QUESTION}])
+        assert chat.choices[0].message.content == "" and chat.usage.completion_tokens == 5
+        streamed = client.completions.create(model=sim.engine.model_name, prompt="Hello", max_tokens=4, stream=True)
+        assert "".join(c.choices[0].text for c in streamed if c.choices) == ""
+    finally:
+        sim.close()
