@@ -23,9 +23,9 @@ static inline v16 exp16(v16 x) {
     x = x * 1.4426950408889634f;
     const i16 under = x < -126.f;
     x = vmax(x, splat(-126.f));
-    v16 fl;
-    for (int k = 0; k < 16; ++k) fl[k] = __builtin_floorf(x[k]);
-    const v16 f = x - fl;
+    i16 n = __builtin_convertvector(x, i16); /* toward zero; one less where that rounded up (x < 0) */
+    n += (i16)(__builtin_convertvector(n, v16) > x);
+    const v16 f = x - __builtin_convertvector(n, v16);
     v16 p = splat(1.5353362e-4f);
     p = p * f + 1.3398874e-3f;
     p = p * f + 9.6184197e-3f;
@@ -33,8 +33,7 @@ static inline v16 exp16(v16 x) {
     p = p * f + 2.4022650e-1f;
     p = p * f + 6.9314718e-1f;
     p = p * f + 1.0f;
-    i16 e;
-    for (int k = 0; k < 16; ++k) e[k] = ((int32_t)fl[k] + 127) << 23;
+    const i16 e = (n + 127) << 23;
     return (v16)(~under & (i16)(p * (v16)e));
 }
 
