@@ -27,6 +27,7 @@ import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -100,17 +101,27 @@ def _library(name: str) -> ctypes.CDLL | None:
             return None
 
 
+def _c_function(library: str, symbol: str, argtypes: list[Any]) -> Any:
+    """`symbol` of `csrc/{library}.c`, a function returning nothing, with its argument types set; None
+    when the library is unavailable."""
+    lib = _library(library)
+    if lib is None:
+        return None
+    fn = getattr(lib, symbol)
+    fn.restype = None
+    fn.argtypes = argtypes
+    return fn
+
+
 @functools.cache
 def decode_attention() -> DecodeAttention | None:
     """`f(q [n, h, d] (rows may be strided), cache [2, kvh, S, d], slots [n, L] int64, lens [n] int64, scale)`
     -> `[n, h, d]`: each row's attention over its first `lens[i]` slots; None when the kernel is unavailable."""
-    lib = _library("decode_attention")
-    if lib is None:
-        return None
-    fn = lib.pdtop_decode_attention_f32
-    fn.restype = None
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-    fn.argtypes = [ptr, i64, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, ctypes.c_float]
+    fn = _c_function("decode_attention", "pdtop_decode_attention_f32",
+                     [ptr, i64, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, ctypes.c_float])
+    if fn is None:
+        return None
 
     def attend(q: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor, lens: torch.Tensor,
                scale: float) -> torch.Tensor:
@@ -136,12 +147,10 @@ def decode_attention() -> DecodeAttention | None:
 def silu_mul() -> Callable[[torch.Tensor], torch.Tensor] | None:
     """`f(x [n, 2f] float32, rows contiguous, f a multiple of 16)` -> `silu(x[:, :f]) * x[:, f:]`
     (`[n, f]`); None when the kernel is unavailable."""
-    lib = _library("silu_mul")
-    if lib is None:
+    fn = _c_function("silu_mul", "pdtop_silu_mul_f32",
+                     [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64])
+    if fn is None:
         return None
-    fn = lib.pdtop_silu_mul_f32
-    fn.restype = None
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
 
     def act(x: torch.Tensor) -> torch.Tensor:
         n, f = x.shape[0], x.shape[1] // 2
@@ -164,13 +173,10 @@ def rope_kv() -> RopeKV | None:
     """`f(qkv [t, (h + 2 kvh) d], rot [t, 1, d/2] complex64, cache [2, kvh, S, d], slots [t] int64, h, kvh)`:
     RoPE on the q and k heads of `qkv` in place (adjacent pairs), then each row's k and v written to
     `cache` at its slot; float32, rows contiguous. None when the kernel is unavailable."""
-    lib = _library("rope_kv")
-    if lib is None:
-        return None
-    fn = lib.pdtop_rope_kv_f32
-    fn.restype = None
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-    fn.argtypes = [ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64, i64]
+    fn = _c_function("rope_kv", "pdtop_rope_kv_f32", [ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64, i64])
+    if fn is None:
+        return None
 
     def apply(qkv: torch.Tensor, rot: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor, h: int, kvh: int) -> None:
         fn(qkv.data_ptr(), qkv.stride(0), rot.data_ptr(), cache.data_ptr(), slots.data_ptr(), qkv.shape[0],
@@ -200,13 +206,10 @@ AddRmsNorm = Callable[[torch.Tensor, "torch.Tensor | None", torch.Tensor, float]
 def add_rms_norm() -> AddRmsNorm | None:
     """`f(x [n, dim], delta [n, dim] or None, w [dim], eps)` -> `(rmsnorm(s) * w, s)` with `s = x + delta`
     (`None` for s without delta); float32, rows contiguous, dim a multiple of 16. None when unavailable."""
-    lib = _library("rms_norm")
-    if lib is None:
-        return None
-    fn = lib.pdtop_add_rms_norm_f32
-    fn.restype = None
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-    fn.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, ctypes.c_float]
+    fn = _c_function("rms_norm", "pdtop_add_rms_norm_f32", [ptr, ptr, ptr, ptr, ptr, i64, i64, ctypes.c_float])
+    if fn is None:
+        return None
 
     def norm(x: torch.Tensor, delta: torch.Tensor | None, w: torch.Tensor,
              eps: float) -> tuple[torch.Tensor, torch.Tensor | None]:
