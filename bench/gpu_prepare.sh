@@ -2,12 +2,13 @@
 # Run on the development machine (it reaches PyPI) before `bench/gpu_run.sh` on a lent GPU machine
 # (which does not): downloads into .whl/ (ignored by git, sent with the run's `carry: [".whl"]`) the
 # Python 3.12 wheels the GPU machine lacks and the GPU tests need. gpu_check.py itself needs none:
-# only tests/telemetry/test_nvml_sampler.py does (its conftest imports websockets). About 0.2 MB.
+# only tests/telemetry/test_nvml_sampler.py does (its conftest imports the telemetry server: websockets
+# and orjson). About 0.3 MB.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
 mkdir -p .whl
 "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-  --platform manylinux1_x86_64 -d .whl "websockets==15.0.1"
+  --platform manylinux1_x86_64 -d .whl "websockets==15.0.1" "orjson==3.11.3"
 ls -l .whl
