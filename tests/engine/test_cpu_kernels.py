@@ -130,3 +130,14 @@ def test_rope_kv_kernel_matches_torch_rope_and_cache_write(rows, h, kvh, d):
     assert (qkv.double() - want).abs().max() < 1e-4
     assert (cache.double() - want_cache).abs().max() < 1e-4
     assert torch.equal(wide[:, width:], pad)
+
+
+def test_rope_kv_refuses_what_it_does_not_take():
+    qkv, cache, slots = torch.zeros(4, 15 * 64), torch.zeros(2, 3, 32, 64), torch.arange(4)
+    rot = torch.polar(torch.ones(4, 1, 32), torch.zeros(4, 1, 32))
+    assert cpu_kernels.fits_rope_kv(qkv, rot, cache, slots)
+    assert not cpu_kernels.fits_rope_kv(qkv.bfloat16(), rot, cache, slots)
+    assert not cpu_kernels.fits_rope_kv(qkv, rot[:, :, :16].contiguous(), cache, slots)  # half the head rotated
+    assert not cpu_kernels.fits_rope_kv(qkv, rot[:2], cache, slots)  # not one rotation per row
+    assert not cpu_kernels.fits_rope_kv(qkv, rot, cache.transpose(2, 3), slots)
+    assert not cpu_kernels.fits_rope_kv(qkv, rot, cache, slots.int())

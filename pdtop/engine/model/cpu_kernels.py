@@ -231,9 +231,10 @@ def add_rms_norm() -> AddRmsNorm | None:
 
 def fits_rope_kv(qkv: torch.Tensor, rot: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) -> bool:
     """Whether `rope_kv` takes these: float32 CPU tensors, qkv rows contiguous, rot complex64 with
-    one rotation per row, the cache and slots contiguous."""
+    one rotation per row over the whole head, the cache and slots contiguous."""
     return (qkv.dtype == torch.float32 and qkv.is_cpu and qkv.dim() == 2 and qkv.stride(1) == 1
             and rot.dtype == torch.complex64 and rot.is_contiguous() and rot.shape[0] == qkv.shape[0]
+            and 2 * rot.shape[-1] == cache.shape[3]
             and cache.dtype == torch.float32 and cache.is_contiguous() and slots.dtype == torch.int64
             and slots.is_contiguous())
 
