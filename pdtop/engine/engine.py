@@ -55,7 +55,7 @@ class Engine:
         self.temperature, self.seed = temperature, seed
         self.limits = limits or QueueLimits()
         self.refused = dict.fromkeys(SOURCES, 0)  # requests refused over the caps, by source
-        self._sinks: tuple[Sink, ...] = ()  # replaced whole, never mutated: other threads add and remove
+        self._sinks: tuple[Sink, ...] = ()  # replaced whole, never mutated: the engine thread iterates it
         self._failed_sinks: dict[Sink, int] = {}  # sinks that raised, and how often
         self._pending: deque[tuple[Change, str | None]] = deque()
         self._plan: Plan | None = None  # the state once every queued change is applied; None: the current one
@@ -76,7 +76,8 @@ class Engine:
 
     # -- what clients see ------------------------------------------------------------------
     def add_sink(self, sink: Sink) -> None:
-        """Call `sink(record)` on the engine thread for every record; thread-safe."""
+        """Call `sink(record)` on the engine thread for every record. Safe while the engine runs (it
+        reads the tuple of sinks once per record); adds and removes come from one thread at a time."""
         self._sinks = (*self._sinks, sink)
 
     def remove_sink(self, sink: Sink) -> None:

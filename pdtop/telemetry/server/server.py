@@ -50,7 +50,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("pdtop.telemetry.server.server")
 
 
-
 def is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
