@@ -33,10 +33,9 @@ from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
 from pdtop.engine.scheduling.scheduler import Scheduler
 from pdtop.engine.scheduling.splits import SplitTable
 from pdtop.engine.scheduling.workload import LONG_PROMPT_TOKENS, Arrival, PromptMaker, Workload
+from pdtop.engine.sinks import Record, Sink, Sinks
 from pdtop.engine.updates import OnUpdate, Watchers
 
-Record = RoundRecord | RequestRecord | ConfigChange | ControlFailure
-Sink = Callable[[Record], None]
 IDLE_S = 0.05  # how long an idle round waits for arrivals (a real device wakes early when a request comes)
 MAX_REFUSALS_HELD = 4096  # refusals reported per round boundary at most; the counts in describe() keep the rest
 
@@ -55,8 +54,7 @@ class Engine:
         self.temperature, self.seed = temperature, seed
         self.limits = limits or QueueLimits()
         self.refused = dict.fromkeys(SOURCES, 0)  # requests refused over the caps, by source
-        self._sinks: tuple[Sink, ...] = ()  # replaced whole, never mutated: the engine thread iterates it
-        self._failed_sinks: dict[Sink, int] = {}  # sinks that raised, and how often
+        self.sinks = Sinks()
         self._pending: deque[tuple[Change, str | None]] = deque()
         self._plan: Plan | None = None  # the state once every queued change is applied; None: the current one
         self._deferred_policy: tuple[str, str | None] | None = None
@@ -76,33 +74,16 @@ class Engine:
 
     # -- what clients see ------------------------------------------------------------------
     def add_sink(self, sink: Sink) -> None:
-        """Call `sink(record)` on the engine thread for every record. Safe while the engine runs (it
-        reads the tuple of sinks once per record); adds and removes come from one thread at a time."""
-        self._sinks = (*self._sinks, sink)
+        """Call `sink(record)` on the engine thread for every record (`sinks.py` says who may add)."""
+        self.sinks.add(sink)
 
     def remove_sink(self, sink: Sink) -> None:
-        self._sinks = tuple(s for s in self._sinks if s != sink)
-
-    @property
-    def sinks(self) -> tuple[Sink, ...]:
-        return self._sinks
+        self.sinks.remove(sink)
 
     def _emit(self, record: Record) -> None:
         if isinstance(record, RequestRecord):
             self._count(record)
-        for sink in self._sinks:
-            try:
-                sink(record)
-            except Exception:  # a broken watcher must not stop the engine
-                self._sink_failed(sink)
-
-    def _sink_failed(self, sink: Sink) -> None:
-        """Logged the first time with the traceback, then at every power of two."""
-        n = self._failed_sinks[sink] = self._failed_sinks.get(sink, 0) + 1
-        if n == 1:
-            log.exception("a sink failed (%r); the engine goes on", sink)
-        elif n & (n - 1) == 0:
-            log.warning("a sink has failed %d times (%r)", n, sink)
+        self.sinks.emit(record)
 
     def _count(self, record: RequestRecord) -> None:
         if record.kind == "arrival":

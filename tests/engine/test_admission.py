@@ -161,5 +161,5 @@ def test_a_sink_that_raises_neither_stops_the_engine_nor_the_other_sinks(caplog)
     assert 1 <= len(failures) <= 8  # once with the traceback, then at powers of two: quiet under a flood
     assert "a broken watcher" in caplog.text
     engine.remove_sink(broken)
-    assert engine.sinks == (seen.append,)
+    assert engine.sinks.all == (seen.append,)
     engine.close()

@@ -126,25 +126,25 @@ async def test_with_nobody_listening_the_engine_carries_no_telemetry_sink(engine
     """No client and no recording: the server takes its sink off the engine, so the rounds
     pay nothing for telemetry; a client or a recording puts it back and gets every round."""
     await asyncio.sleep(0.05)  # a few ticks
-    assert engine.sinks == ()
+    assert engine.sinks.all == ()
     await steps(engine, 20)
     client = await Raw.open(server.url)
     await client.wait(lambda c: c.events)
-    assert len(engine.sinks) == 1
+    assert len(engine.sinks.all) == 1
     await steps(engine, 30)
     await client.wait(lambda c: len(c.of("round")) >= 30)
     assert [e["index"] for e in client.of("round")] == list(range(20, 50))
     assert not client.of("dropped")  # what ran before it came is not its loss
     await client.close()
     await asyncio.sleep(0.05)
-    assert engine.sinks == ()
+    assert engine.sinks.all == ()
     await steps(engine, 10)
     server.start_recording(str(tmp_path / "r.jsonl"), confined=False)
-    assert len(engine.sinks) == 1
+    assert len(engine.sinks.all) == 1
     await steps(engine, 10)
     await asyncio.sleep(0.05)
     path = server.stop_recording()
     rounds = [e["index"] for _, e in read_recording(path) if e["type"] == "round"]
     assert rounds == list(range(60, 70))
     await asyncio.sleep(0.05)
-    assert engine.sinks == ()
+    assert engine.sinks.all == ()
