@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pdtop.engine.build import build_engine
 from pdtop.engine.records import ConfigChange
+from pdtop.engine.scheduling.commands import Inject
 from pdtop.engine.scheduling.workload import WorkloadSpec
 from pdtop.telemetry import encode as ev
 from pdtop.telemetry.recording.recorder import Recorder
@@ -44,7 +45,7 @@ def record(path: Path, rounds: int, rate: float, seed: int = 0) -> tuple[int, fl
     engine.add_sink(sink)
     for i in range(rounds):
         if i % 1500 == 1000:
-            engine.control({"cmd": "inject", "prompt_tokens": 16384})
+            engine.control(Inject(16384))
         engine.step()
     rec.close()
     engine.close()

@@ -15,6 +15,7 @@ import os
 
 from pdtop.analysis.metrics import percentile
 from pdtop.engine.build import build_engine
+from pdtop.engine.scheduling.commands import Set
 
 
 def main() -> None:
@@ -39,7 +40,7 @@ def main() -> None:
             engine.step()
         for _ in range(args.rounds):
             for budget in budgets:
-                engine.control({"cmd": "set", "split_forward_token_budget": budget})
+                engine.control(Set({"split_forward_token_budget": budget}))
                 engine.step()
                 req = engine.submit(engine.prompts.make(args.prompt), 1, ignore_eos=True)
                 while not req.output_ids:

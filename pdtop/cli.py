@@ -14,7 +14,7 @@ import sys
 from pdtop import __version__
 
 # (name, module, one-line help). Order is the order `pdtop --help` lists them.
-COMMANDS: list[tuple[str, str, str]] = [
+SUBCOMMANDS: list[tuple[str, str, str]] = [
     ("dashboard", "pdtop.commands.dashboard", "start the embedded engine and watch it in the dashboard (the default)"),
     ("attach", "pdtop.commands.attach", "attach the dashboard to a running `pdtop serve`"),
     ("replay", "pdtop.commands.replay", "play a recording in the dashboard"),
@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"pdtop {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, module_name, help_text in COMMANDS:
+    for name, module_name, help_text in SUBCOMMANDS:
         module = importlib.import_module(module_name)
         p = sub.add_parser(name, help=help_text, description=(module.__doc__ or help_text).strip())
         module.add_arguments(p)

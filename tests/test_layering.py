@@ -37,10 +37,10 @@ def test_telemetry_imports_neither_ui_nor_textual():
 
 
 def test_every_command_explains_itself():
-    from pdtop.cli import COMMANDS
+    from pdtop.cli import SUBCOMMANDS
 
     top = subprocess.run([sys.executable, "-m", "pdtop", "--help"], capture_output=True, text=True, check=True).stdout
-    for name, _, _ in COMMANDS:
+    for name, _, _ in SUBCOMMANDS:
         assert name in top
         sub = subprocess.run([sys.executable, "-m", "pdtop", name, "--help"], capture_output=True, text=True)
         assert sub.returncode == 0, sub.stderr

@@ -46,6 +46,7 @@ from pdtop.engine.engine import Engine
 from pdtop.engine.errors import EngineError, FieldError, PromptError
 from pdtop.engine.request import Request
 from pdtop.engine.roofline.partition import arch_constraints
+from pdtop.engine.scheduling.commands import Set
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
 from pdtop.engine.scheduling.splits import SplitTable, prefill_layers_per_step
 
@@ -119,19 +120,19 @@ def _step_until_first_token(engine: Engine, reqs: list[Request]) -> None:
 
 
 def changes_to(engine: Engine, config: PdmuxConfig) -> dict[str, Any]:
-    """The `set` fields that take the engine from its configuration to `config`."""
+    """The `Set` values that take the engine from its configuration to `config`."""
     now = engine.config.to_dict()
     return {k: v for k, v in config.for_device(engine.device.kind).to_dict().items() if now[k] != v}
 
 
 def measure(engine: Engine, sc: Scenario, slo: Slo, config: PdmuxConfig) -> Measurement:
     """Run the scenario on a fresh `engine` with `config` applied after the warm-up (see the module doc)."""
-    engine.control({"cmd": "set", "policy": "prefill-first"})
+    engine.control(Set({"policy": "prefill-first"}))
     decoders = [engine.submit(engine.prompts.make(sc.decode_prompt), decode_max_tokens(engine, sc), ignore_eos=True)
                 for _ in range(sc.decode_bs)]
     _step_until_first_token(engine, decoders)
     steps = [rec.decode_step_s for rec in (engine.step() for _ in range(WARMUP_ROUNDS)) if rec.decode_bs]
-    engine.control({"cmd": "set", "policy": "pdmux", **changes_to(engine, config)})
+    engine.control(Set({"policy": "pdmux", **changes_to(engine, config)}))
     engine.step()  # applied at this round's start
     if changes_to(engine, config) or engine.scheduler.policy != "pdmux":
         raise EngineError(f"the engine did not take the candidate {config}")

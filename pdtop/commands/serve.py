@@ -14,7 +14,7 @@ messages (pin a level, change knobs, inject a long prompt) on the same connectio
 The first line on stdout is `pdtop serve: listening on ws://HOST:PORT` (with --port 0
 the port is picked for you). Binding anything but a loopback address needs --token;
 with a token set, clients without it (`ws://HOST:PORT/?token=...` or a first message
-{"cmd": "auth", "token": ...}) may watch but not control. Browser pages are refused
+an `auth` message with the token) may watch but not control. Browser pages are refused
 unless their origin is allowed (--allow-origin), and clients may record only to new
 files inside --record-dir. Ctrl-C stops cleanly; if the engine stops on an error, serve
 says so in one line and exits 1.
@@ -93,7 +93,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a browser origin allowed to connect, e.g. http://localhost:3000 (repeatable; "
                              "default none: pages on other sites cannot reach the server)")
     parser.add_argument("--record-dir", metavar="DIR",
-                        help="where clients' record_start may create recordings (default: the working directory)")
+                        help="where clients may start recordings (default: the working directory)")
     parser.add_argument("--max-clients", type=int, default=64, metavar="N",
                         help="connections served at once (default 64)")
     parser.add_argument("--progress", action="store_true", default=sys.stderr.isatty(),

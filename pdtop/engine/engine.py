@@ -1,34 +1,45 @@
 """The engine: scheduler + workload + live control, reporting every round to its sinks.
 
-One thread runs the rounds (`run`). `control` may be called from any thread: it
-validates at once against the state the change will meet (the changes queued before it
-included; ControlError, nothing changed) and queues the change, which is applied at the
-next round boundary and reported as a `ConfigChange`. Applying checks it again: a change
-that fails there is reported as a `ControlFailure`, and the rounds go on.
+One thread runs the rounds (`run`). `control` may be called from any thread with a command
+(`pdtop.engine.scheduling.commands`): it is checked at once against the state it will meet
+(ControlError, nothing changed) and queued (`ControlQueue`), then applied at the next round
+boundary and reported as a `ConfigChange`. Applying checks it again: a change that fails
+there is reported as a `ControlFailure`, and the rounds go on.
 
 Requests: `submit` adds one at once, on the engine's thread (the workload, benchmarks,
 tests). From any other thread (the HTTP API), `enqueue` queues one for the next round
 boundary and streams its tokens back through a callback, and `abort` ends one there.
-Both refuse work over the waiting-queue caps (`QueueLimits`) with `QueueFullError`,
-and every refusal is reported as a request that arrived and finished "rejected".
+Both refuse work over the waiting-queue caps with `QueueFullError` (`Intake`), and every
+refusal is reported as a request that arrived and finished "rejected".
 """
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING, Any
 
+from pdtop.engine.control_queue import ControlQueue
 from pdtop.engine.devices.base import Device
 from pdtop.engine.errors import ControlError, EngineError, FieldError, PromptError, QueueFullError
-from pdtop.engine.records import ConfigChange, RequestRecord, RoundRecord
-from pdtop.engine.request import SOURCES, Request, SamplingParams
+from pdtop.engine.intake import Intake
+from pdtop.engine.records import ConfigChange, ControlFailure, RequestRecord, RoundRecord
+from pdtop.engine.request import Request, SamplingParams
 from pdtop.engine.runtime.executor import Executor
 from pdtop.engine.runtime.heap import freeze_startup_heap
 from pdtop.engine.scheduling.admission import QueueLimits
-from pdtop.engine.scheduling.control import Change, ControlFailure, Plan, subject, validate
+from pdtop.engine.scheduling.commands import (
+    AutoLevel,
+    EngineCommand,
+    Inject,
+    PauseWorkload,
+    PinLevel,
+    ResumeWorkload,
+    Set,
+)
+from pdtop.engine.scheduling.control import Change, check
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
 from pdtop.engine.scheduling.scheduler import Scheduler
 from pdtop.engine.scheduling.splits import SplitTable
@@ -36,37 +47,37 @@ from pdtop.engine.scheduling.workload import LONG_PROMPT_TOKENS, Arrival, Prompt
 from pdtop.engine.sinks import Record, Sink, Sinks
 from pdtop.engine.updates import OnUpdate, Watchers
 
+if TYPE_CHECKING:
+    from pdtop.engine.model.tokenizer import Tokenizer
+
 IDLE_S = 0.05  # how long an idle round waits for arrivals (a real device wakes early when a request comes)
-MAX_REFUSALS_HELD = 4096  # refusals reported per round boundary at most; the counts in describe() keep the rest
+INJECT_MAX_TOKENS = 64  # an injected request's output when the command gives none
 
 log = logging.getLogger("pdtop.engine")
+
+Diff = dict[str, dict[str, Any]]  # field -> {"old": ..., "new": ...}
+
+
+def _note(diff: Diff, name: str, old: Any, new: Any) -> None:
+    if old != new:
+        diff[name] = {"old": old, "new": new}
 
 
 class Engine:
     def __init__(self, *, device: Device, executor: Executor, table: SplitTable, config: PdmuxConfig,
                  policy: str, workload: Workload | None, prompts: PromptMaker, model_name: str,
-                 temperature: float = 0.0, seed: int = 0, limits: QueueLimits | None = None, tokenizer: Any = None):
+                 temperature: float = 0.0, seed: int = 0, limits: QueueLimits | None = None,
+                 tokenizer: Tokenizer | None = None):
         self.device, self.executor, self.model_name = device, executor, model_name
         self.scheduler = Scheduler(device, executor, table, config, policy)
         self.workload = workload
         self.prompts = prompts
-        self.tokenizer = tokenizer  # the model file's `Tokenizer`; None for synthetic models
-        self.temperature, self.seed = temperature, seed
+        self.tokenizer = tokenizer  # the model file's; None for synthetic models
         self.limits = limits or QueueLimits()
-        self.refused = dict.fromkeys(SOURCES, 0)  # requests refused over the caps, by source
+        self.intake = Intake(self.scheduler, self.limits, temperature=temperature, seed=seed)
+        self.controls = ControlQueue()
         self.sinks = Sinks()
-        self._pending: deque[tuple[Change, str | None]] = deque()
-        self._plan: Plan | None = None  # the state once every queued change is applied; None: the current one
-        self._deferred_policy: tuple[str, str | None] | None = None
-        self._lock = threading.Lock()
-        self._next_id = 0
-        # filled by any thread under the lock, taken at round boundaries by the engine's
-        self._incoming: deque[tuple[Request, OnUpdate | None]] = deque()
-        self._incoming_tokens = 0
-        self._injects = [0, 0]  # injects accepted and not yet applied: [count, prompt tokens], held in the caps
-        self._aborts: deque[tuple[Request, str]] = deque()
-        self._refusals: deque[tuple[RequestRecord, RequestRecord]] = deque(maxlen=MAX_REFUSALS_HELD)
-        self._wake = threading.Event()  # set when work comes in, so an idle round ends early
+        self._deferred_policy: tuple[str, str | None] | None = None  # (policy, client) once prefill is done
         self._watchers = Watchers()  # engine thread only
         self.totals = {"arrived": 0, "first_token": 0, "finished": 0, "rejected": 0}  # since the engine started
         self._open: list[tuple[Arrival, Request]] = []  # closed-loop and periodic requests not finished yet
@@ -80,7 +91,8 @@ class Engine:
     def remove_sink(self, sink: Sink) -> None:
         self.sinks.remove(sink)
 
-    def _emit(self, record: Record) -> None:
+    def _report(self, record: Record) -> None:
+        """Hand `record` to every sink (request records are counted in `totals` first)."""
         if isinstance(record, RequestRecord):
             self._count(record)
         self.sinks.emit(record)
@@ -92,6 +104,11 @@ class Engine:
             self.totals["first_token"] += 1
         elif record.kind == "finish":
             self.totals["rejected" if record.finish_reason == "rejected" else "finished"] += 1
+
+    @property
+    def refused(self) -> dict[str, int]:
+        """Requests refused over the caps since the engine started, by source."""
+        return self.intake.refused
 
     @property
     def config(self) -> PdmuxConfig:
@@ -123,68 +140,72 @@ class Engine:
         return max(1, self.executor.cfg.max_context - 1)
 
     # -- control ---------------------------------------------------------------------------
-    def control(self, msg: Any, client: str | None = None) -> None:
-        """Validate now against the state it will meet (ControlError changes nothing); apply at the
-        next round boundary."""
-        with self._lock:
-            plan = self._plan or Plan(self.config, self.scheduler.table)
-            change = validate(msg, config=plan.config, table=plan.table, max_prompt=self.max_prompt)
-            if change.cmd == "inject":  # its room in the queue is held until it is applied
-                tokens = self._inject_tokens(change)
-                try:
-                    self._check_room(tokens, "inject", self.device.now())
-                except QueueFullError as exc:
-                    raise ControlError("inject", str(exc)) from None
-                self._injects[0] += 1
-                self._injects[1] += tokens
-            self._pending.append((change, client))
-            self._plan = plan.after(change)
-        self._wake.set()
+    def control(self, command: EngineCommand, client: str | None = None) -> None:
+        """Check `command` now against the state it will meet (ControlError changes nothing); apply it at
+        the next round boundary. `client` names who asked, in the `ConfigChange` it gives."""
+        self.controls.put(command, client, config=self.config, table=self.scheduler.table,
+                          max_prompt=self.max_prompt, admit=self._admit)
+        self.intake.wake.set()
 
-    def _apply(self, change: Change, client: str | None) -> dict[str, dict[str, Any]]:
+    def _admit(self, change: Change) -> None:
+        """An inject holds its room in the queue until it is applied."""
+        if isinstance(change.command, Inject):
+            try:
+                self.intake.hold(self._inject_tokens(change.command), self.device.now())
+            except QueueFullError as exc:
+                raise ControlError(Inject.name, str(exc)) from None
+
+    def _inject_tokens(self, command: Inject) -> int:
+        return command.prompt_tokens or (self.workload.spec.long_prompt_tokens if self.workload else LONG_PROMPT_TOKENS)
+
+    def _apply(self, change: Change, client: str | None) -> Diff:
         s, w, now = self.scheduler, self.workload, self.device.now()
-        diff: dict[str, dict[str, Any]] = {}
-
-        def note(name: str, old: Any, new: Any) -> None:
-            if old != new:
-                diff[name] = {"old": old, "new": new}
-
-        if change.cmd in ("pin_level", "auto_level"):
-            level = change.values["level"] if change.cmd == "pin_level" else None
-            note("pinned_level", s.pinned, level)
-            s.pin_level(level)
-        elif change.cmd == "inject":
-            tokens, max_tokens = change.values.get("prompt_tokens"), change.values.get("max_tokens")
-            if w is not None:
-                w.inject(now, tokens, max_tokens)
-            else:
-                self._arrive(Arrival(now, tokens or LONG_PROMPT_TOKENS, max_tokens or 64, "inject"))
-            diff["inject"] = {"old": None, "new": tokens or "default"}
-        elif change.cmd in ("pause_workload", "resume_workload") and w is not None:
-            paused = change.cmd == "pause_workload"
-            note("workload_paused", w.spec.paused, paused)
-            w.pause() if paused else w.resume(now)
-        elif change.cmd == "set":
-            values = dict(change.values)
-            policy, rate = values.pop("policy", None), values.pop("workload_rate", None)
-            if values:  # first: new levels are what may fail (a device that cannot build them)
-                old, old_levels, old_pin = s.config, [list(g) for g in s.table.groups], s.pinned
-                s.set_config(change.config or old, change.table)
-                for name in values:
-                    note(name, getattr(old, name), getattr(s.config, name))
-                if change.table is not None:
-                    note("levels", old_levels, [list(g) for g in s.table.groups])  # as the device realized them
-                    note("pinned_level", old_pin, s.pinned)  # a pin past the new last level is dropped
-            if policy is not None:
-                if s.prefill_in_flight and policy != s.policy:
-                    self._deferred_policy = (policy, client)  # switched once in-flight prefill is done
+        diff: Diff = {}
+        note = partial(_note, diff)
+        match change.command:
+            case PinLevel(level=level):
+                note("pinned_level", s.pinned, level)
+                s.pin_level(level)
+            case AutoLevel():
+                note("pinned_level", s.pinned, None)
+                s.pin_level(None)
+            case Inject(prompt_tokens=tokens, max_tokens=max_tokens):
+                if w is not None:
+                    w.inject(now, tokens, max_tokens)
                 else:
-                    note("policy", s.policy, policy)
-                    s.set_policy(policy)
-            if rate is not None and w is not None:
-                note("workload_rate", w.spec.rate, rate)
-                w.set_rate(rate, now)
+                    self._arrive(Arrival(now, tokens or LONG_PROMPT_TOKENS, max_tokens or INJECT_MAX_TOKENS, "inject"))
+                diff["inject"] = {"old": None, "new": tokens or "default"}
+            case PauseWorkload() if w is not None:
+                note("workload_paused", w.spec.paused, True)
+                w.pause()
+            case ResumeWorkload() if w is not None:
+                note("workload_paused", w.spec.paused, False)
+                w.resume(now)
+            case Set() as command:
+                self._apply_set(command, change, client, diff)
         return diff
+
+    def _apply_set(self, command: Set, change: Change, client: str | None, diff: Diff) -> None:
+        s, w, note = self.scheduler, self.workload, partial(_note, diff)
+        knobs = command.pdmux()
+        if knobs:  # first: new levels are what may fail (a device that cannot build them)
+            old, old_levels, old_pin = s.config, [list(g) for g in s.table.groups], s.pinned
+            s.set_config(change.config or old, change.table)
+            for name in knobs:
+                note(name, getattr(old, name), getattr(s.config, name))
+            if change.table is not None:
+                note("levels", old_levels, [list(g) for g in s.table.groups])  # as the device realized them
+                note("pinned_level", old_pin, s.pinned)  # a pin past the new last level is dropped
+        policy, rate = command.values.get("policy"), command.values.get("workload_rate")
+        if policy is not None:
+            if s.prefill_in_flight and policy != s.policy:
+                self._deferred_policy = (policy, client)  # switched once in-flight prefill is done
+            else:
+                note("policy", s.policy, policy)
+                s.set_policy(policy)
+        if rate is not None and w is not None:
+            note("workload_rate", w.spec.rate, rate)
+            w.set_rate(rate, self.device.now())
 
     def _apply_pending(self) -> None:
         s = self.scheduler
@@ -193,44 +214,32 @@ class Engine:
             old = s.policy
             s.set_policy(policy)
             if old != policy:
-                diff = {"policy": {"old": old, "new": policy}}
-                self._emit(ConfigChange(self.device.now(), s.round_index, diff, client))
-        while True:
-            with self._lock:  # the change stays queued (and planned) until it is applied
-                if not self._pending:
-                    return
-                queued, client = self._pending[0]
-                if queued.cmd == "inject":  # the room it held goes back; it arrives through the caps
-                    self._injects[0] -= 1
-                    self._injects[1] -= self._inject_tokens(queued)
+                self._report(ConfigChange(self.device.now(), s.round_index, {"policy": {"old": old, "new": policy}},
+                                          client))
+        for queued in self.controls.pending():
+            command = queued.change.command
+            if isinstance(command, Inject):  # the room it held goes back; it arrives through the caps
+                self.intake.release(self._inject_tokens(command))
             try:
-                change = validate(queued.msg, config=s.config, table=s.table, max_prompt=self.max_prompt)
-                diff = self._apply(change, client)
-            except Exception as exc:  # no control message may stop the engine
-                field, reason = (exc.field, exc.reason) if isinstance(exc, FieldError) \
-                    else (subject(queued.msg), str(exc))
+                change = check(command, config=s.config, table=s.table, max_prompt=self.max_prompt)
+                diff = self._apply(change, queued.client)
+            except Exception as exc:  # no control command may stop the engine
+                field, reason = (exc.field, exc.reason) if isinstance(exc, FieldError) else (command.subject, str(exc))
                 if not isinstance(exc, EngineError):
-                    log.exception("applying %r", queued.msg)
+                    log.exception("applying %r", command)
                     reason = f"{type(exc).__name__}: {exc}"
-                self._emit(ControlFailure(self.device.now(), s.round_index, field, reason, client))
-                diff = {}
-            with self._lock:
-                self._pending.popleft()
-                if not self._pending:
-                    self._plan = None
+                self._report(ControlFailure(self.device.now(), s.round_index, field, reason, queued.client))
+                continue
             if diff:
-                self._emit(ConfigChange(self.device.now(), s.round_index, diff, client))
+                self._report(ConfigChange(self.device.now(), s.round_index, diff, queued.client))
 
     # -- requests --------------------------------------------------------------------------
     def submit(self, prompt_ids: list[int], max_tokens: int, *, ignore_eos: bool = False,
                arrival: float | None = None, source: str = "workload") -> Request:
         """Add a request now: on the engine's thread, or while it is not running. QueueFullError over the caps."""
-        with self._lock:
-            params = SamplingParams(temperature=self.temperature, seed=self.seed + self._next_id,
-                                    max_tokens=max_tokens, ignore_eos=ignore_eos)
-            req = self._new_request(prompt_ids, params, source, arrival)
-            record = self.scheduler.add(req)
-        self._emit(record)
+        req, record = self.intake.submit(prompt_ids, max_tokens, ignore_eos=ignore_eos, arrival=arrival,
+                                         source=source, now=self.device.now())
+        self._report(record)
         return req
 
     def enqueue(self, prompt_ids: list[int], params: SamplingParams, *, source: str = "api",
@@ -243,19 +252,12 @@ class Engine:
         and gets no further update.
         The returned request belongs to the engine: read nothing of it from another thread, pass
         it to `abort`."""
-        with self._lock:
-            req = self._new_request(prompt_ids, params, source, None)
-            self._incoming.append((req, on_update))
-            self._incoming_tokens += req.prompt_len
-        self._wake.set()
-        return req
+        return self.intake.enqueue(prompt_ids, params, source, on_update, self.device.now())
 
     def abort(self, req: Request, reason: str = "abort") -> None:
         """Thread-safe: end `req` at the next round boundary with `reason` ("abort": its client left,
         "stop": a stop string matched); its KV is freed then (after its prefill, if one is in flight)."""
-        with self._lock:
-            self._aborts.append((req, reason))
-        self._wake.set()
+        self.intake.abort(req, reason)
 
     def check_request(self, prompt_tokens: int, params: SamplingParams) -> None:
         """PromptError if such a request could never run here: bad sampling parameters, an empty
@@ -272,45 +274,16 @@ class Engine:
             raise PromptError(f"KV cache too small: prompt of {prompt_tokens} tokens + max_tokens "
                               f"{params.max_tokens}; the whole cache holds {pool.capacity_tokens}")
 
-    def _new_request(self, prompt_ids: list[int], params: SamplingParams, source: str,
-                     arrival: float | None) -> Request:
-        """Under the lock: a new request with the next id, if the queue has room."""
-        now = self.device.now() if arrival is None else arrival
-        self._check_room(len(prompt_ids), source, now)
-        req = Request(self._next_id, list(prompt_ids), params, now, source=source)
-        self._next_id += 1
-        return req
-
-    def _inject_tokens(self, change: Change) -> int:
-        return change.values.get("prompt_tokens") or (
-            self.workload.spec.long_prompt_tokens if self.workload else LONG_PROMPT_TOKENS)
-
-    def _check_room(self, prompt_tokens: int, source: str, now: float) -> None:
-        """Under the lock: QueueFullError if a request of `prompt_tokens` would pass a cap; the refusal
-        is counted and reported at the next round boundary (an arrival, then a "rejected" finish)."""
-        try:
-            self.limits.check(len(self.scheduler.waiting) + len(self._incoming) + self._injects[0],
-                              self.scheduler.waiting_tokens + self._incoming_tokens + self._injects[1],
-                              prompt_tokens)
-        except QueueFullError:
-            rid, self._next_id = self._next_id, self._next_id + 1
-            self.refused[source] += 1
-            self._refusals.append((RequestRecord("arrival", rid, now, prompt_tokens, source=source),
-                                   RequestRecord("finish", rid, now, prompt_tokens, finish_reason="rejected",
-                                                 source=source)))
-            raise
-
     def _arrive(self, arrival: Arrival) -> Request | None:
         cfg = self.executor.cfg
         n = max(1, min(arrival.prompt_tokens, cfg.max_context - arrival.max_tokens))
         source = "inject" if arrival.injected else "workload"
-        try:
-            with self._lock:  # checked before the prompt is made: a refused arrival costs no memory
-                self._check_room(n, source, arrival.time)
+        try:  # checked before the prompt is made: a refused arrival costs no memory
+            self.intake.check_room(n, source, arrival.time)
             return self.submit(self.prompts.make(n), arrival.max_tokens, ignore_eos=True, arrival=arrival.time,
                                source=source)
         except QueueFullError:
-            return None  # dropped: reported as rejected, counted in describe()["limits"]["refused"]
+            return None  # dropped: reported as rejected, counted in `refused`
 
     def _take_arrivals(self, workload: Workload) -> None:
         """Submit what the workload has due, telling it how many of its closed-loop requests are
@@ -325,40 +298,32 @@ class Engine:
 
     def _take_requests(self) -> None:
         """At a round boundary: queued requests join the scheduler, refusals are reported, aborts applied."""
-        with self._lock:  # added under the lock, so a concurrent cap check never misses them
-            added = [self.scheduler.add(req) for req, _ in self._incoming]
-            for req, cb in self._incoming:
-                if cb is not None:
-                    self._watchers.add(req, cb)
-            self._incoming.clear()
-            self._incoming_tokens = 0
-            refusals = list(self._refusals)
-            self._refusals.clear()
-            aborts = list(self._aborts)
-            self._aborts.clear()
-        for record in added:
-            self._emit(record)
-        for arrived, refused in refusals:
-            self._emit(arrived)
-            self._emit(refused)
-        for req, reason in aborts:
+        taken = self.intake.take()
+        for req, cb in taken.watched:
+            self._watchers.add(req, cb)
+        for record in taken.added:
+            self._report(record)
+        for arrived, refused in taken.refusals:
+            self._report(arrived)
+            self._report(refused)
+        for req, reason in taken.aborts:
             finish = self.scheduler.abort(req, reason)
             if finish is not None:
-                self._emit(finish)
+                self._report(finish)
 
     def _stop(self, req: Request) -> None:
         """A caller's stop string matched: end `req` before the next round."""
         finish = self.scheduler.abort(req, "stop")
         if finish is not None:
-            self._emit(finish)
+            self._report(finish)
 
     def idle(self) -> bool:
         """Nothing queued, waiting, prefilling or decoding."""
-        return not self._incoming and self.scheduler.idle()
+        return self.intake.empty and self.scheduler.idle()
 
     # -- rounds ----------------------------------------------------------------------------
     def step(self) -> RoundRecord:
-        self._wake.clear()
+        self.intake.wake.clear()
         self._apply_pending()
         if self.workload is not None:
             self._take_arrivals(self.workload)
@@ -367,13 +332,13 @@ class Engine:
             if self.device.virtual:
                 self.device.idle(IDLE_S)
             else:
-                self._wake.wait(IDLE_S)
+                self.intake.wake.wait(IDLE_S)
                 self._take_requests()
         record, requests = self.scheduler.step()
         self._pace()  # a paced virtual clock: report the round when wall time reaches its end
         for r in requests:
-            self._emit(r)
-        self._emit(record)
+            self._report(r)
+        self._report(record)
         if self._watchers:
             self._watchers.notify(self._stop)
         return record

@@ -1,4 +1,4 @@
-"""What the engine reports: plain dataclasses, one per round, request and config change.
+"""What the engine reports: plain dataclasses, one per round, request, config change and failed change.
 
 The engine hands these to its sinks (callables registered with `Engine.add_sink`);
 telemetry turns them into JSON with `dataclasses.asdict`. Times are seconds on the
@@ -69,3 +69,14 @@ class ConfigChange:
     round_index: int
     changes: dict[str, dict[str, Any]]  # field -> {"old": ..., "new": ...}
     client: str | None = None  # who asked (telemetry fills in the client id)
+
+
+@dataclass
+class ControlFailure:
+    """A change accepted when queued that could not be applied (the engine reports it and goes on)."""
+
+    time: float
+    round_index: int
+    field: str | None
+    reason: str
+    client: str | None = None

@@ -10,8 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from pdtop.engine.records import ConfigChange, RequestRecord, RoundRecord
-from pdtop.engine.scheduling.control import ControlFailure
+from pdtop.engine.records import ConfigChange, ControlFailure, RequestRecord, RoundRecord
 
 Record = RoundRecord | RequestRecord | ConfigChange | ControlFailure
 Sink = Callable[[Record], None]

@@ -156,7 +156,7 @@ class Reply:
     id: str | int | float | None
     ok: bool
     error: ReplyError | None = None  # when ok is false
-    path: str | None = None  # record_start / record_stop: the recording file
+    path: str | None = None  # RecordStart / RecordStop: the recording file
     readonly: bool | None = None  # auth: whether the connection stays read-only
 
 

@@ -1,6 +1,6 @@
 """Live tuning: `pdtop tune`'s search run against the dashboard's own engine.
 
-Each candidate is applied as a live override: a `set` message through the dashboard's source,
+Each candidate is applied as a live override: a `Set` command through the dashboard's source,
 the engine's validated control path (it shows on the ITL chart as a configuration change).
 It is held for `settle_s` and then measured for `dwell_s` seconds of engine time from the events
 that follow: the ITL gaps inside the window of the requests that finish in it, their TTFTs when
@@ -33,10 +33,11 @@ from pdtop.analysis.tune import (
     score,
 )
 from pdtop.engine.records import RequestRecord, RoundRecord
+from pdtop.engine.scheduling.commands import AutoLevel, EngineCommand, PinLevel, Set
 from pdtop.engine.scheduling.pdmux_config import SGLANG_KEYS, PdmuxConfig
 from pdtop.telemetry.events import ConfigEvent, EngineConfig
 
-Send = Callable[[dict[str, Any]], Awaitable[Any]]
+Send = Callable[[EngineCommand], Awaitable[Any]]
 MAX_SAMPLES = 20_000  # requests kept per window: bounded memory under any request rate
 
 
@@ -135,7 +136,7 @@ class LiveTune:
     async def run(self, progress: Callable[[], None] = lambda: None) -> None:
         t0 = time.monotonic()
         if self.previous.pinned_level is not None:
-            await self.send({"cmd": "auto_level"})  # candidates need the automatic level choice
+            await self.send(AutoLevel())  # candidates need the automatic level choice
         await self._measure(self.reference, progress)
         while batch := self.search.ask():
             for config in batch:
@@ -151,7 +152,7 @@ class LiveTune:
         progress()
         changes = self._changes(config)
         if changes:
-            await self.send({"cmd": "set", **changes})
+            await self.send(Set(changes))
             await self._until(lambda: self._applied is not None, "configuration change")
         else:
             self._applied = self.now
@@ -186,12 +187,12 @@ class LiveTune:
         await self._apply(self.reference)
         level = self.previous.pinned_level
         if level is not None and self.pinned_level != level:
-            await self.send({"cmd": "pin_level", "level": level})
+            await self.send(PinLevel(level))
             await self._until(lambda: self.pinned_level == level, f"pinned level {level}")
 
     async def _apply(self, config: PdmuxConfig) -> None:
         """Set every knob and wait for the engine's configuration event that shows them in force (a
         set that changes nothing is not reported, so nothing is awaited when they already are)."""
         values = config.to_dict()
-        await self.send({"cmd": "set", **{k: values[k] for k in SGLANG_KEYS}})
+        await self.send(Set({k: values[k] for k in SGLANG_KEYS}))
         await self._until(lambda: not self._changes(config), "configuration change")

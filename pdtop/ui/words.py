@@ -1,8 +1,10 @@
-"""Control messages and config changes in plain words, for notifications and chart marks."""
+"""Control commands and config changes in plain words, for notifications and chart marks."""
 from __future__ import annotations
 
 from typing import Any
 
+from pdtop.engine.scheduling.commands import Inject, PinLevel, Set
+from pdtop.telemetry.server.commands import Command
 from pdtop.ui.format import units
 from pdtop.ui.state import DashboardState
 
@@ -54,31 +56,23 @@ def _setting(name: str, old: Any, new: Any) -> str:
     return f"{label} {old} → {new}" if old is not None else f"{label} {new}"
 
 
-def asked(msg: dict[str, Any], state: DashboardState) -> str:
-    """What an accepted control message does, said before its `config` event comes back."""
-    cmd, config = msg["cmd"], state.config
-    if cmd == "pin_level":
-        return f"pinned {level_words(state, msg['level'])}"
-    if cmd == "auto_level":
-        return "automatic level choice"
-    if cmd == "inject":
-        return f"injected a prompt of {msg['prompt_tokens']:,} tokens"
-    if cmd == "pause_workload":
-        return "workload paused: no new arrivals"
-    if cmd == "resume_workload":
-        return "workload resumed"
-    if cmd == "set":
-        parts = []
-        for name, new in msg.items():
-            if name in ("cmd", "id"):
-                continue
-            old = getattr(config, name, None) if config is not None else None
-            text = _setting(name, old, new)
-            if name == "policy" and state.prefills and new != old:
-                text += " (once the prefill in flight is done)"
-            parts.append(text)
-        return "; ".join(parts)
-    return cmd.replace("_", " ")
+def asked(command: Command, state: DashboardState) -> str:
+    """What an accepted command does, said before its `config` event comes back."""
+    match command:
+        case PinLevel(level=level):
+            return f"pinned {level_words(state, level)}"
+        case Inject(prompt_tokens=tokens):
+            return f"injected a prompt of {tokens:,} tokens" if tokens is not None else "injected a long prompt"
+        case Set(values=values):
+            config, parts = state.config, []
+            for name, new in values.items():
+                old = getattr(config, name, None) if config is not None else None
+                text = _setting(name, old, new)
+                if name == "policy" and state.prefills and new != old:
+                    text += " (once the prefill in flight is done)"
+                parts.append(text)
+            return "; ".join(parts)
+    return command.summary
 
 
 def change_words(changes: dict[str, dict[str, Any]], state: DashboardState) -> str:

@@ -13,6 +13,7 @@ from pdtop.engine.errors import ControlError, QueueFullError
 from pdtop.engine.records import RequestRecord, RoundRecord
 from pdtop.engine.request import SamplingParams
 from pdtop.engine.scheduling.admission import QueueLimits
+from pdtop.engine.scheduling.commands import Inject
 from pdtop.engine.scheduling.workload import WorkloadSpec
 
 
@@ -28,7 +29,7 @@ def test_a_flood_of_long_injects_is_capped_and_memory_stays_bounded():
     engine = build_engine("sim:H100", workload=WorkloadSpec(rate=0))
     records: list = []
     engine.add_sink(records.append)
-    msg = {"cmd": "inject", "prompt_tokens": engine.max_prompt}
+    inject = Inject(engine.max_prompt)
     assert engine.max_prompt == 40959
     try:
         gc.collect()
@@ -37,7 +38,7 @@ def test_a_flood_of_long_injects_is_capped_and_memory_stays_bounded():
         refused = 0
         for _ in range(2000):  # in one tick: accepted ones hold their room until they arrive
             try:
-                engine.control(msg)
+                engine.control(inject)
             except ControlError as exc:
                 assert exc.field == "inject" and "waiting queue full" in exc.reason
                 refused += 1

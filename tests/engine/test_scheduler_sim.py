@@ -15,6 +15,7 @@ from pdtop.engine.model.config import synthetic_config
 from pdtop.engine.records import ConfigChange, RequestRecord, RoundRecord
 from pdtop.engine.request import RequestStatus
 from pdtop.engine.roofline.gpu_specs import parse_gpu
+from pdtop.engine.scheduling.commands import AutoLevel, PinLevel, Set, parse_command
 from pdtop.engine.scheduling.splits import choose, prefill_layers_per_step, stream_groups
 from pdtop.engine.scheduling.workload import WorkloadSpec
 
@@ -95,24 +96,23 @@ def test_control_applies_at_round_boundary_and_is_announced():
     engine = build_engine("sim:H100")
     seen: list = []
     engine.add_sink(seen.append)
-    engine.control({"cmd": "set", "decode_bs_divisor": 24, "chunk_size": 256}, client="t")
+    engine.control(Set({"decode_bs_divisor": 24, "chunk_size": 256}), client="t")
     assert engine.config.decode_bs_divisor == 36  # not before the boundary
     engine.step()
     assert engine.config_dict()["decode_bs_divisor"] == 24 and engine.config.chunk_size == 256
     change = next(r for r in seen if isinstance(r, ConfigChange))
     assert change.changes["decode_bs_divisor"] == {"old": 36, "new": 24} and change.client == "t"
-    engine.control({"cmd": "pin_level", "level": 3})
+    engine.control(PinLevel(3))
     rec = engine.step()
     assert rec.pinned and rec.level == 3
-    engine.control({"cmd": "auto_level"})
+    engine.control(AutoLevel())
     assert not engine.step().pinned
-    engine.control({"cmd": "set", "manual_divisions": [[112, 20, 0], [96, 36, 16]]})
+    engine.control(Set({"manual_divisions": [[112, 20, 0], [96, 36, 16]]}))
     engine.step()
     assert engine.describe()["levels"] == [[132, 0], [112, 20], [96, 36], [0, 132]]
 
 
 @pytest.mark.parametrize("msg, field", [
-    ("not a dict", "message"),
     ({"cmd": "explode"}, "cmd"),
     ({"cmd": "pin_level", "level": 99}, "level"),
     ({"cmd": "pin_level", "level": True}, "level"),
@@ -133,8 +133,8 @@ def test_control_applies_at_round_boundary_and_is_announced():
 def test_bad_control_is_rejected_and_changes_nothing(msg, field):
     engine = build_engine("sim:H100", workload=WorkloadSpec(rate=5))
     before = engine.config_dict()
-    with pytest.raises(ControlError) as err:
-        engine.control(msg)
+    with pytest.raises(ControlError) as err:  # as the wire object, or as the command made of it
+        engine.control(parse_command(msg))
     assert err.value.field == field and err.value.reason
     engine.step()
     assert engine.config_dict() == before
@@ -145,7 +145,7 @@ def test_policy_switch_waits_for_in_flight_prefill():
     engine.submit(engine.prompts.make(8192), 3, ignore_eos=True)
     engine.step()
     assert engine.scheduler.prefill is not None
-    engine.control({"cmd": "set", "policy": "chunked"})
+    engine.control(Set({"policy": "chunked"}))
     engine.step()
     assert engine.scheduler.policy == "pdmux"  # the prefill still owns the prefill side
     engine.run_until_idle()
@@ -179,9 +179,9 @@ def test_pin_dropped_by_new_levels_is_announced():
     engine = build_engine("sim:H100")
     seen: list = []
     engine.add_sink(seen.append)
-    engine.control({"cmd": "pin_level", "level": 6})
+    engine.control(PinLevel(6))
     engine.step()
-    engine.control({"cmd": "set", "manual_divisions": [[112, 20, 0]]})
+    engine.control(Set({"manual_divisions": [[112, 20, 0]]}))
     rec = engine.step()
     change = [r for r in seen if isinstance(r, ConfigChange)][-1]
     assert not rec.pinned and engine.config_dict()["pinned_level"] is None
@@ -211,8 +211,8 @@ def test_bad_policy_is_a_config_error():
 
 def test_pin_past_the_levels_queued_before_it_is_refused():
     engine = build_engine("sim:H100")
-    engine.control({"cmd": "set", "manual_divisions": [[112, 20, 0]]})  # 3 levels from the next boundary
+    engine.control(Set({"manual_divisions": [[112, 20, 0]]}))  # 3 levels from the next boundary
     with pytest.raises(ControlError, match=r"level: must be in 0\.\.2, got 6"):
-        engine.control({"cmd": "pin_level", "level": 6})  # valid against today's 8 levels, not the next
+        engine.control(PinLevel(6))  # valid against today's 8 levels, not the next
     rec = engine.step()
     assert not rec.pinned and engine.describe()["levels"] == [[132, 0], [112, 20], [0, 132]]

@@ -131,7 +131,7 @@ async def test_a_recorded_scrape_session_replays_on_the_same_panels(vllm, tmp_pa
     async with app.run_test(size=(160, 48)) as pilot:
         await until(pilot, lambda: app.state.scrape is not None and app.state.scrape.scrapes >= 2, "the replay")
         assert "running 7" in shown(app, "RequestsPanel")
-        app.replay_source.seek(0.0)
+        app.source.transport.seek(0.0)
         await asyncio.sleep(0.2)
         await until(pilot, lambda: app.state.scrape.latest is not None, "after the seek")
         assert app.source_error is None

@@ -12,6 +12,7 @@ from contextlib import aclosing
 import pytest
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
+from pdtop.engine.scheduling.commands import PinLevel
 from pdtop.telemetry.decode import decode_event
 from pdtop.telemetry.events import Hello, Metrics
 from pdtop.telemetry.sources.prometheus import PrometheusSource, metrics_url
@@ -338,7 +339,7 @@ async def test_a_slow_server_or_one_that_stops_mid_answer_is_a_reason_not_a_hang
 async def test_read_only_says_why():
     src = PrometheusSource("http://127.0.0.1:1")
     with pytest.raises(ControlRefused, match="only reads this server's /metrics"):
-        await src.send({"cmd": "pin_level", "level": 1})
+        await src.send(PinLevel(1))
     assert src.readonly
 
 

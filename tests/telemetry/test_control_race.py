@@ -12,7 +12,8 @@ from conftest import Raw, make_engine, steps
 
 from pdtop.commands import serve
 from pdtop.engine.errors import ControlError
-from pdtop.engine.scheduling.control import ControlFailure
+from pdtop.engine.records import ControlFailure
+from pdtop.engine.scheduling.commands import PinLevel, parse_command
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
 from pdtop.engine.scheduling.splits import SplitTable
 
@@ -58,9 +59,9 @@ async def test_levels_follow_manual_divisions_queued_before_sm_group_num(engine,
 def test_every_queued_change_is_checked_against_those_before_it(first, second, field):
     engine = make_engine()
     try:
-        engine.control(first)
+        engine.control(parse_command(first))
         with pytest.raises(ControlError) as refused:
-            engine.control(second)
+            engine.control(parse_command(second))
         assert refused.value.field == field
         for _ in range(3):
             engine.step()
@@ -75,7 +76,7 @@ def test_a_change_the_state_no_longer_allows_is_reported_not_fatal():
     seen: list = []
     engine.add_sink(seen.append)
     try:
-        engine.control({"cmd": "pin_level", "level": 6}, client="c9")
+        engine.control(PinLevel(6), client="c9")
         fewer = PdmuxConfig(manual_divisions=[[112, 20, 0]])
         engine.scheduler.set_config(fewer, SplitTable.for_gpu(132, 9, fewer))
         rounds = [engine.step() for _ in range(5)]

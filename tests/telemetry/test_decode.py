@@ -9,6 +9,7 @@ import pytest
 from conftest import make_engine
 
 from pdtop.engine.records import ConfigChange, RequestRecord, RoundRecord
+from pdtop.engine.scheduling.commands import Inject, Set
 from pdtop.telemetry import encode
 from pdtop.telemetry.decode import EventError, UnknownEventType, decode_event
 from pdtop.telemetry.events import (
@@ -41,9 +42,9 @@ def stream():
     engine.add_sink(records.append)
     for i in range(1500):
         if i == 500:
-            engine.control({"cmd": "set", "decode_bs_divisor": 12}, client="c1")
+            engine.control(Set({"decode_bs_divisor": 12}), client="c1")
         if i == 700:
-            engine.control({"cmd": "inject", "prompt_tokens": 16384})
+            engine.control(Inject(16384))
         engine.step()
     yield engine.describe(), engine.config_dict(), records
     engine.close()

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 from conftest import Pump, steps
 
+from pdtop.engine.scheduling.commands import AutoLevel, PinLevel, Set
 from pdtop.telemetry.decode import decode_event
 from pdtop.telemetry.events import Reply
 from pdtop.telemetry.server.server import TelemetryServer
@@ -30,10 +31,10 @@ async def test_stream_and_control(engine, server):
     await steps(engine, 40)
     rounds = [(await next_of(pump, "round"))["index"] for _ in range(40)]
     assert rounds == list(range(40))  # batch frames come out one event at a time
-    reply = await src.send({"cmd": "set", "decode_bs_divisor": 18})
+    reply = await src.send(Set({"decode_bs_divisor": 18}))
     assert isinstance(reply, Reply) and reply.ok is True and reply.error is None
     with pytest.raises(ControlRefused) as refused:
-        await src.send({"cmd": "pin_level", "level": 1000})
+        await src.send(PinLevel(1000))
     assert refused.value.field == "level" and "0.." in refused.value.reason
     await steps(engine, 1)
     config = await next_of(pump, "config")
@@ -52,12 +53,12 @@ async def test_readonly_sources_refuse_locally(engine):
             assert (await pump.get())["type"] == "hello"
             assert src.readonly
             with pytest.raises(ControlRefused, match="read-only"):
-                await src.send({"cmd": "auto_level"})
+                await src.send(AutoLevel())
             await src.close()
         src = LiveSource(server.url, token="tok")
         pump = Pump(src)
         assert (await pump.get())["readonly"] is False
-        assert (await src.send({"cmd": "auto_level"})).ok
+        assert (await src.send(AutoLevel())).ok
         await src.close()
     finally:
         await server.stop()
@@ -68,7 +69,7 @@ async def test_not_connected_refuses_and_bad_urls_are_rejected():
         LiveSource("http://127.0.0.1:1")
     src = LiveSource("ws://127.0.0.1:9")
     with pytest.raises(ControlRefused, match="not connected"):
-        await src.send({"cmd": "auto_level"})
+        await src.send(AutoLevel())
 
 
 async def test_reconnects_when_the_server_comes_back(engine):
@@ -83,14 +84,14 @@ async def test_reconnects_when_the_server_comes_back(engine):
         await asyncio.sleep(0.01)
     assert src.state == "reconnecting"
     with pytest.raises(ControlRefused):
-        await src.send({"cmd": "auto_level"})
+        await src.send(AutoLevel())
     server = TelemetryServer(engine, port=port, tick=0.01)
     await server.start()
     try:
         second = await next_of(pump, "hello")
         assert src.state == "live" and src.connections == 2
         assert second is not first and second["engine"] == first["engine"]
-        assert (await src.send({"cmd": "auto_level"})).ok
+        assert (await src.send(AutoLevel())).ok
     finally:
         await src.close()
         await server.stop()

@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 from conftest import Pump, config_event, hello_event
 
+from pdtop.engine.scheduling.commands import AutoLevel
 from pdtop.telemetry.recording.recorder import Recorder
 from pdtop.telemetry.sources.replay import ReplaySource
 from pdtop.telemetry.sources.source import ControlRefused
@@ -46,7 +47,7 @@ async def test_plays_everything_in_order_at_speed(recording):
 
 async def test_send_refuses(recording):
     with pytest.raises(ControlRefused, match="read-only"):
-        await ReplaySource(recording).send({"cmd": "auto_level"})
+        await ReplaySource(recording).send(AutoLevel())
 
 
 async def test_pause_then_step_releases_one_round_at_a_time(recording):
@@ -64,7 +65,7 @@ async def test_pause_then_step_releases_one_round_at_a_time(recording):
     assert await p.nothing_for()
     src.resume()
     assert (await p.get())["type"] == "request"
-    src.close()
+    await src.close()
     await p.task
 
 
@@ -89,7 +90,7 @@ async def test_seek_announces_itself_with_the_config_in_force(recording):
     assert (await p.get())["position"] == 0.0
     src.seek(99)
     assert (await p.get())["position"] == pytest.approx(src.duration)
-    src.close()
+    await src.close()
     await p.task
 
 
@@ -135,7 +136,7 @@ async def test_hold_at_end_waits_for_a_seek(recording):
     src.seek(1.9)
     assert (await p.get())["type"] == "seek"
     assert (await p.get())["index"] == 19
-    src.close()
+    await src.close()
     await p.task
 
 
@@ -150,5 +151,5 @@ async def test_seek_passes_over_a_config_event_it_cannot_read(tmp_path):
     await p.get()
     src.seek(0.4)
     assert (await p.get())["config"] == {**CONFIG, "decode_bs_divisor": 12}
-    src.close()
+    await src.close()
     await p.task

@@ -18,6 +18,7 @@ import time
 from conftest import Raw, steps
 from websockets.asyncio.client import connect
 
+from pdtop.engine.scheduling.commands import Set
 from pdtop.telemetry.server.clients import CONTROL_BURST
 from pdtop.telemetry.server.server import TelemetryServer
 
@@ -27,7 +28,7 @@ async def test_2000_config_changes_in_one_tick_leave_every_reading_client_connec
     for c in clients:
         await c.wait(lambda c: c.events)
     for i in range(2000):  # as many clients' changes as the engine may apply at one boundary
-        engine.control({"cmd": "set", "decode_bs_divisor": 1 + i % 50, "chunk_size": 100 + i}, client=f"c{i % 7}")
+        engine.control(Set({"decode_bs_divisor": 1 + i % 50, "chunk_size": 100 + i}), client=f"c{i % 7}")
     await steps(engine, 3)
     for c in clients:
         await c.wait(lambda c: c.of("config"))

@@ -19,6 +19,7 @@ import pytest
 
 from pdtop.engine.build import build_engine
 from pdtop.engine.records import ConfigChange, PrefillProgress, RequestRecord, RoundRecord
+from pdtop.engine.scheduling.commands import Inject, Set, parse_command
 from pdtop.engine.scheduling.workload import WorkloadSpec
 from pdtop.telemetry import encode as telemetry_events
 from pdtop.telemetry.recording.recorder import Recorder
@@ -114,7 +115,7 @@ def record_engine(path: Path, rounds: int, rate: float = 8.0,
     controls = dict(controls or {})
     for i in range(rounds):
         if i in controls:
-            engine.control(controls[i])
+            engine.control(parse_command(controls[i]))
         engine.step()
     rec.close()
     engine.close()
@@ -175,12 +176,12 @@ async def play_busy(pilot: Any, app: Any, engine: Any) -> None:
     a prompt injected every 400 rounds, decode_bs_divisor 8 from round 1000, and a last one still in
     prefill at the end. Waits until the dashboard has every round."""
     await _until(pilot, lambda: app.connection == "live", "connected")
-    engine.control({"cmd": "set", "split_forward_token_budget": 16384})
+    engine.control(Set({"split_forward_token_budget": 16384}))
     for batch in range(40):
         if batch % 8 == 3 or batch == 39:
-            engine.control({"cmd": "inject", "prompt_tokens": 8192})
+            engine.control(Inject(8192))
         if batch == 20:
-            engine.control({"cmd": "set", "decode_bs_divisor": 8})
+            engine.control(Set({"decode_bs_divisor": 8}))
         for _ in range(50 if batch < 39 else 8):
             engine.step()
         target = engine.scheduler.round_index - 1

@@ -5,7 +5,9 @@ import dataclasses
 
 import pytest
 
-from pdtop.ui.commands import BY_ID, COMMANDS, parse_divisions, parse_seconds, parse_slo_ms
+from pdtop.engine.scheduling.commands import PauseWorkload, PinLevel, ResumeWorkload, Set
+from pdtop.telemetry.server.commands import RecordStart, RecordStop
+from pdtop.ui.keymap import BY_ID, KEYMAP, parse_divisions, parse_seconds, parse_slo_ms
 from pdtop.ui.state import DashboardState
 
 
@@ -22,10 +24,10 @@ def state_at(ev):
 
 def test_level_builders_step_from_the_level_on_screen(state_at):
     s = state_at(4)
-    assert BY_ID["level_up"].build(s, None) == {"cmd": "pin_level", "level": 5}  # nothing painted yet
+    assert BY_ID["level_up"].build(s, None) == PinLevel(5)  # nothing painted yet
     s.shown_level = 2  # under auto the engine's level moved on since the screen showed 2
-    assert BY_ID["level_up"].build(s, None) == {"cmd": "pin_level", "level": 3}
-    assert BY_ID["level_down"].build(s, None) == {"cmd": "pin_level", "level": 1}
+    assert BY_ID["level_up"].build(s, None) == PinLevel(3)
+    assert BY_ID["level_down"].build(s, None) == PinLevel(1)
     with pytest.raises(ValueError, match="already at level 7"):
         BY_ID["level_up"].build(state_at(7), None)
     with pytest.raises(ValueError, match="no split level"):
@@ -41,22 +43,22 @@ def test_policy_is_chosen_from_every_policy():
 
 def test_set_builders_and_toggles(state_at):
     s = state_at()
-    assert BY_ID["decode_bs_divisor"].build(s, 24) == {"cmd": "set", "decode_bs_divisor": 24}
-    assert BY_ID["budget"].build(s, 4096) == {"cmd": "set", "split_forward_token_budget": 4096}
-    assert BY_ID["workload_toggle"].build(s, None) == {"cmd": "pause_workload"}
+    assert BY_ID["decode_bs_divisor"].build(s, 24) == Set({"decode_bs_divisor": 24})
+    assert BY_ID["budget"].build(s, 4096) == Set({"split_forward_token_budget": 4096})
+    assert BY_ID["workload_toggle"].build(s, None) == PauseWorkload()
     s.config = dataclasses.replace(s.config, workload_paused=True)
-    assert BY_ID["workload_toggle"].build(s, None) == {"cmd": "resume_workload"}
+    assert BY_ID["workload_toggle"].build(s, None) == ResumeWorkload()
     start = BY_ID["record"].build(s, None)
-    assert start["cmd"] == "record_start" and start["path"].endswith(".ndjson")
+    assert isinstance(start, RecordStart) and start.path.endswith(".ndjson")
     s.recording = "x.ndjson"
-    assert BY_ID["record"].build(s, None) == {"cmd": "record_stop"}
+    assert BY_ID["record"].build(s, None) == RecordStop()
     assert BY_ID["decode_bs_divisor"].arg.default(s) == "36"
 
 
 def test_every_prompt_has_a_default_before_and_after_hello(state_at):
     """Prompts start from the configuration in force: each names a real setting."""
     s = state_at()
-    for cmd in COMMANDS:
+    for cmd in KEYMAP:
         if cmd.arg is not None:
             assert isinstance(cmd.arg.default(DashboardState()), str), cmd.id
             assert isinstance(cmd.arg.default(s), str), cmd.id
@@ -75,9 +77,9 @@ def test_parsers():
 
 
 def test_table_invariants():
-    assert len(BY_ID) == len(COMMANDS), "duplicate command ids"
-    assert len({c.key for c in COMMANDS}) == len(COMMANDS), "duplicate command keys"
-    for cmd in COMMANDS:
+    assert len(BY_ID) == len(KEYMAP), "duplicate command ids"
+    assert len({c.key for c in KEYMAP}) == len(KEYMAP), "duplicate command keys"
+    for cmd in KEYMAP:
         assert (cmd.build is None) != (cmd.action is None), cmd.id  # a message or a local action
         assert not (cmd.needs_write and cmd.mode == "replay"), cmd.id
         assert cmd.build is None or cmd.needs_write, cmd.id  # anything sent to the engine needs write
@@ -88,14 +90,14 @@ async def test_bindings_help_and_palette_come_from_the_table(recording):
     from pdtop.ui.app import PdtopApp
 
     app = PdtopApp(ReplaySource(recording))
-    assert {b.id for b in app.BINDINGS} == {f"pdtop.{c.id}" for c in COMMANDS}
+    assert {b.id for b in app.BINDINGS} == {f"pdtop.{c.id}" for c in KEYMAP}
     async with app.run_test(size=(130, 40)) as pilot:
         await pilot.pause()
-        replay = {c.description for c in COMMANDS if c.mode in ("any", "replay")}
+        replay = {c.description for c in KEYMAP if c.mode in ("any", "replay")}
         palette = {c.title for c in app.get_system_commands(app.screen) if not c.title.startswith("theme:")}
         assert palette == replay
         footer = {key.action for key in app.screen.query("FooterKey")} - {"command_palette"}
-        assert footer == {f"run_command('{c.id}')" for c in COMMANDS if c.footer and c.description in replay}
+        assert footer == {f"run_command('{c.id}')" for c in KEYMAP if c.footer and c.description in replay}
         await pilot.press("question_mark")
         await pilot.pause()
         assert {c.description for c in app.screen.commands} == replay
@@ -107,7 +109,7 @@ def test_docs_list_every_command():
     from pathlib import Path
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "dashboard.md").read_text()
-    for cmd in COMMANDS:
+    for cmd in KEYMAP:
         assert f"| `{cmd.key_display or cmd.key}` | {cmd.description} |" in doc, cmd.id
 
 

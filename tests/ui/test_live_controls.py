@@ -3,9 +3,10 @@ from __future__ import annotations
 
 from textual.widgets import Input
 
+from pdtop.engine.scheduling.commands import PinLevel
 from pdtop.telemetry.sources.live import LiveSource
 from pdtop.ui.app import PdtopApp
-from pdtop.ui.commands import BY_ID
+from pdtop.ui.keymap import BY_ID
 
 SIZE = (130, 40)
 
@@ -37,7 +38,7 @@ async def test_every_control_reaches_the_engine(served, until):
 
         # level down / up move the pinned level; `a` goes back to automatic. Start from a level
         # pinned on the engine's side, so rounds arriving meanwhile cannot move the starting point.
-        engine.control({"cmd": "pin_level", "level": 3})
+        engine.control(PinLevel(3))
         await until(pilot, lambda: app.state.shown_level == 3 and app.state.pinned, "level 3 pinned, on screen")
         await pilot.press("minus")
         await until(pilot, lambda: cfg()["pinned_level"] == 2, "level down")
@@ -122,7 +123,7 @@ async def test_pinning_a_side_to_no_units_warns(stepped, until):
         while engine.scheduler.round_index < 400 or not engine.scheduler.running:
             engine.step()
         await until(pilot, lambda: app.state.running > 0, "a running batch on screen")
-        engine.control({"cmd": "pin_level", "level": 1})
+        engine.control(PinLevel(1))
         engine.step()
         await until(pilot, lambda: app.state.shown_level == 1, "level 1 on screen")
         await pilot.press("minus")  # level 0: the whole device to prefill

@@ -10,9 +10,10 @@ from textual.widgets import Input
 
 import pdtop.ui.app
 from pdtop.engine.records import ConfigChange
+from pdtop.engine.scheduling.commands import PinLevel, Set
 from pdtop.telemetry.sources.live import LiveSource
 from pdtop.ui.app import PdtopApp
-from pdtop.ui.commands import parse_tune
+from pdtop.ui.keymap import parse_tune
 from pdtop.ui.screens.tune import TuneScreen
 
 SIZE = (130, 40)
@@ -53,8 +54,8 @@ async def _with_previous_config(served, pilot, until) -> dict:
     """A configuration of the operator's (divisor 24, level 3 pinned) in force; the engine's view of it."""
     app, engine = pilot.app, served.engine
     await until(pilot, lambda: app.state.rounds_seen > 5 and app.connection == "live", "live rounds")
-    engine.control({"cmd": "set", "decode_bs_divisor": 24})
-    engine.control({"cmd": "pin_level", "level": 3})
+    engine.control(Set({"decode_bs_divisor": 24}))
+    engine.control(PinLevel(3))
     await until(pilot, lambda: app.state.config.decode_bs_divisor == 24 and app.state.config.pinned_level == 3,
                 "the dashboard sees the operator's configuration")
     return engine.config_dict()

@@ -5,9 +5,9 @@ import pytest
 
 from pdtop.telemetry.sources.live import LiveSource
 from pdtop.ui.app import PdtopApp
-from pdtop.ui.commands import COMMANDS
+from pdtop.ui.keymap import KEYMAP
 
-WRITE = [c for c in COMMANDS if c.needs_write]
+WRITE = [c for c in KEYMAP if c.needs_write]
 
 
 def _footer_actions(app) -> set[str]:
@@ -31,7 +31,7 @@ async def test_readonly_hides_and_refuses_every_control(served, how, until):
         for cmd in WRITE:
             assert f"run_command('{cmd.id}')" not in footer, cmd.id
             assert cmd.description not in palette, cmd.id
-        assert "quit" in {c.id for c in COMMANDS if f"run_command('{c.id}')" in footer}
+        assert "quit" in {c.id for c in KEYMAP if f"run_command('{c.id}')" in footer}
 
         for cmd in WRITE:  # every write key is refused out loud, and no prompt opens
             app.notices.clear()

@@ -1,6 +1,6 @@
 """Where a client may ask the server to record: a new file inside the recordings directory.
 
-`record_start` comes over the network, so its path is confined: relative to the directory
+A client's `RecordStart` comes over the network, so its path is confined: relative to the directory
 (or absolute inside it), no `..`, every directory on the way opened without following a
 symlink, and the file created new (O_EXCL: an existing file, or a symlink planted in its
 place, is refused, never overwritten or followed).

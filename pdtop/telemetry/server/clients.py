@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 
 from websockets.asyncio.server import ServerConnection, broadcast
 
-from pdtop.telemetry import encode as ev
+from pdtop.telemetry.encode import dropped_event, encode
+from pdtop.telemetry.events import PROTOCOL_VERSION
 from pdtop.telemetry.server.client_queue import ClientQueue
 from pdtop.telemetry.server.rate import TokenBucket
 
@@ -61,12 +62,12 @@ def fan_out(clients: list[Client], frames: list[str], shed_before: int, shed_tot
             for frame in frames:
                 q.put(frame)
     if direct:
-        lost_note = [ev.encode(ev.dropped_event(shed))] if shed else []
+        lost_note = [encode(dropped_event(shed))] if shed else []
         broadcast(direct, _batch(lost_note + frames))
 
 
 def _batch(frames: list[str]) -> str:
-    return f'{{"type":"batch","v":{ev.PROTOCOL_VERSION},"events":[{",".join(frames)}]}}'
+    return f'{{"type":"batch","v":{PROTOCOL_VERSION},"events":[{",".join(frames)}]}}'
 
 
 def _unsent(ws: ServerConnection) -> int:

@@ -1,78 +1,89 @@
-"""One control message from a client -> the `reply` event (docs/protocol.md, control).
+"""One control frame from a client -> the `reply` event (docs/protocol.md, control).
 
-Server commands (`auth`, `record_start`, `record_stop`) are handled here; the rest go to
-`engine.control`, which validates them at once. Each connection may send `CONTROL_RATE`
-messages a second (bursts of `CONTROL_BURST`) and try `auth` about once a second; beyond
-that a message is refused, changing nothing. Nothing a client sends raises.
+The frame is parsed once into a command (`commands.parse_command`). The server's own commands
+(`Auth`, `RecordStart`, `RecordStop`) are handled here; the engine's go to `ControlTarget.control`,
+which checks them against the engine's state at once. Each connection may send `CONTROL_RATE`
+messages a second (bursts of `CONTROL_BURST`) and try `Auth` about once a second; beyond that a
+message is refused, changing nothing. Nothing a client sends raises.
 """
 from __future__ import annotations
 
-import hmac
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from pdtop.engine.scheduling.control import ControlError
-from pdtop.telemetry import encode as ev
-from pdtop.telemetry.recording.recorder import RecordingError
+from pdtop.engine.errors import ControlError
+from pdtop.engine.scheduling.commands import EngineCommand
+from pdtop.telemetry.encode import reply_event
+from pdtop.telemetry.quiet_log import QuietLog
+from pdtop.telemetry.recording.recorder import Recorder, RecordingError
+from pdtop.telemetry.server.auth import TokenGate
+from pdtop.telemetry.server.clients import Client
+from pdtop.telemetry.server.commands import Auth, RecordStart, RecordStop, parse_command
 from pdtop.telemetry.server.frames import FrameError, parse_control
 
-if TYPE_CHECKING:  # the server calls in here with itself: no import at run time
-    from pdtop.telemetry.server.clients import Client
-    from pdtop.telemetry.server.server import TelemetryServer
+
+class ControlTarget(Protocol):
+    """What a control channel acts on (the telemetry server)."""
+
+    gate: TokenGate
+    quiet: QuietLog
+
+    def control(self, command: EngineCommand, client: str) -> None:
+        """Check and queue an engine command (ControlError: refused, nothing changed)."""
+
+    def start_recording(self, path: str) -> Recorder: ...
+
+    def stop_recording(self) -> str | None: ...
 
 
-def same_token(a: str, b: str) -> bool:
-    """Constant-time comparison."""
-    return hmac.compare_digest(a.encode(), b.encode())
-
-
-def handle_control(server: TelemetryServer, client: Client, message: str | bytes) -> dict[str, Any]:
-    """The `reply` event to one message from `client`, a connection of `server`."""
+def handle_control(target: ControlTarget, client: Client, frame: str | bytes) -> dict[str, Any]:
+    """The `reply` event to one frame from `client`."""
     try:
-        msg = parse_control(message)
+        msg = parse_control(frame)
     except FrameError as exc:
-        return ev.reply_event(exc.msg_id, False, exc.field, exc.reason)
-    msg_id, cmd = msg.get("id"), msg["cmd"]
+        return reply_event(exc.msg_id, False, exc.field, exc.reason)
+    msg_id = msg.get("id")
     if not client.messages.take():
-        return ev.reply_event(msg_id, False, "cmd", f"too many control messages: at most {client.messages.rate:g} "
-                              "a second on one connection; nothing was changed")
-    if cmd == "auth":
-        if not client.auths.take():
-            return ev.reply_event(msg_id, False, "token", "too many auth attempts; wait a second")
-        return _auth(server, client, msg_id, msg.get("token"))
-    if not client.authorized:
-        return ev.reply_event(msg_id, False, "token", "read-only connection: control needs the server's token")
-    if cmd == "record_start":
-        path = msg.get("path")
-        if not isinstance(path, str) or not path:
-            return ev.reply_event(msg_id, False, "path", "a file path (string) is required")
-        try:
-            rec = server.start_recording(path)
-        except RecordingError as exc:
-            return ev.reply_event(msg_id, False, "path", str(exc))
-        return ev.reply_event(msg_id, True, path=str(rec.path))
-    if cmd == "record_stop":
-        try:
-            path = server.stop_recording()
-        except RecordingError as exc:
-            return ev.reply_event(msg_id, False, "path", str(exc))
-        if path is None:
-            return ev.reply_event(msg_id, False, "cmd", "not recording")
-        return ev.reply_event(msg_id, True, path=path)
-    body = {k: v for k, v in msg.items() if k != "id"}
+        return reply_event(msg_id, False, "cmd", f"too many control messages: at most "
+                                  f"{client.messages.rate:g} a second on one connection; nothing was changed")
     try:
-        server.engine.control(body, client=client.id)
+        command = parse_command(msg)
     except ControlError as exc:
-        return ev.reply_event(msg_id, False, exc.field, exc.reason)
-    except Exception as exc:  # the engine failed to validate: report it, keep serving
-        server.quiet.warning("engine.control", "engine.control(%.200r) raised %r", body, exc)
-        return ev.reply_event(msg_id, False, None, f"{type(exc).__name__}: {exc}")
-    return ev.reply_event(msg_id, True)
+        if not client.authorized and msg["cmd"] != Auth.name:  # a read-only connection learns no more
+            return _read_only(msg_id)
+        return reply_event(msg_id, False, exc.field, exc.reason)
+    match command:
+        case Auth(token=token):
+            if not client.auths.take():
+                return reply_event(msg_id, False, "token", "too many auth attempts; wait a second")
+            if target.gate.admits(token):
+                client.authorized = True
+                return reply_event(msg_id, True, readonly=False)
+            return reply_event(msg_id, False, "token", "wrong token")
+        case _ if not client.authorized:
+            return _read_only(msg_id)
+        case RecordStart(path=path):
+            try:
+                rec = target.start_recording(path)
+            except RecordingError as exc:
+                return reply_event(msg_id, False, "path", str(exc))
+            return reply_event(msg_id, True, path=str(rec.path))
+        case RecordStop():
+            try:
+                stopped = target.stop_recording()
+            except RecordingError as exc:
+                return reply_event(msg_id, False, "path", str(exc))
+            if stopped is None:
+                return reply_event(msg_id, False, "cmd", "not recording")
+            return reply_event(msg_id, True, path=stopped)
+    try:
+        target.control(command, client.id)
+    except ControlError as exc:
+        return reply_event(msg_id, False, exc.field, exc.reason)
+    except Exception as exc:  # the engine failed to check it: report it, keep serving
+        target.quiet.warning("engine.control", "engine.control(%.200r) raised %r", command, exc)
+        return reply_event(msg_id, False, None, f"{type(exc).__name__}: {exc}")
+    return reply_event(msg_id, True)
 
 
-def _auth(server: TelemetryServer, client: Client, msg_id: Any, token: Any) -> dict[str, Any]:
-    if server.token is None:
-        return ev.reply_event(msg_id, True, readonly=False)
-    if isinstance(token, str) and same_token(token, server.token):
-        client.authorized = True
-        return ev.reply_event(msg_id, True, readonly=False)
-    return ev.reply_event(msg_id, False, "token", "wrong token")
+def _read_only(msg_id: Any) -> dict[str, Any]:
+    return reply_event(msg_id, False, "token", "read-only connection: control needs the server's token")

@@ -17,8 +17,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from pdtop.engine.records import ConfigChange, RequestRecord, RoundRecord
-from pdtop.engine.scheduling.control import ControlFailure
+from pdtop.engine.records import ConfigChange, ControlFailure, RequestRecord, RoundRecord
 from pdtop.telemetry.encode import config_event, encode, encode_record, error_event
 
 _STREAM = frozenset((RoundRecord, RequestRecord))

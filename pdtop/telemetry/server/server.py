@@ -33,19 +33,21 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 from websockets.typing import Origin
 
-from pdtop.telemetry import encode as ev
+from pdtop.telemetry.encode import dropped_event, encode, error_event, hello_event, reply_event
 from pdtop.telemetry.quiet_log import QuietLog
 from pdtop.telemetry.recording.record_dir import open_new_in, recordings_dir
 from pdtop.telemetry.recording.recorder import Recorder, RecordingError
+from pdtop.telemetry.server.auth import TokenGate
 from pdtop.telemetry.server.client_queue import ClientQueue, QueueOverflow
 from pdtop.telemetry.server.clients import Client, fan_out
 from pdtop.telemetry.server.config_merge import merge_configs
-from pdtop.telemetry.server.control_channel import handle_control, same_token
+from pdtop.telemetry.server.control_channel import handle_control
 from pdtop.telemetry.server.frames import WIRE_MAX_SIZE
 from pdtop.telemetry.server.inbox import Inbox
 
 if TYPE_CHECKING:
     from pdtop.engine.engine import Engine
+    from pdtop.engine.scheduling.commands import EngineCommand
 
 log = logging.getLogger("pdtop.telemetry.server.server")
 
@@ -65,22 +67,20 @@ class TelemetryServer:
     recorder listens: with nobody listening, telemetry costs the engine's rounds nothing.
 
     `allow_origins`: browser origins allowed to connect (none by default: the dashboard and
-    other programs send no `Origin`). `record_dir`: where `record_start` may create files
+    other programs send no `Origin`). `record_dir`: where a client's `RecordStart` may create files
     (default the working directory). `max_clients`: connections served at once."""
 
     def __init__(self, engine: Engine, host: str = "127.0.0.1", port: int = 8765, *, token: str | None = None,
                  queue_size: int = 1024, tick: float = 0.05, max_event_rate: float = 1000.0,
                  record_path: str | None = None, allow_origins: Sequence[str] = (),
                  record_dir: str | Path | None = None, max_clients: int = 64) -> None:
-        if token is not None and not token:
-            raise ValueError("the token must not be empty")
         if not is_loopback(host) and not token:
             raise ValueError(f"binding {host} (not a loopback address) needs --token")
         if max_clients < 1:
             raise ValueError(f"max_clients must be at least 1, got {max_clients}")
         self.engine = engine
         self.host, self.port = host, port
-        self.token = token
+        self.gate = TokenGate(token)  # raises on an empty token
         self.queue_size = queue_size
         self.tick = tick
         self.max_event_rate = max_event_rate
@@ -105,6 +105,10 @@ class TelemetryServer:
         self._budget = max_event_rate
         self._loop_handler: Any = None  # the event loop's exception handler before ours
         self._hooked = False  # the inbox's sink is registered with the engine
+
+    def control(self, command: EngineCommand, client: str) -> None:
+        """A client's engine command, checked and queued by the engine (ControlError: refused)."""
+        self.engine.control(command, client=client)
 
     def publish(self, event: dict[str, Any]) -> None:
         """Queue a ready-made event (the hardware sampler's); thread-safe, never blocks."""
@@ -209,7 +213,7 @@ class TelemetryServer:
         """A write failed (a full disk): the recording stops, every client is told, the stream goes on."""
         rec, self.recorder = self.recorder, None
         log.warning("recording stopped: %s", exc)
-        note = ev.encode(ev.error_event("path", f"recording to {str(rec.path) if rec else '?'!r} stopped: {exc}"))
+        note = encode(error_event("path", f"recording to {str(rec.path) if rec else '?'!r} stopped: {exc}"))
         for client in list(self.clients.values()):
             self._send_priority(client, note)
 
@@ -253,7 +257,7 @@ class TelemetryServer:
         self.events_shed += shed
         recorder_lost = shed_total - max(shed_before, self._recorder_shed_base)
         if recorder_lost > 0:
-            self._record(ev.encode(ev.dropped_event(recorder_lost)))
+            self._record(encode(dropped_event(recorder_lost)))
         configs: list[str] = []
         for item in items:
             self._record(item.text)
@@ -285,7 +289,7 @@ class TelemetryServer:
 
     # -- one connection --------------------------------------------------------------
     def _hello(self, client_id: str, readonly: bool) -> dict[str, Any]:
-        return ev.hello_event(client_id, readonly, self.engine.describe(), self.api_url)
+        return hello_event(client_id, readonly, self.engine.describe(), self.api_url)
 
     def _admit(self, ws: ServerConnection, request: Request) -> Response | None:
         """Before the handshake completes: refuse a connection over `max_clients` (HTTP 503)."""
@@ -301,14 +305,14 @@ class TelemetryServer:
         client_id = f"c{next(self._ids)}"
         query = _query(ws)
         given = query.get("token")
-        authorized = self.token is None or (given is not None and same_token(given, self.token))
+        authorized = self.gate.admits(given)
         client = Client(client_id, ws, ClientQueue(self.queue_size), authorized,
                         batch=query.get("batch") in ("1", "true", "yes"))
         writer: asyncio.Task[None] | None = None
         try:
-            await ws.send(ev.encode(self._hello(client_id, not authorized)))  # before any other frame
+            await ws.send(encode(self._hello(client_id, not authorized)))  # before any other frame
             if given is not None and not authorized:
-                await ws.send(ev.encode(ev.error_event("token", "wrong token; this connection is read-only")))
+                await ws.send(encode(error_event("token", "wrong token; this connection is read-only")))
             self.clients[client_id] = client
             self._listen(True)
             self._inbox.refill(max(0, int(self._budget)))
@@ -321,9 +325,9 @@ class TelemetryServer:
                     reply = handle_control(self, client, message)
                 except Exception as exc:  # no input may crash the server
                     self.quiet.warning("control", "control message from %s", client_id, exc_info=True)
-                    reply = ev.reply_event(None, False, None, f"internal error: {type(exc).__name__}")
+                    reply = reply_event(None, False, None, f"internal error: {type(exc).__name__}")
                 # sent before the next message is read: a client that does not read its replies stalls itself
-                await ws.send(ev.encode(reply))
+                await ws.send(encode(reply))
         except ConnectionClosed:
             pass
         finally:
@@ -341,7 +345,7 @@ class TelemetryServer:
                     if q.priority:
                         frame = q.priority.popleft()
                     elif q.dropped:
-                        frame = ev.encode(ev.dropped_event(q.take_dropped()))
+                        frame = encode(dropped_event(q.take_dropped()))
                     else:
                         frame = q.pop_stream()
                     await ws.send(frame)

@@ -23,6 +23,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from pdtop.telemetry.decode import EventError, decode_event
 from pdtop.telemetry.events import Batch, Hello, Reply
+from pdtop.telemetry.server.commands import Command, to_wire
 from pdtop.telemetry.server.frames import WIRE_MAX_SIZE
 from pdtop.telemetry.sources.source import ControlRefused
 
@@ -131,16 +132,25 @@ class LiveSource:
                 future.set_result(typed)
         return [event]
 
-    async def send(self, msg: dict[str, Any]) -> Reply:
-        """Send one control message; the reply (ok true) is returned, a refusal raises."""
+    @property
+    def readonly_reason(self) -> str | None:
+        if self.want_readonly:
+            return "attached with --readonly"
+        return "no control token: attach with --token TOKEN or set $PDTOP_TOKEN" if self.readonly else None
+
+    @property
+    def transport(self) -> None:
+        return None
+
+    async def send(self, command: Command) -> Reply:
+        """Send one control command; the reply (ok true) is returned, a refusal raises."""
         if self.readonly:
             raise ControlRefused(None, "read-only connection")
         ws = self._ws
         if ws is None or self.state != "live":
             raise ControlRefused(None, f"not connected ({self.state})")
-        msg = dict(msg)
-        msg_id = str(msg.get("id") or f"m{next(self._ids)}")
-        msg["id"] = msg_id
+        msg_id = f"m{next(self._ids)}"
+        msg = to_wire(command, msg_id)
         future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         self._pending[msg_id] = future
         try:

@@ -30,6 +30,7 @@ from pdtop.telemetry.scrape.figures import figures
 from pdtop.telemetry.scrape.names import ENGINE_NAMES
 from pdtop.telemetry.scrape.page import Page, PageError, read_page
 from pdtop.telemetry.scrape.window import Window
+from pdtop.telemetry.server.commands import Command
 from pdtop.telemetry.sources.source import ControlRefused
 
 MAX_PAGE_BYTES = 4 << 20  # a busy vLLM page is well under 1 MiB
@@ -89,7 +90,13 @@ class PrometheusSource:
         self._closed = False
         self._wake = asyncio.Event()
 
-    async def send(self, msg: dict[str, Any]) -> Reply:
+    want_readonly = True
+
+    @property
+    def transport(self) -> None:
+        return None
+
+    async def send(self, command: Command) -> Reply:
         raise ControlRefused(None, self.readonly_reason)
 
     async def close(self) -> None:

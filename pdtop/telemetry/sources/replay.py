@@ -19,6 +19,7 @@ from pdtop.telemetry.decode import EventError, decode_event
 from pdtop.telemetry.encode import seek_event
 from pdtop.telemetry.events import Reply
 from pdtop.telemetry.recording.reader import Recording, read_recording
+from pdtop.telemetry.server.commands import Command
 from pdtop.telemetry.sources.source import ControlRefused
 
 MIN_SPEED, MAX_SPEED = 0.25, 16.0
@@ -26,13 +27,17 @@ MIN_SPEED, MAX_SPEED = 0.25, 16.0
 
 class ReplaySource:
     state = "replay"
-    readonly = True
+    readonly = want_readonly = True
+    readonly_reason = "a replay cannot change the engine"
+    last_error: str | None = None
+    retry_at: float | None = None
 
     def __init__(self, path: str | Path, *, speed: float = 1.0, hold_at_end: bool = True,
                  clock: Callable[[], float] = time.monotonic) -> None:
         """Reads the whole file now (raises `RecordingError`). With `hold_at_end`, `events()`
         waits at the end for a seek or `close()`; otherwise it finishes there."""
         self.recording: Recording = read_recording(path)
+        self.url = ""
         self.hold_at_end = hold_at_end
         self._speed = _check_speed(speed)
         self._cursor = 0  # index of the next event to emit
@@ -113,11 +118,19 @@ class ReplaySource:
         self._seek_marker = seek_event(t, self._config_at())
         self._changed.set()
 
-    def close(self) -> None:
+    @property
+    def problems(self) -> list[str]:
+        return self.recording.problems
+
+    @property
+    def transport(self) -> ReplaySource:
+        return self
+
+    async def close(self) -> None:
         self._closed = True
         self._changed.set()
 
-    async def send(self, msg: dict[str, Any]) -> Reply:
+    async def send(self, command: Command) -> Reply:
         raise ControlRefused(None, "a replay is read-only")
 
     # -- the stream ------------------------------------------------------------------

@@ -11,7 +11,7 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from pdtop.ui.commands import Command
+from pdtop.ui.keymap import KeyCommand
 
 
 class HelpScreen(ModalScreen[None]):
@@ -29,7 +29,7 @@ class HelpScreen(ModalScreen[None]):
     HelpScreen Static { width: 100%; height: auto; }
     """
 
-    def __init__(self, commands: list[Command], note: str = "") -> None:
+    def __init__(self, commands: list[KeyCommand], note: str = "") -> None:
         super().__init__()
         self.commands, self.note = commands, note
 

@@ -6,14 +6,14 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import Static
 
-from pdtop.telemetry.sources.replay import ReplaySource
+from pdtop.telemetry.sources.source import Transport
 from pdtop.ui import format as fmt
 
 
 class ReplayBar(Static):
     """One line above the footer, shown only when replaying."""
 
-    def paint(self, source: ReplaySource) -> None:
+    def paint(self, source: Transport) -> None:
         colours = self.app.theme_variables
         position, duration = source.position, source.duration
         if source.at_end:
@@ -24,7 +24,7 @@ class ReplayBar(Static):
             status = ("▶ playing", "bold " + colours.get("success", ""))
         head = Text.assemble(status, f"  {source.speed:g}x  ", (fmt.clock(position), "bold"), " / ",
                              fmt.clock(duration), "  ")
-        problems = source.recording.problems
+        problems = source.problems
         if problems:  # lines skipped or cut, a damaged file, events of a protocol this pdtop does not read
             head.append("⚠ " + "; ".join(problems) + "  ", style=colours.get("warning", ""))
         width = max(10, (self.content_size.width or 80) - head.cell_len)
@@ -35,6 +35,6 @@ class ReplayBar(Static):
         self.update(head + bar, layout=False)
 
 
-def replay_state(source: ReplaySource) -> tuple[Any, ...]:
+def replay_state(source: Transport) -> tuple[Any, ...]:
     """What the bar shows, to repaint only when it changed."""
     return (round(source.position, 1), source.paused, source.at_end, source.speed)

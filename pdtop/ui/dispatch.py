@@ -1,0 +1,163 @@
+"""Running the key table (`keymap.KEYMAP`): bindings, read-only refusals, prompts for a value, the
+command sent and what the operator is told of its reply, and the command palette.
+
+`DispatchApp` is the part of the dashboard app that does this; `PdtopApp` adds the panels.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from functools import partial
+from typing import Any
+
+from textual import events
+from textual.app import App, SystemCommand
+from textual.binding import Binding, BindingType
+from textual.screen import Screen
+
+from pdtop.engine.scheduling.commands import PinLevel
+from pdtop.telemetry.server.commands import Command, RecordStart, RecordStop
+from pdtop.telemetry.sources.source import ControlRefused, Source
+from pdtop.ui.keymap import BY_ID, KEYMAP, KeyCommand
+from pdtop.ui.screens.choice import ChoiceScreen
+from pdtop.ui.screens.help import HelpScreen
+from pdtop.ui.screens.prompt import PromptScreen
+from pdtop.ui.state import DashboardState
+from pdtop.ui.words import asked, starved_side
+
+
+def bindings(keys: list[KeyCommand]) -> list[BindingType]:
+    """One binding per key; help and quit first, so a narrow footer still shows them."""
+    keys = sorted(keys, key=lambda c: c.id not in ("help", "quit"))
+    return [Binding(c.key, f"run_command('{c.id}')", c.label, show=c.footer, key_display=c.key_display,
+                    id=f"pdtop.{c.id}", tooltip=c.description) for c in keys]
+
+
+class DispatchApp(App[None]):
+    BINDINGS = bindings(KEYMAP)
+
+    def __init__(self, source: Source) -> None:
+        self.source = source
+        self.state = DashboardState()
+        super().__init__()
+
+    @property
+    def replay(self) -> bool:
+        return self.source.transport is not None
+
+    @property
+    def readonly(self) -> bool:
+        return self.replay or self.source.readonly or self.state.readonly
+
+    def repaint_soon(self) -> None:
+        """Repaint after the next refresh (the app's panels)."""
+
+    def allowed(self, key: KeyCommand) -> bool:
+        """Whether a key is offered here (mode, read-only)."""
+        return key.available(self.replay) and not (key.needs_write and self.readonly)
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "run_command" and parameters:
+            key = BY_ID.get(str(parameters[0]))
+            return key is not None and self.allowed(key)
+        return True
+
+    def on_key(self, event: events.Key) -> None:
+        """Keys of write commands on a read-only connection are refused out loud."""
+        if not self.readonly or not isinstance(self.screen, Screen) or self.screen is not self.screen_stack[0]:
+            return
+        for key in KEYMAP:
+            if key.key == event.key and key.needs_write and key.available(False):
+                event.stop()
+                self.refuse(key)
+                return
+
+    def refuse(self, key: KeyCommand) -> None:
+        why = self.source.readonly_reason or "this connection is read-only"
+        self.notify(f"{key.description}: refused, {why}", title="read-only", severity="error")
+
+    def action_run_command(self, key_id: str) -> None:
+        key = BY_ID.get(key_id)
+        if key is None:
+            self.notify(f"no command {key_id!r}", severity="error")
+            return
+        if key.needs_write and self.readonly:
+            self.refuse(key)
+            return
+        if not key.available(self.replay):
+            self.notify(f"{key.description}: only when {'live' if key.mode == 'live' else 'replaying'}",
+                        severity="warning")
+            return
+        if key.arg is None:
+            self.execute(key, None)
+        elif key.arg.choices:
+            self.push_screen(ChoiceScreen(key.arg.prompt, key.arg.choices, key.arg.default(self.state)),
+                             callback=partial(self._prompted, key))
+        else:
+            self.push_screen(PromptScreen(key.arg.prompt, key.arg.default(self.state)),
+                             callback=partial(self._prompted, key))
+
+    def _prompted(self, key: KeyCommand, text: str | None) -> None:
+        if text is None:
+            return
+        assert key.arg is not None
+        try:
+            value = key.arg.parse(text)
+        except ValueError as exc:
+            self.notify(f"{key.description}: {exc}", title="not applied", severity="error")
+            return
+        self.execute(key, value)
+
+    def execute(self, key: KeyCommand, value: Any) -> None:
+        """Run a key with its (parsed) value: send its command, or run its local action."""
+        if key.build is not None:
+            try:
+                command = key.build(self.state, value)
+            except ValueError as exc:
+                self.notify(f"{key.description}: {exc}", title="not sent", severity="warning")
+                return
+            self.run_worker(self._send(command), group="control", exit_on_error=False)
+        elif key.arg is not None:
+            getattr(self, f"action_{key.action}")(value)
+        else:
+            self.call_later(self.run_action, key.action or "")
+
+    async def _send(self, command: Command) -> None:
+        said = asked(command, self.state)  # in words, from the state the operator saw when asking
+        try:
+            reply = await self.source.send(command)
+        except ControlRefused as exc:
+            field = f"{exc.field}: " if exc.field else ""
+            self.notify(f"{said}: {field}{exc.reason}", title="refused", severity="error", timeout=8)
+            return
+        except Exception as exc:
+            self.notify(f"{said}: {type(exc).__name__}: {exc}", title="not sent", severity="error", timeout=8)
+            return
+        match command:
+            case RecordStart(path=path):
+                self.state.recording = reply.path or path
+                self.notify(f"recording to {self.state.recording}", title="recording")
+            case RecordStop():
+                self.state.recording = None
+                self.notify(f"saved {reply.path or ''}", title="recording stopped")
+            case PinLevel(level=level) if why := starved_side(self.state, level):
+                self.notify(f"{said}; {why}", title="accepted", severity="warning", timeout=8)
+            case _:
+                self.notify(said, title="accepted", timeout=4)
+        self.state.version += 1
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        """The palette: the key table (what is allowed here)."""
+        for key in KEYMAP:
+            if self.allowed(key):
+                yield SystemCommand(key.description, f"key: {key.key_display or key.key}",
+                                    partial(self.action_run_command, key.id))
+
+    def action_help(self) -> None:
+        offered = [c for c in KEYMAP if self.allowed(c)]
+        if self.replay:
+            note = "replay: the engine cannot be changed"
+        elif self.readonly:
+            note = "read-only connection: engine controls are hidden"
+        else:
+            note = ""
+        self.push_screen(HelpScreen(offered, note))
