@@ -138,13 +138,14 @@ def _progress(budget_s: float, real: bool) -> Callable[[Trial, float], None]:
     """Real devices: one line per candidate on stderr. sim: one line rewritten, on a terminal only."""
     from pdtop.analysis.tune_report import describe_config
 
-    count = [0]
+    count = 0
     tty = sys.stderr.isatty()
 
     def show(trial: Trial, elapsed: float) -> None:
-        count[0] += 1
+        nonlocal count
+        count += 1
         r = trial.result
-        line = (f"pdtop tune: [{count[0]}] {elapsed:.0f}/{budget_s:.0f} s  ITL p99 {r.itl_p99_s * 1e3:.2f} ms  "
+        line = (f"pdtop tune: [{count}] {elapsed:.0f}/{budget_s:.0f} s  ITL p99 {r.itl_p99_s * 1e3:.2f} ms  "
                 f"prefill {r.prefill_tok_s:,.0f} tok/s  goodput {r.goodput_rps:.2f}/s  {describe_config(trial.config)}")
         if real:
             print(line, file=sys.stderr, flush=True)

@@ -1,0 +1,92 @@
+"""The package's shape: no import circle, each control command named in one module, small modules,
+a dashboard without torch."""
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pdtop
+from pdtop.engine.scheduling.commands import ENGINE_COMMANDS
+from pdtop.telemetry.server.commands import SERVER_COMMANDS
+
+PACKAGE = Path(pdtop.__file__).parent
+MAX_LINES = 400
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """Every pdtop module `name` imports anywhere in its file (TYPE_CHECKING and function-local too)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*up, base] if base else up)
+            found |= {f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+    return {m for m in found if m in modules and m != name}
+
+
+def test_no_import_circle():
+    modules = _modules()
+    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
+    done: set[str] = set()
+
+    def visit(name: str, trail: list[str]) -> None:
+        if name in trail:
+            raise AssertionError("import circle: " + " -> ".join([*trail[trail.index(name):], name]))
+        if name in done:
+            return
+        for other in sorted(graph[name]):
+            visit(other, [*trail, name])
+        done.add(name)
+
+    for name in sorted(graph):
+        visit(name, [])
+
+
+def test_the_walk_finds_a_circle_when_there_is_one(tmp_path):
+    """The check above can fail: two modules that import each other are found."""
+    (tmp_path / "a.py").write_text("from pdtop.b import x\n")
+    (tmp_path / "b.py").write_text("if True:\n    from pdtop.a import y\n")
+    modules = {"pdtop.a": tmp_path / "a.py", "pdtop.b": tmp_path / "b.py"}
+    assert _imports("pdtop.a", modules["pdtop.a"], modules) == {"pdtop.b"}
+    assert _imports("pdtop.b", modules["pdtop.b"], modules) == {"pdtop.a"}
+
+
+def test_each_command_name_is_spelled_in_one_module():
+    """A command's wire name is a string in its own class only; everything else uses the class."""
+    names = [*ENGINE_COMMANDS, *SERVER_COMMANDS]
+    for name in names:
+        if name in ("set", "inject", "auth"):  # also ordinary words and field names elsewhere
+            continue
+        spelled = [p for p in PACKAGE.rglob("*.py") if re.search(rf"[\"']{name}[\"']", p.read_text())]
+        assert len(spelled) == 1, f"{name!r} is spelled in {[str(p.relative_to(PACKAGE)) for p in spelled]}"
+
+
+def test_no_module_over_400_lines():
+    long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"split these by job: {long}"
+
+
+def test_the_dashboard_loads_no_torch():
+    """The ui takes the engine's vocabulary (records, commands, knobs, policy names) and analysis's tune
+    search, never the model: attaching to a remote server must not load torch."""
+    code = ("import sys, pdtop.ui.app, pdtop.ui.live_tune, pdtop.ui.screens.tune, pdtop.commands.attach\n"
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
