@@ -1,7 +1,9 @@
 """Serving metrics as vLLM's and SGLang's benchmarks define them: percentiles of TTFT and ITL.
 
-The one percentile of the project: numpy's, with linear interpolation (what vLLM's
-`benchmark_serving.py` reports). The dashboard and the benchmarks use it.
+The benchmarks' percentile: numpy's, with linear interpolation (what vLLM's
+`benchmark_serving.py` reports). The policy bench, the tuner, the round trace and the load
+generator use it; the dashboard's `ui/stats.py` computes the same percentiles on its own
+windows, without importing analysis.
 """
 from __future__ import annotations
 
