@@ -6,6 +6,8 @@ import pkgutil
 import subprocess
 import sys
 
+import pytest
+
 import pdtop.engine
 import pdtop.telemetry
 
@@ -52,3 +54,36 @@ def test_api_imports_neither_telemetry_nor_ui_nor_textual():
 
     loaded = _imported_after(_modules(pdtop.api))
     assert not {m for m in loaded if m.startswith(("textual", "pdtop.telemetry", "pdtop.ui"))}
+
+
+# The dashboard's Textual-free core: their docstrings promise no Textual, so the model and the live
+# tuner run (and are tested) without it. The child reports which of pdtop's imports pulled Textual in.
+TEXTUAL_FREE = ["pdtop.ui.state", "pdtop.ui.live_tune"]
+
+
+def _textual_import_chain(module: str) -> list[str]:
+    """pdtop's import lines that led to the first `textual` import when `module` is imported in a clean
+    interpreter; empty if Textual was never imported."""
+    code = ("import os, sys, traceback, importlib\n"
+            "import pdtop\n"
+            "root = os.path.dirname(pdtop.__file__) + os.sep\n"
+            "top = os.path.dirname(os.path.dirname(root))\n"
+            "chain = []\n"
+            "class Watch:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if not chain and name.partition('.')[0] == 'textual':\n"
+            "            chain.extend(f'{os.path.relpath(f.filename, top)}:{f.lineno}: {f.line}'\n"
+            "                         for f in traceback.extract_stack() if f.filename.startswith(root))\n"
+            "            chain.append('-> ' + name)\n"
+            "sys.meta_path.insert(0, Watch())\n"
+            f"importlib.import_module({module!r})\n"
+            "loaded = [m for m in sys.modules if m.partition('.')[0] == 'textual']\n"
+            "for line in chain or (['textual loaded'] if loaded else []):\n    print(line)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    return out.splitlines()
+
+
+@pytest.mark.parametrize("module", TEXTUAL_FREE)
+def test_dashboard_core_imports_no_textual(module):
+    chain = _textual_import_chain(module)
+    assert not chain, f"importing {module} loads textual:\n" + "\n".join(chain)

@@ -180,7 +180,7 @@ def run_levels(*args):
     import sys
     from pathlib import Path
 
-    return subprocess.run([sys.executable, "-m", "pdtop", "levels", *args], cwd=Path(__file__).resolve().parents[2],
+    return subprocess.run([sys.executable, "-m", "pdtop", "levels", *args], cwd=Path(__file__).resolve().parents[3],
                           capture_output=True, text=True, timeout=120)
 
 

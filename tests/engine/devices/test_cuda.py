@@ -214,7 +214,7 @@ def test_gpu_check_smoke_runs_without_packages_the_gpu_machine_lacks(tmp_path):
     through every section that needs no GPU, with what the lent GPU machine lacks unimportable."""
     import json
 
-    script = Path(__file__).resolve().parents[2] / "bench" / "gpu_check.py"
+    script = Path(__file__).resolve().parents[3] / "bench" / "gpu_check.py"
     out = tmp_path / "gpu_check.json"
     code = ("import runpy, sys\n"
             f"for m in {GPU_MACHINE_LACKS!r}:\n    sys.modules[m] = None\n"
@@ -241,7 +241,7 @@ def test_gpu_check_stopped_by_its_timeout_keeps_results_and_prints_the_table(tmp
     import json
     import signal
 
-    script = Path(__file__).resolve().parents[2] / "bench" / "gpu_check.py"
+    script = Path(__file__).resolve().parents[3] / "bench" / "gpu_check.py"
     out = tmp_path / "gpu_check.json"
     proc = subprocess.Popen([sys.executable, str(script), "--smoke", "--out", str(out)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -274,7 +274,7 @@ def test_device_info_says_what_is_missing():
 def test_gpu_run_script_leaves_its_files_without_a_gpu(tmp_path):
     """`bench/gpu_run.sh` (the one call a lent GPU machine makes) on a machine without a GPU: the check
     says so and exits 2, the cuda tests skip, and every log lands in $OUT."""
-    script = Path(__file__).resolve().parents[2] / "bench" / "gpu_run.sh"
+    script = Path(__file__).resolve().parents[3] / "bench" / "gpu_run.sh"
     env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable}
     r = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr

@@ -24,7 +24,7 @@ from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
 from pdtop.engine.scheduling.scheduler import Scheduler
 from pdtop.engine.scheduling.splits import SplitTable
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 QWEN = synthetic_config("qwen3-8b")
 
 

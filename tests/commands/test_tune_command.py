@@ -58,7 +58,7 @@ def test_written_yaml_loaded_by_pdtop_meets_the_slo(tuned):
     """The file, loaded as `pdtop --config best.yaml` loads it, runs the scenario within the SLO; the
     default, run the same way, does not."""
     proc, out = tuned
-    assert tuple(yaml.safe_load(out.read_text())) == SGLANG_KEYS  # SGLang's keys only (tests/engine/test_pdmux_dump.py)
+    assert tuple(yaml.safe_load(out.read_text())) == SGLANG_KEYS  # SGLang's keys only (scheduling/test_pdmux_dump.py)
     config = load_pdmux_config(str(out))
     assert {k: v for k, v in config.to_dict().items() if k != "chunk_size"} == json.loads(proc.stdout)["chosen"][
         "config"]

@@ -18,7 +18,7 @@ from pdtop.engine.model.paged_attention import _prefix, prefix_mode
 from pdtop.engine.request import Request, RequestStatus, SamplingParams
 from pdtop.engine.runtime.cuda_graphs import DecodeInputs
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
                                   reason="needs triton (pip install triton)")
 
