@@ -58,7 +58,7 @@ def test_api_imports_neither_telemetry_nor_ui_nor_textual():
 
 # The dashboard's Textual-free core: their docstrings promise no Textual, so the model and the live
 # tuner run (and are tested) without it. The child reports which of pdtop's imports pulled Textual in.
-TEXTUAL_FREE = ["pdtop.ui.state", "pdtop.ui.live_tune"]
+TEXTUAL_FREE = ["pdtop.ui.state", "pdtop.ui.live_tune", "pdtop.ui.keymap"]
 
 
 def _textual_import_chain(module: str) -> list[str]:
