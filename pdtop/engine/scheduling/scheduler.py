@@ -195,7 +195,9 @@ class Scheduler:
                 break
         return batch
 
-    def _emit(self, req: Request, token: int, now: float, stats: RoundStats) -> None:
+    def _append_token(self, req: Request, token: int, now: float, stats: RoundStats) -> None:
+        """Append one sampled token (`append_token`) and count it in `stats`, with the request's first-token
+        record and, when it finishes, its finish record (its KV released)."""
         finished = append_token(req, token, now, self.executor.cfg.eos_ids)
         stats.tokens += 1
         if len(req.output_ids) == 1:
@@ -208,7 +210,7 @@ class Scheduler:
     def _join_decode(self, reqs: list[Request], tokens: list[int], stats: RoundStats) -> None:
         now = self.device.now()
         for req, tok in zip(reqs, tokens, strict=True):
-            self._emit(req, tok, now, stats)
+            self._append_token(req, tok, now, stats)
             reason = self._ending.pop(req.id, None)
             if reason is not None and not req.finished:  # aborted while its prefill was in flight
                 stats.requests.append(self._end(req, reason, now))
@@ -225,7 +227,7 @@ class Scheduler:
         stats.flops += work.flops
         stats.bytes += work.bytes
         for req, tok in zip(batch, tokens, strict=True):
-            self._emit(req, tok, now, stats)
+            self._append_token(req, tok, now, stats)
         self.running = [r for r in self.running if not r.finished]
 
     # -- policies --------------------------------------------------------------------------
@@ -327,7 +329,7 @@ class Scheduler:
         if batch:
             stats.decode_s, stats.decode_bs = now - t0, len(batch)
         for r, tok in zip(batch, tokens, strict=True):
-            self._emit(r, tok, now, stats)
+            self._append_token(r, tok, now, stats)
         self.running = [r for r in self.running if not r.finished]
         if req is not None and first is not None:  # this chunk ended req's prompt
             self.chunk_req = None
