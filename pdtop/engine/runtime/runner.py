@@ -25,8 +25,7 @@ from pdtop.engine.errors import PromptError
 from pdtop.engine.model.config import ModelConfig
 from pdtop.engine.model.llama import DecodeGroup, ForwardBatch, LlamaModel, Segment
 from pdtop.engine.model.sampling import greedy_tokens, make_generator, sample
-from pdtop.engine.request import Request, RequestStatus
-from pdtop.engine.runtime.block_pool import BlockTable
+from pdtop.engine.request import BlockTable, Request, RequestStatus
 from pdtop.engine.runtime.cuda_graphs import CudaDecoder, DecodeInputs
 from pdtop.engine.runtime.kv_cache import KVCache
 from pdtop.engine.runtime.kv_sizing import KvPlan
