@@ -1,6 +1,6 @@
 """NVIDIA GPU device: prefill and decode on disjoint SMs through CUDA green contexts.
 
-Levels are SGLang's stream groups (`splits.stream_groups`): each middle level is one
+Levels are SGLang's stream groups (`sm_split.stream_groups`): each middle level is one
 green-context pair (`green_ctx.GreenContexts.split`) whose two raw streams torch uses
 through `torch.cuda.ExternalStream`; the two end levels ("all to prefill", "all to
 decode") use plain torch streams on the whole device. Kernels launch asynchronously,
@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 from pdtop.engine.devices.base import Device, Work
 from pdtop.engine.devices.green_ctx import INSTALL_HINT, GreenContexts, GreenPair
+from pdtop.engine.devices.sm_split import stream_groups
 from pdtop.engine.errors import DeviceError
 
 log = logging.getLogger(__name__)
@@ -151,8 +152,6 @@ class CudaDevice(Device):
         self.groups = []
         self.level = 0
         if groups is None:
-            from pdtop.engine.scheduling.splits import stream_groups
-
             groups = stream_groups(self.units, self.cc_major, sm_group_num)
         try:
             self.set_groups(groups)
