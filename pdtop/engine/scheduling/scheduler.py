@@ -24,13 +24,13 @@ import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Generic
 
 from pdtop.engine.devices.base import Device, Work
 from pdtop.engine.errors import EngineError, KVCapacityError
 from pdtop.engine.records import PrefillProgress, RequestRecord, RoundRecord
 from pdtop.engine.request import Request, RequestStatus
-from pdtop.engine.runtime.executor import Executor
+from pdtop.engine.runtime.executor import Executor, S
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
 from pdtop.engine.scheduling.policies import check_policy
 from pdtop.engine.scheduling.splits import SplitTable, prefill_layers_per_step
@@ -79,9 +79,9 @@ def generate(runner: ModelRunner, req: Request) -> Iterator[int]:
 
 
 @dataclass
-class PrefillBatch:
+class PrefillBatch(Generic[S]):
     reqs: list[Request]
-    state: Any
+    state: S  # what the executor's `prefill_begin` made; only the executor reads it
     tokens: int
     layers_per_round: int
     layers_done: int = 0
@@ -103,8 +103,8 @@ class RoundStats:
     requests: list[RequestRecord] = field(default_factory=list)
 
 
-class Scheduler:
-    def __init__(self, device: Device, executor: Executor, table: SplitTable, config: PdmuxConfig,
+class Scheduler(Generic[S]):
+    def __init__(self, device: Device, executor: Executor[S], table: SplitTable, config: PdmuxConfig,
                  policy: str = "pdmux", max_prefill_tokens: int = MAX_PREFILL_TOKENS):
         self.device, self.executor = device, executor
         self.config = config.for_device(device.kind)
@@ -114,7 +114,7 @@ class Scheduler:
         self.pinned: int | None = None
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self.prefill: PrefillBatch | None = None
+        self.prefill: PrefillBatch[S] | None = None
         self.chunk_req: Request | None = None
         self.round_index = 0
         self.rejected: list[Request] = []  # reported as "finish" records by the next step
