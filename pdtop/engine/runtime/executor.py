@@ -21,7 +21,7 @@ from pdtop.engine.roofline import cost
 from pdtop.engine.runtime.block_pool import BlockPool
 
 if TYPE_CHECKING:  # the runner needs torch; the simulator runs without it
-    from pdtop.engine.runtime.runner import ModelRunner, PrefillState
+    from pdtop.engine.runtime.runner import LayerTrace, ModelRunner, PrefillState
 
 S = TypeVar("S")  # an executor's in-flight prefill state
 ChunkTokens = tuple[list[int], int | None]  # a chunked step's decode tokens, and the prompt's first token once it ends
@@ -47,6 +47,11 @@ class Executor(ABC, Generic[S]):
     def describe(self) -> dict[str, Any]:
         """How the work runs (dtype, KV cache, kernels), for `Engine.describe()["runtime"]`."""
         return {"kv_cache": {"tokens": self.pool.capacity_tokens}}
+
+    def set_layer_trace(self, trace: LayerTrace | None) -> bool:
+        """Tell `trace` each model layer's attention and MLP times (`runner.LayerTrace`), or stop (None);
+        False where no layers run (the simulator), so nothing will be told."""
+        return False
 
     @abstractmethod
     def _run_decode(self, reqs: list[Request]) -> list[int]: ...
@@ -110,6 +115,10 @@ class ModelExecutor(Executor["PrefillState"]):
 
     def describe(self) -> dict[str, Any]:
         return self.runner.describe()
+
+    def set_layer_trace(self, trace: LayerTrace | None) -> bool:
+        self.runner.layer_trace = trace
+        return True
 
     def release(self, req: Request) -> None:
         self.runner.free(req)
