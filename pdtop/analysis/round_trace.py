@@ -52,7 +52,7 @@ class RoundTracer(Observer):
 
     def _where(self) -> dict[str, Any]:
         device = self._engine.device
-        cores: dict[str, Any] = dict(device.worker_cores()) if isinstance(device, CpuDevice) else {}
+        cores: dict[str, Any] = device.worker_cores() if isinstance(device, CpuDevice) else {}
         return {"level": self._engine.device.level, "cores": cores,
                 "prefill": self._engine.scheduler.prefill_in_flight}
 

@@ -14,11 +14,10 @@ not finished): another request could be given its blocks while its layers still 
 
 Tracing: set `layer_trace` (a `LayerTrace`) and every layer the runner runs through the
 model reports its attention and MLP times, with the work they belong to ("prefill" for
-`prefill_layers`, "decode" for a decode step, "mixed" for a chunked step with a piece of a
-prompt). It is
-called on the thread that runs the work, so the CPU device's two sides call it concurrently.
-Off (None, the default) the layers run as they would without it. Decode through CUDA graphs
-or paged attention on CUDA (`CudaDecoder`) does not report.
+`prefill_layers`, "decode" for a decode step, "mixed" for a chunked step that carries a
+piece of a prompt). It is called on the thread that runs the work, so the CPU device's two
+sides call it concurrently. Off (None, the default) the layers run in the untimed loop.
+Decode through `CudaDecoder` (paged attention, CUDA graphs) does not report.
 """
 from __future__ import annotations
 
