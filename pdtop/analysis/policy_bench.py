@@ -31,8 +31,7 @@ from pdtop.engine.devices.base import Work
 from pdtop.engine.engine import Engine
 from pdtop.engine.errors import EngineError
 from pdtop.engine.records import RoundRecord
-from pdtop.engine.request import Request, RequestStatus
-from pdtop.engine.runtime.block_pool import BlockTable
+from pdtop.engine.request import BlockTable, Request, RequestStatus
 
 Progress = Callable[[str], None]
 BASELINE_SPAN = 2  # a step's baseline: median replay of its composition's steps within +-2 (same requests)

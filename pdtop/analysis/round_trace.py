@@ -4,9 +4,9 @@ A `RoundTracer` watches the bench's rounds and records, per decode step: the lev
 whether it changed, the core sets the two worker threads are pinned to (and so their
 OpenMP team sizes: one thread per core) and whether decode was re-pinned, what the
 prefill side did during the decode step (milliseconds in attention and in the MLP, which
-layers; timed on the prefill thread by wrapping each layer's attention and MLP), the
-garbage collections that ran, and the process's thread count. `slow_step_report` then
-says which of these the slowest steps share.
+layers; told by the model runner's layer trace, `Executor.set_layer_trace`, for the
+prefill work's layers), the garbage collections that ran, and the process's thread count.
+`slow_step_report` then says which of these the slowest steps share.
 """
 from __future__ import annotations
 
@@ -14,17 +14,15 @@ import gc
 import math
 import os
 import statistics
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from pdtop.analysis.metrics import percentile
 from pdtop.analysis.policy_bench import Observer
+from pdtop.engine.devices.cpu import CpuDevice
 from pdtop.engine.engine import Engine
 from pdtop.engine.records import RoundRecord
-
-PREFILL_THREAD = "pdtop-prefill"  # the CPU device's prefill worker thread name prefix
 
 
 class RoundTracer(Observer):
@@ -32,14 +30,9 @@ class RoundTracer(Observer):
         self._engine = engine
         self._gc: list[tuple[int, float, float]] = []  # (generation, start, end), perf_counter seconds
         self._gc_start = (0, 0.0)
-        self._phases: list[tuple[str, int, float, float]] = []  # prefill thread: (phase, layer, start, end)
-        self._unwrap: list[Callable[[], None]] = []
+        self._phases: list[tuple[str, int, float, float]] = []  # prefill work: (phase, layer, start, end)
         gc.callbacks.append(self._on_gc)
-        runner = getattr(engine.executor, "runner", None)
-        if runner is not None:
-            for i, layer in enumerate(runner.model.layers):
-                self._wrap(layer.attn, "attn", i)
-                self._wrap(layer.mlp, "mlp", i)
+        engine.executor.set_layer_trace(self._on_layer)  # the simulator runs no layers: nothing is told
 
     def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
@@ -47,28 +40,19 @@ class RoundTracer(Observer):
         else:
             self._gc.append((*self._gc_start, time.perf_counter()))
 
-    def _wrap(self, module: Any, phase: str, layer: int) -> None:
-        forward = module.forward
-        phases = self._phases
-
-        def timed(*args: Any, **kw: Any) -> Any:
-            if not threading.current_thread().name.startswith(PREFILL_THREAD):
-                return forward(*args, **kw)
-            t0 = time.perf_counter()
-            out = forward(*args, **kw)
-            phases.append((phase, layer, t0, time.perf_counter()))
-            return out
-
-        module.forward = timed
-        self._unwrap.append(lambda: delattr(module, "forward"))
+    def _on_layer(self, work: str, phase: str, layer: int, start: float, end: float) -> None:
+        """The runner's layer trace, on the thread that ran the layer (the CPU device's prefill side for
+        pdmux's prefill slices)."""
+        if work == "prefill":
+            self._phases.append((phase, layer, start, end))
 
     def close(self) -> None:
         gc.callbacks.remove(self._on_gc)
-        for undo in self._unwrap:
-            undo()
+        self._engine.executor.set_layer_trace(None)
 
     def _where(self) -> dict[str, Any]:
-        cores: dict[str, Any] = getattr(self._engine.device, "worker_cores", dict)()
+        device = self._engine.device
+        cores: dict[str, Any] = device.worker_cores() if isinstance(device, CpuDevice) else {}
         return {"level": self._engine.device.level, "cores": cores,
                 "prefill": self._engine.scheduler.prefill_in_flight}
 

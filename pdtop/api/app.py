@@ -15,7 +15,7 @@ import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -28,6 +28,10 @@ from pdtop.api.streams import Chunk, Completion, Mailbox
 from pdtop.engine.errors import EngineError, PromptError, QueueFullError
 from pdtop.engine.request import SamplingParams
 
+if TYPE_CHECKING:  # annotations only
+    from pdtop.engine.engine import Engine
+    from pdtop.engine.model.tokenizer import Tokenizer
+
 log = logging.getLogger("pdtop.api")
 COMPLETIONS_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to the rest of the context
 T = TypeVar("T")
@@ -36,7 +40,7 @@ T = TypeVar("T")
 class Served:
     """What the routes share: the engine, its tokenizer and metrics, the served model's id."""
 
-    def __init__(self, engine: Any, tokenizer: Any, metrics: EngineMetrics):
+    def __init__(self, engine: Engine, tokenizer: Tokenizer, metrics: EngineMetrics):
         self.engine, self.tokenizer, self.metrics = engine, tokenizer, metrics
         self.model_id: str = engine.model_name
         self.context: int = engine.executor.cfg.max_context

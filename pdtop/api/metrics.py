@@ -6,7 +6,8 @@ Each metric has vLLM's `model_name` label.
 """
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client import (
     CollectorRegistry,
@@ -21,6 +22,10 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from pdtop.engine.records import ConfigChange, RequestRecord, RoundRecord
+
+if TYPE_CHECKING:  # annotations only
+    from pdtop.engine.engine import Engine
+    from pdtop.engine.sinks import Record
 
 # vLLM's buckets (seconds)
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -42,7 +47,7 @@ class SplitCollector(Collector):
         self.model = model
         self.split: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
-    def collect(self) -> Any:
+    def collect(self) -> Iterator[GaugeMetricFamily]:
         split = self.split  # one read: the three values of one round
         for (name, doc), value in zip(self.DOCS, split, strict=True):
             family = GaugeMetricFamily(f"pdtop:{name}", doc, labels=["model_name"])
@@ -56,14 +61,14 @@ SUCCESS_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "abort": "
 class EngineMetrics:
     """The registry `/metrics` serves, kept up to date by `sink` (register it with `engine.add_sink`)."""
 
-    def __init__(self, engine: Any):
+    def __init__(self, engine: Engine):
         self.engine = engine
         disable_created_metrics()  # no `_created` series, as vLLM's output
         self.registry = CollectorRegistry()
         model = engine.model_name
         r, m = self.registry, ["model_name"]
 
-        def gauge(name: str, doc: str) -> Any:
+        def gauge(name: str, doc: str) -> Gauge:
             return Gauge(f"pdtop:{name}", doc, m, registry=r).labels(model)
 
         self.ttft = Histogram("pdtop:time_to_first_token_seconds", "Time to first token, seconds", m,
@@ -86,7 +91,7 @@ class EngineMetrics:
         self._model = model
         self._on_config()
 
-    def sink(self, rec: Any) -> None:
+    def sink(self, rec: Record) -> None:
         """Engine thread: one record in."""
         if isinstance(rec, RoundRecord):
             self.running.set(rec.running)

@@ -9,12 +9,16 @@ import asyncio
 import contextlib
 import socket
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
 from pdtop.api.app import Served, create_app
 from pdtop.api.metrics import EngineMetrics
+
+if TYPE_CHECKING:  # annotations only
+    from pdtop.engine.engine import Engine
+    from pdtop.engine.model.tokenizer import Tokenizer
 
 
 class _Uvicorn(uvicorn.Server):
@@ -23,7 +27,7 @@ class _Uvicorn(uvicorn.Server):
         yield
 
 
-def default_tokenizer() -> Any:
+def default_tokenizer() -> Tokenizer:
     """The default model's tokenizer: text for engines whose model has none (synthetic, simulated)."""
     from pdtop.engine.model.loader import default_model_path
     from pdtop.engine.model.tokenizer import Tokenizer
@@ -35,8 +39,8 @@ class ApiServer:
     """Serve `engine` over HTTP on host:port. `token`: `/v1/*` requests need `Authorization: Bearer TOKEN`
     (the command requires one for a non-loopback host). `start()` in a running loop, `stop()` to finish."""
 
-    def __init__(self, engine: Any, host: str = "127.0.0.1", port: int = 0, *, token: str | None = None,
-                 tokenizer: Any = None):
+    def __init__(self, engine: Engine, host: str = "127.0.0.1", port: int = 0, *, token: str | None = None,
+                 tokenizer: Tokenizer | None = None):
         self.engine, self.host, self.port = engine, host, port
         self.metrics = EngineMetrics(engine)
         self.served = Served(engine, tokenizer or engine.tokenizer or default_tokenizer(), self.metrics)

@@ -14,10 +14,13 @@ import asyncio
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pdtop.engine.request import Request
 from pdtop.engine.updates import TokenUpdate
+
+if TYPE_CHECKING:  # annotations only
+    from pdtop.engine.model.tokenizer import Tokenizer
 
 # the engine's finish reasons -> OpenAI's
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "abort": "abort", "rejected": "error"}
@@ -55,7 +58,7 @@ class Mailbox:
 
 
 class Completion:
-    def __init__(self, mailbox: Mailbox, tokenizer: Any, stops: Sequence[str]):
+    def __init__(self, mailbox: Mailbox, tokenizer: Tokenizer, stops: Sequence[str]):
         self.queue: asyncio.Queue[Chunk] = asyncio.Queue()
         self.request: Request | None = None  # set by the caller once enqueued (for `Engine.abort`)
         self._mailbox = mailbox

@@ -2,18 +2,24 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pdtop.engine.devices.base import Device
 from pdtop.engine.engine import Engine
 from pdtop.engine.errors import DeviceError, EngineError
 from pdtop.engine.roofline.gpu_specs import CUSTOM_HELP, SPECS, GpuSpec, parse_gpu
-from pdtop.engine.runtime.executor import Executor
+from pdtop.engine.runtime.executor import ModelExecutor, SimExecutor
 from pdtop.engine.scheduling.admission import QueueLimits
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
 from pdtop.engine.scheduling.policies import DEFAULT_POLICY
 from pdtop.engine.scheduling.splits import SplitTable
 from pdtop.engine.scheduling.workload import PromptMaker, Workload, WorkloadSpec
+
+if TYPE_CHECKING:  # imported where they are used: the simulator needs neither torch nor gguf
+    from pdtop.engine.model.config import ModelConfig
+    from pdtop.engine.model.llama import LlamaModel
+    from pdtop.engine.model.tokenizer import Tokenizer
+    from pdtop.engine.runtime.kv_sizing import KvPlan
 
 DEVICE_HELP = f"auto, cpu, cuda, cuda:N, or sim:GPU ({', '.join(SPECS)}, {CUSTOM_HELP})"
 
@@ -63,7 +69,7 @@ def default_dtype(kind: str) -> str:
 def build_engine(device: str = "auto", model: str | None = None, config: PdmuxConfig | None = None,
                  policy: str = DEFAULT_POLICY, workload: WorkloadSpec | Workload | None = None, seed: int = 0,
                  dtype: str | None = None, kv_capacity_tokens: int | None = None, temperature: float = 0.0,
-                 loaded_model: Any = None, gpu_memory_fraction: float | None = None,
+                 loaded_model: LlamaModel | None = None, gpu_memory_fraction: float | None = None,
                  cuda_graphs: bool = True, limits: QueueLimits | None = None) -> Engine:
     """An engine on `device` (see `parse_device`), ready to `run`.
 
@@ -77,20 +83,19 @@ def build_engine(device: str = "auto", model: str | None = None, config: PdmuxCo
     """
     config = config or PdmuxConfig()
     where = parse_device(device)
+    tokenizer: Tokenizer | None = None  # the model file's; synthetic and simulated models have none
     if where.gpu is not None:  # sim:GPU
         from pdtop.engine.devices.sim import SimDevice
         from pdtop.engine.model.config import synthetic_config
-        from pdtop.engine.runtime.executor import SimExecutor
 
         spec = where.gpu
         cfg = _model_config(model) if model and not model.startswith("synthetic:") else synthetic_config(
             model or "synthetic:qwen3-8b")
         table = SplitTable.for_gpu(spec.sms, spec.cc_major, config)
         dev: Device = SimDevice(spec, table.groups)
-        executor: Executor = SimExecutor(cfg, kv_capacity_tokens or 1 << 20)
-        prompts, name, tokenizer = PromptMaker(None, seed), cfg.name, None
+        executor: SimExecutor | ModelExecutor = SimExecutor(cfg, kv_capacity_tokens or 1 << 20)
+        prompts, name = PromptMaker(None, seed), cfg.name
     else:
-        from pdtop.engine.runtime.executor import ModelExecutor
         from pdtop.engine.runtime.runner import ModelRunner
 
         cuda_dev = None
@@ -114,7 +119,6 @@ def build_engine(device: str = "auto", model: str | None = None, config: PdmuxCo
             runner.kv_how = plan.how
             if runner.cuda is not None and cuda_dev is not None:
                 cuda_dev.add_streams_listener(runner.cuda.sync_streams)  # graphs on every level's decode stream
-            tokenizer = None
             if not source.startswith("synthetic:"):
                 from pdtop.engine.model.tokenizer import Tokenizer
 
@@ -136,14 +140,14 @@ def _default_model() -> str:
     return str(default_model_path())
 
 
-def load_for(device: str, model: str | None = None, dtype: str | None = None) -> Any:
+def load_for(device: str, model: str | None = None, dtype: str | None = None) -> LlamaModel:
     """The model `build_engine(device, model, dtype=dtype)` would load (the default model, the device's
     default dtype), to pass as `loaded_model` to several engines. Not for `sim:` devices."""
     where = parse_device(device)
     return _load(model or _default_model(), dtype or default_dtype(where.kind), where.torch_device)
 
 
-def _load(source: str, dtype: str, device: str) -> Any:
+def _load(source: str, dtype: str, device: str) -> LlamaModel:
     """A synthetic model needs neither gguf nor a file (the GPU check runs where gguf is missing)."""
     if source.startswith("synthetic:"):
         from pdtop.engine.model.llama import synthetic_model
@@ -154,7 +158,8 @@ def _load(source: str, dtype: str, device: str) -> Any:
     return load_model(source, dtype=dtype, device=device)
 
 
-def _kv_plan(where: DeviceSpec, model: Any, tokens: int | None, fraction: float | None, config: PdmuxConfig) -> Any:
+def _kv_plan(where: DeviceSpec, model: LlamaModel, tokens: int | None, fraction: float | None,
+             config: PdmuxConfig) -> KvPlan:
     """The KV cache size: `tokens`, else on CUDA sized from free memory, else the CPU default."""
     from pdtop.engine.runtime import kv_sizing
 
@@ -184,7 +189,7 @@ def _cuda_available() -> bool:
         return False
 
 
-def _model_config(path: str) -> Any:
+def _model_config(path: str) -> ModelConfig:
     from pdtop.engine.model.loader import read_config
 
     return read_config(path)

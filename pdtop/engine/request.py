@@ -5,19 +5,31 @@ Who writes what, so that each fact has one owner:
   times, moves `status` along and decides when a request is finished;
 - the executor (the model runner, or the simulator's bookkeeping) owns the KV side:
   `table` (blocks, through the `BlockPool`), `num_cached` and the sampling `generator`.
-No torch here: the simulator runs without it.
+`BlockTable`, the request's part of the KV accounting, is defined here, below the runtime
+that fills it (`runtime/block_pool.py`). No torch here: the simulator runs without it.
 """
 from __future__ import annotations
 
 import enum
 import itertools
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pdtop.engine.errors import PromptError
-from pdtop.engine.runtime.block_pool import BlockTable
+
+if TYPE_CHECKING:  # the annotation only: the simulator's requests never import torch
+    import torch
 
 SOURCES = ("workload", "inject", "api")  # who sent a request (`Request.source`)
+
+
+@dataclass
+class BlockTable:
+    """One request's KV blocks, the token slots it has reserved, and the blocks promised to it; only
+    a `BlockPool` (`runtime/block_pool.py`) changes it."""
+    blocks: list[int] = field(default_factory=list)
+    num_tokens: int = 0
+    promised_blocks: int = 0
 
 
 class RequestStatus(enum.Enum):
@@ -62,7 +74,7 @@ class Request:
     source: str = "workload"  # who sent it: "workload" | "inject" | "api"
     num_cached: int = 0  # tokens whose K/V is in the cache (chunked prefill progress, decode position)
     table: BlockTable = field(default_factory=BlockTable, repr=False)
-    generator: Any = field(default=None, repr=False)  # torch.Generator of a sampling request, else None
+    generator: torch.Generator | None = field(default=None, repr=False)  # a sampling request's, else None
 
     @property
     def prompt_len(self) -> int:

@@ -4,7 +4,10 @@ A level is an index into `groups`, a list of (prefill units, decode units) in
 SGLang's stream-group order: 0 is "all to prefill", the last is "all to decode".
 Work carries both its real computation (`run`) and its cost (FLOPs, bytes), so
 a simulated device can time it on a virtual clock and telemetry can report
-bytes moved for every device.
+bytes moved for every device. `Work[R]` is work whose `run` returns R (the executor's:
+decode `list[int]`, a prefill slice None, a chunked step `(list[int], int | None)`);
+`run_decode` and `run_whole` hand that back typed, while prefill work goes in and comes
+out of the device untyped (`object`), since the device only holds it until it is done.
 """
 from __future__ import annotations
 
@@ -12,15 +15,18 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Generic, TypeVar
+
+R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
 
 
 @dataclass
-class Work:
+class Work(Generic[R_co]):
     kind: str  # "decode" | "prefill" | "mixed"
     flops: float
     bytes: float
-    run: Callable[[], Any]  # the computation; on a simulated device, bookkeeping only
+    run: Callable[[], R_co]  # the computation; on a simulated device, bookkeeping only
 
 
 class Device(ABC):
@@ -41,7 +47,7 @@ class Device(ABC):
         """Switch the split; waits for both sides to be idle first."""
 
     @abstractmethod
-    def submit_prefill(self, work: Work) -> None:
+    def submit_prefill(self, work: Work[object]) -> None:
         """Start prefill work on the prefill side without waiting; at most `max_prefill_in_flight`
         outstanding, run in the order submitted."""
 
@@ -54,8 +60,9 @@ class Device(ABC):
         return 0.0 if self.prefill_busy() else 1.0
 
     @abstractmethod
-    def wait_prefill(self) -> Any:
-        """Block (or advance the virtual clock) until the outstanding prefill is done; its result."""
+    def wait_prefill(self) -> object:
+        """Block (or advance the virtual clock) until the outstanding prefill is done; what its last
+        slice's `run` returned (None when nothing was outstanding)."""
 
     def collect_prefill(self, in_flight: int, block: bool = False) -> int:
         """How many of the `in_flight` submitted prefill slices are done, oldest first, taking them;
@@ -66,12 +73,12 @@ class Device(ABC):
         return 0
 
     @abstractmethod
-    def run_decode(self, work: Work) -> Any:
-        """Run decode work on the decode side and wait for it."""
+    def run_decode(self, work: Work[R]) -> R:
+        """Run decode work on the decode side and wait for it; what its `run` returned."""
 
     @abstractmethod
-    def run_whole(self, work: Work) -> Any:
-        """Run work on every unit and wait for it (chunked and prefill-first steps)."""
+    def run_whole(self, work: Work[R]) -> R:
+        """Run work on every unit and wait for it (chunked and prefill-first steps); what its `run` returned."""
 
     def set_groups(self, groups: list[tuple[int, int]]) -> list[tuple[int, int] | None]:
         """Replace the split levels (e.g. new manual divisions); called between rounds. Returns the

@@ -19,9 +19,8 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
 
-from pdtop.engine.devices.base import Device, Work
+from pdtop.engine.devices.base import Device, R, Work
 
 
 def usable_cores() -> list[int]:
@@ -37,8 +36,8 @@ class _SideWorker:
         self._applied: tuple[int, ...] | None = None
         self.native_id: int | None = None
 
-    def submit(self, cores: tuple[int, ...], fn: Callable[[], Any]) -> Future:
-        def job() -> Any:
+    def submit(self, cores: tuple[int, ...], fn: Callable[[], R]) -> Future[R]:
+        def job() -> R:
             if cores != self._applied:
                 import torch
 
@@ -74,7 +73,7 @@ class CpuDevice(Device):
         self.level = 0
         self._prefill = _SideWorker("prefill")
         self._decode = _SideWorker("decode")
-        self._pending: Future | None = None
+        self._pending: Future[object] | None = None
 
     def describe(self) -> dict:
         return {**super().describe(), "cores": list(self.cores)}
@@ -95,7 +94,7 @@ class CpuDevice(Device):
         self.wait_prefill()
         self.level = level
 
-    def submit_prefill(self, work: Work) -> None:
+    def submit_prefill(self, work: Work[object]) -> None:
         if self._pending is not None and not self._pending.done():
             raise RuntimeError("a prefill is already outstanding")
         self._pending = self._prefill.submit(self.side_cores(0), work.run)
@@ -103,14 +102,14 @@ class CpuDevice(Device):
     def prefill_busy(self) -> bool:
         return self._pending is not None and not self._pending.done()
 
-    def wait_prefill(self) -> Any:
+    def wait_prefill(self) -> object:
         pending, self._pending = self._pending, None
         return pending.result() if pending is not None else None
 
-    def run_decode(self, work: Work) -> Any:
+    def run_decode(self, work: Work[R]) -> R:
         return self._decode.submit(self.side_cores(1), work.run).result()
 
-    def run_whole(self, work: Work) -> Any:
+    def run_whole(self, work: Work[R]) -> R:
         self.wait_prefill()
         return self._decode.submit(self.cores, work.run).result()
 

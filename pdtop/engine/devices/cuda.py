@@ -1,6 +1,6 @@
 """NVIDIA GPU device: prefill and decode on disjoint SMs through CUDA green contexts.
 
-Levels are SGLang's stream groups (`splits.stream_groups`): each middle level is one
+Levels are SGLang's stream groups (`sm_split.stream_groups`): each middle level is one
 green-context pair (`green_ctx.GreenContexts.split`) whose two raw streams torch uses
 through `torch.cuda.ExternalStream`; the two end levels ("all to prefill", "all to
 decode") use plain torch streams on the whole device. Kernels launch asynchronously,
@@ -20,11 +20,15 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from pdtop.engine.devices.base import Device, Work
+from pdtop.engine.devices.base import Device, R, Work
 from pdtop.engine.devices.green_ctx import INSTALL_HINT, GreenContexts, GreenPair
+from pdtop.engine.devices.sm_split import stream_groups
 from pdtop.engine.errors import DeviceError
+
+if TYPE_CHECKING:  # torch is imported when a device is made (`cuda_unavailable_reason` first says why it cannot)
+    import torch
 
 log = logging.getLogger(__name__)
 MAX_CONNECTIONS_ENV = "CUDA_DEVICE_MAX_CONNECTIONS"
@@ -101,19 +105,19 @@ class _Level:
 
     requested: tuple[int, int]
     realized: tuple[int, int]
-    prefill: Any  # torch.cuda.Stream | torch.cuda.ExternalStream
-    decode: Any
+    prefill: torch.cuda.Stream  # a torch.cuda.ExternalStream on a green context's raw stream, for a split level
+    decode: torch.cuda.Stream
     pair: GreenPair | None
 
 
 @dataclass
 class _Pending:
-    work: Work  # held so tensors its closure captured stay alive until the kernels finish
-    result: Any
-    event: Any  # torch.cuda.Event recorded after the prefill's kernels
+    work: Work[object]  # held so tensors its closure captured stay alive until the kernels finish
+    result: object
+    event: torch.cuda.Event  # recorded after the prefill's kernels
 
 
-StreamsListener = Callable[[dict[int, Any]], None]
+StreamsListener = Callable[[dict[int, "torch.cuda.Stream"]], None]
 
 
 class CudaDevice(Device):
@@ -151,8 +155,6 @@ class CudaDevice(Device):
         self.groups = []
         self.level = 0
         if groups is None:
-            from pdtop.engine.scheduling.splits import stream_groups
-
             groups = stream_groups(self.units, self.cc_major, sm_group_num)
         try:
             self.set_groups(groups)
@@ -215,7 +217,7 @@ class CudaDevice(Device):
     def _current(self) -> _Level:
         return self._active[self.level]
 
-    def side_streams(self) -> tuple[Any, Any]:
+    def side_streams(self) -> tuple[torch.cuda.Stream, torch.cuda.Stream]:
         """The current level's (prefill, decode) streams, for timing work on them (bench/gpu_check.py)."""
         lvl = self._current()
         return lvl.prefill, lvl.decode
@@ -233,13 +235,13 @@ class CudaDevice(Device):
     def now(self) -> float:
         return time.perf_counter()
 
-    def _launch(self, stream: Any, work: Work) -> Any:
+    def _launch(self, stream: torch.cuda.Stream, work: Work[R]) -> R:
         torch = self._torch
         stream.wait_stream(torch.cuda.current_stream(self.tdev))  # inputs made on the caller's stream
         with torch.cuda.stream(stream):
             return work.run()
 
-    def submit_prefill(self, work: Work) -> None:
+    def submit_prefill(self, work: Work[object]) -> None:
         """Queue a prefill slice behind those in flight on the prefill stream (at most
         `max_prefill_in_flight`, as SGLang launches a slice every round without waiting)."""
         running = sum(1 for p in self._pending if not p.event.query())  # done ones wait to be collected
@@ -254,7 +256,7 @@ class CudaDevice(Device):
     def prefill_busy(self) -> bool:
         return bool(self._pending) and not self._pending[-1].event.query()
 
-    def wait_prefill(self) -> Any:
+    def wait_prefill(self) -> object:
         if not self._pending:
             return None
         last = self._pending[-1]
@@ -272,13 +274,13 @@ class CudaDevice(Device):
             done += 1
         return done
 
-    def run_decode(self, work: Work) -> Any:
+    def run_decode(self, work: Work[R]) -> R:
         stream = self._current().decode
         out = self._launch(stream, work)
         stream.synchronize()
         return out
 
-    def run_whole(self, work: Work) -> Any:
+    def run_whole(self, work: Work[R]) -> R:
         out = self._launch(self._whole, work)
         self._whole.synchronize()
         return out
@@ -336,7 +338,7 @@ def make_levels(wanted: list[Group], make: Callable[[Group], T],
     return made, list(dropped.items())
 
 
-def _decode_streams(levels: list[_Level], whole: Any) -> dict[int, Any]:
+def _decode_streams(levels: list[_Level], whole: torch.cuda.Stream) -> dict[int, torch.cuda.Stream]:
     """Each distinct decode stream of `levels`, and the whole-device one (`run_whole`), by raw handle."""
     out = {int(lvl.decode.cuda_stream): lvl.decode for lvl in levels}
     out[int(whole.cuda_stream)] = whole

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
-from pdtop.engine.devices.base import Device, Work
+from pdtop.engine.devices.base import Device, R, Work
 from pdtop.engine.roofline.cost import achieved_bandwidth, decode_time, memory_time, prefill_time
 from pdtop.engine.roofline.gpu_specs import GpuSpec, parse_gpu
 from pdtop.engine.roofline.sharing import share_bandwidth
@@ -27,7 +26,7 @@ from pdtop.engine.roofline.sharing import share_bandwidth
 class _Running:
     """Work in flight on one side: the seconds it takes alone on its SMs, and the fraction left."""
 
-    work: Work
+    work: Work[object]
     alone_s: float
     left: float = 1.0
 
@@ -61,7 +60,7 @@ class SimDevice(Device):
         self.clock = 0.0
         self._bandwidth = achieved_bandwidth(self.spec)
         self._prefill: _Running | None = None
-        self._prefill_result: Any = None
+        self._prefill_result: object = None
 
     def describe(self) -> dict:
         s = self.spec
@@ -75,11 +74,11 @@ class SimDevice(Device):
         units = self.groups[self.level][side]
         return units if units > 0 else self.units  # an empty side's work time-shares the other side
 
-    def decode_seconds(self, work: Work, sms: int) -> float:
+    def decode_seconds(self, work: Work[object], sms: int) -> float:
         """Alone: memory-bound on `sms` SMs, unless its FLOPs (at prefill's MFU) take longer."""
         return max(prefill_time(self.spec, work.flops, sms), decode_time(self.spec, work.bytes, sms))
 
-    def prefill_seconds(self, work: Work, sms: int) -> float:
+    def prefill_seconds(self, work: Work[object], sms: int) -> float:
         """Alone: its FLOPs on `sms` SMs, or its bytes at the whole GPU's bandwidth if that is longer."""
         return max(prefill_time(self.spec, work.flops, sms), memory_time(self.spec, work.bytes))
 
@@ -110,7 +109,7 @@ class SimDevice(Device):
         self.wait_prefill()
         self.level = level
 
-    def submit_prefill(self, work: Work) -> None:
+    def submit_prefill(self, work: Work[object]) -> None:
         if self.prefill_busy():
             raise RuntimeError("a prefill is already outstanding")
         self._prefill = _Running(work, self.prefill_seconds(work, self._side_units(0)))
@@ -122,17 +121,17 @@ class SimDevice(Device):
     def prefill_progress(self) -> float:
         return 1.0 - self._prefill.left if self._prefill is not None else 1.0
 
-    def wait_prefill(self) -> Any:
+    def wait_prefill(self) -> object:
         self._advance(None)
         self._prefill = None
         result, self._prefill_result = self._prefill_result, None
         return result
 
-    def run_decode(self, work: Work) -> Any:
+    def run_decode(self, work: Work[R]) -> R:
         self._advance(_Running(work, self.decode_seconds(work, self._side_units(1))))
         return work.run()
 
-    def run_whole(self, work: Work) -> Any:
+    def run_whole(self, work: Work[R]) -> R:
         self.wait_prefill()
         if work.kind == "decode":
             self.clock += self.decode_seconds(work, self.units)

@@ -6,9 +6,14 @@ row per decoding sequence, then the prompt pieces being prefilled. `ForwardBatch
 each row attends to. q/k/v and gate/up are fused into one matmul each; on CPU the
 weights are pre-packed for oneDNN (about twice as fast as `F.linear` for the
 small-batch shapes of decode; see `linear.py`).
+
+`forward_layers(..., timer=)` tells a `PhaseTimer` when each layer's attention and MLP ran
+(`ModelRunner.layer_trace`, `pdtop bench --trace`); without one the layers run untimed.
 """
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +30,10 @@ from pdtop.engine.model.paged_attention import prefix_attention
 if TYPE_CHECKING:
     from pdtop.engine.model.paged_attention import PagedDecode
     from pdtop.engine.runtime.kv_cache import KVCache
+
+# (phase "attn" | "mlp", layer, start, end): after each layer's attention and MLP, in `time.perf_counter`
+# seconds, on the thread that ran them (on a GPU: the time their kernels took to launch, not to run)
+PhaseTimer = Callable[[str, int, float, float], None]
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 
@@ -254,6 +263,19 @@ class DecoderLayer(nn.Module):
         h, x = self.mlp_norm.after_add(h, self.attn.forward(x, batch, rot))
         return h, self.mlp.forward(x)
 
+    def forward_timed(self, h: torch.Tensor, delta: torch.Tensor | None, batch: ForwardBatch, rot: torch.Tensor,
+                      timer: PhaseTimer) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward`, telling `timer` when the attention and the MLP ran."""
+        h, x = self.attn_norm.after_add(h, delta) if delta is not None else (h, self.attn_norm.forward(h))
+        t0 = time.perf_counter()
+        attn = self.attn.forward(x, batch, rot)
+        timer("attn", self.attn.layer, t0, time.perf_counter())
+        h, x = self.mlp_norm.after_add(h, attn)
+        t0 = time.perf_counter()
+        out = self.mlp.forward(x)
+        timer("mlp", self.attn.layer, t0, time.perf_counter())
+        return h, out
+
 
 class LlamaModel(nn.Module):
     """A Llama-family decoder (Llama, Qwen2, Qwen3). Build it with `synthetic_model` or
@@ -283,6 +305,7 @@ class LlamaModel(nn.Module):
             layers.append(DecoderLayer(attn, mlp, RMSNorm(w.pop(p + "attn_norm"), cfg.rms_eps),
                                        RMSNorm(w.pop(p + "mlp_norm"), cfg.rms_eps)))
         self.layers = nn.ModuleList(layers)
+        self.decoder_layers: list[DecoderLayer] = layers  # the same layers, typed (a ModuleList holds Modules)
         self.norm = RMSNorm(w.pop("norm"), cfg.rms_eps)
         self.lm_head = Linear(w["embed"] if cfg.tie_embeddings else w.pop("lm_head"))
         self.inv_freq = rope.inv_freq(cfg, w.pop("rope_freqs", None), device=device)
@@ -298,12 +321,18 @@ class LlamaModel(nn.Module):
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids, self.embed_weight)
 
-    def forward_layers(self, hidden: torch.Tensor, batch: ForwardBatch, start: int, end: int) -> torch.Tensor:
-        """Run layers [start, end) on the packed hidden states, writing their K/V into the cache."""
+    def forward_layers(self, hidden: torch.Tensor, batch: ForwardBatch, start: int, end: int,
+                       timer: PhaseTimer | None = None) -> torch.Tensor:
+        """Run layers [start, end) on the packed hidden states, writing their K/V into the cache; with a
+        `timer`, tell it when each layer's attention and MLP ran."""
         rot = batch.rope(self)
         delta = None
-        for layer in self.layers[start:end]:
-            hidden, delta = layer.forward(hidden, delta, batch, rot)
+        if timer is None:
+            for layer in self.layers[start:end]:
+                hidden, delta = layer.forward(hidden, delta, batch, rot)
+        else:
+            for layer in self.decoder_layers[start:end]:
+                hidden, delta = layer.forward_timed(hidden, delta, batch, rot, timer)
         return hidden if delta is None else hidden + delta
 
     def logits(self, hidden_last: torch.Tensor) -> torch.Tensor:

@@ -2,7 +2,8 @@
 
 The one place KV reservation is counted, for every device: the real `KVCache` keeps
 its tensors beside a `BlockPool`, the simulator's executor has a `BlockPool` alone.
-A request's `BlockTable` lists its block ids in order, so token `i` lives in slot
+A request's `BlockTable` (defined with the request, `engine/request.py`, and importable
+from here) lists its block ids in order, so token `i` lives in slot
 `blocks[i // block_size] * block_size + i % block_size`.
 
 Admission (`admit`) takes the prompt's blocks and promises the request room for
@@ -17,17 +18,11 @@ torch, so the simulator stays light.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
 
 from pdtop.engine.errors import KVCapacityError, PromptError
+from pdtop.engine.request import BlockTable
 
-
-@dataclass
-class BlockTable:
-    """One request's blocks, the token slots it has reserved, and the blocks promised to it."""
-    blocks: list[int] = field(default_factory=list)
-    num_tokens: int = 0
-    promised_blocks: int = 0
+__all__ = ["BlockPool", "BlockTable"]
 
 
 class BlockPool:

@@ -182,7 +182,7 @@ class CudaDecoder:
         self.s_table[:bucket, :width].copy_(self.h_table[:bucket, :width], non_blocking=True)
 
     # -- graphs per stream -----------------------------------------------------------------
-    def sync_streams(self, streams: dict[int, Any]) -> None:
+    def sync_streams(self, streams: dict[int, torch.cuda.Stream]) -> None:
         """Have graphs for exactly these decode streams (a device calls this when its levels change):
         free those of streams gone, capture every bucket on streams new."""
         for key in [k for k in self._graphs if k not in streams]:

@@ -5,11 +5,14 @@ so bytes moved and FLOPs per round are reported for every device, and both count
 the same way: a `BlockPool` (inside the runner's `KVCache`, or alone for the simulator)
 is the one owner of KV reservation. `Work.run` returns the sampled tokens, which the
 scheduler appends; on the simulator the tokens are placeholders and requests finish by length.
+
+`Executor[S]`: S is what `prefill_begin` makes and the prefill slices carry (the runner's
+`PrefillState`; the simulator's list of requests). Only the executor looks inside it.
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pdtop.engine.devices.base import Work
 from pdtop.engine.model.config import ModelConfig
@@ -17,8 +20,14 @@ from pdtop.engine.request import Request
 from pdtop.engine.roofline import cost
 from pdtop.engine.runtime.block_pool import BlockPool
 
+if TYPE_CHECKING:  # the runner needs torch; the simulator runs without it
+    from pdtop.engine.runtime.runner import LayerTrace, ModelRunner, PrefillState
 
-class Executor(ABC):
+S = TypeVar("S")  # an executor's in-flight prefill state
+ChunkTokens = tuple[list[int], int | None]  # a chunked step's decode tokens, and the prompt's first token once it ends
+
+
+class Executor(ABC, Generic[S]):
     cfg: ModelConfig
     pool: BlockPool  # the one count of KV blocks held and promised
     dtype_bytes: int = 2
@@ -39,17 +48,22 @@ class Executor(ABC):
         """How the work runs (dtype, KV cache, kernels), for `Engine.describe()["runtime"]`."""
         return {"kv_cache": {"tokens": self.pool.capacity_tokens}}
 
+    def set_layer_trace(self, trace: LayerTrace | None) -> bool:
+        """Tell `trace` each model layer's attention and MLP times (`runner.LayerTrace`), or stop (None);
+        False where no layers run (the simulator), so nothing will be told."""
+        return False
+
     @abstractmethod
     def _run_decode(self, reqs: list[Request]) -> list[int]: ...
 
     @abstractmethod
-    def prefill_begin(self, reqs: list[Request]) -> Any: ...
+    def prefill_begin(self, reqs: list[Request]) -> S: ...
 
     @abstractmethod
-    def _run_prefill(self, state: Any, start: int, end: int) -> None: ...
+    def _run_prefill(self, state: S, start: int, end: int) -> None: ...
 
     @abstractmethod
-    def finish_prefill(self, state: Any) -> list[int]:
+    def finish_prefill(self, state: S) -> list[int]:
         """The first tokens, sampled from the logits the last prefill slice made (the final norm and
         LM head run inside that slice, on the prefill side).
 
@@ -58,15 +72,15 @@ class Executor(ABC):
         """
 
     @abstractmethod
-    def _run_chunk(self, decode: list[Request], req: Request | None, n: int) -> tuple[list[int], int | None]: ...
+    def _run_chunk(self, decode: list[Request], req: Request | None, n: int) -> ChunkTokens: ...
 
     # -- work builders (shared) ------------------------------------------------------------
-    def decode(self, reqs: list[Request]) -> Work:
+    def decode(self, reqs: list[Request]) -> Work[list[int]]:
         lens = [r.context_len for r in reqs]
         return Work("decode", cost.decode_flops(self.cfg, lens), cost.decode_bytes(self.cfg, lens, self.dtype_bytes),
                     lambda: self._run_decode(reqs))
 
-    def prefill(self, state: Any, reqs: list[Request], start: int, end: int) -> Work:
+    def prefill(self, state: S, reqs: list[Request], start: int, end: int) -> Work[None]:
         """Layers [start, end) of a prefill batch; the last chunk is also charged the LM head."""
         finish = end == self.cfg.num_layers
         layers = end - start
@@ -76,7 +90,7 @@ class Executor(ABC):
             flops += sum(cost.prefill_head_flops(self.cfg, r.prompt_len) for r in reqs)
         return Work("prefill", flops, nbytes, lambda: self._run_prefill(state, start, end))
 
-    def chunk(self, decode: list[Request], req: Request | None, n: int) -> Work:
+    def chunk(self, decode: list[Request], req: Request | None, n: int) -> Work[ChunkTokens]:
         """One chunked-prefill step: a decode token for each of `decode` plus `n` prompt tokens of `req`."""
         lens = [r.context_len for r in decode]
         flops = cost.decode_flops(self.cfg, lens) if decode else 0.0
@@ -87,10 +101,10 @@ class Executor(ABC):
         return Work("mixed", flops, nbytes, lambda: self._run_chunk(decode, req, n))
 
 
-class ModelExecutor(Executor):
+class ModelExecutor(Executor["PrefillState"]):
     """Runs the real model through a `ModelRunner`."""
 
-    def __init__(self, runner: Any):
+    def __init__(self, runner: ModelRunner):
         self.runner = runner
         self.cfg = runner.config
         self.dtype_bytes = runner.dtype_bytes
@@ -102,26 +116,30 @@ class ModelExecutor(Executor):
     def describe(self) -> dict[str, Any]:
         return self.runner.describe()
 
+    def set_layer_trace(self, trace: LayerTrace | None) -> bool:
+        self.runner.layer_trace = trace
+        return True
+
     def release(self, req: Request) -> None:
         self.runner.free(req)
 
     def _run_decode(self, reqs: list[Request]) -> list[int]:
         return self.runner.decode(reqs)
 
-    def prefill_begin(self, reqs: list[Request]) -> Any:
+    def prefill_begin(self, reqs: list[Request]) -> PrefillState:
         return self.runner.prefill_begin(reqs)
 
-    def _run_prefill(self, state: Any, start: int, end: int) -> None:
+    def _run_prefill(self, state: PrefillState, start: int, end: int) -> None:
         self.runner.prefill_layers(state, start, end)
 
-    def finish_prefill(self, state: Any) -> list[int]:
+    def finish_prefill(self, state: PrefillState) -> list[int]:
         return self.runner.prefill_finish(state)
 
-    def _run_chunk(self, decode: list[Request], req: Request | None, n: int) -> tuple[list[int], int | None]:
+    def _run_chunk(self, decode: list[Request], req: Request | None, n: int) -> ChunkTokens:
         return self.runner.chunk_step(decode, req, n)
 
 
-class SimExecutor(Executor):
+class SimExecutor(Executor[list[Request]]):
     """No weights: the runner's KV bookkeeping on a `BlockPool` and placeholder tokens; time comes
     from the simulated device."""
 
@@ -148,18 +166,18 @@ class SimExecutor(Executor):
         self._grow(reqs)
         return [self.PLACEHOLDER] * len(reqs)
 
-    def prefill_begin(self, reqs: list[Request]) -> Any:
+    def prefill_begin(self, reqs: list[Request]) -> list[Request]:
         return list(reqs)
 
-    def _run_prefill(self, state: Any, start: int, end: int) -> None:
+    def _run_prefill(self, state: list[Request], start: int, end: int) -> None:
         return None
 
-    def finish_prefill(self, state: Any) -> list[int]:
+    def finish_prefill(self, state: list[Request]) -> list[int]:
         for r in state:
             r.num_cached = r.prompt_len
         return [self.PLACEHOLDER] * len(state)
 
-    def _run_chunk(self, decode: list[Request], req: Request | None, n: int) -> tuple[list[int], int | None]:
+    def _run_chunk(self, decode: list[Request], req: Request | None, n: int) -> ChunkTokens:
         self._grow(decode)
         if req is None or not n:
             return [self.PLACEHOLDER] * len(decode), None

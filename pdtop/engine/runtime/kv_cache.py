@@ -14,7 +14,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from pdtop.engine.runtime.block_pool import BlockPool, BlockTable
+from pdtop.engine.request import BlockTable
+from pdtop.engine.runtime.block_pool import BlockPool
 
 
 class KVCache:

@@ -11,10 +11,19 @@ Thread safety: prefill (`prefill_begin/layers/finish`) may run on one thread whi
 activations, K/V writes go to the requests' own slots, and block allocation is
 locked in the block pool. `free` refuses a request whose prefill is in flight (begun,
 not finished): another request could be given its blocks while its layers still write them.
+
+Tracing: set `layer_trace` (a `LayerTrace`) and every layer the runner runs through the
+model reports its attention and MLP times, with the work they belong to ("prefill" for
+`prefill_layers`, "decode" for a decode step, "mixed" for a chunked step that carries a
+piece of a prompt). It is called on the thread that runs the work, so the CPU device's two
+sides call it concurrently. Off (None, the default) the layers run in the untimed loop.
+Decode through `CudaDecoder` (paged attention, CUDA graphs) does not report.
 """
 from __future__ import annotations
 
+import functools
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,17 +32,20 @@ import torch
 
 from pdtop.engine.errors import PromptError
 from pdtop.engine.model.config import ModelConfig
-from pdtop.engine.model.llama import DecodeGroup, ForwardBatch, LlamaModel, Segment
+from pdtop.engine.model.llama import DecodeGroup, ForwardBatch, LlamaModel, PhaseTimer, Segment
 from pdtop.engine.model.sampling import greedy_tokens, make_generator, sample
-from pdtop.engine.request import Request, RequestStatus
-from pdtop.engine.runtime.block_pool import BlockTable
+from pdtop.engine.request import BlockTable, Request, RequestStatus
 from pdtop.engine.runtime.cuda_graphs import CudaDecoder, DecodeInputs
 from pdtop.engine.runtime.kv_cache import KVCache
 from pdtop.engine.runtime.kv_sizing import KvPlan
 
-__all__ = ["ModelRunner", "PrefillState", "length_groups"]
+__all__ = ["LayerTrace", "ModelRunner", "PrefillState", "length_groups"]
 
 _PREFILLABLE = (RequestStatus.WAITING, RequestStatus.PREFILLING)
+
+# (work "prefill" | "decode" | "mixed", phase "attn" | "mlp", layer, start, end): `llama.PhaseTimer`
+# with the work the layer ran for
+LayerTrace = Callable[[str, str, int, float, float], None]
 
 
 @dataclass(eq=False)
@@ -99,6 +111,11 @@ class ModelRunner:
             self.cuda = CudaDecoder(model, self.kv, graphs=cuda_graphs)
 
     kv_how = "as given"  # where the KV size came from (`build_engine` says)
+    layer_trace: LayerTrace | None = None  # told each layer's attention and MLP times (module docstring)
+
+    def _timer(self, work: str) -> PhaseTimer | None:
+        trace = self.layer_trace
+        return None if trace is None else functools.partial(trace, work)
 
     def describe(self) -> dict[str, Any]:
         """The dtype, the KV cache's size, and on CUDA how decode runs (attention kernel, graphs)."""
@@ -182,7 +199,7 @@ class ModelRunner:
         if stream is not None:  # made on another stream: not to be reused before this one is done with it
             for t in _tensors(state):
                 t.record_stream(stream)
-        hidden = self.model.forward_layers(hidden, state.batch, start, end)
+        hidden = self.model.forward_layers(hidden, state.batch, start, end, self._timer("prefill"))
         state.next_layer = end
         if end == self.config.num_layers:  # final norm, LM head and argmax here, on the prefill side's units
             state.logits = self.model.logits(hidden.index_select(0, state.last_rows))
@@ -262,7 +279,8 @@ class ModelRunner:
         ids, pos, slots, groups = self._decode_batch(reqs)
         batch = ForwardBatch(kv=self.kv, positions=self._tensor(pos), slots=self._tensor(slots),
                              num_decode=len(reqs), decode_groups=groups)
-        h = self.model.forward_layers(self.model.embed(self._tensor(ids)), batch, 0, self.config.num_layers)
+        h = self.model.forward_layers(self.model.embed(self._tensor(ids)), batch, 0, self.config.num_layers,
+                                      self._timer("decode"))
         return self.model.logits(h)
 
     def decode(self, reqs: list[Request]) -> list[int]:
@@ -326,7 +344,8 @@ class ModelRunner:
         batch = ForwardBatch(kv=self.kv, positions=self._tensor(np.concatenate(pos)),
                              slots=self._tensor(np.concatenate(slots)), num_decode=len(decode_reqs),
                              decode_groups=groups, segments=segments, paged=paged)
-        h = self.model.forward_layers(self.model.embed(self._tensor(ids)), batch, 0, self.config.num_layers)
+        h = self.model.forward_layers(self.model.embed(self._tensor(ids)), batch, 0, self.config.num_layers,
+                                      self._timer("mixed"))
         for r in decode_reqs:
             r.num_cached += 1
         nd = len(decode_reqs)

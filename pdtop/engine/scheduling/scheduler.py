@@ -24,13 +24,13 @@ import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Generic
 
 from pdtop.engine.devices.base import Device, Work
 from pdtop.engine.errors import EngineError, KVCapacityError
 from pdtop.engine.records import PrefillProgress, RequestRecord, RoundRecord
 from pdtop.engine.request import Request, RequestStatus
-from pdtop.engine.runtime.executor import Executor
+from pdtop.engine.runtime.executor import Executor, S
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
 from pdtop.engine.scheduling.policies import check_policy
 from pdtop.engine.scheduling.splits import SplitTable, prefill_layers_per_step
@@ -79,9 +79,9 @@ def generate(runner: ModelRunner, req: Request) -> Iterator[int]:
 
 
 @dataclass
-class PrefillBatch:
+class PrefillBatch(Generic[S]):
     reqs: list[Request]
-    state: Any
+    state: S  # what the executor's `prefill_begin` made; only the executor reads it
     tokens: int
     layers_per_round: int
     layers_done: int = 0
@@ -103,8 +103,8 @@ class RoundStats:
     requests: list[RequestRecord] = field(default_factory=list)
 
 
-class Scheduler:
-    def __init__(self, device: Device, executor: Executor, table: SplitTable, config: PdmuxConfig,
+class Scheduler(Generic[S]):
+    def __init__(self, device: Device, executor: Executor[S], table: SplitTable, config: PdmuxConfig,
                  policy: str = "pdmux", max_prefill_tokens: int = MAX_PREFILL_TOKENS):
         self.device, self.executor = device, executor
         self.config = config.for_device(device.kind)
@@ -114,7 +114,7 @@ class Scheduler:
         self.pinned: int | None = None
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self.prefill: PrefillBatch | None = None
+        self.prefill: PrefillBatch[S] | None = None
         self.chunk_req: Request | None = None
         self.round_index = 0
         self.rejected: list[Request] = []  # reported as "finish" records by the next step
@@ -195,7 +195,9 @@ class Scheduler:
                 break
         return batch
 
-    def _emit(self, req: Request, token: int, now: float, stats: RoundStats) -> None:
+    def _append_token(self, req: Request, token: int, now: float, stats: RoundStats) -> None:
+        """Append one sampled token (`append_token`) and count it in `stats`, with the request's first-token
+        record and, when it finishes, its finish record (its KV released)."""
         finished = append_token(req, token, now, self.executor.cfg.eos_ids)
         stats.tokens += 1
         if len(req.output_ids) == 1:
@@ -208,7 +210,7 @@ class Scheduler:
     def _join_decode(self, reqs: list[Request], tokens: list[int], stats: RoundStats) -> None:
         now = self.device.now()
         for req, tok in zip(reqs, tokens, strict=True):
-            self._emit(req, tok, now, stats)
+            self._append_token(req, tok, now, stats)
             reason = self._ending.pop(req.id, None)
             if reason is not None and not req.finished:  # aborted while its prefill was in flight
                 stats.requests.append(self._end(req, reason, now))
@@ -225,7 +227,7 @@ class Scheduler:
         stats.flops += work.flops
         stats.bytes += work.bytes
         for req, tok in zip(batch, tokens, strict=True):
-            self._emit(req, tok, now, stats)
+            self._append_token(req, tok, now, stats)
         self.running = [r for r in self.running if not r.finished]
 
     # -- policies --------------------------------------------------------------------------
@@ -327,7 +329,7 @@ class Scheduler:
         if batch:
             stats.decode_s, stats.decode_bs = now - t0, len(batch)
         for r, tok in zip(batch, tokens, strict=True):
-            self._emit(r, tok, now, stats)
+            self._append_token(r, tok, now, stats)
         self.running = [r for r in self.running if not r.finished]
         if req is not None and first is not None:  # this chunk ended req's prompt
             self.chunk_req = None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from pdtop.engine.records import ConfigChange, ControlFailure, RequestRecord, RoundRecord
@@ -31,26 +32,34 @@ class Outgoing(NamedTuple):
     lane: str  # "stream" | "config" | "notice"
 
 
+@dataclass(slots=True)
+class _Gate:
+    """The admission counters `sink` reads and writes on the engine thread (slots: as cheap as a list)."""
+
+    room: int = 0  # records the current tick may still admit
+    shed: int = 0  # records shed so far
+
+
 class Inbox:
     def __init__(self, config_dict: Callable[[], dict[str, Any]]) -> None:
         q: deque[Outgoing] = deque()
-        gate = [0, 0]  # [records the current tick may still admit, records shed so far]
+        gate = _Gate()
         append = q.append
 
         def sink(record: RoundRecord | RequestRecord | ConfigChange | ControlFailure) -> None:
             try:
                 if record.__class__ in _STREAM:  # most records: the cheapest test first
-                    if gate[0] > 0:
-                        gate[0] -= 1
+                    if gate.room > 0:
+                        gate.room -= 1
                         append(Outgoing(encode_record(record), "stream"))  # type: ignore[arg-type]
                     else:
-                        gate[1] += 1
+                        gate.shed += 1
                 elif isinstance(record, ConfigChange):
                     append(Outgoing(encode(config_event(record, config_dict())), "config"))
                 elif isinstance(record, ControlFailure):
                     append(Outgoing(encode(error_event(record.field, f"not applied: {record.reason}")), "notice"))
             except Exception:  # never raise into the engine's loop
-                gate[1] += 1
+                gate.shed += 1
 
         def publish(event: dict[str, Any]) -> None:
             append(Outgoing(encode(event), "stream"))
@@ -61,16 +70,16 @@ class Inbox:
 
     def refill(self, room: int) -> None:
         """Admit up to `room` more records (set, not added; races only cost a record or two)."""
-        self._gate[0] = room
+        self._gate.room = room
 
     @property
     def shed_total(self) -> int:
         """Records shed since the start."""
-        return self._gate[1]
+        return self._gate.shed
 
     def take(self) -> tuple[list[Outgoing], int]:
         """What was admitted since the last call, and `shed_total` (read first: anything shed
         after it was counted is shed after these items)."""
-        shed_total = self._gate[1]
+        shed_total = self._gate.shed
         q = self._q
         return [q.popleft() for _ in range(len(q))], shed_total
