@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from pdtop.engine.devices.base import Device, R, Work
 from pdtop.engine.devices.green_ctx import INSTALL_HINT, GreenContexts, GreenPair
-from pdtop.engine.devices.sm_split import stream_groups
 from pdtop.engine.errors import DeviceError
+from pdtop.engine.roofline.partition import stream_groups
 
 if TYPE_CHECKING:  # torch is imported when a device is made (`cuda_unavailable_reason` first says why it cannot)
     import torch

@@ -6,44 +6,14 @@ context's SMs into `p` for prefill and the rest for decode. The driver rounds ea
 count up to the partition limits (`minSmPartitionSize`, `smCoscheduledAlignment`; the
 seed's table where the driver does not report them), so a manual division such as
 `[60, 40]` on a 9.x GPU runs as 64 + 40 SMs: what pdtop reports as realized.
-
-Which levels SGLang asks for by default (`stream_groups`, `srt/multiplex/pdmux_context.py`)
-is written out here too, below the cuda device that carves them when no table is given;
-`scheduling/splits.py` builds its tables with the same rule.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pdtop.engine.errors import DeviceError
-from pdtop.engine.roofline.partition import MIN_DECODE_SMS, arch_constraints
+from pdtop.engine.roofline.partition import arch_constraints
 
 Group = tuple[int, int]
-
-
-def divide_sm(total_sms: int, major: int, groups: int) -> list[Group]:
-    """Candidate (prefill SMs, decode SMs) splits, prefill-heaviest first.
-
-    Prefill gets at least half, decode at least 16 SMs, counts follow the granularity,
-    and `groups` of the candidates are taken evenly (all of them if there are fewer).
-    """
-    if isinstance(total_sms, bool) or not isinstance(total_sms, int) or total_sms < 1:
-        raise DeviceError(f"the number of SMs must be a positive integer, got {total_sms!r}")
-    min_per_part, multiple = arch_constraints(major)
-    cand = [x for x in range(min_per_part, total_sms - min_per_part + 1, multiple)
-            if x >= total_sms - x and total_sms - x >= MIN_DECODE_SMS]
-    if not cand:
-        raise DeviceError(
-            f"{total_sms} SMs cannot be split at compute capability {major}.x: no split gives prefill "
-            f"at least half and decode at least {MIN_DECODE_SMS} SMs in steps of {multiple}")
-    if len(cand) >= groups:
-        cand = cand[::max(1, len(cand) // groups)][:groups]
-    return [(x, total_sms - x) for x in reversed(cand)]
-
-
-def stream_groups(total_sms: int, major: int, sm_group_num: int = 8) -> list[Group]:
-    """Level 0: whole device to prefill; then `sm_group_num - 2` split levels; last: whole device to decode."""
-    return [(total_sms, 0), *divide_sm(total_sms, major, sm_group_num - 2), (0, total_sms)]
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
-"""How a GPU's SMs can be partitioned by green contexts: minimum part size and granularity.
-
-Per compute capability major version (the seed's table); 10.x and 12.x behave like 9.x.
+"""How a GPU's SMs can be partitioned by green contexts: minimum part size and granularity per
+compute capability major version (the seed's table; 10.x and 12.x behave like 9.x), and the
+levels SGLang asks for by default (`divide_sm`, `stream_groups`: `srt/multiplex/pdmux_context.py`),
+used by the split tables and by the cuda device when it is given none.
 """
 from __future__ import annotations
 
@@ -35,3 +36,31 @@ def round_sms(count: int, major: int) -> int:
         raise ValueError(f"an SM count must be positive, got {count}")
     count = max(count, min_part)
     return -(-count // multiple) * multiple
+
+
+Group = tuple[int, int]
+
+
+def divide_sm(total_sms: int, major: int, groups: int) -> list[Group]:
+    """Candidate (prefill SMs, decode SMs) splits, prefill-heaviest first.
+
+    Prefill gets at least half, decode at least 16 SMs, counts follow the granularity,
+    and `groups` of the candidates are taken evenly (all of them if there are fewer).
+    """
+    if isinstance(total_sms, bool) or not isinstance(total_sms, int) or total_sms < 1:
+        raise DeviceError(f"the number of SMs must be a positive integer, got {total_sms!r}")
+    min_per_part, multiple = arch_constraints(major)
+    cand = [x for x in range(min_per_part, total_sms - min_per_part + 1, multiple)
+            if x >= total_sms - x and total_sms - x >= MIN_DECODE_SMS]
+    if not cand:
+        raise DeviceError(
+            f"{total_sms} SMs cannot be split at compute capability {major}.x: no split gives prefill "
+            f"at least half and decode at least {MIN_DECODE_SMS} SMs in steps of {multiple}")
+    if len(cand) >= groups:
+        cand = cand[::max(1, len(cand) // groups)][:groups]
+    return [(x, total_sms - x) for x in reversed(cand)]
+
+
+def stream_groups(total_sms: int, major: int, sm_group_num: int = 8) -> list[Group]:
+    """Level 0: whole device to prefill; then `sm_group_num - 2` split levels; last: whole device to decode."""
+    return [(total_sms, 0), *divide_sm(total_sms, major, sm_group_num - 2), (0, total_sms)]

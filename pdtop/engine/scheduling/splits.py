@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from pdtop.engine.errors import ConfigError, DeviceError
-from pdtop.engine.roofline.partition import MIN_DECODE_SMS, arch_constraints
+from pdtop.engine.roofline.partition import arch_constraints, stream_groups
 
 if TYPE_CHECKING:
     from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
@@ -24,30 +24,6 @@ Group = tuple[int, int]
 def _check_total(total: int, unit: str) -> None:
     if isinstance(total, bool) or not isinstance(total, int) or total < 1:
         raise DeviceError(f"the number of {unit} must be a positive integer, got {total!r}")
-
-
-def divide_sm(total_sms: int, major: int, groups: int) -> list[Group]:
-    """Candidate (prefill SMs, decode SMs) splits, prefill-heaviest first.
-
-    Prefill gets at least half, decode at least 16 SMs, counts follow the granularity,
-    and `groups` of the candidates are taken evenly (all of them if there are fewer).
-    """
-    _check_total(total_sms, "SMs")
-    min_per_part, multiple = arch_constraints(major)
-    cand = [x for x in range(min_per_part, total_sms - min_per_part + 1, multiple)
-            if x >= total_sms - x and total_sms - x >= MIN_DECODE_SMS]
-    if not cand:
-        raise DeviceError(
-            f"{total_sms} SMs cannot be split at compute capability {major}.x: no split gives prefill "
-            f"at least half and decode at least {MIN_DECODE_SMS} SMs in steps of {multiple}")
-    if len(cand) >= groups:
-        cand = cand[::max(1, len(cand) // groups)][:groups]
-    return [(x, total_sms - x) for x in reversed(cand)]
-
-
-def stream_groups(total_sms: int, major: int, sm_group_num: int = 8) -> list[Group]:
-    """Level 0: whole device to prefill; then `sm_group_num - 2` split levels; last: whole device to decode."""
-    return [(total_sms, 0), *divide_sm(total_sms, major, sm_group_num - 2), (0, total_sms)]
 
 
 def choose(groups: Sequence[Group], decode_bs: int, has_prefill: bool, decode_bs_divisor: int = 36) -> int:

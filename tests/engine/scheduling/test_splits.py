@@ -1,19 +1,17 @@
 """SGLang's split and selection rules (the seed's tables), the CPU levels and manual divisions."""
-import re
 
 import pytest
 
 from pdtop.engine.errors import ConfigError, DeviceError
+from pdtop.engine.roofline.partition import divide_sm, stream_groups
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
 from pdtop.engine.scheduling.splits import (
     SplitTable,
     choose,
     choose_manual,
     cpu_groups,
-    divide_sm,
     manual_groups,
     prefill_layers_per_step,
-    stream_groups,
 )
 
 # The seed's printed output.
@@ -90,26 +88,6 @@ def test_newer_architectures_behave_like_hopper():
         for major in (10, 12):
             assert stream_groups(total, major) == stream_groups(total, 9)
             assert divide_sm(total, major, 3) == divide_sm(total, 9, 3)
-
-
-def test_the_cuda_devices_default_levels_are_the_tables():
-    """`CudaDevice()` without a table carves `devices.sm_split.stream_groups` (the device layer does not
-    import the scheduling one); that is the rule `SplitTable.for_gpu` uses, and fails the same way."""
-    from pdtop.engine.devices import sm_split
-
-    for total in range(1, 201):
-        for major in (5, 6, 7, 8, 9, 10, 12):
-            for n in (3, 8, 12):
-                try:
-                    want = stream_groups(total, major, n)
-                except DeviceError as exc:
-                    with pytest.raises(DeviceError, match=re.escape(str(exc))):
-                        sm_split.stream_groups(total, major, n)
-                    continue
-                assert sm_split.stream_groups(total, major, n) == want
-    for bad in (True, 1.5, 0):
-        with pytest.raises(DeviceError, match="positive integer"):
-            sm_split.stream_groups(bad, 9)
 
 
 def test_unsupported_or_too_small_is_a_clear_error():
