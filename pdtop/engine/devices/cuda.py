@@ -1,6 +1,6 @@
 """NVIDIA GPU device: prefill and decode on disjoint SMs through CUDA green contexts.
 
-Levels are SGLang's stream groups (`sm_split.stream_groups`): each middle level is one
+Levels are SGLang's stream groups (`roofline.partition.stream_groups`): each middle level is one
 green-context pair (`green_ctx.GreenContexts.split`) whose two raw streams torch uses
 through `torch.cuda.ExternalStream`; the two end levels ("all to prefill", "all to
 decode") use plain torch streams on the whole device. Kernels launch asynchronously,
