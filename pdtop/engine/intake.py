@@ -11,16 +11,29 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Sized
 from dataclasses import dataclass
+from typing import Protocol
 
 from pdtop.engine.errors import QueueFullError
 from pdtop.engine.records import RequestRecord
 from pdtop.engine.request import SOURCES, Request, SamplingParams
 from pdtop.engine.scheduling.admission import QueueLimits
-from pdtop.engine.scheduling.scheduler import Scheduler
 from pdtop.engine.updates import OnUpdate
 
 MAX_REFUSALS_HELD = 4096  # refusals reported per round boundary at most; the counts in `refused` keep the rest
+
+
+class WaitingQueue(Protocol):
+    """What intake needs of the scheduler: its waiting queue, and adding to it."""
+
+    @property
+    def waiting(self) -> Sized: ...
+
+    @property
+    def waiting_tokens(self) -> int: ...
+
+    def add(self, req: Request) -> RequestRecord: ...
 
 
 @dataclass
@@ -42,7 +55,7 @@ class Taken:
 
 
 class Intake:
-    def __init__(self, scheduler: Scheduler, limits: QueueLimits, *, temperature: float, seed: int) -> None:
+    def __init__(self, scheduler: WaitingQueue, limits: QueueLimits, *, temperature: float, seed: int) -> None:
         self.scheduler, self.limits = scheduler, limits
         self.temperature, self.seed = temperature, seed
         self.lock = threading.Lock()
