@@ -68,7 +68,8 @@ def test_the_hello_is_the_engines_description(stream):
     hello = decode_event(wire(encode.hello_event("c3", True, describe)))
     assert isinstance(hello, Hello) and hello.client_id == "c3" and hello.readonly
     engine = hello.engine
-    assert engine.device == DeviceDescription("sim:H100", "sim", "SMs", 132, 3.35e12)
+    assert engine.device == DeviceDescription("sim:H100", "sim", "SMs", 132, 3.35e12,
+                                              {"cc": "9.0", "peak_flops": 989e12, "s_sat": 66})
     assert engine.levels == [tuple(x) for x in describe["levels"]] == engine.config.levels
     assert engine.config.decode_bs_divisor == 12 and engine.config.pinned_level is None
 
@@ -78,7 +79,7 @@ def test_the_classes_hold_what_the_engine_describes(stream):
     describe, config, _ = stream
     assert {f.name for f in dataclasses.fields(EngineDescription)} == set(describe)
     assert {f.name for f in dataclasses.fields(EngineConfig)} == set(config)
-    required = {f.name for f in dataclasses.fields(DeviceDescription) if f.name != "peak_bw"}
+    required = {f.name for f in dataclasses.fields(DeviceDescription)} - {"peak_bw", "extra"}
     assert required <= set(describe["device"])
 
 
