@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+from pdtop.engine.description import EngineConfig
 from pdtop.engine.records import ConfigChange, RequestRecord, RoundRecord
 from pdtop.engine.scheduling.control import ControlFailure
 from pdtop.telemetry.encode import config_event, encode, encode_record, error_event
@@ -33,7 +34,8 @@ class Outgoing(NamedTuple):
 
 
 class Inbox:
-    def __init__(self, config_dict: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, config: Callable[[], EngineConfig]) -> None:
+        """`config` gives the configuration in force (`Engine.config_record`), read on the engine thread."""
         q: deque[Outgoing] = deque()
         gate = [0, 0]  # [records the current tick may still admit, records shed so far]
         append = q.append
@@ -47,7 +49,7 @@ class Inbox:
                     else:
                         gate[1] += 1
                 elif isinstance(record, ConfigChange):
-                    append(Outgoing(encode(config_event(record, config_dict())), "config"))
+                    append(Outgoing(encode(config_event(record, config())), "config"))
                 elif isinstance(record, ControlFailure):
                     append(Outgoing(encode(error_event(record.field, f"not applied: {record.reason}")), "notice"))
             except Exception:  # never raise into the engine's loop
