@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import Pump
 from test_protocol_doc import DOC, doc_tables
 
 from pdtop import __version__
@@ -18,6 +19,8 @@ from pdtop.engine.scheduling.workload import WorkloadSpec
 from pdtop.telemetry import encode
 from pdtop.telemetry.decode import decode_event
 from pdtop.telemetry.events import Hello
+from pdtop.telemetry.recording.recorder import Recorder
+from pdtop.telemetry.sources.replay import ReplaySource
 
 # Written by the engine before the typed records (describe() and config_dict() returning dicts), for
 # the engine below: `sim:H100`, synthetic qwen3-8b, 50 req/s seed 1, nothing run yet. A value changed
@@ -151,3 +154,26 @@ def test_a_fact_named_like_a_field_is_refused_before_it_reaches_the_wire():
     described.extra["units"] = 7  # added later: two values of one key
     with pytest.raises(ValueError, match=r"extra keys named like its fields: \['units'\]"):
         encode.plain(described)
+
+
+async def test_a_recording_written_before_the_records_replays_and_seeks(tmp_path):
+    """A file whose hello and config event are the dict-building engine's text replays as it was
+    recorded, and a seek carries the configuration in force there, as the old seek did."""
+    path = tmp_path / "before.ndjson"
+    rec = Recorder(path, json.loads(HELLO_BEFORE))
+    rec.write('{"type":"round","v":1,"index":0,"time":0.0}', t=0.0)
+    changed = CONFIG_EVENT_BEFORE.replace('"decode_bs_divisor":36,"chunk_size"', '"decode_bs_divisor":12,"chunk_size"')
+    rec.write(changed, t=1.5)
+    rec.write('{"type":"round","v":1,"index":1,"time":2.5}', t=2.5)
+    rec.close()
+    src = ReplaySource(path)
+    src.pause()
+    events = Pump(src)
+    assert await events.get() == json.loads(HELLO_BEFORE)
+    src.seek(0.5)  # before the change: the hello's configuration
+    assert encode.encode(await events.get()) == SEEK_BEFORE.replace('"position":2.5', '"position":0.5')
+    src.seek(2.0)  # after it: the config event's
+    seek = await events.get()
+    assert seek["config"] == json.loads(changed)["config"] and seek["config"]["decode_bs_divisor"] == 12
+    src.close()
+    await events.task
