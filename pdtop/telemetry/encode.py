@@ -54,7 +54,8 @@ def config_event(change: ConfigChange, config: EngineConfig) -> dict[str, Any]:
 def plain(value: Any) -> Any:
     """A record (`pdtop.engine.description`) as the JSON values of its object: each field a key, in
     field order, tuples as lists; a field with `FLAT` metadata writes its keys into the object itself,
-    one with `IF_SET` is left out while None. Values typed `Any` are copied as they are."""
+    one with `IF_SET` is left out while None. Inside values typed `Any` (`runtime`, a device's facts)
+    lists and dicts are copied and tuples become lists too; anything else is written as it is."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         out: dict[str, Any] = {}
         flat: dict[str, Any] = {}
