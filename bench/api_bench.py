@@ -176,7 +176,7 @@ def main() -> None:
 
     d, a = statistics.median(rates_direct), statistics.median(rates_api)
     print(f"api_bench: {args.streams} streams x {args.max_tokens} tokens, {args.prompt_tokens}-token prompts, "
-          f"{engine.model_name} on {engine.device.describe()['name']}, {args.repeats} turns")
+          f"{engine.model_name} on {engine.device.describe().name}, {args.repeats} turns")
     print(f"{'output tok/s direct (median)':<40}{d:>10.1f}   turns: {', '.join(f'{x:.1f}' for x in rates_direct)}")
     print(f"{'output tok/s through the API (median)':<40}{a:>10.1f}   "
           f"turns: {', '.join(f'{x:.1f}' for x in rates_api)}")

@@ -39,7 +39,7 @@ def record(path: Path, rounds: int, rate: float, seed: int = 0) -> tuple[int, fl
 
     def sink(r):
         last[0] = max(last[0], r.time - t0)
-        config = engine.config_dict() if isinstance(r, ConfigChange) else None
+        config = engine.config_record() if isinstance(r, ConfigChange) else None
         rec.write(ev.encode(ev.record_event(r, config)), t=last[0])
 
     engine.add_sink(sink)

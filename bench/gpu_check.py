@@ -490,7 +490,7 @@ class Check:
                 if key == "pdmux":
                     res["decode_only_itl_ms"] = self._decode_only(engine)
                     itl["decode_only"] = res["decode_only_itl_ms"]["p99"]
-                    res["runtime"] = engine.describe()["runtime"]
+                    res["runtime"] = engine.describe().runtime
                 results[key] = res
                 itl["pdmux_under_prefill" if key == "pdmux" else key] = res["itl_ms"]["p99"]
                 self.report.save()

@@ -114,9 +114,9 @@ class EngineMetrics:
             self._on_config()
 
     def _on_config(self) -> None:
-        config = self.engine.config_dict()
-        self.decode_bs_divisor.set(config["decode_bs_divisor"])
-        self.policy.info({"policy": config["policy"]})
+        config = self.engine.config_record()
+        self.decode_bs_divisor.set(config.decode_bs_divisor)
+        self.policy.info({"policy": config.policy})
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

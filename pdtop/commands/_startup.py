@@ -65,4 +65,4 @@ def model_loading(model: str | None, device: str) -> str:
 
 def ready(engine: Engine, started: float) -> str:
     info = engine.describe()
-    return f"{READY}{time.monotonic() - started:.1f} s: model {info['model']} on {info['device']['name']}"
+    return f"{READY}{time.monotonic() - started:.1f} s: model {info.model} on {info.device.name}"

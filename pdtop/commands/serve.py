@@ -160,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
                               **runtime_options(args))
     except INPUT_ERRORS as exc:
         return fail("serve", exc)
-    runtime = engine.describe()["runtime"]
+    runtime = engine.describe().runtime or {}
     for line in (runtime["kv_cache"].get("line"), runtime.get("cuda_graphs", {}).get("line")):
         if line:  # the KV size chosen (on cuda, from free memory), the decode graphs' pool
             print(f"pdtop serve: {line}", file=sys.stderr, flush=True)
@@ -231,7 +231,7 @@ async def _serve(engine: Engine, args: argparse.Namespace) -> int:
             loop.call_soon_threadsafe(done.set)
 
     thread = threading.Thread(target=engine_loop, name="pdtop-engine", daemon=True)
-    dev = engine.describe()["device"]
+    dev = engine.describe().device.extra  # a cuda device's own facts
     match = {k: dev[k] for k in ("uuid", "pci_bus_id") if dev.get(k)}  # the engine's GPU, found in NVML
     sampler = HwSampler(server.publish, gpu_match=match or None).start()
     thread.start()

@@ -22,6 +22,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from pdtop.engine.control_queue import ControlQueue
+from pdtop.engine.description import EngineConfig, EngineDescription, Limits, Totals
 from pdtop.engine.devices.base import Device
 from pdtop.engine.errors import ControlError, EngineError, FieldError, PromptError, QueueFullError
 from pdtop.engine.intake import Intake
@@ -114,26 +115,26 @@ class Engine:
     def config(self) -> PdmuxConfig:
         return self.scheduler.config
 
-    def config_dict(self) -> dict[str, Any]:
-        s = self.scheduler
-        out = self.config.to_dict()
-        out.update(policy=s.policy, pinned_level=s.pinned, levels=[list(g) for g in s.table.groups],
-                   workload_rate=self.workload.spec.rate if self.workload else 0.0,
-                   workload_paused=self.workload.spec.paused if self.workload else True)
-        return out
+    def config_record(self) -> EngineConfig:
+        """The whole configuration in force: the pdmux knobs, the policy, the pin, the levels, the workload."""
+        s, c, w = self.scheduler, self.config, self.workload
+        return EngineConfig(
+            sm_group_num=c.sm_group_num, manual_divisions=[(p, d, t) for p, d, t in c.manual_divisions],
+            split_forward_token_budget=c.token_budget,  # the scheduler's config is set for its device: never None
+            decode_bs_divisor=c.decode_bs_divisor, chunk_size=c.chunk_size, policy=s.policy, pinned_level=s.pinned,
+            levels=[(p, d) for p, d in s.table.groups], workload_rate=w.spec.rate if w else 0.0,
+            workload_paused=w.spec.paused if w else True)
 
-    def describe(self) -> dict[str, Any]:
-        cfg = self.executor.cfg
-        return {
-            "model": self.model_name, "num_layers": cfg.num_layers, "max_context": cfg.max_context,
-            "device": self.device.describe(), "unit_name": self.device.unit_name, "units": self.device.units,
-            "virtual_clock": self.device.virtual, "levels": [list(g) for g in self.scheduler.table.groups],
-            "config": self.config_dict(), "policy": self.scheduler.policy, "runtime": self.executor.describe(),
-            "limits": {"max_waiting_requests": self.limits.max_waiting_requests,
-                       "max_waiting_tokens": self.limits.max_waiting_tokens, "refused": dict(self.refused)},
-            "totals": dict(self.totals),
-            "workload": self.workload.spec.describe() if self.workload else None,
-        }
+    def describe(self) -> EngineDescription:
+        cfg, dev = self.executor.cfg, self.device
+        return EngineDescription(
+            model=self.model_name, num_layers=cfg.num_layers, max_context=cfg.max_context, device=dev.describe(),
+            unit_name=dev.unit_name, units=dev.units, virtual_clock=dev.virtual,
+            levels=[(p, d) for p, d in self.scheduler.table.groups], config=self.config_record(),
+            policy=self.scheduler.policy, runtime=self.executor.describe(),
+            limits=Limits(self.limits.max_waiting_requests, self.limits.max_waiting_tokens, dict(self.refused)),
+            totals=Totals(**self.totals),
+            workload=self.workload.spec.describe() if self.workload else None)
 
     @property
     def max_prompt(self) -> int:

@@ -3,7 +3,9 @@
 Each field is checked against its class's type hints: integers are integers (not bools),
 numbers are finite, lists, pairs and nested objects have their shape (parts typed `Any`
 are left as they are). A field may be left out only where null is allowed; fields a class
-does not know are ignored (the protocol adds fields without a new version). Anything else
+does not know are ignored (the protocol adds fields without a new version), except where
+the class keeps them: a field with `FLAT` metadata (`DeviceDescription.extra`, a device's
+own facts) collects the keys its class does not name, unchecked. Anything else
 raises `EventError`, one line naming the field (`round.prefills[0].layers_done: expected
 an integer, got '3'`); a `type` this pdtop does not know raises `UnknownEventType`, which
 consumers skip and count.
@@ -20,6 +22,7 @@ import typing
 from collections.abc import Callable
 from typing import Any, Union
 
+from pdtop.engine.description import WIRE
 from pdtop.telemetry.events import EVENT_CLASSES, PROTOCOL_VERSION, Event
 
 Check = Callable[[Any], Any]  # a value -> the typed value, or raises _Invalid
@@ -187,12 +190,17 @@ def _first_of(options: list[tuple[Check, str]]) -> Check:
 def _object(cls: type) -> Check:
     """A checker building `cls` (a dataclass) from an object with its fields."""
     hints = typing.get_type_hints(cls)
-    fields = [(f.name, _checker(hints[f.name]), _allows_none(hints[f.name])) for f in dataclasses.fields(cls)]
+    flat = [f.name for f in dataclasses.fields(cls) if f.metadata.get(WIRE) == "flat"]
+    fields = [(f.name, _checker(hints[f.name]), _allows_none(hints[f.name])) for f in dataclasses.fields(cls)
+              if f.name not in flat]
+    named = frozenset(name for name, _, _ in fields)
 
     def check(v: Any) -> Any:
         if v.__class__ is not dict:
             _fail("an object", v)
         values: dict[str, Any] = {}
+        for name in flat:  # at most one: the keys the class does not name
+            values[name] = {k: x for k, x in v.items() if k not in named}
         for name, field_check, optional in fields:
             if name not in v:
                 if not optional:

@@ -1,13 +1,16 @@
 """Events as the wire and the recordings hold them: dicts, and their JSON text.
 
 Engine records become events with their dataclass fields (rounds and requests straight to
-JSON text: they are most of the stream); the server encodes each event once and sends the
-same text to every client and the recorder. What these build decodes, with
-`pdtop.telemetry.decode.decode_event`, into the classes of `pdtop.telemetry.events`.
+JSON text: they are most of the stream); the engine's description and configuration
+(`pdtop.engine.description`) become the `engine` and `config` objects with `plain`. The
+server encodes each event once and sends the same text to every client and the recorder.
+What these build decodes, with `pdtop.telemetry.decode.decode_event`, into the classes of
+`pdtop.telemetry.events`.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from typing import Any
@@ -15,8 +18,9 @@ from typing import Any
 import orjson
 
 from pdtop import __version__
+from pdtop.engine.description import WIRE
 from pdtop.engine.records import ConfigChange, PrefillProgress, RequestRecord, RoundRecord
-from pdtop.telemetry.events import PROTOCOL_VERSION
+from pdtop.telemetry.events import PROTOCOL_VERSION, EngineConfig, EngineDescription
 
 _PREFILL_FIELDS = tuple(f.name for f in dataclasses.fields(PrefillProgress))
 
@@ -42,9 +46,40 @@ def request_event(rec: RequestRecord) -> dict[str, Any]:
     return {"type": "request", "v": PROTOCOL_VERSION, **body}
 
 
-def config_event(change: ConfigChange, config: dict[str, Any]) -> dict[str, Any]:
-    """`config` is the whole configuration after the change (`Engine.config_dict()`)."""
-    return _event("config", **dataclasses.asdict(change), config=config)
+def config_event(change: ConfigChange, config: EngineConfig) -> dict[str, Any]:
+    """`config` is the whole configuration after the change (`Engine.config_record()`)."""
+    return _event("config", **dataclasses.asdict(change), config=plain(config))
+
+
+def plain(value: Any) -> Any:
+    """A record (`pdtop.engine.description`) as the JSON values of its object: each field a key, in
+    field order, tuples as lists; a field with `FLAT` metadata writes its keys into the object itself,
+    one with `IF_SET` is left out while None. Inside values typed `Any` (`runtime`, a device's facts)
+    lists and dicts are copied and tuples become lists too; anything else is written as it is."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out: dict[str, Any] = {}
+        flat: dict[str, Any] = {}
+        for name, wire in _wire_fields(value.__class__):
+            v = getattr(value, name)
+            if wire == "flat":
+                flat = v
+            elif not (wire == "if_set" and v is None):
+                out[name] = plain(v)
+        clash = out.keys() & flat.keys()
+        if clash:  # one key, two values
+            raise ValueError(f"{value.__class__.__name__}: extra keys named like its fields: {sorted(clash)}")
+        out.update({k: plain(v) for k, v in flat.items()})
+        return out
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    return value
+
+
+@functools.cache
+def _wire_fields(cls: type) -> tuple[tuple[str, str | None], ...]:
+    return tuple((f.name, f.metadata.get(WIRE)) for f in dataclasses.fields(cls))
 
 
 _RECORD_HEADS = {cls: f'{{"type":"{name}","v":{PROTOCOL_VERSION},'.encode()
@@ -63,19 +98,22 @@ def encode_record(rec: RoundRecord | RequestRecord) -> str:
     return (_RECORD_HEADS[rec.__class__] + body[1:]).decode()
 
 
-def record_event(rec: Any, config: dict[str, Any] | None = None) -> dict[str, Any]:
+def record_event(rec: Any, config: EngineConfig | None = None) -> dict[str, Any]:
     """Any engine record -> its event. A `ConfigChange` needs the config after the change."""
     if isinstance(rec, RoundRecord):
         return round_event(rec)
     if isinstance(rec, RequestRecord):
         return request_event(rec)
     if isinstance(rec, ConfigChange):
-        return config_event(rec, config if config is not None else {})
+        if config is None:
+            raise TypeError("a ConfigChange's event needs the configuration after it")
+        return config_event(rec, config)
     raise TypeError(f"not an engine record: {type(rec).__name__}")
 
 
-def hello_event(client_id: str, readonly: bool, engine: dict[str, Any], api: str | None = None) -> dict[str, Any]:
-    return _event("hello", pdtop=__version__, client_id=client_id, readonly=readonly, engine=engine, api=api)
+def hello_event(client_id: str, readonly: bool, engine: EngineDescription, api: str | None = None) -> dict[str, Any]:
+    """`engine` is `Engine.describe()`."""
+    return _event("hello", pdtop=__version__, client_id=client_id, readonly=readonly, engine=plain(engine), api=api)
 
 
 def scrape_hello_event(url: str, engine: str, model_name: str | None, models: list[str], interval_s: float,
@@ -111,10 +149,10 @@ def error_event(field: str | None, reason: str) -> dict[str, Any]:
     return _event("error", field=field, reason=reason)
 
 
-def seek_event(position: float, config: dict[str, Any] | None) -> dict[str, Any]:
+def seek_event(position: float, config: EngineConfig | None) -> dict[str, Any]:
     """Replay only: playback moved to `position`; `config` is the configuration in force there (None
     in a recording of a scraped page)."""
-    return _event("seek", position=position, config=config)
+    return _event("seek", position=position, config=None if config is None else plain(config))
 
 
 def encode(event: dict[str, Any]) -> str:

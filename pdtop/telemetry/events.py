@@ -2,9 +2,11 @@
 
 Every event on the wire is a flat JSON object with `type` and `v`. The engine's records
 (`pdtop.engine.records`) are the `round` and `request` payloads, and a `ConfigChange` plus
-the whole configuration is a `config` event; telemetry adds the rest here. Consumers turn
-a received object into one of these classes with `pdtop.telemetry.decode.decode_event`,
-once, and read typed attributes from then on; `pdtop.telemetry.encode` writes them.
+the whole configuration is a `config` event; the engine's description and configuration
+(`hello.engine`) are its records too (`pdtop.engine.description`, re-exported here).
+Telemetry adds the rest here. Consumers turn a received object into one of these classes
+with `pdtop.telemetry.decode.decode_event`, once, and read typed attributes from then on;
+`pdtop.telemetry.encode` writes them.
 A test keeps the field tables of docs/protocol.md equal to these classes.
 """
 from __future__ import annotations
@@ -12,75 +14,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+# the engine's description and configuration are the engine's records, re-exported (`X as X`) with the rest
+from pdtop.engine.description import DeviceDescription as DeviceDescription
+from pdtop.engine.description import EngineConfig as EngineConfig
+from pdtop.engine.description import EngineDescription as EngineDescription
+from pdtop.engine.description import Limits as Limits
+from pdtop.engine.description import Totals as Totals
 from pdtop.engine.records import ConfigChange, RequestRecord, RoundRecord
 
 PROTOCOL_VERSION = 1
-
-
-@dataclass
-class EngineConfig:
-    """The whole configuration (`Engine.config_dict()`), in `hello`, `config` and `seek`."""
-
-    sm_group_num: int
-    manual_divisions: list[tuple[int, int, int]]  # [prefill units, decode units, decode_bs_threshold]
-    split_forward_token_budget: int
-    decode_bs_divisor: int
-    chunk_size: int
-    policy: str
-    pinned_level: int | None
-    levels: list[tuple[int, int]]  # (prefill units, decode units); index = level
-    workload_rate: float
-    workload_paused: bool
-
-
-@dataclass
-class DeviceDescription:
-    """`hello.engine.device`: what every device describes (devices add facts of their own)."""
-
-    name: str
-    kind: str
-    unit_name: str
-    units: int
-    peak_bw: float | None = None  # bytes/s, when the device knows it (simulated GPUs)
-
-
-@dataclass
-class Totals:
-    """`hello.engine.totals`: requests counted since the engine started (a dashboard seeds its counters)."""
-
-    arrived: int
-    first_token: int
-    finished: int  # finished after running (eos or length)
-    rejected: int  # finished with finish_reason "rejected": never ran
-
-
-@dataclass
-class Limits:
-    """`hello.engine.limits`: the waiting-queue caps, and what they refused since the engine started."""
-
-    max_waiting_requests: int
-    max_waiting_tokens: int
-    refused: dict[str, int]  # source ("workload", "inject", "api") -> requests refused
-
-
-@dataclass
-class EngineDescription:
-    """`hello.engine`: `Engine.describe()`."""
-
-    model: str
-    num_layers: int
-    max_context: int
-    device: DeviceDescription
-    unit_name: str
-    units: int
-    virtual_clock: bool
-    levels: list[tuple[int, int]]
-    config: EngineConfig
-    policy: str
-    runtime: dict[str, Any] | None = None  # dtype, KV cache size, how decode runs (kernels, CUDA graphs)
-    limits: Limits | None = None  # absent in recordings made before it existed
-    totals: Totals | None = None  # absent from servers older than the field
-    workload: str | None = None  # one line describing the workload scenario
 
 
 @dataclass

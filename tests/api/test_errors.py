@@ -107,7 +107,7 @@ def test_a_full_waiting_queue_is_503_with_retry_after(stalled):
     assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1
     err = _error(r)
     assert err["code"] == "queue_full" and "max_waiting_requests 2" in err["message"]
-    assert stalled.engine.describe()["limits"]["refused"]["api"] == 1
+    assert stalled.engine.describe().limits.refused["api"] == 1
 
 
 def test_the_token_guards_v1_but_not_health_or_metrics(stalled):

@@ -9,6 +9,7 @@ import tracemalloc
 import pytest
 
 from pdtop.engine.build import build_engine
+from pdtop.engine.description import Limits
 from pdtop.engine.errors import ControlError, QueueFullError
 from pdtop.engine.records import RequestRecord, RoundRecord
 from pdtop.engine.request import SamplingParams
@@ -46,10 +47,10 @@ def test_a_flood_of_long_injects_is_capped_and_memory_stays_bounded():
         grown = tracemalloc.get_traced_memory()[0] - base
         tracemalloc.stop()
         assert grown < 20e6, f"{grown / 1e6:.0f} MB held by queued prompts"
-        limits = engine.describe()["limits"]
+        limits = engine.describe().limits
         kept = len(engine.scheduler.waiting) + (engine.scheduler.prefill is not None)
-        assert kept == 2000 - refused and kept * 40959 <= limits["max_waiting_tokens"]
-        assert len(_finishes(records, "rejected", "inject")) == limits["refused"]["inject"] == refused
+        assert kept == 2000 - refused and kept * 40959 <= limits.max_waiting_tokens
+        assert len(_finishes(records, "rejected", "inject")) == limits.refused["inject"] == refused
     finally:
         engine.close()
 
@@ -62,7 +63,7 @@ def test_synthetic_arrivals_over_the_cap_are_dropped_and_counted():
     try:
         rounds = [engine.step() for _ in range(400)]
         assert max(r.waiting for r in rounds) <= 20
-        dropped = engine.describe()["limits"]["refused"]["workload"]
+        dropped = engine.describe().limits.refused["workload"]
         assert dropped > 0 and dropped == len(_finishes(records, "rejected", "workload"))
         arrivals = [r for r in records if isinstance(r, RequestRecord) and r.kind == "arrival"]
         assert {r.source for r in arrivals} == {"workload"}
@@ -78,7 +79,7 @@ def test_enqueue_from_another_thread_streams_tokens_and_counts_toward_the_cap():
                 for _ in range(3)]
         with pytest.raises(QueueFullError, match="max_waiting_requests 3"):
             engine.enqueue([1] * 100, SamplingParams(max_tokens=5))
-        assert engine.describe()["limits"]["refused"]["api"] == 1
+        assert engine.describe().limits.refused["api"] == 1
         assert engine.scheduler.idle() and not engine.idle()  # queued for the next round boundary
         stepper = threading.Thread(target=lambda: [engine.step() for _ in range(40)])  # the engine's own thread
         stepper.start()
@@ -139,8 +140,8 @@ def test_limits_are_checked_and_described():
         QueueLimits(max_waiting_tokens=0)
     engine = build_engine("sim:H100", limits=QueueLimits(7, 7000))
     try:
-        assert engine.describe()["limits"] == {"max_waiting_requests": 7, "max_waiting_tokens": 7000,
-                                               "refused": {"workload": 0, "inject": 0, "api": 0}}
+        assert engine.describe().limits == Limits(max_waiting_requests=7, max_waiting_tokens=7000,
+                                                  refused={"workload": 0, "inject": 0, "api": 0})
     finally:
         engine.close()
 

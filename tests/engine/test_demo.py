@@ -12,7 +12,7 @@ from pdtop.engine.scheduling.workload import demo_workload
 
 def test_sim_demo_multiplexes_within_ten_seconds():
     engine = build_engine("sim:H100", workload=demo_workload("sim"))
-    assert engine.describe()["workload"] == demo_workload("sim").describe()
+    assert engine.describe().workload == demo_workload("sim").describe()
     rounds = []
     while engine.device.now() < 10.0:
         rounds.append(engine.step())

@@ -3,6 +3,7 @@ and a raw websocket client that records every frame it gets."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 
 import pytest
@@ -32,11 +33,12 @@ def config_event(time: float, round_index: int, **settings) -> dict:
     """A `config` event setting `settings` in a real engine's configuration."""
     eng = make_engine()
     try:
-        old = eng.config_dict()
+        old = eng.config_record()
     finally:
         eng.close()
-    change = ConfigChange(time, round_index, {k: {"old": old[k], "new": v} for k, v in settings.items()})
-    return json.loads(encode.encode(encode.config_event(change, {**old, **settings})))
+    change = ConfigChange(time, round_index, {k: {"old": encode.plain(getattr(old, k)), "new": v}
+                                              for k, v in settings.items()})
+    return json.loads(encode.encode(encode.config_event(change, dataclasses.replace(old, **settings))))
 
 
 @pytest.fixture

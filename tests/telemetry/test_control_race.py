@@ -27,11 +27,11 @@ async def test_pin_after_fewer_levels_is_refused_naming_the_field(engine, server
     assert first["ok"] is True
     assert second["ok"] is False and second["error"]["field"] == "level" and "0..2" in second["error"]["reason"]
     await steps(engine, 5)  # the boundary where both would have been applied
-    config = engine.config_dict()
-    assert config["sm_group_num"] == 3 and len(config["levels"]) == 3 and config["pinned_level"] is None
+    config = engine.config_record()
+    assert config.sm_group_num == 3 and len(config.levels) == 3 and config.pinned_level is None
     assert (await client.request({"cmd": "pin_level", "level": 2}))["ok"] is True
     await steps(engine, 2)
-    assert engine.config_dict()["pinned_level"] == 2
+    assert engine.config_record().pinned_level == 2
     await client.close()
 
 
@@ -43,11 +43,11 @@ async def test_levels_follow_manual_divisions_queued_before_sm_group_num(engine,
     assert (await client.request({"cmd": "set", "manual_divisions": [[72, 60, 1]]}))["ok"]
     assert (await client.request({"cmd": "set", "sm_group_num": 5}))["ok"]
     await steps(engine, 3)
-    config = engine.config_dict()
-    assert config["manual_divisions"] == [[72, 60, 1]]
-    assert config["levels"] == [[132, 0], [72, 60], [0, 132]] == engine.describe()["levels"]
+    config = engine.config_record()
+    assert config.manual_divisions == [(72, 60, 1)]
+    assert config.levels == [(132, 0), (72, 60), (0, 132)] == engine.describe().levels
     await client.wait(lambda c: c.of("config"))
-    assert client.of("config")[-1]["config"]["levels"] == config["levels"]
+    assert client.of("config")[-1]["config"]["levels"] == [[132, 0], [72, 60], [0, 132]]
     await client.close()
 
 

@@ -9,6 +9,7 @@ import pytest
 from conftest import make_engine
 
 from pdtop.engine.records import ConfigChange, RequestRecord, RoundRecord
+from pdtop.engine.scheduling import pdmux_config
 from pdtop.engine.scheduling.commands import Inject, Set
 from pdtop.telemetry import encode
 from pdtop.telemetry.decode import EventError, UnknownEventType, decode_event
@@ -46,7 +47,7 @@ def stream():
         if i == 700:
             engine.control(Inject(16384))
         engine.step()
-    yield engine.describe(), engine.config_dict(), records
+    yield engine.describe(), engine.config_record(), records
     engine.close()
 
 
@@ -59,7 +60,7 @@ def test_a_real_engine_stream_decodes_to_its_own_records(stream):
         if isinstance(rec, ConfigChange):
             got = decode_event(wire(encode.config_event(rec, config)))
             assert isinstance(got, ConfigEvent) and got.changes == rec.changes and got.client == rec.client
-            assert got.round_index == rec.round_index and got.config.decode_bs_divisor == config["decode_bs_divisor"]
+            assert got.round_index == rec.round_index and got.config == config
         else:
             assert decode_event(json.loads(encode.encode_record(rec))) == rec  # every field, prefills too
 
@@ -69,18 +70,22 @@ def test_the_hello_is_the_engines_description(stream):
     hello = decode_event(wire(encode.hello_event("c3", True, describe)))
     assert isinstance(hello, Hello) and hello.client_id == "c3" and hello.readonly
     engine = hello.engine
-    assert engine.device == DeviceDescription("sim:H100", "sim", "SMs", 132, 3.35e12)
-    assert engine.levels == [tuple(x) for x in describe["levels"]] == engine.config.levels
+    assert engine.device == DeviceDescription("sim:H100", "sim", "SMs", 132, 3.35e12,
+                                              {"cc": "9.0", "peak_flops": 989e12, "s_sat": 66})
+    assert engine.levels == describe.levels == engine.config.levels
     assert engine.config.decode_bs_divisor == 12 and engine.config.pinned_level is None
+    assert engine == describe  # the whole description, through JSON and back
 
 
 def test_the_classes_hold_what_the_engine_describes(stream):
-    """Both ways: a field the engine adds, drops or renames shows up here first."""
+    """Both ways: the objects on the wire have exactly the classes' keys (a device adds its own facts)."""
     describe, config, _ = stream
-    assert {f.name for f in dataclasses.fields(EngineDescription)} == set(describe)
-    assert {f.name for f in dataclasses.fields(EngineConfig)} == set(config)
-    required = {f.name for f in dataclasses.fields(DeviceDescription) if f.name != "peak_bw"}
-    assert required <= set(describe["device"])
+    engine = wire(encode.hello_event("c3", True, describe))["engine"]
+    assert {f.name for f in dataclasses.fields(EngineDescription)} == set(engine)
+    assert {f.name for f in dataclasses.fields(EngineConfig)} == set(engine["config"]) == set(encode.plain(config))
+    assert set(pdmux_config.FIELDS) <= set(engine["config"])  # a knob added to PdmuxConfig is in the configuration
+    named = {f.name for f in dataclasses.fields(DeviceDescription)} - {"extra"}
+    assert set(engine["device"]) == named | set(describe.device.extra)
 
 
 def test_what_the_server_builds_decodes():
@@ -90,9 +95,10 @@ def test_what_the_server_builds_decodes():
         "m1", False, ReplyError("level", "too big"))
     assert decode_event(wire(encode.reply_event(7, True, path="run.ndjson"))) == Reply(7, True, path="run.ndjson")
     assert decode_event(wire(encode.reply_event(None, True, readonly=False))) == Reply(None, True, readonly=False)
-    config = make_engine().config_dict()
+    config = make_engine().config_record()
     seek = decode_event(wire(encode.seek_event(2.5, config)))
-    assert isinstance(seek, Seek) and seek.position == 2.5 and seek.config.chunk_size == config["chunk_size"]
+    assert isinstance(seek, Seek) and seek.position == 2.5 and seek.config == config
+    assert decode_event(wire(encode.seek_event(2.5, None))) == Seek(2.5, None)  # a recording of a scraped page
     batch = decode_event({"type": "batch", "v": 1, "events": [{"type": "dropped", "v": 1, "count": 1}, {"x": 1}]})
     assert batch == Batch([{"type": "dropped", "v": 1, "count": 1}, {"x": 1}])  # inner events: decoded one by one
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+from pdtop.engine.description import EngineConfig
 from pdtop.engine.records import ConfigChange, PrefillProgress, RequestRecord, RoundRecord
 from pdtop.telemetry import encode as ev
 
@@ -25,10 +26,16 @@ def test_engine_records_encode_as_asdict_plus_type():
 
 def test_config_events_carry_the_whole_config_and_helpers_have_the_envelope():
     change = ConfigChange(2.0, 10, {"decode_bs_divisor": {"old": 36, "new": 24}}, client="c1")
-    event = ev.config_event(change, {"decode_bs_divisor": 24})
+    config = EngineConfig(sm_group_num=3, manual_divisions=[(72, 60, 1)], split_forward_token_budget=65536,
+                          decode_bs_divisor=24, chunk_size=512, policy="pdmux", pinned_level=None,
+                          levels=[(132, 0), (72, 60), (0, 132)], workload_rate=2.0, workload_paused=False)
+    event = ev.config_event(change, config)
     assert event == {"type": "config", "v": 1, "time": 2.0, "round_index": 10,
                      "changes": {"decode_bs_divisor": {"old": 36, "new": 24}}, "client": "c1",
-                     "config": {"decode_bs_divisor": 24}}
+                     "config": {"sm_group_num": 3, "manual_divisions": [[72, 60, 1]],
+                                "split_forward_token_budget": 65536, "decode_bs_divisor": 24, "chunk_size": 512,
+                                "policy": "pdmux", "pinned_level": None, "levels": [[132, 0], [72, 60], [0, 132]],
+                                "workload_rate": 2.0, "workload_paused": False}}  # pairs as lists
     assert ev.reply_event(4, False, "level", "too big") == {
         "type": "reply", "v": 1, "id": 4, "ok": False, "error": {"field": "level", "reason": "too big"}}
     assert ev.dropped_event(3) == {"type": "dropped", "v": 1, "count": 3}

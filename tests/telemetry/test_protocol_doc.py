@@ -9,6 +9,7 @@ import typing
 from pathlib import Path
 from typing import Any, Union
 
+from pdtop.engine.description import WIRE
 from pdtop.telemetry.events import EVENT_CLASSES
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
@@ -41,15 +42,17 @@ def _nested(tp: Any) -> type | None:
 
 def classes_as_tables() -> dict[str, dict[str, frozenset[str]]]:
     """`round` -> {field: type words}, `round.prefills` -> ...; a class nested in several
-    events (the configuration) is described once, where it first appears."""
+    events (the configuration) is described once, where it first appears. A `FLAT` field
+    (a device's own facts) is no key of its own: its keys are the object's others, told in words."""
     tables: dict[str, dict[str, frozenset[str]]] = {}
     seen: set[type] = set()
 
     def walk(path: str, cls: type) -> None:
         seen.add(cls)
         hints = typing.get_type_hints(cls)
-        tables[path] = {f.name: _words(hints[f.name]) for f in dataclasses.fields(cls)}
-        for f in dataclasses.fields(cls):
+        keys = [f for f in dataclasses.fields(cls) if f.metadata.get(WIRE) != "flat"]
+        tables[path] = {f.name: _words(hints[f.name]) for f in keys}
+        for f in keys:
             inner = _nested(hints[f.name])
             if inner is not None and inner not in seen:
                 walk(f"{path}.{f.name}", inner)

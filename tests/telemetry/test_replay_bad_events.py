@@ -20,7 +20,7 @@ HELLO = hello_event()
 def real_events(rounds: int) -> list[dict]:
     engine = make_engine()
     out: list[dict] = []
-    engine.add_sink(lambda r: out.append(json.loads(encode.encode(encode.record_event(r, engine.config_dict())))))
+    engine.add_sink(lambda r: out.append(json.loads(encode.encode(encode.record_event(r, engine.config_record())))))
     try:
         for _ in range(rounds):
             engine.step()

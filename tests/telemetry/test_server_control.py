@@ -8,6 +8,7 @@ import random
 import pytest
 from conftest import Raw, steps
 
+from pdtop.telemetry import encode
 from pdtop.telemetry.recording.reader import read_recording
 from pdtop.telemetry.server.server import TelemetryServer
 
@@ -74,7 +75,7 @@ async def test_fuzzed_control_gets_error_replies_and_changes_nothing(engine, ser
     client = await Raw.open(server.url)
     await client.wait(lambda c: c.events)
     await steps(engine, 20)
-    before = engine.config_dict()
+    before = engine.config_record()
     for i, msg in enumerate(BAD_MESSAGES):
         reply = await client.request({**msg, "id": i})
         assert reply["ok"] is False, msg
@@ -84,7 +85,7 @@ async def test_fuzzed_control_gets_error_replies_and_changes_nothing(engine, ser
         reply = await client.request(frame)
         assert reply["ok"] is False, frame
     await steps(engine, 20)  # a wrongly accepted change would be applied here
-    assert engine.config_dict() == before
+    assert engine.config_record() == before
     assert not client.of("config")
     # the server is still serving the same connection
     n = len(client.of("round"))
@@ -105,13 +106,13 @@ async def test_a_valid_change_is_applied_and_announced_to_every_client(engine, s
     reply = await a.request({"cmd": "set", "decode_bs_divisor": 24, "id": 7})
     assert reply == {"type": "reply", "v": 1, "id": 7, "ok": True}
     await steps(engine, 2)  # applied at the next round boundary
-    assert engine.config_dict()["decode_bs_divisor"] == 24
+    assert engine.config_record().decode_bs_divisor == 24
     for c in (a, b):
         await c.wait(lambda c: c.of("config"))
         (config,) = c.of("config")
         assert config["changes"] == {"decode_bs_divisor": {"old": 36, "new": 24}}
         assert config["client"] == a.events[0]["client_id"]
-        assert config["config"] == engine.config_dict()
+        assert config["config"] == encode.plain(engine.config_record())
     reply = await b.request({"cmd": "pin_level", "level": 3})
     assert reply["ok"] and reply["id"] is None
     await steps(engine, 2)
@@ -139,20 +140,20 @@ async def test_control_needs_the_token_when_one_is_set(engine):
         assert wrong.events[0]["readonly"] is True
         await wrong.wait(lambda c: c.of("error"))
         assert wrong.of("error")[0]["field"] == "token"
-        before = engine.config_dict()
+        before = engine.config_record()
         for c in (anon, wrong):
             for msg in ({"cmd": "set", "decode_bs_divisor": 24}, {"cmd": "record_start", "path": "x.ndjson"}):
                 reply = await c.request(msg)
                 assert reply["ok"] is False and reply["error"]["field"] == "token"
         assert (await anon.request({"cmd": "auth", "token": "nope"}))["ok"] is False
         await steps(engine, 3)
-        assert engine.config_dict() == before and server.recorder is None
+        assert engine.config_record() == before and server.recorder is None
         # the token as the first message upgrades the connection
         assert (await late.request({"cmd": "auth", "token": "s3cret"}))["ok"] is True
         assert (await late.request({"cmd": "auto_level"}))["ok"] is True
         assert (await good.request({"cmd": "set", "decode_bs_divisor": 12}))["ok"] is True
         await steps(engine, 2)
-        assert engine.config_dict()["decode_bs_divisor"] == 12
+        assert engine.config_record().decode_bs_divisor == 12
         await anon.wait(lambda c: c.of("config"))  # read-only clients still see changes
         for c in (anon, wrong, good, late):
             await c.close()

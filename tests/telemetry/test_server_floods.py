@@ -19,6 +19,7 @@ from conftest import Raw, steps
 from websockets.asyncio.client import connect
 
 from pdtop.engine.scheduling.commands import Set
+from pdtop.telemetry import encode
 from pdtop.telemetry.server.clients import CONTROL_BURST
 from pdtop.telemetry.server.server import TelemetryServer
 
@@ -41,7 +42,7 @@ async def test_2000_config_changes_in_one_tick_leave_every_reading_client_connec
         news = [e["changes"]["chunk_size"]["new"] for e in configs]
         assert olds == [512, *news[:-1]] and news[-1] == 2099  # nothing lost between merged events
         assert all(e["client"] is None or e["client"].startswith("c") for e in configs)
-        assert configs[-1]["config"] == engine.config_dict()
+        assert configs[-1]["config"] == encode.plain(engine.config_record())
         assert c.ws.close_code is None
     assert len(server.clients) == 2
     for c in clients:
@@ -64,7 +65,7 @@ async def test_a_control_flood_is_refused_beyond_the_rate_and_costs_others_nothi
     await other.wait(lambda c: len(c.of("round")) >= 5 and c.of("config"))
     accepted = 1100 - len(refused)
     configs = other.of("config")  # merged per tick: how many ticks the accepted burst spans depends on load
-    assert 1 <= len(configs) < accepted and configs[-1]["config"] == engine.config_dict()
+    assert 1 <= len(configs) < accepted and configs[-1]["config"] == encode.plain(engine.config_record())
     assert other.ws.close_code is None and flooder.ws.close_code is None
     for c in (flooder, other):
         await c.close()

@@ -10,6 +10,7 @@ import pytest
 from conftest import Raw, steps
 from websockets.asyncio.client import connect
 
+from pdtop.telemetry import encode
 from pdtop.telemetry.recording.reader import read_recording
 from pdtop.telemetry.server.server import TelemetryServer
 
@@ -29,7 +30,7 @@ async def test_every_client_gets_hello_then_every_round(engine, server):
         hello = c.events[0]
         assert hello["type"] == "hello" and hello["v"] == 1 and hello["readonly"] is False
         assert hello["engine"]["device"]["name"] == "sim:H100" and hello["engine"]["units"] == 132
-        assert hello["engine"]["config"] == engine.config_dict()
+        assert hello["engine"]["config"] == encode.plain(engine.config_record())
     assert len({c.events[0]["client_id"] for c in clients}) == 3
     for _ in range(4):
         await steps(engine, 50)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 
 from pdtop.engine.build import build_engine
+from pdtop.engine.description import EngineConfig
 from pdtop.engine.records import ConfigChange, PrefillProgress, RequestRecord, RoundRecord
 from pdtop.engine.scheduling.commands import Inject, Set, parse_command
 from pdtop.engine.scheduling.workload import WorkloadSpec
@@ -107,7 +109,7 @@ def record_engine(path: Path, rounds: int, rate: float = 8.0,
     last = [0.0]
 
     def sink(record: Any) -> None:
-        config = engine.config_dict() if isinstance(record, ConfigChange) else None
+        config = engine.config_record() if isinstance(record, ConfigChange) else None
         last[0] = max(last[0], record.time - t0)  # a file's times never go back
         rec.write(telemetry_events.encode(telemetry_events.record_event(record, config)), t=last[0])
 
@@ -191,15 +193,15 @@ async def play_busy(pilot: Any, app: Any, engine: Any) -> None:
 
 # ---- events as the server sends them: built from the engine's records and a real engine's hello ----
 
-def _real_hello() -> dict:
+def _real_hello() -> tuple[dict, EngineConfig]:
     engine = sim_engine()
     try:
-        return telemetry_events.hello_event("c1", False, engine.describe())
+        return telemetry_events.hello_event("c1", False, engine.describe()), engine.config_record()
     finally:
         engine.close()
 
 
-HELLO = _real_hello()  # a sim H100: 132 SMs, 8 levels, decode_bs_divisor 36, policy pdmux
+HELLO, CONFIG = _real_hello()  # a sim H100: 132 SMs, 8 levels, decode_bs_divisor 36, policy pdmux
 LEVELS = HELLO["engine"]["levels"]
 
 
@@ -226,7 +228,7 @@ def _request(kind: str, request_id: int, time: float = 0.0, *, prompt_tokens: in
 def _config(time: float, round_index: int, client: str | None = None, **settings) -> dict:
     old = HELLO["engine"]["config"]
     change = ConfigChange(time, round_index, {k: {"old": old[k], "new": v} for k, v in settings.items()}, client)
-    return telemetry_events.config_event(change, {**old, **settings})
+    return telemetry_events.config_event(change, dataclasses.replace(CONFIG, **settings))
 
 
 @pytest.fixture

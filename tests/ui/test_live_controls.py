@@ -34,46 +34,46 @@ async def test_every_control_reaches_the_engine(served, until):
     app = PdtopApp(LiveSource(served.url, token=served.token))
     async with app.run_test(size=SIZE) as pilot:
         await until(pilot, lambda: app.state.rounds_seen > 5 and app.connection == "live", "live rounds")
-        cfg = engine.config_dict
+        cfg = engine.config_record
 
         # level down / up move the pinned level; `a` goes back to automatic. Start from a level
         # pinned on the engine's side, so rounds arriving meanwhile cannot move the starting point.
         engine.control(PinLevel(3))
         await until(pilot, lambda: app.state.shown_level == 3 and app.state.pinned, "level 3 pinned, on screen")
         await pilot.press("minus")
-        await until(pilot, lambda: cfg()["pinned_level"] == 2, "level down")
+        await until(pilot, lambda: cfg().pinned_level == 2, "level down")
         await until(pilot, lambda: _accepted(app), "the answer")
         assert _accepted(app)[-1][2] == "pinned level 2: prefill 104 SMs, decode 28"  # words, not `pin_level level=2`
         pinned = 2
         await until(pilot, lambda: app.state.shown_level == pinned and app.state.pinned, "the pinned level on screen")
         await pilot.press("plus")
-        await until(pilot, lambda: cfg()["pinned_level"] == pinned + 1, "level up")
+        await until(pilot, lambda: cfg().pinned_level == pinned + 1, "level up")
         await pilot.press("a")
-        await until(pilot, lambda: cfg()["pinned_level"] is None, "automatic level")
+        await until(pilot, lambda: cfg().pinned_level is None, "automatic level")
 
         await _answer(pilot, "d", "24")
-        await until(pilot, lambda: cfg()["decode_bs_divisor"] == 24, "decode_bs_divisor 24")
+        await until(pilot, lambda: cfg().decode_bs_divisor == 24, "decode_bs_divisor 24")
         await _answer(pilot, "b", "32768")
-        await until(pilot, lambda: cfg()["split_forward_token_budget"] == 32768, "budget 32768")
+        await until(pilot, lambda: cfg().split_forward_token_budget == 32768, "budget 32768")
         await _answer(pilot, "c", "256")
-        await until(pilot, lambda: cfg()["chunk_size"] == 256, "chunk size 256")
+        await until(pilot, lambda: cfg().chunk_size == 256, "chunk size 256")
         await _answer(pilot, "m", "112 20 1; 96 36 16")
-        await until(pilot, lambda: cfg()["manual_divisions"] == [[112, 20, 1], [96, 36, 16]], "manual divisions")
+        await until(pilot, lambda: cfg().manual_divisions == [(112, 20, 1), (96, 36, 16)], "manual divisions")
         await until(pilot, lambda: (96, 36) in app.state.levels and (104, 28) not in app.state.levels,
                     "the dashboard shows the new levels")
         await _answer(pilot, "r", "3.5")
-        await until(pilot, lambda: cfg()["workload_rate"] == 3.5, "workload rate 3.5")
+        await until(pilot, lambda: cfg().workload_rate == 3.5, "workload rate 3.5")
         await pilot.press("w")
-        await until(pilot, lambda: cfg()["workload_paused"] is True, "workload paused")
+        await until(pilot, lambda: cfg().workload_paused is True, "workload paused")
         await until(pilot, lambda: app.state.config is not None and app.state.config.workload_paused,
                     "the dashboard saw the pause")
         await pilot.press("w")
-        await until(pilot, lambda: cfg()["workload_paused"] is False, "workload resumed")
+        await until(pilot, lambda: cfg().workload_paused is False, "workload resumed")
         await pilot.press("p")  # the policy is picked from a list, not typed
         await until(pilot, lambda: type(app.screen).__name__ == "ChoiceScreen", "the policy list")
         assert app.screen.query_one("OptionList").highlighted == 0  # pdmux, the one in force
         await pilot.press("down", "enter")
-        await until(pilot, lambda: cfg()["policy"] == "chunked", "policy chunked")
+        await until(pilot, lambda: cfg().policy == "chunked", "policy chunked")
 
         injected = []
         engine.add_sink(lambda r: injected.append(r) if getattr(r, "prompt_tokens", 0) == 12000 else None)
@@ -93,7 +93,7 @@ async def test_engine_refusal_is_shown(served, until):
         await until(pilot, lambda: any(sev == "error" for sev, _t, _m in app.notices), "an error notification")
         _, title, message = [n for n in app.notices if n[0] == "error"][-1]
         assert title == "refused" and "uses 520 SMs, the device has 132" in message
-        assert served.engine.config_dict()["manual_divisions"] == []
+        assert served.engine.config_record().manual_divisions == []
         await until(pilot, lambda: "refused" in app.query_one("StatusLine").text, "shown under the header")
 
 
@@ -112,7 +112,7 @@ async def test_under_auto_plus_steps_from_the_level_on_screen(stepped, until):
         key, want = ("plus", shown + 1) if shown < len(app.state.levels) - 1 else ("minus", shown - 1)
         await pilot.press(key)
         engine.step()  # the pin applies at the next round boundary
-        await until(pilot, lambda: engine.config_dict()["pinned_level"] == want, f"level {want} pinned")
+        await until(pilot, lambda: engine.config_record().pinned_level == want, f"level {want} pinned")
 
 
 async def test_pinning_a_side_to_no_units_warns(stepped, until):

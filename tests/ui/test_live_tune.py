@@ -11,6 +11,7 @@ from textual.widgets import Input
 import pdtop.ui.app
 from pdtop.engine.records import ConfigChange
 from pdtop.engine.scheduling.commands import PinLevel, Set
+from pdtop.telemetry.encode import plain
 from pdtop.telemetry.sources.live import LiveSource
 from pdtop.ui.app import PdtopApp
 from pdtop.ui.keymap import parse_tune
@@ -30,7 +31,7 @@ class NoticeWatchingApp(PdtopApp):
         self.told: list[tuple[str, dict]] = []
 
     def notify(self, message: str, **kwargs) -> None:
-        self.told.append((message, self.engine.config_dict()))
+        self.told.append((message, plain(self.engine.config_record())))
         super().notify(message, **kwargs)
 
 
@@ -58,7 +59,7 @@ async def _with_previous_config(served, pilot, until) -> dict:
     engine.control(PinLevel(3))
     await until(pilot, lambda: app.state.config.decode_bs_divisor == 24 and app.state.config.pinned_level == 3,
                 "the dashboard sees the operator's configuration")
-    return engine.config_dict()
+    return plain(engine.config_record())
 
 
 def _watch(engine) -> list[ConfigChange]:
@@ -83,7 +84,7 @@ async def test_rollback_restores_the_previous_configuration(served, until):
         assert len(tried) >= 3, tried  # the candidates really ran on the engine
         # and each reached the dashboard as a configuration change: a mark on the ITL chart
         assert sum("manual_divisions" in c.changes for c in app.state.config_changes) >= 3
-        assert engine.config_dict() != before
+        assert plain(engine.config_record()) != before
         await pilot.press("r")
         await until(pilot, lambda: not isinstance(app.screen, TuneScreen), "the panel closed")
         # told only once the engine reported it in force, the pinned level included
@@ -104,7 +105,7 @@ async def test_keep_leaves_the_best_in_force(served, until):
         told = await _told(pilot, until, "kept")
         want = {k: v for k, v in best.config.to_dict().items() if k != "chunk_size"}
         assert {k: told[k] for k in want} == want  # in force before the operator is told
-        assert engine.config_dict()["pinned_level"] is None  # the automatic choice the candidates ran with
+        assert engine.config_record().pinned_level is None  # the automatic choice the candidates ran with
         await until(pilot, lambda: not isinstance(app.screen, TuneScreen), "the panel closed")
 
 
@@ -117,7 +118,8 @@ async def test_escape_mid_run_stops_and_rolls_back(served, until):
         await until(pilot, lambda: screen.tuner.status == "measuring" and len(screen.tuner.trials) >= 1,
                     "a candidate being measured", timeout=30)
         await pilot.press("escape")
-        await until(pilot, lambda: engine.config_dict() == before, "the previous configuration back on the engine")
+        await until(pilot, lambda: plain(engine.config_record()) == before,
+                    "the previous configuration back on the engine")
         await until(pilot, lambda: not isinstance(app.screen, TuneScreen), "the panel closed")
         assert not screen.running
 

@@ -61,10 +61,10 @@ async def test_counts_start_from_the_servers_and_not_from_a_previous_server(unti
     try:
         async with app.run_test(size=SIZE) as pilot:
             await until(pilot, lambda: app.state.hello, "hello")
-            totals = first.engine.describe()["totals"]
-            assert totals["arrived"] > 0
+            totals = first.engine.describe().totals
+            assert totals.arrived > 0
             assert (app.state.arrivals, app.state.first_tokens, app.state.finished) == \
-                (totals["arrived"], totals["first_token"], totals["finished"])
+                (totals.arrived, totals.first_token, totals.finished)
             port = first.port
             await asyncio.to_thread(first.stop_server)  # off this loop: the app must answer the close
             await until(pilot, lambda: app.connection == "reconnecting", "the server is gone")
@@ -72,8 +72,8 @@ async def test_counts_start_from_the_servers_and_not_from_a_previous_server(unti
                 second.engine.step()
             await asyncio.to_thread(second.start_server, port)
             await until(pilot, lambda: app.connection == "live", "reconnected")
-            totals = second.engine.describe()["totals"]
-            assert (app.state.arrivals, app.state.finished) == (totals["arrived"], totals["finished"])
+            totals = second.engine.describe().totals
+            assert (app.state.arrivals, app.state.finished) == (totals.arrived, totals.finished)
     finally:
         await asyncio.to_thread(first.close)
         await asyncio.to_thread(second.close)

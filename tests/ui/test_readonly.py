@@ -20,7 +20,7 @@ async def test_readonly_hides_and_refuses_every_control(served, how, until):
         source = LiveSource(served.url, token=served.token, readonly=True)
     else:
         source = LiveSource(served.url)
-    before = served.engine.config_dict()
+    before = served.engine.config_record()
     app = PdtopApp(source)
     async with app.run_test(size=(130, 40)) as pilot:
         await until(pilot, lambda: app.connection == "live" and app.state.rounds_seen > 2, "live rounds")
@@ -44,10 +44,10 @@ async def test_readonly_hides_and_refuses_every_control(served, how, until):
             assert "refused" in app.notices[-1][2], cmd.id
         await pilot.pause(0.3)
         assert "read-only" in app.query_one("HeaderBar").text
-    after = served.engine.config_dict()
+    after = served.engine.config_record()
     for key in ("decode_bs_divisor", "pinned_level", "split_forward_token_budget", "chunk_size", "policy",
                 "manual_divisions", "workload_rate", "workload_paused"):
-        assert after[key] == before[key], key
+        assert getattr(after, key) == getattr(before, key), key
     assert served.server.recorder is None
 
 

@@ -26,6 +26,6 @@ async def test_disconnect_shows_and_reconnects(served, until):
         await until(pilot, lambda: app.state.rounds_seen > seen + 2, "rounds flow again")
         await until(pilot, lambda: "● live" in header.text, "the header says live again")
         # controls work on the new connection
-        await pilot.press("a" if served.engine.config_dict()["pinned_level"] is not None else "minus"
+        await pilot.press("a" if served.engine.config_record().pinned_level is not None else "minus"
                           if (app.state.shown_level or 0) > 0 else "plus")
         await until(pilot, lambda: any(n[1] == "accepted" for n in app.notices), "a control accepted after reconnect")

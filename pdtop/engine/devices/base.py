@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+from pdtop.engine.description import DeviceDescription
+
 R = TypeVar("R")
 R_co = TypeVar("R_co", covariant=True)
 
@@ -88,8 +90,9 @@ class Device(ABC):
         self.level = min(self.level, len(self.groups) - 1)
         return list(self.groups)
 
-    def describe(self) -> dict:
-        return {"name": self.name, "kind": self.kind, "unit_name": self.unit_name, "units": self.units}
+    def describe(self) -> DeviceDescription:
+        """What every device says of itself; a device adds its own facts to `extra` (and `peak_bw`)."""
+        return DeviceDescription(self.name, self.kind, self.unit_name, self.units)
 
     @abstractmethod
     def close(self) -> None:

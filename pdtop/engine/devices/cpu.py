@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from pdtop.engine.description import DeviceDescription
 from pdtop.engine.devices.base import Device, R, Work
 
 
@@ -75,8 +76,10 @@ class CpuDevice(Device):
         self._decode = _SideWorker("decode")
         self._pending: Future[object] | None = None
 
-    def describe(self) -> dict:
-        return {**super().describe(), "cores": list(self.cores)}
+    def describe(self) -> DeviceDescription:
+        out = super().describe()
+        out.extra["cores"] = list(self.cores)
+        return out
 
     def now(self) -> float:
         return time.perf_counter()

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from pdtop.engine.description import DeviceDescription
 from pdtop.engine.devices.base import Device, R, Work
 from pdtop.engine.devices.green_ctx import INSTALL_HINT, GreenContexts, GreenPair
 from pdtop.engine.errors import DeviceError
@@ -286,13 +287,16 @@ class CudaDevice(Device):
         return out
 
     # -- the rest ----------------------------------------------------------------------------
-    def describe(self) -> dict:
-        return {**super().describe(), **{k: v for k, v in self.gc.describe().items() if k != "name"},
-                "gpu": self.gc.name, "levels_requested": [list(g) for g in self.requested],
-                "levels_realized": [list(r) for r in self.realized],
-                "dropped_levels": [{"requested": list(g), "reason": r} for g, r in self.dropped],
-                "prefill_slices_in_flight": self.max_prefill_in_flight,
-                "max_connections": max_connections_state(), "balanced_workqueues": self.balanced_workqueues}
+    def describe(self) -> DeviceDescription:
+        out = super().describe()
+        out.extra.update({k: v for k, v in self.gc.describe().items() if k != "name"})
+        out.extra.update({"gpu": self.gc.name, "levels_requested": [list(g) for g in self.requested],
+                          "levels_realized": [list(r) for r in self.realized],
+                          "dropped_levels": [{"requested": list(g), "reason": r} for g, r in self.dropped],
+                          "prefill_slices_in_flight": self.max_prefill_in_flight,
+                          "max_connections": max_connections_state(),
+                          "balanced_workqueues": self.balanced_workqueues})
+        return out
 
     def _sync_all(self) -> None:
         streams = [self._whole, self._whole_prefill, self._whole_decode]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from pdtop.engine.description import DeviceDescription
 from pdtop.engine.devices.base import Device, R, Work
 from pdtop.engine.roofline.cost import achieved_bandwidth, decode_time, memory_time, prefill_time
 from pdtop.engine.roofline.gpu_specs import GpuSpec, parse_gpu
@@ -62,10 +63,11 @@ class SimDevice(Device):
         self._prefill: _Running | None = None
         self._prefill_result: object = None
 
-    def describe(self) -> dict:
-        s = self.spec
-        return {**super().describe(), "cc": f"{s.cc_major}.{s.cc_minor}", "peak_bw": s.mem_bw,
-                "peak_flops": s.peak_flops, "s_sat": s.s_sat}
+    def describe(self) -> DeviceDescription:
+        s, out = self.spec, super().describe()
+        out.peak_bw = s.mem_bw
+        out.extra.update({"cc": f"{s.cc_major}.{s.cc_minor}", "peak_flops": s.peak_flops, "s_sat": s.s_sat})
+        return out
 
     def now(self) -> float:
         return self.clock

@@ -45,7 +45,8 @@ class Executor(ABC, Generic[S]):
         return self.pool.used_tokens, self.pool.capacity_tokens
 
     def describe(self) -> dict[str, Any]:
-        """How the work runs (dtype, KV cache, kernels), for `Engine.describe()["runtime"]`."""
+        """How the work runs (dtype, KV cache, kernels), for `Engine.describe().runtime`: for people, and a
+        plain dict, since what it holds depends on the executor (the runner's adds dtype, CUDA's its graphs)."""
         return {"kv_cache": {"tokens": self.pool.capacity_tokens}}
 
     def set_layer_trace(self, trace: LayerTrace | None) -> bool:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from pdtop.engine.description import EngineConfig
 from pdtop.engine.records import ConfigChange, ControlFailure, RequestRecord, RoundRecord
 from pdtop.telemetry.encode import config_event, encode, encode_record, error_event
 
@@ -41,7 +42,8 @@ class _Gate:
 
 
 class Inbox:
-    def __init__(self, config_dict: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, config: Callable[[], EngineConfig]) -> None:
+        """`config` gives the configuration in force (`Engine.config_record`), read on the engine thread."""
         q: deque[Outgoing] = deque()
         gate = _Gate()
         append = q.append
@@ -55,7 +57,7 @@ class Inbox:
                     else:
                         gate.shed += 1
                 elif isinstance(record, ConfigChange):
-                    append(Outgoing(encode(config_event(record, config_dict())), "config"))
+                    append(Outgoing(encode(config_event(record, config())), "config"))
                 elif isinstance(record, ControlFailure):
                     append(Outgoing(encode(error_event(record.field, f"not applied: {record.reason}")), "notice"))
             except Exception:  # never raise into the engine's loop

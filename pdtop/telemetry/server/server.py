@@ -94,7 +94,7 @@ class TelemetryServer:
         self.quiet = QuietLog(log)
         self._initial_record = record_path
         self.api_url: str | None = None  # announced in hello: the OpenAI-compatible API beside this server
-        self._inbox = Inbox(engine.config_dict)
+        self._inbox = Inbox(engine.config_record)
         self._shed_seen = 0  # the inbox's shed count at the last drain
         self._recorder_shed_base = 0
         self._ids = itertools.count(1)

@@ -4,7 +4,7 @@ Events come out at their recorded times scaled by `speed`. `pause`, `resume`, `s
 (release everything up to and including the next `round`), `seek(t)` and the `speed`
 setter may be called at any time from the event loop's thread. After a seek the next
 event is `{"type": "seek", "v": 1, "position": t, "config": {...}}` (the configuration
-in force at `t`), so a consumer can reset what it accumulated.
+in force at `t`, as this pdtop reads it), so a consumer can reset what it accumulated.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Any
 
 from pdtop.telemetry.decode import EventError, decode_event
 from pdtop.telemetry.encode import seek_event
-from pdtop.telemetry.events import Reply
+from pdtop.telemetry.events import ConfigEvent, EngineConfig, Hello, Reply
 from pdtop.telemetry.recording.reader import Recording, read_recording
 from pdtop.telemetry.server.commands import Command
 from pdtop.telemetry.sources.source import ControlRefused
@@ -186,18 +186,18 @@ class ReplaySource:
             self._pos = self.position
             self._anchor = self._clock()
 
-    def _config_at(self) -> dict[str, Any] | None:
+    def _config_at(self) -> EngineConfig | None:
         """The configuration of the last readable `config` event before the cursor, else the hello's
         (None for a recording of a scraped /metrics page: no engine configuration)."""
         for i in reversed(self._config_idx[:bisect.bisect_left(self._config_idx, self._cursor)]):
-            event = self.recording.event(i)
             try:
-                decode_event(event)
+                event = decode_event(self.recording.event(i))
             except EventError:
                 continue
-            return event["config"]
-        engine = self.recording.hello.get("engine")
-        return dict(engine["config"]) if engine else None
+            if isinstance(event, ConfigEvent):
+                return event.config
+        hello = decode_event(self.recording.hello)  # the reader has checked that it decodes
+        return hello.engine.config if isinstance(hello, Hello) and hello.engine else None
 
 
 def _check_speed(value: float) -> float:

@@ -120,7 +120,7 @@ def test_kv_cache_sized_from_free_memory(model):
     engine = build_engine("cuda", "synthetic:qwen3-8b", loaded_model=model, gpu_memory_fraction=0.3,
                           cuda_graphs=False)
     try:
-        kv = engine.describe()["runtime"]["kv_cache"]
+        kv = engine.describe().runtime["kv_cache"]
         assert kv["tokens"] > 16 and kv["bytes"] < 0.3 * total and "0.3 of" in kv["line"]
     finally:
         engine.close()
@@ -153,6 +153,6 @@ def test_engine_end_to_end(model, policy):
         reqs = [engine.submit(list(range(10, 10 + n)), 12, ignore_eos=True) for n in (40, 3000, 700, 9000)]
         engine.run_until_idle(10_000)
         assert all(r.finished and len(r.output_ids) == 12 for r in reqs)
-        assert engine.describe()["runtime"]["cuda_graphs"]["graphs"] > 0
+        assert engine.describe().runtime["cuda_graphs"]["graphs"] > 0
     finally:
         engine.close()

@@ -33,7 +33,7 @@ def test_default_dtype_per_device():
     assert default_dtype("cpu") == "float32"
     engine = build_engine("cpu", "synthetic:smollm2-135m")
     try:
-        runtime = engine.describe()["runtime"]
+        runtime = engine.describe().runtime
         assert runtime["dtype"] == "float32" and runtime["kv_cache"]["tokens"] == 16384
         assert runtime["kv_cache"]["line"].startswith("KV cache: 16,384 tokens")
     finally:

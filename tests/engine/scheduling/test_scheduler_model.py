@@ -69,7 +69,7 @@ def test_cpu_prefill_advances_a_few_layers_a_round_by_default(model_fp32):
     """The CPU device's default token budget (4096) splits a 1024-token prompt into slices of 4 of 30 layers."""
     engine = build_engine("cpu", loaded_model=model_fp32)
     try:
-        assert engine.config_dict()["split_forward_token_budget"] == 4096
+        assert engine.config_record().split_forward_token_budget == 4096
         req = engine.submit(engine.prompts.make(1024), 1, ignore_eos=True)
         engine.step()
         assert engine.scheduler.prefill is not None and engine.scheduler.prefill.layers_per_round == 4

@@ -99,7 +99,7 @@ def test_control_applies_at_round_boundary_and_is_announced():
     engine.control(Set({"decode_bs_divisor": 24, "chunk_size": 256}), client="t")
     assert engine.config.decode_bs_divisor == 36  # not before the boundary
     engine.step()
-    assert engine.config_dict()["decode_bs_divisor"] == 24 and engine.config.chunk_size == 256
+    assert engine.config_record().decode_bs_divisor == 24 and engine.config.chunk_size == 256
     change = next(r for r in seen if isinstance(r, ConfigChange))
     assert change.changes["decode_bs_divisor"] == {"old": 36, "new": 24} and change.client == "t"
     engine.control(PinLevel(3))
@@ -109,7 +109,7 @@ def test_control_applies_at_round_boundary_and_is_announced():
     assert not engine.step().pinned
     engine.control(Set({"manual_divisions": [[112, 20, 0], [96, 36, 16]]}))
     engine.step()
-    assert engine.describe()["levels"] == [[132, 0], [112, 20], [96, 36], [0, 132]]
+    assert engine.describe().levels == [(132, 0), (112, 20), (96, 36), (0, 132)]
 
 
 @pytest.mark.parametrize("msg, field", [
@@ -132,12 +132,12 @@ def test_control_applies_at_round_boundary_and_is_announced():
 ])
 def test_bad_control_is_rejected_and_changes_nothing(msg, field):
     engine = build_engine("sim:H100", workload=WorkloadSpec(rate=5))
-    before = engine.config_dict()
+    before = engine.config_record()
     with pytest.raises(ControlError) as err:  # as the wire object, or as the command made of it
         engine.control(parse_command(msg))
     assert err.value.field == field and err.value.reason
     engine.step()
-    assert engine.config_dict() == before
+    assert engine.config_record() == before
 
 
 def test_policy_switch_waits_for_in_flight_prefill():
@@ -184,7 +184,7 @@ def test_pin_dropped_by_new_levels_is_announced():
     engine.control(Set({"manual_divisions": [[112, 20, 0]]}))
     rec = engine.step()
     change = [r for r in seen if isinstance(r, ConfigChange)][-1]
-    assert not rec.pinned and engine.config_dict()["pinned_level"] is None
+    assert not rec.pinned and engine.config_record().pinned_level is None
     assert change.changes["pinned_level"] == {"old": 6, "new": None} and "levels" in change.changes
 
 
@@ -215,4 +215,4 @@ def test_pin_past_the_levels_queued_before_it_is_refused():
     with pytest.raises(ControlError, match=r"level: must be in 0\.\.2, got 6"):
         engine.control(PinLevel(6))  # valid against today's 8 levels, not the next
     rec = engine.step()
-    assert not rec.pinned and engine.describe()["levels"] == [[132, 0], [112, 20], [0, 132]]
+    assert not rec.pinned and engine.describe().levels == [(132, 0), (112, 20), (0, 132)]
