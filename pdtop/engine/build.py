@@ -150,7 +150,7 @@ def load_for(device: str, model: str | None = None, dtype: str | None = None) ->
 def _load(source: str, dtype: str, device: str) -> LlamaModel:
     """A synthetic model needs neither gguf nor a file (the GPU check runs where gguf is missing)."""
     if source.startswith("synthetic:"):
-        from pdtop.engine.model.llama import synthetic_model
+        from pdtop.engine.model.synthetic import synthetic_model
 
         return synthetic_model(source, dtype=dtype, device=device)
     from pdtop.engine.model.loader import load_model

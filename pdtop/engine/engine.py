@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic
 
 from pdtop.engine.control_queue import ControlQueue
 from pdtop.engine.description import EngineConfig, EngineDescription, Limits, Totals
@@ -28,7 +28,7 @@ from pdtop.engine.errors import ControlError, EngineError, FieldError, PromptErr
 from pdtop.engine.intake import Intake
 from pdtop.engine.records import ConfigChange, ControlFailure, RequestRecord, RoundRecord
 from pdtop.engine.request import Request, SamplingParams
-from pdtop.engine.runtime.executor import Executor
+from pdtop.engine.runtime.executor import Executor, S
 from pdtop.engine.runtime.heap import freeze_startup_heap
 from pdtop.engine.scheduling.admission import QueueLimits
 from pdtop.engine.scheduling.commands import (
@@ -64,8 +64,10 @@ def _note(diff: Diff, name: str, old: Any, new: Any) -> None:
         diff[name] = {"old": old, "new": new}
 
 
-class Engine:
-    def __init__(self, *, device: Device, executor: Executor, table: SplitTable, config: PdmuxConfig,
+class Engine(Generic[S]):
+    """`S`: the executor's in-flight prefill state (the model runner's, or the simulator's)."""
+
+    def __init__(self, *, device: Device, executor: Executor[S], table: SplitTable, config: PdmuxConfig,
                  policy: str, workload: Workload | None, prompts: PromptMaker, model_name: str,
                  temperature: float = 0.0, seed: int = 0, limits: QueueLimits | None = None,
                  tokenizer: Tokenizer | None = None):

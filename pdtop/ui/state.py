@@ -28,7 +28,6 @@ from pdtop.telemetry.events import (
     ConfigEvent,
     Dropped,
     EngineConfig,
-    EngineDescription,
     ErrorNotice,
     Event,
     Hello,
@@ -36,27 +35,10 @@ from pdtop.telemetry.events import (
     Metrics,
     Seek,
 )
+from pdtop.ui.engine_info import EngineInfo
 from pdtop.ui.scrape_view import ScrapeView
 from pdtop.ui.stats import summary
 from pdtop.ui.window_figures import RoundPoint
-
-
-@dataclass
-class EngineInfo:
-    """What `hello` says about the engine, with what to show before it came."""
-
-    model: str = "?"
-    device: str = "?"
-    device_kind: str = "?"
-    unit_name: str = "units"
-    units: int = 0
-    peak_bytes_per_s: float | None = None
-    workload: str | None = None  # one line describing the workload scenario, when the server says
-
-    @classmethod
-    def from_engine(cls, e: EngineDescription) -> EngineInfo:
-        return cls(model=e.model, device=e.device.name, device_kind=e.device.kind, unit_name=e.unit_name,
-                   units=e.units, peak_bytes_per_s=e.device.peak_bw, workload=getattr(e, "workload", None))
 
 
 @dataclass

@@ -311,7 +311,8 @@ def load_model(source: str | os.PathLike | None = None, dtype: Any = "float32", 
     """
     import torch
 
-    from pdtop.engine.model.llama import LlamaModel, parse_dtype, synthetic_model
+    from pdtop.engine.model.llama import LlamaModel, parse_dtype
+    from pdtop.engine.model.synthetic import synthetic_model
 
     if source is not None and str(source).startswith("synthetic:"):
         return synthetic_model(str(source), dtype=dtype, device=device, num_layers=num_layers)

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from pdtop.engine.errors import EngineError
-from pdtop.engine.model.llama import ForwardBatch, Segment, synthetic_model
+from pdtop.engine.model.llama import ForwardBatch, Segment
 from pdtop.engine.model.loader import load_model
+from pdtop.engine.model.synthetic import synthetic_model
 from pdtop.engine.request import Request, SamplingParams
 from pdtop.engine.runtime.runner import ModelRunner
 from pdtop.engine.scheduling.scheduler import append_token, generate

@@ -1,0 +1,24 @@
+"""What the dashboard knows of the engine it shows: the facts of `hello`, and what to show before it."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pdtop.telemetry.events import EngineDescription
+
+
+@dataclass
+class EngineInfo:
+    """What `hello` says about the engine, with what to show before it came."""
+
+    model: str = "?"
+    device: str = "?"
+    device_kind: str = "?"
+    unit_name: str = "units"
+    units: int = 0
+    peak_bytes_per_s: float | None = None
+    workload: str | None = None  # one line describing the workload scenario, when the server says
+
+    @classmethod
+    def from_engine(cls, e: EngineDescription) -> EngineInfo:
+        return cls(model=e.model, device=e.device.name, device_kind=e.device.kind, unit_name=e.unit_name,
+                   units=e.units, peak_bytes_per_s=e.device.peak_bw, workload=e.workload)
