@@ -97,7 +97,7 @@ async def _record(args: argparse.Namespace) -> int:
         said = None
         while True:
             await asyncio.sleep(0.5)
-            why = getattr(source, "last_error", None)  # why the source cannot read the server now
+            why = source.last_error  # why the source cannot read the server now
             if why and why != said:
                 print(f"pdtop record: {shown}: {why}; retrying", file=sys.stderr, flush=True)
             said = why
