@@ -175,5 +175,5 @@ async def test_a_recording_written_before_the_records_replays_and_seeks(tmp_path
     src.seek(2.0)  # after it: the config event's
     seek = await events.get()
     assert seek["config"] == json.loads(changed)["config"] and seek["config"]["decode_bs_divisor"] == 12
-    src.close()
+    await src.close()
     await events.task
