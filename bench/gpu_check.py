@@ -68,7 +68,7 @@ from pdtop.analysis.policy_bench import SCENARIOS, Scenario, run_policy  # noqa:
 from pdtop.engine.build import build_engine  # noqa: E402
 from pdtop.engine.devices.base import Work  # noqa: E402
 from pdtop.engine.devices.green_ctx import bindings_version  # noqa: E402
-from pdtop.engine.model.llama import synthetic_model  # noqa: E402
+from pdtop.engine.model.synthetic import synthetic_model  # noqa: E402
 from pdtop.engine.request import Request, RequestStatus, SamplingParams  # noqa: E402
 from pdtop.engine.runtime.runner import ModelRunner  # noqa: E402
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig  # noqa: E402
@@ -350,7 +350,7 @@ class Check:
         from pdtop.engine.devices.cuda import CudaDevice
 
         self.dev = dev = CudaDevice(index=0)
-        info = dev.describe()
+        info = dev.describe().extra  # the cuda device's own facts
         props = torch.cuda.get_device_properties(0)
         self.data["device"] = {"name": info["gpu"], "sms": info["sms"], "cc": info["cc"],
                                "memory_gib": round(props.total_memory / GiB, 1), "driver_cuda": info["driver_cuda"],

@@ -78,7 +78,7 @@ def build_engine(device: str = "auto", model: str | None = None, config: PdmuxCo
     `loaded_model` reuses a model already in memory (tests load it once per session).
     `dtype` defaults by device (`default_dtype`). The KV cache holds `kv_capacity_tokens`, or on
     CUDA what `gpu_memory_fraction` of the GPU leaves beside the weights (`kv_sizing`); the
-    chosen size is in `describe()["runtime"]["kv_cache"]`. `limits` caps the waiting queue
+    chosen size is in `describe().runtime["kv_cache"]`. `limits` caps the waiting queue
     (`QueueLimits`' defaults when None).
     """
     config = config or PdmuxConfig()

@@ -17,7 +17,7 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def model():
-    from pdtop.engine.model.llama import synthetic_model
+    from pdtop.engine.model.synthetic import synthetic_model
 
     return synthetic_model("synthetic:qwen3-8b", dtype="bfloat16", device="cuda", num_layers=2)
 
