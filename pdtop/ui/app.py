@@ -188,6 +188,8 @@ class PdtopApp(ReplayActions):
     # ---- repaint ----------------------------------------------------------------------------
 
     def _tick(self) -> None:
+        if not self.screen_stack:  # a repaint queued as the app shuts down
+            return
         main = self.screen_stack[0]  # the main screen, even under a modal one
         try:
             header, status = main.query_one(HeaderBar), main.query_one(StatusLine)

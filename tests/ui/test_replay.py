@@ -106,3 +106,13 @@ async def test_an_unreadable_event_is_skipped_and_shown_once(tmp_path, ev, until
         assert app.state.invalid == 3 and app.state.round_index == 3
         shown = [n for n in app.notices if n[1] == "unreadable event skipped"]
         assert [n[2] for n in shown] == ["round: missing field 'kv_used_tokens'"]
+
+
+async def test_a_repaint_queued_as_the_app_shuts_down_does_nothing(recording, until):
+    """The source's last events queue a repaint (`repaint_soon`); if it runs after the screens are gone
+    (seen under load in CI: an IndexError from the tick), it must do nothing."""
+    app = PdtopApp(ReplaySource(recording, speed=16))
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.state.rounds_seen > 3, "replayed rounds")
+    assert not app.screen_stack
+    app.repaint()  # the tick, with no screen left
