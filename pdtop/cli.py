@@ -26,7 +26,8 @@ SUBCOMMANDS: list[tuple[str, str, str]] = [
      "find the pdmux configuration that meets ITL/TTFT SLOs with the best goodput; write SGLang's YAML"),
     ("levels", "pdtop.commands.levels", "print the split levels (stream groups) for a device"),
     ("estimate", "pdtop.commands.estimate",
-     "print the seed's roofline comparison of prefill-first, chunked and PD multiplexing"),
+     "print the seed's roofline comparison of prefill-first, chunked, PD multiplexing and PD disaggregation"),
+    ("kv", "pdtop.commands.kv", "print a model's KV cache: bytes a token, a request's, and how many requests fit"),
 ]
 
 

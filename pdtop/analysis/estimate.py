@@ -1,8 +1,10 @@
-"""The seed's comparison: a decode batch when one long prefill slips in, under four approaches.
+"""The seed's comparison: a decode batch when one long prefill slips in, under five approaches.
 
 decode only (reference), prefill first (one stalled step), chunked prefill (every step
-carries a chunk), and PD multiplexing at the level SGLang picks for the decode batch, for
-several S_SAT values. Times are roofline estimates from `cost`.
+carries a chunk), PD multiplexing at the level SGLang picks for the decode batch, for
+several S_SAT values, and, given a link, PD disaggregation 1P1D: the prompt prefilled on
+a second GPU of its own, its KV sent over the link, decode undisturbed on the first.
+Times are roofline estimates from `cost` and `kv`.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from pdtop.engine.roofline.cost import (
     prefill_time,
 )
 from pdtop.engine.roofline.gpu_specs import GpuSpec
+from pdtop.engine.roofline.kv import Link, kv_bytes, transfer_time
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
 from pdtop.engine.scheduling.splits import SplitTable
 
@@ -28,14 +31,18 @@ from pdtop.engine.scheduling.splits import SplitTable
 @dataclass
 class EstimateRow:
     name: str
-    kind: str  # "decode-only" | "prefill-first" | "chunked" | "pdmux"
+    kind: str  # "decode-only" | "prefill-first" | "chunked" | "pdmux" | "disagg"
     itl_ms: float  # decode ITL; for prefill-first the one stalled step, for chunked the mean step
-    prefill_ms: float | None = None
+    prefill_ms: float | None = None  # for disagg the prefill plus its KV transfer
     tokens: float | None = None  # tokens each decode request produces during the prefill
     steps: int | None = None  # chunked only
     prefill_sms: int | None = None  # pdmux only
     decode_sms: int | None = None
     s_sat: float | None = None
+    gpus: int = 1  # disagg: 2 (one prefill GPU, one decode GPU)
+    transfer_ms: float | None = None  # disagg only: the prompt's KV over the link
+    kv_mb: float | None = None  # disagg only: the prompt's KV, in MB (10^6 bytes)
+    link_gb_s: float | None = None  # disagg only
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
@@ -52,8 +59,9 @@ def _num(value: float) -> str:
 
 def estimate(spec: GpuSpec, cfg: ModelConfig, decode_bs: int = 32, context: int = 2048, prompt: int = 8192,
              chunks: Sequence[int] = (2048, 512), s_sats: Sequence[float] = (44, 66, 88),
-             config: PdmuxConfig | None = None) -> list[EstimateRow]:
-    """The comparison rows; the pdmux split is the level `SplitTable.choose` picks for `decode_bs`."""
+             config: PdmuxConfig | None = None, link: Link | None = None) -> list[EstimateRow]:
+    """The comparison rows; the pdmux split is the level `SplitTable.choose` picks for `decode_bs`.
+    With a `link`, a last row prices PD disaggregation 1P1D over it."""
     for name, value in (("decode batch", decode_bs), ("context", context), ("prompt", prompt)):
         if value < 1:
             raise EngineError(f"{name} must be >= 1, got {value}")
@@ -79,7 +87,20 @@ def estimate(spec: GpuSpec, cfg: ModelConfig, decode_bs: int = 32, context: int 
         itl = decode_time(dataclasses.replace(spec, s_sat=s_sat), decode_bytes(cfg, [context] * decode_bs), d_sm)
         rows.append(EstimateRow(f"PD mux {p_sm}/{d_sm}, S_SAT={_num(s_sat)}", "pdmux", itl * 1e3, t * 1e3,
                                 t / itl, None, p_sm, d_sm, s_sat))
+    if link is not None:
+        rows.append(disagg_row(spec, cfg, prompt, base, link))
     return rows
+
+
+def disagg_row(spec: GpuSpec, cfg: ModelConfig, prompt: int, itl: float, link: Link) -> EstimateRow:
+    """PD disaggregation 1P1D: the prompt prefilled on a whole GPU of its own, then its KV
+    (`prompt x 2 x layers x kv_heads x head_dim x 2` bytes, BF16) sent over `link` to the
+    decode GPU, whose ITL stays `itl` (seconds; the decode-only step) all along."""
+    kv = kv_bytes(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, prompt, dtype_bytes=2)
+    xfer = transfer_time(kv, link)
+    t = prefill_time(spec, prefill_flops(cfg, prompt), spec.sms) + xfer
+    return EstimateRow(f"PD disaggregation 1P1D over {link.name}", "disagg", itl * 1e3, t * 1e3, t / itl,
+                       gpus=2, transfer_ms=xfer * 1e3, kv_mb=kv / 1e6, link_gb_s=link.gb_s)
 
 
 HEADINGS = ("approach", "decode ITL", "prefill time", "tokens per decode request during the prefill")
@@ -92,7 +113,10 @@ def text_cells(row: EstimateRow) -> tuple[str, str, str, str]:
         itl = f"one step of {itl}"
     elif row.kind == "chunked":
         itl = f"{itl} x {row.steps} steps"
-    return row.name, itl, _fmt(row.prefill_ms, " ms"), _fmt(row.tokens)
+    prefill = _fmt(row.prefill_ms, " ms")
+    if row.kind == "disagg":
+        prefill = f"{prefill} incl. {_fmt(row.transfer_ms, ' ms')} KV transfer"
+    return row.name, itl, prefill, _fmt(row.tokens)
 
 
 def format_table(rows: Sequence[EstimateRow]) -> list[str]:
@@ -100,3 +124,17 @@ def format_table(rows: Sequence[EstimateRow]) -> list[str]:
     cells = [HEADINGS] + [text_cells(r) for r in rows]
     widths = [max(len(c[i]) for c in cells) for i in range(4)]
     return ["  ".join(c[i].rjust(widths[i]) for i in range(4)) for c in cells]
+
+
+def notes(rows: Sequence[EstimateRow]) -> list[str]:
+    """The lines under the table: what PD disaggregation costs and what it buys."""
+    out = []
+    for r in rows:
+        if r.kind != "disagg":
+            continue
+        out += [f"PD disaggregation costs twice the GPUs ({r.gpus}: one prefills, one decodes; every other row "
+                "runs on 1)",
+                f"  and the KV transfer on TTFT: the prompt's {r.kv_mb:,.0f} MB of KV at {r.link_gb_s:g} GB/s "
+                f"takes {_fmt(r.transfer_ms, ' ms')}.",
+                "It buys no interference at all: decode has a GPU of its own, so its ITL is the decode-only ITL."]
+    return out

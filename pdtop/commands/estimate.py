@@ -5,6 +5,11 @@ SGLang's rule picks for the decode batch, for several S_SAT values: the SM count
 decode saturates memory bandwidth). Defaults reproduce the seed's table: Qwen3-8B on an
 H100 decoding 32 requests of 2048 tokens when an 8192-token prefill arrives. Decode reads
 the weights and KV once per step at 85% of peak bandwidth; prefill runs at 50% MFU.
+
+A last row prices PD disaggregation 1P1D over --link: the prompt prefilled on a second,
+whole GPU, then its KV (tokens x 2 x layers x kv_heads x head_dim x 2 bytes) sent to the
+decode GPU at the link's bandwidth; decode keeps the decode-only ITL. It costs twice the
+GPUs and the transfer on TTFT, and buys no interference at all.
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from pdtop.commands._common import fail
+from pdtop.engine.roofline.kv import LINK_HELP
 
 N = TypeVar("N", int, float)
 
@@ -58,15 +64,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE",
                         help="SGLang pdmux YAML (sm_group_num, manual_divisions, decode_bs_divisor) "
                              "for the split choice")
+    parser.add_argument("--link", default="rdma400",
+                        help=f"the link of the PD disaggregation row: {LINK_HELP}, a number in GB/s "
+                             "(10^9 bytes/s), or none for no such row (default: rdma400)")
     parser.add_argument("--json", action="store_true",
-                        help='print {"rows": [{"name", "itl_ms", "prefill_ms", "tokens", ...}]} with unrounded values')
+                        help='print {"rows": [{"name", "kind", "itl_ms", "prefill_ms", "tokens", "gpus", ...}]} '
+                             "with unrounded values; the disagg row adds transfer_ms, kv_mb and link_gb_s")
 
 
 def run(args: argparse.Namespace) -> int:
-    from pdtop.analysis.estimate import estimate, format_table
+    from pdtop.analysis.estimate import estimate, format_table, notes
     from pdtop.engine.errors import EngineError
     from pdtop.engine.model.config import synthetic_config
     from pdtop.engine.roofline.gpu_specs import parse_gpu
+    from pdtop.engine.roofline.kv import parse_link
     from pdtop.engine.scheduling.pdmux_config import PdmuxConfig, load_pdmux_config
 
     try:
@@ -78,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
         spec = parse_gpu(args.gpu)
         cfg = synthetic_config(args.model)
         config = load_pdmux_config(args.config) if args.config else PdmuxConfig()
-        rows = estimate(spec, cfg, decode_bs, context, prompt, chunks, s_sats, config)
+        link = parse_link(args.link, "--link")
+        rows = estimate(spec, cfg, decode_bs, context, prompt, chunks, s_sats, config, link)
     except (ValueError, EngineError) as exc:  # ValueError: this command's own argument parsing
         return fail("estimate", exc)
     if args.json:
@@ -86,6 +98,6 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"{spec.name}, {cfg.name}: decoding {decode_bs} requests (context {context}) "
           f"when one {prompt}-token prefill arrives:")
-    for line in format_table(rows):
+    for line in [*format_table(rows), *notes(rows)]:
         print(line)
     return 0

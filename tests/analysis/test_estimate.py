@@ -48,7 +48,7 @@ def run_cli(*args):
 
 
 def test_estimate_command_text_and_json():
-    text = run_cli()
+    text = run_cli("--link", "none")  # the seed's table alone (the default adds a PD disaggregation row)
     assert text.returncode == 0, text.stderr
     body = text.stdout.splitlines()
     assert "approach" in body[1] and "decode ITL" in body[1] and "prefill time" in body[1]
@@ -57,7 +57,7 @@ def test_estimate_command_text_and_json():
     assert cells[0][0] == "decode only (reference)" and cells[-1][0] == "PD mux 80/52, S_SAT=88"
     assert len(body) == 2 + len(SEED_ROWS)
 
-    out = run_cli("--json")
+    out = run_cli("--json", "--link", "none")
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert list(data) == ["rows"]
