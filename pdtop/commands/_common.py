@@ -1,10 +1,12 @@
-"""What every command shares: the one-line error, the errors that mean bad input, and the
-options of commands that start an engine on a device."""
+"""What every command shares: the one-line error, the errors that mean bad input, the options of
+commands that start an engine on a device, and parsers of numeric options."""
 from __future__ import annotations
 
 import argparse
+import math
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from pdtop.engine.errors import EngineError
 
@@ -51,3 +53,29 @@ def fail(command: str, problem: str | BaseException, code: int = 2) -> int:
     text = str(problem).strip().splitlines()
     print(f"pdtop {command}: error: {text[0] if text else type(problem).__name__}", file=sys.stderr)
     return code
+
+
+N = TypeVar("N", int, float)
+
+
+def number_list(name: str, text: str, kind: Callable[[str], N]) -> list[N]:
+    """Comma-separated positive numbers of `kind` (int or float); ValueError naming the option."""
+    what = "integers" if kind is int else "numbers"
+    try:
+        values = [kind(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{name}: expected comma-separated {what}, got {text!r}") from None
+    if not values or any(not 0 < v < math.inf for v in values):
+        raise ValueError(f"{name}: expected comma-separated {what} > 0, got {text!r}")
+    return values
+
+
+def positive_int(name: str, text: str) -> int:
+    """An integer >= 1; ValueError naming the option."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{name}: expected an integer, got {text!r}") from None
+    if value < 1:
+        raise ValueError(f"{name}: expected an integer >= 1, got {text!r}")
+    return value

@@ -15,36 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-from collections.abc import Callable
-from typing import TypeVar
 
-from pdtop.commands._common import fail
+from pdtop.commands._common import fail, number_list, positive_int
 from pdtop.engine.roofline.kv import LINK_HELP
-
-N = TypeVar("N", int, float)
-
-
-def _number_list(name: str, text: str, kind: Callable[[str], N]) -> list[N]:
-    """Comma-separated positive numbers of `kind` (int or float); ValueError naming the option."""
-    what = "integers" if kind is int else "numbers"
-    try:
-        values = [kind(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"{name}: expected comma-separated {what}, got {text!r}") from None
-    if not values or any(not 0 < v < math.inf for v in values):
-        raise ValueError(f"{name}: expected comma-separated {what} > 0, got {text!r}")
-    return values
-
-
-def _positive(name: str, text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"{name}: expected an integer, got {text!r}") from None
-    if value < 1:
-        raise ValueError(f"{name}: expected an integer >= 1, got {text!r}")
-    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -81,11 +54,11 @@ def run(args: argparse.Namespace) -> int:
     from pdtop.engine.scheduling.pdmux_config import PdmuxConfig, load_pdmux_config
 
     try:
-        decode_bs = _positive("--decode-bs", args.decode_bs)
-        context = _positive("--context", args.context)
-        prompt = _positive("--prompt", args.prompt)
-        chunks = _number_list("--chunks", args.chunks, int)
-        s_sats = _number_list("--s-sat", args.s_sat, float)
+        decode_bs = positive_int("--decode-bs", args.decode_bs)
+        context = positive_int("--context", args.context)
+        prompt = positive_int("--prompt", args.prompt)
+        chunks = number_list("--chunks", args.chunks, int)
+        s_sats = number_list("--s-sat", args.s_sat, float)
         spec = parse_gpu(args.gpu)
         cfg = synthetic_config(args.model)
         config = load_pdmux_config(args.config) if args.config else PdmuxConfig()

@@ -15,8 +15,7 @@ import json
 import math
 from typing import Any
 
-from pdtop.commands._common import INPUT_ERRORS, fail
-from pdtop.commands.estimate import _number_list, _positive
+from pdtop.commands._common import INPUT_ERRORS, fail, number_list, positive_int
 from pdtop.engine.roofline.kv import DTYPE_BYTES, kv_bytes, kv_bytes_per_token, parse_dtype_bytes, requests_fit
 
 GIB = 1024**3
@@ -54,7 +53,7 @@ def _shape(args: argparse.Namespace) -> tuple[str | None, int, int, int, int | N
         missing = [flag for flag in SHAPE_FLAGS if flag not in named]
         if missing:
             raise ValueError(f"the shape needs --layers, --kv-heads and --head-dim; missing {', '.join(missing)}")
-        layers, heads, dim = (_positive(flag, given[flag]) for flag in SHAPE_FLAGS)
+        layers, heads, dim = (positive_int(flag, given[flag]) for flag in SHAPE_FLAGS)
         return None, layers, heads, dim, None
     if args.model is not None and args.model.startswith("synthetic:"):
         from pdtop.engine.model.config import synthetic_config
@@ -139,7 +138,7 @@ def report(name: str | None, layers: int, kv_heads: int, head_dim: int, heads: i
 def run(args: argparse.Namespace) -> int:
     try:
         dtype_bytes = parse_dtype_bytes(args.dtype, "--dtype")
-        contexts = _number_list("--context", args.context, int)
+        contexts = number_list("--context", args.context, int)
         gib = _memory(args.memory_gib)
         name, layers, kv_heads, head_dim, heads = _shape(args)
     except ValueError as exc:  # this command's own argument parsing
