@@ -29,7 +29,6 @@ import numpy as np
 from pdtop.engine.errors import EngineError, ModelFileError, UnsupportedModelError
 from pdtop.engine.model.config import ModelConfig, RopeScaling
 from pdtop.engine.model.gguf_file import GGUFFile, TensorInfo, read_gguf
-from pdtop.engine.model.rope import adjacent_pairs
 
 if TYPE_CHECKING:
     from pdtop.engine.model.llama import LlamaModel
@@ -182,11 +181,13 @@ def load_gguf(path: str | os.PathLike, num_layers: int | None = None) -> GGUFWei
         tensors[name] = _dequantize(f, info)
     _check_shapes(cfg, tensors, f.path)
     if ROTATE_HALF_QK[cfg.arch]:
+        from pdtop.engine.model import rope  # torch: only loading weights needs it, not `read_config`
+
         heads = {"attn_q": cfg.num_heads, "attn_k": cfg.num_kv_heads, "attn_q_norm": 1, "attn_k_norm": 1}
         for name, arr in tensors.items():  # blk.{i}.{attn_q|attn_k|...}.{weight|bias}
             part = name.split(".")[2] if name.startswith("blk.") else ""
             if part in heads:
-                tensors[name] = adjacent_pairs(arr, heads[part])
+                tensors[name] = rope.adjacent_pairs(arr, heads[part])
     return GGUFWeights(path=f.path, config=cfg, tensors=tensors)
 
 

@@ -160,3 +160,14 @@ def test_missing_file_and_bad_names(tmp_path):
         load_model("synthetic:gpt-5")
     with pytest.raises(EngineError, match="unsupported dtype"):
         load_model("synthetic:smollm2-135m", dtype="float64", num_layers=1)
+
+
+def test_reading_a_models_config_loads_no_torch(gguf_path):
+    """`pdtop kv` reads a GGUF's metadata only: no weights, and no torch (it took 2.8 s to import)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom pdtop.engine.model.loader import read_config\n"
+            f"cfg = read_config({str(gguf_path)!r})\nprint(cfg.num_layers, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["30", "False"]
