@@ -116,3 +116,31 @@ async def test_a_repaint_queued_as_the_app_shuts_down_does_nothing(recording, un
         await until(pilot, lambda: app.state.rounds_seen > 3, "replayed rounds")
     assert not app.screen_stack
     app.repaint()  # the tick, with no screen left
+
+
+@pytest.mark.parametrize("kind, hinted", [("sim", False), ("cuda", True)])
+async def test_the_nvml_hint_is_only_for_a_gpu(tmp_path, ev, until, kind, hinted):
+    """Issue 25 item 13: on a cpu or simulated device NVML has nothing to give, so the bandwidth panel
+    does not spend its rows (3 of 5 at 80x24) saying so; on a cuda device the reason is shown."""
+    from pdtop.telemetry.recording.recorder import Recorder
+
+    hello = ev.hello
+    hello["engine"]["device"]["kind"] = kind
+    rec = Recorder(tmp_path / "hw.ndjson", hello)
+    for i in range(5):
+        rec.write_event(ev.round(i, 0.01 * (i + 1)), t=0.01 * i)
+    rec.write_event({"type": "hw", "v": 1, "time": 0.05, "cpu_percent": [10.0, 20.0], "host_mem_used_bytes": 1 << 30,
+                     "host_mem_total_bytes": 1 << 32, "host_mem_percent": 25.0, "dram_bw_util_pct": "n/a",
+                     "gpu_reason": "nvidia-ml-py is not installed: pip install 'pdtop[gpu]'"}, t=0.05)
+    rec.close()
+    app = PdtopApp(ReplaySource(tmp_path / "hw.ndjson", speed=16))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.state.hw is not None, "the hw sample")
+        app.repaint()
+        await pilot.pause()
+        panel = app.query_one("BandwidthPanel")
+        lines = [t.plain for t in panel.render_state(app.state).renderables]
+        said = " ".join(lines) + (panel.hint_hidden or "") + app.status_text().plain
+        assert ("NVML n/a" in said) == hinted, said
+        if not hinted:  # the rows the hint took go to the chart and the host's line
+            assert any("host cpu" in line for line in lines), lines

@@ -43,7 +43,7 @@ class BandwidthPanel(Panel):
             head = Text.assemble(("avg ", "dim"), (fmt.rate_bytes(avg), "bold"), *parts)
             if head.cell_len <= self.inner_width:
                 break
-        hw_lines = hw_text(state.hw, self.inner_width)
+        hw_lines = hw_text(state.hw, self.inner_width, on_gpu=state.info.device_kind == "cuda")
         if self.inner_height - 1 - len(hw_lines) < 2 and state.hw is not None and state.hw.cpu_percent:
             hw_lines = hw_lines[:-1]  # small: the host line goes first, so the chart keeps a row or two
         self.hint_hidden = None
@@ -62,9 +62,10 @@ _GPU_FIELDS = (("dram_bw_util_pct", "DRAM bw", "%"), ("mem_busy_pct", "mem busy"
 NA = "n/a"
 
 
-def hw_text(hw: Hw | None, width: int = 80) -> list[Text]:
-    """The latest `hw` event: NVML figures when the server has them (or why not, wrapped to `width`
-    and never cut), then the host's CPU and memory."""
+def hw_text(hw: Hw | None, width: int = 80, on_gpu: bool = True) -> list[Text]:
+    """The latest `hw` event: NVML figures when the server has them (or, `on_gpu` only, why
+    not, wrapped to `width` and never cut), then the host's CPU and memory. On a cpu or simulated
+    device NVML has nothing to say, so its absence is not news."""
     lines: list[Text] = []
     if hw is None:
         return lines
@@ -73,7 +74,7 @@ def hw_text(hw: Hw | None, width: int = 80) -> list[Text]:
         known = [f"{label} {_hw_value(value)}{unit}".strip() for label, value, unit in gpu if value != NA]
         if known:
             lines.append(Text.assemble(("NVML ", "dim"), "  ".join(known)))
-        else:
+        elif on_gpu:
             reason = f"NVML n/a: {hw.gpu_reason}" if hw.gpu_reason else "NVML n/a"
             lines.extend(Text(line, "dim") for line in textwrap.wrap(reason, max(10, width)))
     if hw.cpu_percent:
