@@ -151,10 +151,16 @@ class Engine(Generic[S]):
         self.intake.wake.set()
 
     def _admit(self, change: Change) -> None:
-        """An inject holds its room in the queue until it is applied."""
-        if isinstance(change.command, Inject):
+        """Refuse what only a workload could do when there is none; an inject holds its room in the
+        queue until it is applied."""
+        command = change.command
+        if self.workload is None and (isinstance(command, (PauseWorkload, ResumeWorkload))
+                                      or (isinstance(command, Set) and "workload_rate" in command.values)):
+            raise ControlError("workload", "no workload runs here (started without one: --workload none); "
+                                           "requests come from the API and injects only")
+        if isinstance(command, Inject):
             try:
-                self.intake.hold(self._inject_tokens(change.command), self.device.now())
+                self.intake.hold(self._inject_tokens(command), self.device.now())
             except QueueFullError as exc:
                 raise ControlError(Inject.name, str(exc)) from None
 

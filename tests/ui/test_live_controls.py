@@ -168,3 +168,33 @@ async def test_recording_start_stop(served, tmp_path, until):
         await until(pilot, lambda: served.server.recorder is None, "the server stopped recording")
         assert app.state.recording is None
     assert target.read_text().startswith('{"format":"pdtop-recording"')
+
+
+async def test_without_a_workload_w_says_there_is_none(until):
+    """Issue 25 item 5: under `--workload none`, `w` was "accepted: workload resumed" each time while
+    nothing arrived. The engine refuses it, and the rate, saying why; the dashboard shows that."""
+    from pdtop.engine.build import build_engine
+    from pdtop.engine.errors import ControlError
+    from pdtop.engine.scheduling.commands import PauseWorkload, Set
+
+    from .conftest import EngineServer
+
+    engine = build_engine("sim:H100", workload=None)
+    for command in (PauseWorkload(), Set({"workload_rate": 2.0})):
+        try:
+            engine.control(command)
+        except ControlError as exc:
+            assert exc.field == "workload" and "--workload none" in exc.reason
+        else:
+            raise AssertionError(f"{command} was accepted without a workload")
+    es = EngineServer(engine).start()
+    try:
+        app = PdtopApp(LiveSource(es.url, token=es.token))
+        async with app.run_test(size=(80, 24)) as pilot:
+            await until(pilot, lambda: app.connection == "live" and app.state.rounds_seen > 2, "live rounds")
+            await pilot.press("w")
+            await until(pilot, lambda: any(n[1] == "refused" for n in app.notices), "the refusal")
+            (refused,) = [n for n in app.notices if n[1] == "refused"]
+            assert "no workload runs here" in refused[2] and not _accepted(app), app.notices
+    finally:
+        es.close()
