@@ -152,6 +152,11 @@ class DispatchApp(App[None]):
                 yield SystemCommand(key.description, f"key: {key.key_display or key.key}",
                                     partial(self.action_run_command, key.id))
 
+    def action_help_quit(self) -> None:
+        """Ctrl+C quits, as in every `top` (Textual's default only says to press ctrl+q instead). In a
+        prompt's input it still copies: the input takes the key first."""
+        self.exit()
+
     def action_help(self) -> None:
         offered = [c for c in KEYMAP if self.allowed(c)]
         if self.replay:

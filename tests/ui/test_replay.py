@@ -144,3 +144,14 @@ async def test_the_nvml_hint_is_only_for_a_gpu(tmp_path, ev, until, kind, hinted
         assert ("NVML n/a" in said) == hinted, said
         if not hinted:  # the rows the hint took go to the chart and the host's line
             assert any("host cpu" in line for line in lines), lines
+
+
+async def test_ctrl_c_quits(recording, until):
+    """Issue 25 item 8: Ctrl+C showed "Do you want to quit?: Press [b]ctrl+q[/b] …" as raw markup and
+    stayed; it quits now, as in every `top`."""
+    app = PdtopApp(ReplaySource(recording))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.state.rounds_seen > 0, "a round")
+        await pilot.press("ctrl+c")
+        await pilot.pause(0.2)
+        assert not app.is_running and not any("ctrl+q" in n[2] for n in app.notices), app.notices
