@@ -65,26 +65,28 @@ def max_connections_state() -> dict[str, Any]:
 
 
 def cuda_unavailable_reason(index: int = 0) -> str | None:
-    """Why the CUDA device cannot start here (everything missing, on one line), or None."""
+    """Why the CUDA device cannot start here, on one line, the first problem first: torch (a CPU-only
+    build, no GPU visible), then cuda-python; None when nothing is missing."""
     set_max_connections()
     missing: list[str] = []
+    try:
+        import torch
+    except ImportError:
+        missing.append("torch is not installed")
+    else:
+        if torch.version.cuda is None:
+            missing.append(f"torch {torch.__version__} is a CPU-only build: install a CUDA build of torch")
+        elif not torch.cuda.is_available():
+            missing.append(f"torch {torch.__version__} sees no CUDA GPU (no NVIDIA driver or GPU visible)")
+        elif not 0 <= index < torch.cuda.device_count():
+            missing.append(f"CUDA device index {index} out of range: {torch.cuda.device_count()} GPU(s) visible")
     try:
         import cuda.bindings.driver  # noqa: F401
     except ImportError:
         try:
             from cuda import cuda as _old  # noqa: F401
         except ImportError:
-            missing.append(f"cuda-python is not installed ({INSTALL_HINT})")
-    try:
-        import torch
-    except ImportError:
-        return "; ".join([*missing, "torch is not installed"])
-    if torch.version.cuda is None:
-        missing.append(f"torch {torch.__version__} is a CPU-only build (install a CUDA build of torch)")
-    elif not torch.cuda.is_available():
-        missing.append(f"torch {torch.__version__} sees no CUDA GPU (no NVIDIA driver or GPU visible)")
-    elif not 0 <= index < torch.cuda.device_count():
-        missing.append(f"CUDA device index {index} out of range: {torch.cuda.device_count()} GPU(s) visible")
+            missing.append(f"{'then ' if missing else ''}cuda-python is not installed: {INSTALL_HINT}")
     return "; ".join(missing) or None
 
 

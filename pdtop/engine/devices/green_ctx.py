@@ -25,7 +25,7 @@ from pdtop.engine.roofline.partition import round_sms, sm_granularity  # noqa: F
 GREEN_CTX_MIN_DRIVER = 12040  # cuGreenCtxCreate, cuDevSmResourceSplitByCount
 STREAM_MIN_DRIVER = 12050  # cuGreenCtxStreamCreate
 WORKQUEUE_MIN_DRIVER = 13010  # CU_DEV_RESOURCE_TYPE_WORKQUEUE_CONFIG (balanced workqueues)
-INSTALL_HINT = "pip install 'pdtop[gpu]' (cuda-python)"
+INSTALL_HINT = "pip install 'pdtop[gpu]'"  # cuda-python and nvidia-ml-py
 
 
 def version_str(v: int) -> str:
@@ -68,7 +68,7 @@ def call(drv: Any, name: str, *args: Any) -> Any:
     fn = getattr(drv, name, None)
     if fn is None:
         raise DeviceError(f"{name} is missing from cuda-python {bindings_version()}: "
-                          f"green contexts need cuda-python 12.5+ ({INSTALL_HINT})")
+                          f"green contexts need cuda-python 12.5+: {INSTALL_HINT}")
     try:
         res = fn(*args)
     except DeviceError:

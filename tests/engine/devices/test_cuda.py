@@ -93,6 +93,9 @@ def test_constructing_says_what_is_missing():
         assert "sees no CUDA GPU" in msg
     if not HAS_CUDA_PYTHON:
         assert "cuda-python is not installed" in msg
+        if torch.version.cuda is None:  # issue 25 item 16: the CPU-only torch is the first problem
+            assert msg.index("CPU-only build") < msg.index("cuda-python"), msg
+    assert "(pip" not in msg and "))" not in msg, msg  # no hint nested in brackets
 
 
 def test_without_cuda_python_the_error_names_it():
