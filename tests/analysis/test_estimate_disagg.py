@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_estimate import SEED_ROWS  # the seed's printed table, pinned there
 
 from pdtop.analysis.estimate import estimate, notes, text_cells
 from pdtop.engine.model.config import synthetic_config
@@ -17,16 +18,6 @@ ROOT = Path(__file__).resolve().parents[2]
 QWEN = synthetic_config("qwen3-8b")
 H100 = SPECS["H100"]
 RDMA400 = Link("rdma400", 50e9)
-# The seed's printed table (as tests/analysis/test_estimate.py pins it).
-SEED_ROWS = [
-    ("9 ms", "-", "-"),
-    ("one step of 299 ms", "291 ms", "0"),
-    ("74 ms x 4 steps", "295 ms", "4"),
-    ("19 ms x 16 steps", "306 ms", "16"),
-    ("9 ms", "480 ms", "55"),
-    ("11 ms", "480 ms", "43"),
-    ("15 ms", "480 ms", "33"),
-]
 
 
 @pytest.mark.parametrize("gpu,model,decode_bs,context,prompt,link", [
