@@ -22,7 +22,7 @@ from pdtop.ui.screens.choice import ChoiceScreen
 from pdtop.ui.screens.help import HelpScreen
 from pdtop.ui.screens.prompt import PromptScreen
 from pdtop.ui.state import DashboardState
-from pdtop.ui.words import asked, starved_side
+from pdtop.ui.words import asked, shared_side
 
 
 def bindings(keys: list[KeyCommand]) -> list[BindingType]:
@@ -139,7 +139,7 @@ class DispatchApp(App[None]):
             case RecordStop():
                 self.state.recording = None
                 self.notify(f"saved {reply.path or ''}", title="recording stopped")
-            case PinLevel(level=level) if why := starved_side(self.state, level):
+            case PinLevel(level=level) if why := shared_side(self.state, level):
                 self.notify(f"{said}; {why}", title="accepted", severity="warning", timeout=8)
             case _:
                 self.notify(said, title="accepted", timeout=4)

@@ -110,6 +110,7 @@ class DashboardState:
     version: int = 0  # bumped by every event that changed something; the tick repaints when it moved
 
     itl_slo_s: float | None = None  # the operator's ITL SLO line (a dashboard setting)
+    levels_since: float = float("-inf")  # engine time the levels in force came in: the level table counts from it
     _prefill_first_seen: dict[tuple[int, ...], tuple[float, int]] = field(default_factory=dict, repr=False)
     _last_decode_time: float | None = field(default=None, repr=False)  # when the decode batch last got tokens
     _window_cache: tuple[int, list[RoundPoint]] = field(default=(-1, []), repr=False)
@@ -172,6 +173,8 @@ class DashboardState:
         self.counts_since = since
 
     def _set_config(self, config: EngineConfig) -> None:
+        if self.config is not None and self.config.levels != config.levels:
+            self.levels_since = self.time  # another table: no earlier round ran on these levels
         self.config = config
         self.policy = config.policy
 
@@ -288,6 +291,7 @@ class DashboardState:
         self.prefills = []
         self._prefill_first_seen = {}
         self._last_decode_time = None
+        self.levels_since = float("-inf")
         if self.scrape is not None:
             self.scrape.history.clear()
         self.version += 1

@@ -73,21 +73,38 @@ def output_throughput(rounds: list[RoundPoint]) -> float | None:
 
 
 def level_stats(rounds: list[RoundPoint]) -> list[LevelStat]:
-    """Per level seen in `rounds` (and idle): its share of engine time and the decode batch's ITL
-    p50/p99 in its rounds; levels in order, idle last."""
-    spans: dict[int | None, float] = {}
-    gaps: dict[int | None, list[float]] = {}
-    units: dict[int | None, tuple[int, int]] = {}
+    """Per split seen in `rounds` (and idle): its share of engine time and the decode batch's ITL
+    p50/p99 in its rounds. Keyed by the split (prefill units, decode units), not the level's index:
+    after the levels change, an index names another split. Splits by decode units, idle last."""
+    spans: dict[tuple[int, int] | None, float] = {}
+    gaps: dict[tuple[int, int] | None, list[float]] = {}
+    latest: dict[tuple[int, int] | None, RoundPoint] = {}
     for r in rounds:
-        key = None if r.idle else r.level
+        key = None if r.idle else (r.prefill_units, r.decode_units)
         spans[key] = spans.get(key, 0.0) + r.span_s
-        units.setdefault(key, (r.prefill_units, r.decode_units))
+        latest[key] = r
         if r.itl_s is not None:
             gaps.setdefault(key, []).append(r.itl_s)
     total = sum(spans.values())
     out = []
-    for key in sorted(spans, key=lambda k: (k is None, k or 0)):
+    for key in sorted(spans, key=lambda k: (k is None, k[1] if k else 0)):
         p50, p99, _ = summary(gaps.get(key, ()))
-        p, d = units[key]
-        out.append(LevelStat(key, p, d, spans[key] / total if total > 0 else 0.0, p50, p99))
+        r = latest[key]
+        out.append(LevelStat(None if key is None else r.level, r.prefill_units, r.decode_units,
+                             spans[key] / total if total > 0 else 0.0, p50, p99))
     return out
+
+
+def level_rows(levels: list[tuple[int, int]], rounds: list[RoundPoint], since: float
+               ) -> list[tuple[int | None, int, int, LevelStat | None]]:
+    """The level table: (level, prefill units, decode units, its figures) per level in force, then
+    idle if the window has idle time. Only rounds from `since` (when these levels came in) count,
+    matched to a level by its split."""
+    stats = {None if s.level is None else (s.prefill_units, s.decode_units): s
+             for s in level_stats([r for r in rounds if r.time > since])}
+    rows: list[tuple[int | None, int, int, LevelStat | None]] = [(i, p, d, stats.get((p, d)))
+                                                                  for i, (p, d) in enumerate(levels)]
+    if None in stats:
+        idle = stats[None]
+        rows.append((None, idle.prefill_units, idle.decode_units, idle))
+    return rows

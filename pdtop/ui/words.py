@@ -25,19 +25,22 @@ def level_words(state: DashboardState, level: int) -> str:
     return f"level {level}: prefill {units(p, state.info.unit_name)}, decode {d}"
 
 
-def starved_side(state: DashboardState, level: int) -> str | None:
-    """Why pinning `level` stalls work (a side with no units while it has requests), else None."""
+def shared_side(state: DashboardState, level: int) -> str | None:
+    """What pinning `level` does to a side left with no units of its own, else None.
+
+    No device stalls that side: its work time-shares the other side's units (docs/levels.md), so
+    both run, each slower, and nothing isolates decode from prefill."""
     levels = state.levels
     if not 0 <= level < len(levels):
         return None
     p, d = levels[level]
     unit = state.info.unit_name
-    if d == 0 and state.running:
-        return f"decode gets no {unit}: the {state.running} running requests wait (a: automatic)"
     if d == 0:
-        return f"decode gets no {unit}: requests stop after their first token (a: automatic)"
+        return (f"decode has no {unit} of its own: while a prefill runs it time-shares prefill's "
+                f"{units(p, unit)}, both slower, not isolated (a: automatic)")
     if p == 0:
-        return f"prefill gets no {unit}: new requests wait (a: automatic)"
+        return (f"prefill has no {unit} of its own: it time-shares decode's {units(d, unit)}, "
+                f"both slower, not isolated (a: automatic)")
     return None
 
 

@@ -130,7 +130,12 @@ async def test_pinning_a_side_to_no_units_warns(stepped, until):
         await until(pilot, lambda: _accepted(app), "the answer")
         severity, _, message = _accepted(app)[-1]
         assert severity == "warning" and message.startswith("pinned level 0: prefill 132 SMs, decode 0")
-        assert "decode gets no SMs" in message
+        # Issue 25 item 2: it said "the running requests wait" while decode ran on; say what happens
+        assert "time-shares prefill's 132 SMs" in message and "wait" not in message
+        engine.step()
+        decoded = [engine.step() for _ in range(20)]
+        assert engine.config_record().pinned_level == 0
+        assert sum(r.decode_bs for r in decoded if r is not None) > 0, "decode runs on at level 0"
 
 
 async def test_freeze_keeps_the_screen_while_events_come_in(stepped, until):

@@ -13,7 +13,7 @@ from pdtop.telemetry.sources.live import LiveSource
 from pdtop.ui.app import PdtopApp
 from pdtop.ui.format import units
 from pdtop.ui.state import DashboardState
-from pdtop.ui.words import starved_side
+from pdtop.ui.words import shared_side
 
 from .conftest import EngineServer, sim_engine
 
@@ -102,9 +102,9 @@ def test_units_have_the_right_number():
 
 
 @pytest.mark.parametrize(("running", "waiting", "level", "why"), [
-    (3, 0, 0, "decode gets no cores: the 3 running requests wait"),
-    (0, 0, 0, "decode gets no cores"),
-    (3, 2, 2, "prefill gets no cores: new requests wait"),
+    (3, 0, 0, "decode has no cores of its own: while a prefill runs it time-shares prefill's 2 cores"),
+    (0, 0, 0, "decode has no cores of its own"),
+    (3, 2, 2, "prefill has no cores of its own: it time-shares decode's 2 cores"),
     (3, 2, 1, None),
 ])
 def test_pinning_a_cpu_side_to_no_cores_is_called_out(ev, running, waiting, level, why):
@@ -114,5 +114,5 @@ def test_pinning_a_cpu_side_to_no_cores_is_called_out(ev, running, waiting, leve
     hello["engine"]["config"]["levels"] = [[2, 0], [1, 1], [0, 2]]
     state.ingest(hello)
     state.running, state.waiting = running, waiting
-    said = starved_side(state, level)
+    said = shared_side(state, level)
     assert (said is None) if why is None else said.startswith(why)

@@ -5,7 +5,14 @@ import pytest
 
 from pdtop.telemetry.events import ErrorNotice, Hello
 from pdtop.ui.state import DashboardState
-from pdtop.ui.window_figures import bandwidth, level_stats, output_throughput, step_series, step_summary
+from pdtop.ui.window_figures import (
+    bandwidth,
+    level_rows,
+    level_stats,
+    output_throughput,
+    step_series,
+    step_summary,
+)
 
 
 def test_hello_fills_engine_info_and_config(ev):
@@ -236,3 +243,28 @@ def test_buffers_are_bounded(ev):
         s.ingest(ev.round(i, i * 0.001))
         s.ingest(ev.request("first_token", i, output_tokens=1, ttft_s=0.1))
     assert len(s.rounds) == 100 and len(s.ttfts) == 10 and s.rounds_seen == 1000
+
+
+def test_level_rows_after_the_levels_change_count_only_rounds_on_the_levels_in_force(ev):
+    """Issue 25 item 3: after live tuning tried a 3-level table and rolled back, rows 1 and 2 showed
+    the candidate's figures (its 112/20 and 104/28 rounds) for 30 s, carried over by index."""
+    s = DashboardState()
+    s.ingest(ev.hello)
+    candidate = [[132, 0], [112, 20], [0, 132]]
+    s.ingest(ev.config(0.0, 0, levels=candidate))
+    t = 0.0
+    for i in range(20):  # the candidate ran its level 1 (112/20)
+        t += 0.0155
+        r = ev.round(i, t, step=0.0155, level=1)
+        r.update(prefill_units=112, decode_units=20)
+        s.ingest(r)
+    s.ingest(ev.config(t, 20, levels=ev.levels))  # rolled back to the 8 levels
+    for i in range(20, 25):
+        t += 0.01
+        s.ingest(ev.round(i, t, step=0.01, level=4))
+    rows = {level: stat for level, _, _, stat in level_rows(s.levels, s.window(), s.levels_since)}
+    assert [level for level, stat in rows.items() if stat is not None] == [4], rows
+    assert rows[4].share == pytest.approx(1.0)
+    # keyed by split: a row shows the rounds that ran on its split, whatever the index was then
+    by_split = {(st.prefill_units, st.decode_units): st for st in level_stats(s.window())}
+    assert (112, 20) in by_split and tuple(ev.levels[4]) in by_split

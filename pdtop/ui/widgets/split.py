@@ -11,7 +11,7 @@ from pdtop.ui.chart import split_bar
 from pdtop.ui.state import DashboardState
 from pdtop.ui.widgets import scraped
 from pdtop.ui.widgets.base import Panel
-from pdtop.ui.window_figures import LevelStat, level_stats
+from pdtop.ui.window_figures import LevelStat, level_rows
 
 CELL_MIN = 30  # a table cell's width without its bar
 
@@ -73,10 +73,9 @@ class SplitPanel(Panel):
         """The level table in `rows` lines (one of them the column names), in one or two columns."""
         if rows < 2 or not state.levels:
             return []
-        stats = {s.level: s for s in level_stats(state.window())}
-        entries: list[tuple[int | None, int, int]] = [(i, p, d) for i, (p, d) in enumerate(state.levels)]
-        if None in stats:
-            entries.append((None, stats[None].prefill_units, stats[None].decode_units))
+        rows_in_force = level_rows(state.levels, state.window(), state.levels_since)
+        entries: list[tuple[int | None, int, int]] = [(level, p, d) for level, p, d, _ in rows_in_force]
+        stats = {level: stat for level, _, _, stat in rows_in_force if stat is not None}
         columns = 2 if width >= 2 * CELL_MIN + 2 and len(entries) > rows - 1 else 1
         capacity = (rows - 1) * columns
         if len(entries) > capacity:  # keep the current level and where the time went
