@@ -3,9 +3,12 @@
 Each candidate is applied as a live override: a `Set` command through the dashboard's source,
 the engine's validated control path (it shows on the ITL chart as a configuration change).
 It is held for `settle_s` and then measured for `dwell_s` seconds of engine time from the events
-that follow: the ITL gaps inside the window of the requests that finish in it, their TTFTs when
-their first token came in it, and the prefill throughput of the prompts that arrive and get their
-first token in it; goodput as `pdtop tune` counts it (`pdtop.analysis.tune.score`).
+that follow: ITL p99 over the decode batch's token gaps in the window (from the rounds, each gap
+counted once per request in the batch, so requests still running count), TTFT p99 over the
+requests that arrived and got their first token in it, the prefill throughput of those prompts,
+and goodput as `pdtop tune` counts it over the requests that finish in it
+(`pdtop.analysis.tune.score`). A candidate with no decode round in its window is unmeasured:
+`keep()` refuses to keep it.
 
 Candidates: one fixed split `[prefill, decode, 1]` per split level of the engine, the other
 knobs as they were; the configuration in force is measured first. When the search is done (or
@@ -15,12 +18,15 @@ the pinned level included. Nothing here imports Textual.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pdtop.analysis.metrics import percentile
 from pdtop.analysis.tune import (
     Axis,
     Family,
@@ -38,7 +44,11 @@ from pdtop.engine.scheduling.pdmux_config import SGLANG_KEYS, PdmuxConfig
 from pdtop.telemetry.events import ConfigEvent, EngineConfig
 
 Send = Callable[[EngineCommand], Awaitable[Any]]
-MAX_SAMPLES = 20_000  # requests kept per window: bounded memory under any request rate
+MAX_SAMPLES = 20_000  # requests (and round gaps) kept per window: bounded memory under any request rate
+
+
+class NotMeasured(ValueError):
+    """`keep()` was asked to keep a configuration no window measured."""
 
 
 def pdmux_of(config: EngineConfig) -> PdmuxConfig:
@@ -68,6 +78,19 @@ class _Window:
     samples: list[RequestSample] = field(default_factory=list)
     prompt_tokens: int = 0
     waits: list[tuple[float, float]] = field(default_factory=list)
+    ttfts: list[float] = field(default_factory=list)
+    gaps: list[tuple[float, int]] = field(default_factory=list)  # (decode batch's token gap, batch size)
+    last_decode: float | None = None
+
+    def take_round(self, r: RoundRecord) -> None:
+        if not self.start < r.time <= self.end or r.decode_bs == 0:
+            return
+        if self.last_decode is not None and len(self.gaps) < MAX_SAMPLES:
+            self.gaps.append((r.time - self.last_decode, r.decode_bs))
+        self.last_decode = r.time
+
+    def itl_p99_s(self) -> float:
+        return percentile([g for g, bs in self.gaps for _ in range(bs)], 99)
 
     def take(self, r: RequestRecord) -> None:
         if not self.start < r.time <= self.end or len(self.samples) >= MAX_SAMPLES:
@@ -75,6 +98,7 @@ class _Window:
         if r.kind == "first_token" and r.ttft_s is not None and r.time - r.ttft_s >= self.start:
             self.prompt_tokens += r.prompt_tokens
             self.waits.append((r.time - r.ttft_s, r.time))
+            self.ttfts.append(r.ttft_s)
         elif r.kind == "finish" and r.finish_reason != "rejected":
             ends = [r.time - s for s in itertools.accumulate(reversed(r.itls_s), initial=0.0)][::-1]
             gaps = [g for g, end in zip(r.itls_s, ends[1:], strict=True) if self.start < end]
@@ -106,6 +130,8 @@ class LiveTune:
     def on_event(self, event: Any) -> None:
         if isinstance(event, RoundRecord):
             self.now = event.time
+            if self._window is not None:
+                self._window.take_round(event)
             self._changed.set()
         elif isinstance(event, RequestRecord) and self._window is not None:
             self._window.take(event)
@@ -164,6 +190,7 @@ class LiveTune:
         await self._until(lambda: self.now >= window.end, "rounds")
         self._window = None
         result = score(window.samples, self.slo, self.dwell_s, window.prompt_tokens, covered_s(window.waits))
+        result = dataclasses.replace(result, itl_p99_s=window.itl_p99_s(), ttft_p99_s=percentile(window.ttfts, 99))
         self.trials.append(self.search.tell(config, result))
         self.current = None
         progress()
@@ -174,10 +201,18 @@ class LiveTune:
 
     # ---- the operator's choice ------------------------------------------------------------------
 
+    def measured(self, config: PdmuxConfig) -> bool:
+        """Whether a window measured `config` (a decode round ran in it)."""
+        return any(t.config == config and not math.isnan(t.result.itl_p99_s) for t in self.trials)
+
     async def keep(self) -> PdmuxConfig:
         """Apply the best configuration measured (the one in force before if none beat it); returns
-        once the engine reports it in force (TimeoutError otherwise)."""
+        once the engine reports it in force (TimeoutError otherwise). Raises `NotMeasured`, changing
+        nothing, when no window measured that configuration."""
         best = self.best.config if self.best is not None else self.reference
+        if not self.measured(best):
+            raise NotMeasured(f"{'the configuration before' if best == self.reference else 'the best'} was never "
+                              f"measured: no decode ran in its {self.dwell_s:g} s window (measure longer)")
         await self._apply(best)
         return best
 

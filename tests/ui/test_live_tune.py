@@ -130,3 +130,42 @@ def test_tune_prompt_takes_the_slo_and_optionally_the_seconds_per_candidate():
     for bad in ("", "fast", "20 5 1", "0", "20 0.01"):
         with pytest.raises(ValueError):
             parse_tune(bad)
+
+
+async def test_every_candidate_is_measured_the_baseline_first(served, until):
+    """Issue 25 item 4: the baseline row read `- ms - ms - 0.00/s no` and TTFT p99 was `-` on every row when
+    no request finished inside a short window. The rounds' token gaps and the first tokens measure them."""
+    app = PdtopApp(LiveSource(served.url, token=served.token))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.state.rounds_seen > 5 and app.connection == "live", "live rounds")
+        screen = await _start_tune(pilot, until, "50 0.3")
+        await until(pilot, lambda: not screen.running, "the tune to finish", timeout=60)
+        trials = screen.tuner.trials
+        assert trials[0].config == screen.tuner.reference
+        assert all(t.result.itl_p99_s > 0 and t.result.ttft_p99_s > 0 for t in trials), trials
+        status = str(screen.query_one("#tune-status").render())
+        assert status.startswith("done") and "candidate" not in status, status  # not "candidate 3: done"
+        await pilot.press("r")
+
+
+async def test_keep_refuses_what_was_never_measured(until):
+    """With nothing decoding, no window measures anything: `k` keeps nothing, says so, and the
+    configuration before stays in force."""
+    from pdtop.engine.build import build_engine
+
+    from .conftest import EngineServer
+
+    es = EngineServer(build_engine("sim:H100", workload=None)).start()
+    try:
+        app = NoticeWatchingApp(es)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await until(pilot, lambda: app.state.rounds_seen > 2 and app.connection == "live", "live rounds")
+            before = plain(es.engine.config_record())
+            screen = await _start_tune(pilot, until, "50 0.2")
+            await until(pilot, lambda: not screen.running, "the tune to finish", timeout=60)
+            assert not any(screen.tuner.measured(t.config) for t in screen.tuner.trials)
+            await pilot.press("k")
+            told = await _told(pilot, until, "nothing kept")
+            assert told == before and "never measured" in next(m for m, _ in app.told if "nothing kept" in m)
+    finally:
+        es.close()

@@ -17,7 +17,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Label, Static
 
 from pdtop.analysis.tune_report import describe_config, trial_table
-from pdtop.ui.live_tune import LiveTune
+from pdtop.ui.live_tune import LiveTune, NotMeasured
 
 
 class TuneScreen(ModalScreen[str]):
@@ -45,6 +45,7 @@ class TuneScreen(ModalScreen[str]):
         self.error: str | None = None
         self._run_task: asyncio.Task[None] | None = None
         self._choosing = False
+        self._finished = False  # the run returned (its task may still be ending)
 
     def compose(self) -> ComposeResult:
         with Vertical() as box:
@@ -70,11 +71,12 @@ class TuneScreen(ModalScreen[str]):
             raise
         except Exception as exc:  # a refused set, a lost connection: shown, and the choice stays open
             self.error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        self._finished = True
         self.refresh_view()
 
     @property
     def running(self) -> bool:
-        return self._run_task is not None and not self._run_task.done()
+        return self._run_task is not None and not self._run_task.done() and not self._finished
 
     def refresh_view(self) -> None:
         t = self.tuner
@@ -117,7 +119,13 @@ async def _apply_choice(app: App[None], tuner: LiveTune, keep: bool, run: asynci
         await asyncio.gather(run, return_exceptions=True)
     try:
         if keep:
-            kept = await tuner.keep()
+            try:
+                kept = await tuner.keep()
+            except NotMeasured as exc:
+                await tuner.rollback()
+                app.notify(f"nothing kept: {exc}; rolled back to the configuration before", title="live tuning",
+                           severity="warning", timeout=10)
+                return
             app.notify(f"kept {describe_config(kept)}", title="live tuning")
         else:
             await tuner.rollback()
