@@ -19,6 +19,7 @@ class PrefillProgress:
     layers_done: int  # layers (pdmux) or, for chunked, tokens done expressed as layers*tokens_done/tokens
     layers_total: int
     layers_per_round: int  # k = min(L, max(1, budget // tokens)); 0 for chunked/prefill-first
+    tokens_done: int | None = None  # chunked: prompt tokens prefilled so far; None where layers tell progress
 
 
 @dataclass

@@ -51,6 +51,7 @@ class PrefillView:
     layers_total: int
     layers_per_round: int
     eta_s: float | None
+    tokens_done: int | None = None  # chunked: progress in tokens
 
 
 @dataclass
@@ -233,11 +234,13 @@ class DashboardState:
                 eta = 0.0
             elif k > 0 and mean_round is not None:
                 eta = math.ceil(remaining / k) * mean_round
+            elif p.tokens_done is not None and self.config is not None and mean_round is not None:
+                eta = math.ceil((p.tokens - p.tokens_done) / max(1, self.config.chunk_size)) * mean_round
             elif t > first[0] and done > first[1]:
                 eta = remaining / ((done - first[1]) / (t - first[0]))
             else:
                 eta = None
-            views.append(PrefillView(p.request_ids, p.tokens, done, total, k, eta))
+            views.append(PrefillView(p.request_ids, p.tokens, done, total, k, eta, p.tokens_done))
         self._prefill_first_seen = seen
         self.prefills = views
 

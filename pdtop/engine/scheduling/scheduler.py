@@ -369,7 +369,7 @@ class Scheduler(Generic[S]):
             return [PrefillProgress([r.id for r in pf.reqs], pf.tokens, pf.layers_done, L, pf.layers_per_round)]
         if self.chunk_req is not None:
             r = self.chunk_req
-            return [PrefillProgress([r.id], r.prompt_len, L * r.num_cached // r.prompt_len, L, 0)]
+            return [PrefillProgress([r.id], r.prompt_len, L * r.num_cached // r.prompt_len, L, 0, r.num_cached)]
         return []
 
     # -- changes at a round boundary (the engine's control goes through these) ---------------

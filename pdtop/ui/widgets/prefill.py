@@ -24,7 +24,7 @@ class PrefillPanel(Panel):
     TITLE = "prefill in flight"
 
     def paint_key(self, state: DashboardState) -> object:
-        return state.scrape is not None, tuple((tuple(p.request_ids), p.layers_done, p.layers_total,
+        return state.scrape is not None, tuple((tuple(p.request_ids), p.layers_done, p.layers_total, p.tokens_done,
                                                 p.eta_s and round(p.eta_s, 2)) for p in state.prefills)
 
     def render_state(self, state: DashboardState) -> Group:
@@ -40,11 +40,18 @@ class PrefillPanel(Panel):
         shown = state.prefills if len(state.prefills) <= rows else state.prefills[:rows - 1]
         lines: list[Text] = []
         for p in shown:
-            frac = p.layers_done / p.layers_total if p.layers_total else None
-            k = f"{p.layers_per_round}/rnd" if p.layers_per_round else "chunked"
             left = Text.assemble((f"req {_ids(p.request_ids):<9}", "bold"), f"{fmt.count(p.tokens):>6} tok ")
-            right = Text.assemble(f" {p.layers_done:>3}/{p.layers_total:<3}", (" layers " if wide else " ", "dim"),
-                                  (f"{k:<8}", "dim") if wide else "", ("ETA ", "dim"), f"{fmt.duration(p.eta_s):>8}")
+            if p.tokens_done is not None:  # chunked: a chunk of tokens through every layer per round
+                frac = p.tokens_done / p.tokens if p.tokens else None
+                right = Text.assemble(f" {fmt.count(p.tokens_done):>6}", (" tok ", "dim"),
+                                      ("chunked " if wide else "", "dim"), ("ETA ", "dim"),
+                                      f"{fmt.duration(p.eta_s):>8}")
+            else:
+                frac = p.layers_done / p.layers_total if p.layers_total else None
+                k = f"{p.layers_per_round}/rnd" if p.layers_per_round else "1 step"
+                right = Text.assemble(f" {p.layers_done:>3}/{p.layers_total:<3}", (" layers " if wide else " ", "dim"),
+                                      (f"{k:<8}", "dim") if wide else "", ("ETA ", "dim"),
+                                      f"{fmt.duration(p.eta_s):>8}")
             bar_w = max(4, width - left.cell_len - right.cell_len)
             lines.append(Text.assemble(left, fill_bar(frac, bar_w, self.colour("prefill"), self.colour("idle")),
                                        right))

@@ -33,7 +33,11 @@ class SplitPanel(Panel):
         level = "–" if state.level is None else str(state.level)
         mode = Text("pinned", "bold " + self.colour("warning")) if state.pinned else \
             Text("auto", self.colour("success"))
-        head = Text.assemble(f"level {level}", (f"/{n - 1}" if n else "", "dim"), "  ", mode)
+        split_on = state.policy in ("pdmux", "?")  # chunked and prefill-first run no split level
+        if not split_on:
+            mode = Text(state.policy, "bold")
+        head = Text.assemble(f"level {level}", (f"/{n - 1}" if n else "", "dim"), "  ", mode) if split_on else \
+            Text.assemble(mode, ("  no split level: one forward at a time", "dim"))
         together = state.prefill_units == state.decode_units == state.info.units  # chunked: one forward
         if state.idle:
             bar = Text("░" * width, idle)
@@ -58,13 +62,16 @@ class SplitPanel(Panel):
             else:
                 short = Text.assemble(("■ ", prefill), f"prefill {state.prefill_units}  ", ("■ ", decode),
                                       f"decode {fmt.units(state.decode_units, unit)}")
-            head = Text.assemble(f"level {level}  ", mode, "  ", short)
-            if head.cell_len > width and not state.idle and not together:  # the unit is in the title
+            head = Text.assemble(f"level {level}  " if split_on else "", mode, "  ", short)
+            if head.cell_len > width and not state.idle and not together and split_on:  # the unit is in the title
                 head = Text.assemble(f"level {level} ", mode, " ", ("■ ", prefill), f"prefill {state.prefill_units} ",
                                      ("■ ", decode), f"decode {state.decode_units}")
             lines = [head, bar]
             self.border_subtitle = knob_line.plain.strip()
-        lines += self._table(state, width, max(0, height - len(lines)))
+        if split_on:
+            lines += self._table(state, width, max(0, height - len(lines)))
+        elif height > len(lines):
+            lines.append(Text(f"the {n} split levels apply under pdmux (p: policy)", "dim"))
         if not state.levels:
             lines.append(Text("waiting for the engine…", "dim"))
         return Group(*lines)

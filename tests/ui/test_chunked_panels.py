@@ -1,0 +1,44 @@
+"""Issue 25 item 14: after `p` → chunked the split panel still said `level 1/2 auto` with ▶ in the level
+table, and the prefill row read `15/30 layers chunked ETA -`. Chunked shows its own state: no split
+level, and the chunk's progress in tokens with an ETA."""
+from __future__ import annotations
+
+import pytest
+
+from pdtop.engine.scheduling.commands import Inject, Set
+from pdtop.telemetry.sources.live import LiveSource
+from pdtop.ui import format as fmt
+from pdtop.ui.app import PdtopApp
+
+
+def _text(app, panel: str) -> str:
+    return "\n".join(t.plain for t in app.query_one(panel)._last_texts)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (160, 48)])
+async def test_chunked_shows_chunk_progress_and_no_split_level(stepped, until, size):
+    engine = stepped.engine
+    app = PdtopApp(LiveSource(stepped.url, token=stepped.token))
+    async with app.run_test(size=size) as pilot:
+        await until(pilot, lambda: app.connection == "live", "live")
+        engine.control(Set({"policy": "chunked", "chunk_size": 512}))
+        for _ in range(5):
+            engine.step()
+        engine.control(Inject(8192))
+        while not any(p.tokens_done for p in engine.scheduler._progress()):
+            engine.step()
+        for _ in range(3):
+            engine.step()
+        done = engine.scheduler._progress()[0].tokens_done
+        await until(pilot, lambda: app.state.policy == "chunked" and app.state.prefills
+                    and app.state.prefills[0].tokens_done == done, "the chunked prefill on screen")
+        await until(pilot, lambda: f"{fmt.count(done)} tok" in _text(app, "PrefillPanel"), "its tokens on screen")
+        split, prefill = _text(app, "SplitPanel"), _text(app, "PrefillPanel")
+        assert "chunked" in split and "level " not in split and "▶" not in split and "auto" not in split, split
+        assert "layers" not in prefill and "ETA        –" not in prefill and "ETA –" not in prefill, prefill
+        assert app.state.prefills[0].eta_s is not None and app.state.prefills[0].eta_s > 0
+        engine.control(Set({"policy": "pdmux"}))
+        while app.state.policy != "pdmux" or engine.scheduler._progress():
+            engine.step()
+            await pilot.pause(0)
+        await until(pilot, lambda: "level " in _text(app, "SplitPanel"), "the split level back under pdmux")
