@@ -165,6 +165,8 @@ class PdtopApp(ReplayActions):
                     if self.readonly != was_readonly:
                         was_readonly = self.readonly
                         self.refresh_bindings()
+                elif (t := self.source.transport) is not None and t.catching_up:
+                    continue  # the window before a seek point: its changes were told when they happened
                 elif notice := notice_for(event, self.state, dropped_before):
                     self.notify(notice.message, title=notice.title, severity=notice.severity, timeout=notice.timeout)
         except asyncio.CancelledError:

@@ -71,6 +71,7 @@ async def test_pause_then_step_releases_one_round_at_a_time(recording):
 
 async def test_seek_announces_itself_with_the_config_in_force(recording):
     src = ReplaySource(recording)
+    src.lookback_s = 0.0  # the next event is the one at the seek point
     src.pause()
     p = Pump(src)
     await p.get()
@@ -94,8 +95,28 @@ async def test_seek_announces_itself_with_the_config_in_force(recording):
     await p.task
 
 
+async def test_a_seek_replays_the_window_before_it_at_once_while_paused(recording):
+    """Issue 25 item 18: the events of the `lookback_s` before the seek point follow the marker at once,
+    paused or not, each `catching_up`; then playback waits at the seek point."""
+    src = ReplaySource(recording)
+    src.pause()
+    src.lookback_s = 0.5
+    p = Pump(src)
+    await p.get()
+    src.seek(1.5)
+    marker = await p.get()
+    assert marker["config"] == {**CONFIG, "decode_bs_divisor": 12}  # in force at 1.5 s, as before
+    times = [t for t in src.recording.times if 1.0 <= t < 1.5]
+    got = [await p.get() for _ in times]
+    assert times and all(1.0 - 1e-6 <= e["time"] < 1.5 for e in got if "time" in e) and src.paused
+    assert await p.nothing_for(0.3)  # then nothing until play or step
+    assert not src.catching_up and src.position == 1.5
+    await src.close()
+
+
 async def test_seek_while_playing_continues_from_there(recording):
     src = ReplaySource(recording, speed=16, hold_at_end=False)
+    src.lookback_s = 0.0  # (with a window, the window's round 3 would seek again)
     got = []
     async for e in src.events():
         got.append(e)
@@ -133,8 +154,11 @@ async def test_hold_at_end_waits_for_a_seek(recording):
         await p.get()
     assert src.at_end
     assert await p.nothing_for()
+    src.lookback_s = 0.5
     src.seek(1.9)
     assert (await p.get())["type"] == "seek"
+    window = [await p.get() for t in src.recording.times if 1.4 <= t < 1.9]  # the window before it, at once
+    assert window and all(1.4 - 1e-6 <= e["time"] < 1.9 for e in window if "time" in e)
     assert (await p.get())["index"] == 19
     await src.close()
     await p.task

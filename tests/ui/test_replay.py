@@ -32,9 +32,14 @@ async def test_replay_transport(recording, until):
         before = src.position
         await pilot.press("right")
         assert src.position == pytest.approx(before + 5)
-        await until(pilot, lambda: len(app.state.rounds) == 0, "the seek resets the rolling buffers")
+        target = src.position
+        # the seek resets the rolling buffers and refills them with the window before the seek point, paused
+        await until(pilot, lambda: app.state.rounds and not src.catching_up
+                    and target - 0.1 < app.state.time <= target, "the window before the seek point")
+        assert src.paused and app.state.rounds[0].time >= target - app.state.window_s
+        shown = len(app.state.rounds)
         await pilot.press("full_stop")
-        await until(pilot, lambda: len(app.state.rounds) == 1, "a step after the seek")
+        await until(pilot, lambda: len(app.state.rounds) == shown + 1, "a step after the seek")
         assert app.state.round_index > index + 100  # about 5 s further on
         here = src.position
         await pilot.press("left")
@@ -155,3 +160,26 @@ async def test_ctrl_c_quits(recording, until):
         await pilot.press("ctrl+c")
         await pilot.pause(0.2)
         assert not app.is_running and not any("ctrl+q" in n[2] for n in app.notices), app.notices
+
+
+@pytest.mark.parametrize("size", [(80, 24), (160, 48)])
+async def test_a_seek_shows_the_figures_of_the_window_before_it(recording, until, size):
+    """Issue 25 item 18: a seek blanked every figure (TTFT p50 -, level times -) until playback resumed."""
+    src = ReplaySource(recording)
+    app = PdtopApp(src)
+    async with app.run_test(size=size) as pilot:
+        await until(pilot, lambda: app.state.rounds_seen > 3, "replayed rounds")
+        await pilot.press("space")
+        app.notices.clear()
+        app.action_replay_seek(15.0)
+        await until(pilot, lambda: not src.catching_up and app.state.rounds and app.state.time > 14.9,
+                    "the window before 15 s")
+        assert src.paused and src.position == pytest.approx(15.0)
+        assert app.state.ttfts and app.state.itls, "TTFT and ITL figures at the seek point"
+        app.repaint()
+        await pilot.pause(0.1)
+        split = "\n".join(t.plain for t in app.query_one("SplitPanel")._last_texts)
+        assert "%" in split, split  # the level table's time shares
+        # the decode_bs_divisor change at round 1200 (about 7.7 s) is in the window: on the chart, not told again
+        assert any("decode_bs_divisor" in c.changes for c in app.state.config_changes)
+        assert not [n for n in app.notices if n[1] == "changed"], app.notices

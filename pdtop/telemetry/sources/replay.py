@@ -4,7 +4,10 @@ Events come out at their recorded times scaled by `speed`. `pause`, `resume`, `s
 (release everything up to and including the next `round`), `seek(t)` and the `speed`
 setter may be called at any time from the event loop's thread. After a seek the next
 event is `{"type": "seek", "v": 1, "position": t, "config": {...}}` (the configuration
-in force at `t`, as this pdtop reads it), so a consumer can reset what it accumulated.
+in force at `t`, as this pdtop reads it), so a consumer can reset what it
+accumulated; then, at once and paused or not, the events of the `lookback_s` seconds before `t`
+(`catching_up` is true while they come), so the figures over a window are there at the seek
+point, not only once playback has run that long.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from pdtop.telemetry.server.commands import Command
 from pdtop.telemetry.sources.source import ControlRefused
 
 MIN_SPEED, MAX_SPEED = 0.25, 16.0
+LOOKBACK_S = 30.0  # the dashboard's window (`DashboardState.window_s`)
 
 
 class ReplaySource:
@@ -46,6 +50,9 @@ class ReplaySource:
         self._anchor: float | None = clock()  # wall time of the anchor; None while paused
         self._step_to: int | None = None  # while stepping: emit through this index
         self._seek_marker: dict[str, Any] | None = None
+        self._catch_up_to = 0  # after a seek: events before this index are released at once
+        self.lookback_s = LOOKBACK_S
+        self._catching_up = False
         self._closed = False
         self._changed = asyncio.Event()
         self._config_idx = [i for i, t in enumerate(self.recording.types) if t == "config"]
@@ -108,14 +115,22 @@ class ReplaySource:
         self._step_to = min(i, len(types) - 1)
         self._changed.set()
 
+    @property
+    def catching_up(self) -> bool:
+        """Whether the event just given is from the window before a seek point (replayed at once)."""
+        return self._catching_up
+
     def seek(self, t: float) -> None:
         t = min(max(0.0, float(t)), self.duration)
-        self._cursor = bisect.bisect_left(self.recording.times, t)
+        times = self.recording.times
+        self._catch_up_to = self._cursor = bisect.bisect_left(times, t)
+        config = self._config_at()
+        self._cursor = bisect.bisect_left(times, t - self.lookback_s)
         self._pos = t
         if self._anchor is not None:
             self._anchor = self._clock()
         self._step_to = None
-        self._seek_marker = seek_event(t, self._config_at())
+        self._seek_marker = seek_event(t, config)
         self._changed.set()
 
     @property
@@ -152,7 +167,7 @@ class ReplaySource:
                 await self._wait(None)
                 continue
             i = self._cursor
-            if self._step_to is not None and i <= self._step_to:
+            if i < self._catch_up_to or (self._step_to is not None and i <= self._step_to):
                 due = True
             elif self._anchor is None:
                 self._step_to = None
@@ -166,7 +181,8 @@ class ReplaySource:
                     continue
             event = rec.event(i)
             self._cursor = i + 1
-            if self._anchor is None:  # stepping: position follows the released events
+            self._catching_up = i < self._catch_up_to
+            if self._anchor is None and i >= self._catch_up_to:  # stepping: position follows the released events
                 self._pos = rec.times[i]
             yield event
             burst += 1
@@ -175,6 +191,7 @@ class ReplaySource:
                 await asyncio.sleep(0)
 
     async def _wait(self, timeout: float | None) -> None:
+        self._catching_up = False
         self._changed.clear()
         try:
             await asyncio.wait_for(self._changed.wait(), timeout)

@@ -40,6 +40,9 @@ class Transport(Protocol):
     @property
     def problems(self) -> list[str]: ...  # what of the file could not be read, in words
 
+    @property
+    def catching_up(self) -> bool: ...  # the event just given replays the window before a seek point
+
     speed: float
 
     def pause(self) -> None: ...
