@@ -6,9 +6,12 @@ docs/levels.md). `--device sim:H100` runs the seed's scenario (32 requests decod
 8192-token prompts) on the simulated GPU; `--device cpu` runs the real model on this machine's cores
 (8 requests decoding, eight 1024-token prompts). Progress goes to stderr.
 
-With --url http://HOST:PORT/v1 it is a load generator instead: vllm bench serve's seeded random
-load, sent as streaming requests to any OpenAI-compatible server (pdtop serve --api-port, vLLM,
-SGLang), reporting request and token throughput, TTFT, TPOT, ITL, E2EL and goodput.
+With --url http://HOST:PORT/v1 it is a load generator instead, as vllm bench serve: a seeded
+random load, or a ShareGPT JSON or a JSONL of {"prompt", "output_len"} (--dataset-name), sent as
+streaming requests to any OpenAI-compatible server (pdtop serve --api-port, vLLM, SGLang) after
+one uncounted warm-up request, at --request-rate with gamma arrivals (--burstiness); it prints
+vLLM's table (throughput, goodput, TTFT, TPOT, ITL, E2EL) and --save-result writes vLLM's result
+JSON (docs/bench_url.md). Ctrl+C reports what finished and exits 130.
 """
 from __future__ import annotations
 
