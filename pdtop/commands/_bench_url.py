@@ -179,8 +179,8 @@ def run(args: argparse.Namespace) -> int:
     if problem:  # after the bar is gone, so the line is the only one
         return fail("bench", problem)
     if interrupted and not results:
-        print(f"pdtop bench: interrupted before any request {'was sent' if record.start is None else 'completed'}",
-              file=sys.stderr)
+        when = "during the warm-up request" if record.start is None else "before any request finished"
+        print(f"pdtop bench: interrupted {when}", file=sys.stderr)
         return 130
     code = _report(args, spec, results, duration, tokenizer_path)
     if interrupted:

@@ -136,3 +136,10 @@ def test_ctrl_c_in_bench_url_keeps_and_prints_what_was_measured(stub, tmp_path):
     assert 2 <= done <= server.finished - 1  # the warm-up is not counted; the request cut short is not either
     assert f"{'Successful requests:':<40} {done:<10}" in out and "Mean TTFT (ms):" in out
     assert err.count("\n") == 1 and f"interrupted: {done} of 50 requests finished" in err
+
+
+def test_ctrl_c_during_the_warm_up_is_one_line_and_nothing_else(stub):
+    server = stub(first_ttft_s=30.0)
+    rc, out, err = interrupt([*PDTOP, "bench", "--url", server.url, "--num-prompts", "5", "--random-input-len", "8"],
+                             lambda _: server.started == 1)
+    assert rc == 130 and out == "" and err == "pdtop bench: interrupted during the warm-up request\n"
