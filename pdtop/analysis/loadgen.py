@@ -254,7 +254,8 @@ def summarize(spec: LoadSpec, results: list[RequestResult], duration: float) -> 
 
 
 def table(summary: dict[str, Any]) -> str:
-    """The summary as `vllm bench serve` prints it."""
+    """`summarize`'s figures as a table (mean, median, p99 of each metric). `bench --url` prints vLLM's own
+    table instead, from `serve_result.result_table`; this stays for callers of the load generator."""
     s = summary
     lines = [f"{' Serving Benchmark Result ':=^60}",
              f"{'Successful requests:':<40}{s['completed']:<10}",
