@@ -57,8 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args._run(args) or 0)
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt:  # Ctrl+C: one line, then the shell's 128 + SIGINT
+        print(f"pdtop {args.command}: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
     except BrokenPipeError:  # `pdtop levels | head`: the reader left; stop quietly, as a tool killed by SIGPIPE
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing more to flush at exit
         return 128 + signal.SIGPIPE

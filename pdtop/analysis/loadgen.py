@@ -1,10 +1,12 @@
 """A load generator for any OpenAI-compatible server (pdtop's, vLLM's, SGLang's), as `vllm bench serve`.
 
-Seeded prompts of `input_len` tokens (windows of pdtop's shipped text, cut with a GGUF
-tokenizer and sent as text, so any server's tokenizer reads real words) go to
-`/v1/completions` as streaming requests, at Poisson arrivals of `request_rate` per second
-(`inf`: all at once) and at most `max_concurrency` in flight, each asking for `output_len`
-tokens. The figures have vLLM's definitions:
+Prompts (seeded windows of `input_len` tokens of pdtop's shipped text, cut with a GGUF
+tokenizer, or a dataset's, `analysis/bench_datasets.py`; sent as text, so any server's
+tokenizer reads real words) go to `/v1/completions` as streaming requests, at `request_rate`
+per second (`inf`: all at once) with vLLM's arrivals (gamma gaps of shape `burstiness`, 1 is
+Poisson, scaled so the last is sent at num_prompts / rate) and at most `max_concurrency` in
+flight. With `warmup`, the first prompt is sent once before the clock starts and not counted
+(vLLM's initial test prompt). The figures have vLLM's definitions:
 - throughput: completed requests, output tokens and input + output tokens per second of the run;
 - TTFT: request sent to first streamed token; E2EL: sent to last;
 - TPOT: (E2EL - TTFT) / (output tokens - 1), per request with more than one token;
@@ -15,11 +17,12 @@ Token counts come from the server's `usage` (`stream_options.include_usage`), el
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -30,6 +33,10 @@ from pdtop.analysis.metrics import percentile
 
 SLO_METRICS = ("ttft", "tpot", "e2el")
 
+# A prompt: (text, max_tokens), or (text, max_tokens, prompt_len) where a dataset counted the
+# prompt's tokens with its own tokenizer (vLLM's prompt_len; used when the server reports no usage).
+Prompt = tuple[str, int] | tuple[str, int, int]
+
 
 @dataclass
 class LoadSpec:
@@ -38,7 +45,7 @@ class LoadSpec:
     url: str  # base URL, http://HOST:PORT/v1
     model: str | None = None  # None: the first model the server lists
     num_prompts: int = 1000
-    request_rate: float = math.inf  # requests/s, Poisson; inf sends them all at once
+    request_rate: float = math.inf  # requests/s; inf sends them all at once
     max_concurrency: int | None = None
     input_len: int = 1024
     output_len: int = 128
@@ -46,6 +53,8 @@ class LoadSpec:
     seed: int = 0
     ignore_eos: bool = False
     goodput: dict[str, float] = field(default_factory=dict)  # SLO metric -> ms
+    burstiness: float = 1.0  # shape of the gamma gaps between arrivals: 1 Poisson, < 1 burstier, inf even
+    warmup: bool = False  # send the first prompt once, uncounted, before the clock starts (`bench --url` does)
 
 
 @dataclass
@@ -57,10 +66,35 @@ class RequestResult:
     latency: float = 0.0
     itls: list[float] = field(default_factory=list)
     error: str = ""
+    text: str = ""  # the streamed completion
+    start_time: float = 0.0  # time.perf_counter() when the request was sent
+    queue_time: float = 0.0  # seconds it waited for a --max-concurrency slot before that
 
     @property
     def tpot(self) -> float:
         return (self.latency - self.ttft) / (self.output_tokens - 1) if self.output_tokens > 1 else 0.0
+
+
+@dataclass
+class LoadRun:
+    """What a run has measured so far, readable when it is interrupted: each finished request at its
+    prompt's index, and the clock (perf_counter) from the first arrival to the end or the interruption."""
+
+    results: list[RequestResult | None] = field(default_factory=list)
+    start: float | None = None
+    end: float | None = None
+
+    def finished(self) -> list[RequestResult]:
+        return [r for r in self.results if r is not None]
+
+    def duration(self) -> float:
+        if self.start is None:
+            return 0.0
+        return (self.end if self.end is not None else time.perf_counter()) - self.start
+
+
+class WarmupFailed(Exception):
+    """The uncounted first request failed: the server cannot take this load as specified."""
 
 
 def make_prompts(spec: LoadSpec, token_ids: list[int], decode: Callable[[list[int]], str]) -> list[tuple[str, int]]:
@@ -78,14 +112,34 @@ def make_prompts(spec: LoadSpec, token_ids: list[int], decode: Callable[[list[in
     return out
 
 
-async def _one(client: httpx.AsyncClient, spec: LoadSpec, model: str, prompt: str, max_tokens: int) -> RequestResult:
-    body: dict[str, Any] = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+def arrival_offsets(n: int, request_rate: float, burstiness: float = 1.0, seed: int = 0) -> list[float]:
+    """Seconds after the start at which each of `n` requests is sent, as vllm bench serve's `get_request`:
+    gaps from a gamma distribution of shape `burstiness` and mean 1 / rate (numpy's legacy generator
+    seeded with `seed`, as vLLM's `np.random.seed`), summed, then scaled so the last is at n / rate."""
+    if request_rate == math.inf:
+        return [0.0] * n
+    if burstiness == math.inf:
+        gaps = [1.0 / request_rate] * n
+    else:
+        rng = np.random.RandomState(seed)
+        theta = 1.0 / (request_rate * burstiness)
+        gaps = [float(rng.gamma(shape=burstiness, scale=theta)) for _ in range(n)]
+    offsets = list(itertools.accumulate(gaps))
+    if offsets and offsets[-1] != 0:
+        scale = n / request_rate / offsets[-1]
+        offsets = [t * scale for t in offsets]
+    return offsets
+
+
+async def _one(client: httpx.AsyncClient, spec: LoadSpec, model: str, prompt: Prompt) -> RequestResult:
+    text, max_tokens = prompt[0], prompt[1]
+    body: dict[str, Any] = {"model": model, "prompt": text, "max_tokens": max_tokens, "temperature": 0.0,
                             "stream": True, "stream_options": {"include_usage": True}}
     if spec.ignore_eos:
         body["ignore_eos"] = True
-    res = RequestResult(ok=False)
-    chunks = 0
-    sent = last = time.perf_counter()
+    res = RequestResult(ok=False, prompt_tokens=prompt[2] if len(prompt) > 2 else 0)
+    chunks, pieces = 0, []
+    sent = last = res.start_time = time.perf_counter()
     try:
         async with client.stream("POST", f"{spec.url}/completions", json=body) as r:
             if r.status_code != 200:
@@ -108,11 +162,13 @@ async def _one(client: httpx.AsyncClient, spec: LoadSpec, model: str, prompt: st
                     else:
                         res.itls.append(now - last)
                     chunks, last = chunks + 1, now
+                    pieces.append(str(data["choices"][0].get("text") or ""))
         res.latency = last - sent
         res.output_tokens = res.output_tokens or chunks
+        res.text = "".join(pieces)
         res.ok = chunks > 0
         res.error = "" if res.ok else "no tokens streamed"
-    except (httpx.HTTPError, ValueError, KeyError) as exc:
+    except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
         res.error = f"{type(exc).__name__}: {exc}"[:200]
     return res
 
@@ -123,31 +179,49 @@ async def served_model(client: httpx.AsyncClient, url: str) -> str:
     return str(r.json()["data"][0]["id"])
 
 
-async def run_load(spec: LoadSpec, prompts: list[tuple[str, int]], headers: dict[str, str] | None = None,
-                   on_done: Callable[[RequestResult], None] | None = None) -> tuple[list[RequestResult], float]:
-    """Send every prompt; the results in order, and the run's duration (first send to last completion).
-    `spec.model` is set to the served model when it was None."""
-    rng = np.random.default_rng(spec.seed)
+async def run_load(spec: LoadSpec, prompts: Sequence[Prompt], headers: dict[str, str] | None = None,
+                   on_done: Callable[[RequestResult], None] | None = None,
+                   run: LoadRun | None = None) -> tuple[list[RequestResult], float]:
+    """Send every prompt; the results in order, and the run's duration (first arrival to last completion).
+    `spec.model` is set to the served model when it was None. `run`, when given, holds what was measured
+    as it comes in, for a caller that is interrupted. With `spec.warmup` the first prompt goes once before
+    the clock starts, uncounted; WarmupFailed if it fails."""
+    run = run if run is not None else LoadRun()
+    run.results = [None] * len(prompts)
+    offsets = arrival_offsets(len(prompts), spec.request_rate, spec.burstiness, spec.seed)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0), limits=limits, headers=headers) as client:
         spec.model = spec.model or await served_model(client, spec.url)
+        if spec.warmup and prompts:
+            test = await _one(client, spec, spec.model, prompts[0])
+            if not test.ok:
+                raise WarmupFailed(test.error)
         gate = asyncio.Semaphore(spec.max_concurrency or len(prompts) or 1)
 
-        async def send(prompt: str, max_tokens: int) -> RequestResult:
+        async def send(i: int, prompt: Prompt) -> RequestResult:
+            arrived = time.perf_counter()
             async with gate:
-                res = await _one(client, spec, spec.model or "", prompt, max_tokens)
+                res = await _one(client, spec, spec.model or "", prompt)
+            res.queue_time = res.start_time - arrived
+            run.results[i] = res
             if on_done is not None:
                 on_done(res)
             return res
 
-        start = time.perf_counter()
+        start = run.start = time.perf_counter()
         tasks = []
-        for prompt, max_tokens in prompts:
-            tasks.append(asyncio.create_task(send(prompt, max_tokens)))
-            if spec.request_rate != math.inf:
-                await asyncio.sleep(float(rng.exponential(1.0 / spec.request_rate)))
-        results = list(await asyncio.gather(*tasks))
-        return results, time.perf_counter() - start
+        try:
+            for i, prompt in enumerate(prompts):
+                wait = start + offsets[i] - time.perf_counter()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+                tasks.append(asyncio.create_task(send(i, prompt)))
+            results = list(await asyncio.gather(*tasks))
+        finally:
+            run.end = time.perf_counter()
+            for task in tasks:
+                task.cancel()
+        return results, run.end - start
 
 
 def _stats_ms(values: list[float]) -> dict[str, float]:
@@ -180,7 +254,8 @@ def summarize(spec: LoadSpec, results: list[RequestResult], duration: float) -> 
 
 
 def table(summary: dict[str, Any]) -> str:
-    """The summary as `vllm bench serve` prints it."""
+    """`summarize`'s figures as a table (mean, median, p99 of each metric). `bench --url` prints vLLM's own
+    table instead, from `serve_result.result_table`; this stays for callers of the load generator."""
     s = summary
     lines = [f"{' Serving Benchmark Result ':=^60}",
              f"{'Successful requests:':<40}{s['completed']:<10}",

@@ -284,9 +284,11 @@ def trace_rows(policy: str, steps: list[DecodeStep]) -> list[dict[str, Any]]:
 
 def run_bench(make_engine: Callable[[str], Engine], policies: list[str], sc: Scenario,
               progress: Progress | None = None,
-              observer: Callable[[Engine], Observer] = Observer) -> dict[str, PolicyRun]:
-    """Each policy on a fresh engine from `make_engine`, watched by `observer(engine)`."""
-    results = {}
+              observer: Callable[[Engine], Observer] = Observer,
+              results: dict[str, PolicyRun] | None = None) -> dict[str, PolicyRun]:
+    """Each policy on a fresh engine from `make_engine`, watched by `observer(engine)`. Each finished
+    policy's run goes into `results` (when given) as it ends, so an interrupted caller keeps them."""
+    results = {} if results is None else results
     for policy in policies:
         engine = make_engine(policy)
         obs = observer(engine)

@@ -6,14 +6,18 @@ docs/levels.md). `--device sim:H100` runs the seed's scenario (32 requests decod
 8192-token prompts) on the simulated GPU; `--device cpu` runs the real model on this machine's cores
 (8 requests decoding, eight 1024-token prompts). Progress goes to stderr.
 
-With --url http://HOST:PORT/v1 it is a load generator instead: vllm bench serve's seeded random
-load, sent as streaming requests to any OpenAI-compatible server (pdtop serve --api-port, vLLM,
-SGLang), reporting request and token throughput, TTFT, TPOT, ITL, E2EL and goodput.
+With --url http://HOST:PORT/v1 it is a load generator instead, as vllm bench serve: a seeded
+random load, or a ShareGPT JSON or a JSONL of {"prompt", "output_len"} (--dataset-name), sent as
+streaming requests to any OpenAI-compatible server (pdtop serve --api-port, vLLM, SGLang) after
+one uncounted warm-up request, at --request-rate with gamma arrivals (--burstiness); it prints
+vLLM's table (throughput, goodput, TTFT, TPOT, ITL, E2EL) and --save-result writes vLLM's result
+JSON (docs/bench_url.md). Ctrl+C reports what finished and exits 130.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from dataclasses import asdict
 from typing import TYPE_CHECKING
@@ -24,6 +28,7 @@ from pdtop.engine.scheduling.policies import POLICIES
 from pdtop.telemetry.encode import encode
 
 if TYPE_CHECKING:
+    from pdtop.analysis.policy_bench import PolicyRun, Scenario
     from pdtop.engine.engine import Engine
 
 
@@ -68,8 +73,8 @@ def run(args: argparse.Namespace) -> int:
         return _bench_url.run(args)
     from dataclasses import replace
 
-    from pdtop.analysis.policy_bench import SCENARIOS, Observer, run_bench, trace_rows
-    from pdtop.analysis.round_trace import RoundTracer, slow_step_report
+    from pdtop.analysis.policy_bench import SCENARIOS, Observer, run_bench
+    from pdtop.analysis.round_trace import RoundTracer
     from pdtop.engine.build import build_engine, parse_device
     from pdtop.engine.runtime.heap import freeze_startup_heap
     from pdtop.engine.scheduling.pdmux_config import PdmuxConfig, load_pdmux_config
@@ -94,9 +99,30 @@ def run(args: argparse.Namespace) -> int:
         policies = list(POLICIES) if args.policy == "all" else [args.policy]
         config = load_pdmux_config(args.config) if args.config else PdmuxConfig()
         load_before = _loadavg()
-        runs = run_bench(make_engine, policies, sc, progress, RoundTracer if args.trace else Observer)
+        runs: dict[str, PolicyRun] = {}
+        interrupted = False
+        try:
+            run_bench(make_engine, policies, sc, progress, RoundTracer if args.trace else Observer, runs)
+        except KeyboardInterrupt:  # Ctrl+C: report the policies that finished
+            interrupted = True
     except INPUT_ERRORS as exc:
         return fail("bench", exc)
+    if interrupted:
+        if not runs:
+            print("pdtop bench: interrupted before a policy finished", file=sys.stderr)
+            return 128 + signal.SIGINT
+        _report(args, sc, runs, load_before)
+        print(f"pdtop bench: interrupted: {len(runs)} of {len(policies)} policies finished; "
+              "the figures above are theirs", file=sys.stderr)
+        return 128 + signal.SIGINT
+    return _report(args, sc, runs, load_before)
+
+
+def _report(args: argparse.Namespace, sc: Scenario, runs: dict[str, PolicyRun], load_before: list[float]) -> int:
+    """Print the finished policies' figures (a table, or --json's object) and write --trace."""
+    from pdtop.analysis.policy_bench import trace_rows
+    from pdtop.analysis.round_trace import slow_step_report
+
     load = {"before": load_before, "after": _loadavg()}
     results = {p: {k: v for k, v in r.summary.items() if k != "decode_units"} for p, r in runs.items()}
     if args.trace:

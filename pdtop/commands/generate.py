@@ -14,6 +14,7 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 
@@ -104,24 +105,30 @@ def run(args: argparse.Namespace) -> int:
                                              max_tokens=args.max_tokens))
         out = sys.stdout
         stream = tokenizer.stream_decoder()
+        interrupted = False
         t0 = time.perf_counter()
         t1 = t0
-        for token in generate(runner, req):
-            if len(req.output_ids) == 1:
-                t1 = time.perf_counter()
-            if req.finish_reason == "eos":
-                break
-            out.write(f"{token} " if synthetic else stream.push(token))
-            out.flush()
+        try:
+            for token in generate(runner, req):
+                if len(req.output_ids) == 1:
+                    t1 = time.perf_counter()
+                if req.finish_reason == "eos":
+                    break
+                out.write(f"{token} " if synthetic else stream.push(token))
+                out.flush()
+        except KeyboardInterrupt:  # Ctrl+C: end the line and say what was done, as a finished run does
+            interrupted = True
         t2 = time.perf_counter()
         out.write(("" if synthetic else stream.flush()) + "\n")
         out.flush()
     except INPUT_ERRORS as e:
         return fail("generate", e)
-    except KeyboardInterrupt:
-        return 130
-    n_decode = len(req.output_ids) - 1
+    n_decode = max(0, len(req.output_ids) - 1)
     rate = f"{n_decode / (t2 - t1):.1f} tok/s" if n_decode and t2 > t1 else "n/a"
-    print(f"prefill {len(ids)} tokens in {(t1 - t0) * 1e3:.1f} ms; decode {n_decode} tokens at {rate}; "
-          f"finish: {req.finish_reason}; {cfg.name} {args.dtype} on {args.device}", file=sys.stderr)
+    finish = "interrupted (Ctrl+C)" if interrupted else req.finish_reason
+    prefill = f"{(t1 - t0) * 1e3:.1f} ms" if req.output_ids else "- (interrupted)"
+    print(f"prefill {len(ids)} tokens in {prefill}; decode {n_decode} tokens at {rate}; "
+          f"finish: {finish}; {cfg.name} {args.dtype} on {args.device}", file=sys.stderr)
+    if interrupted:
+        return 128 + signal.SIGINT
     return 0

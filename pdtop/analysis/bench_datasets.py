@@ -1,0 +1,124 @@
+"""`bench --url`'s datasets from files, sampled as `vllm bench serve` samples them
+(`vllm/benchmarks/datasets/`: `sharegpt.py`, `custom.py`, `utils.is_valid_sequence`,
+`abstractions.maybe_oversample_requests`). Each gives prompts as `(text, max_tokens, prompt_len)`,
+the length counted with the local tokenizer (the server's `usage` replaces it when it reports one).
+
+- `sharegpt`: a JSON list of `{"conversations": [{"from": "human", "value": ...}, {"from": "gpt",
+  "value": ...}, ...]}`. Entries with fewer than two turns are dropped, the rest shuffled with
+  Python's `random` seeded by `seed`; turn 0 is the prompt and turn 1's token length the output length
+  (unless `output_len` is given); pairs with a prompt or output under 4 tokens, a prompt over 1024 or
+  both over 2048 are skipped.
+- `custom`: a JSONL of `{"prompt": ..., "output_len": ...}` (vLLM reads only `prompt`; pdtop also takes
+  each line's `output_len`, else `output_len`, else vLLM's 256), shuffled the same way; the prompt is
+  put through the chat template unless `chat` is None (vLLM's `--skip-chat-template`).
+
+Too few usable samples are topped up by seeded `random.choice`, as vLLM oversamples. A file that is
+not what it should be raises DatasetError (a ValueError) with one line naming it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+from collections.abc import Callable
+from typing import Any
+
+MAX_DATASET_BYTES = 1 << 30  # read whole, as vLLM does: bounded so a wrong path cannot exhaust memory
+CUSTOM_OUTPUT_LEN = 256  # vLLM's --custom-output-len default
+
+Sample = tuple[str, int, int]  # (prompt text, max_tokens, prompt tokens)
+
+
+class DatasetError(ValueError):
+    pass
+
+
+def is_valid_sequence(prompt_len: int, output_len: int, min_len: int = 4, max_prompt_len: int = 1024,
+                      max_total_len: int = 2048, skip_min_output_len_check: bool = False) -> bool:
+    """vLLM's pruning of ShareGPT pairs."""
+    return not (prompt_len < min_len or (not skip_min_output_len_check and output_len < min_len)
+                or prompt_len > max_prompt_len or prompt_len + output_len > max_total_len)
+
+
+def _read(path: str) -> str:
+    try:
+        size = os.path.getsize(path)
+        if size > MAX_DATASET_BYTES:
+            raise DatasetError(f"{path}: {size} bytes, over the {MAX_DATASET_BYTES} a dataset may have")
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except OSError as exc:
+        raise DatasetError(f"{path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise DatasetError(f"{path}: not UTF-8 text") from None
+
+
+def _oversample(samples: list[Sample], num: int, seed: int) -> list[Sample]:
+    if len(samples) < num:
+        random.seed(seed)
+        samples = samples + [random.choice(samples) for _ in range(num - len(samples))]
+    return samples
+
+
+def _turn(entry: Any, i: int) -> str | None:
+    """The text of turn `i` of a ShareGPT entry, None when it is not there or not text."""
+    turn = entry["conversations"][i]
+    return turn["value"] if isinstance(turn, dict) and isinstance(turn.get("value"), str) else None
+
+
+def sharegpt_prompts(path: str, encode: Callable[[str], list[int]], num: int, seed: int = 0,
+                     output_len: int | None = None) -> list[Sample]:
+    try:
+        data = json.loads(_read(path))
+    except ValueError as exc:
+        if isinstance(exc, DatasetError):
+            raise
+        raise DatasetError(f"{path}: not JSON ({exc})") from None
+    if not isinstance(data, list):
+        raise DatasetError(f"{path}: ShareGPT's file is a JSON list of {{\"conversations\": [...]}} objects")
+    data = [e for e in data if isinstance(e, dict) and isinstance(e.get("conversations"), list)
+            and len(e["conversations"]) >= 2]
+    random.seed(seed)
+    random.shuffle(data)
+    samples: list[Sample] = []
+    for entry in data:
+        if len(samples) >= num:
+            break
+        prompt, completion = _turn(entry, 0), _turn(entry, 1)
+        if prompt is None or completion is None:
+            continue
+        prompt_len = len(encode(prompt))
+        new_output_len = len(encode(completion)) if output_len is None else output_len
+        if is_valid_sequence(prompt_len, new_output_len, skip_min_output_len_check=output_len is not None):
+            samples.append((prompt, new_output_len, prompt_len))
+    if not samples:
+        raise DatasetError(f"{path}: no conversation with a prompt of 4 to 1024 tokens and an answer "
+                           "of at least 4 (2048 in all), as vLLM samples ShareGPT")
+    return _oversample(samples, num, seed)
+
+
+def custom_prompts(path: str, encode: Callable[[str], list[int]], num: int, seed: int = 0,
+                   output_len: int | None = None, chat: Callable[[str], str] | None = None) -> list[Sample]:
+    rows: list[tuple[str, int]] = []
+    for n, line in enumerate(_read(path).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            raise DatasetError(f"{path}:{n}: not a JSON object") from None
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+            raise DatasetError(f"{path}:{n}: each line needs \"prompt\" (text)")
+        size = row.get("output_len", CUSTOM_OUTPUT_LEN)
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise DatasetError(f"{path}:{n}: \"output_len\" must be an integer >= 1, got {size!r}")
+        rows.append((row["prompt"], output_len or size))
+    if not rows:
+        raise DatasetError(f"{path}: no prompts (one JSON object a line, with \"prompt\")")
+    random.seed(seed)
+    random.shuffle(rows)
+    samples: list[Sample] = []
+    for prompt, size in rows[:num]:
+        text = chat(prompt) if chat is not None else prompt
+        samples.append((text, size, len(encode(text))))
+    return _oversample(samples, num, seed)
