@@ -130,3 +130,30 @@ def test_overlap_needs_divisions_live_too():
     assert err.value.field == "overlap_decode_full_sm"
     assert config.replace(overlap_decode_full_sm=False, manual_divisions=[[104, 28, 0]]).manual_divisions == \
         [[104, 28, 0]]
+
+
+@pytest.mark.parametrize("command", [["serve", "--port", "0"], ["dashboard"]])
+def test_serve_and_the_dashboard_take_sglangs_files(command):
+    """The issue's `unknown keys` from serve and the dashboard: their --config check takes both keys."""
+    from pdtop.cli import build_parser
+    from pdtop.commands.serve import check_inputs
+
+    args = build_parser().parse_args([*command, "--device", "sim:H100", "--config", data("overlap_layer_cap.yaml")])
+    config = check_inputs(args)
+    assert (config.max_split_forward_layers, config.overlap_decode_full_sm) == (2, True)
+
+
+def test_bench_runs_sglangs_file(capsys):
+    assert main(["bench", "--device", "sim:H100", "--policy", "pdmux", "--long-prompts", "1", "--json",
+                 "--config", data("overlap_layer_cap.yaml")]) == 0
+    assert list(json.loads(capsys.readouterr().out)["results"]) == ["pdmux"]
+
+
+@pytest.mark.parametrize("command", [["serve", "--port", "0"], ["dashboard"], ["bench"]])
+def test_serve_bench_and_the_dashboard_refuse_in_one_line(tmp_path, capsys, command):
+    bad = tmp_path / "pdmux.yaml"
+    bad.write_text("sm_group_num: 3\noverlap_decode_full_sm: true\n")
+    assert main([*command, "--device", "sim:H100", "--config", str(bad)]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "error" in line]
+    assert len(lines) == 1 and "overlap_decode_full_sm" in lines[0] and "Traceback" not in err, err
