@@ -96,3 +96,29 @@ def test_overlap_gives_decode_the_whole_device_and_costs_the_prefill(name):
     assert step_o < 0.6 * step_x  # decode on 132 SMs (66 saturate it) instead of 28
     # decode (high priority) takes 66 - 28 = 38 of the prefill's 104 SMs while it runs
     assert ttft_o > 1.3 * ttft_x
+
+
+def test_overlap_set_live_rebuilds_the_levels_and_is_refused_without_divisions():
+    from pdtop.engine.errors import ControlError
+
+    engine = build_engine("sim:H100", config=PdmuxConfig(sm_group_num=3, manual_divisions=[[104, 28, 1]]))
+    try:
+        engine.control(Set({"overlap_decode_full_sm": True}))
+        engine.step()
+        assert engine.config_record().levels == [(132, 0), (104, 132), (0, 132)]
+        assert engine.config_record().overlap_decode_full_sm is True
+        with pytest.raises(ControlError) as err:
+            engine.control(Set({"manual_divisions": []}))  # overlap needs them
+        assert err.value.field == "overlap_decode_full_sm"
+        engine.control(Set({"overlap_decode_full_sm": False}))
+        engine.step()
+        assert engine.config_record().levels == [(132, 0), (104, 28), (0, 132)]
+    finally:
+        engine.close()
+    plain = build_engine("sim:H100")
+    try:
+        with pytest.raises(ControlError) as err:
+            plain.control(Set({"overlap_decode_full_sm": True}))
+        assert err.value.field == "overlap_decode_full_sm"
+    finally:
+        plain.close()
