@@ -12,7 +12,8 @@ DOCS = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
 # (`model/llama.py` in a section about pdtop/engine/, say).
 ROOTED = ("pdtop/", "tests/", "bench/", "docs/", "themes/")
 # Other projects' files, cited where pdtop follows them (docs/levels.md: SGLang).
-ELSEWHERE = {"python/sglang/srt/multiplex/pdmux_context.py", "multiplexing_mixin.py"}
+ELSEWHERE = {"python/sglang/srt/multiplex/pdmux_context.py", "multiplexing_mixin.py",
+             "test/registered/unit/multiplex/test_pdmux_overlap_streams.py"}  # in SGLang
 PACKAGE_FILES = [p.relative_to(ROOT).as_posix() for p in (ROOT / "pdtop").rglob("*.py")]
 
 

@@ -9,6 +9,7 @@ Times are roofline estimates from `cost` and `kv`.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -82,10 +83,13 @@ def estimate(spec: GpuSpec, cfg: ModelConfig, decode_bs: int = 32, context: int 
 
     table = SplitTable.for_gpu(spec.sms, spec.cc_major, config)
     p_sm, d_sm = table.groups[table.choose(decode_bs, True, config)]
-    t = prefill_time(spec, prefill_flops(cfg, prompt), p_sm)
+    overlap = " (overlapped)" if p_sm + d_sm > spec.sms else ""
     for s_sat in s_sats:
         itl = decode_time(dataclasses.replace(spec, s_sat=s_sat), decode_bytes(cfg, [context] * decode_bs), d_sm)
-        rows.append(EstimateRow(f"PD mux {p_sm}/{d_sm}, S_SAT={_num(s_sat)}", "pdmux", itl * 1e3, t * 1e3,
+        # overlapped (decode on the whole device): decode, always running, takes S_SAT SMs, its own first
+        taken = max(0, min(spec.sms, math.ceil(s_sat)) - (spec.sms - p_sm)) if overlap else 0
+        t = prefill_time(spec, prefill_flops(cfg, prompt), max(1, p_sm - taken))
+        rows.append(EstimateRow(f"PD mux {p_sm}/{d_sm}{overlap}, S_SAT={_num(s_sat)}", "pdmux", itl * 1e3, t * 1e3,
                                 t / itl, None, p_sm, d_sm, s_sat))
     if link is not None:
         rows.append(disagg_row(spec, cfg, prompt, base, link))

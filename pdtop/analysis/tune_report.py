@@ -16,7 +16,10 @@ def describe_config(config: PdmuxConfig) -> str:
         split = f"manual_divisions={config.manual_divisions}"
     else:
         split = f"sm_group_num={config.sm_group_num} decode_bs_divisor={config.decode_bs_divisor}"
-    return f"{split} budget={config.split_forward_token_budget}"
+    if config.overlap_decode_full_sm:
+        split += " overlap_decode_full_sm"
+    cap = f" max_layers={config.max_split_forward_layers}" if config.max_split_forward_layers else ""
+    return f"{split} budget={config.split_forward_token_budget}{cap}"
 
 
 def _num(value: float, fmt: str) -> str:

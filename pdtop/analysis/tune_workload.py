@@ -48,7 +48,7 @@ from pdtop.engine.request import Request
 from pdtop.engine.roofline.partition import arch_constraints
 from pdtop.engine.scheduling.commands import Set
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
-from pdtop.engine.scheduling.splits import SplitTable, prefill_layers_per_step
+from pdtop.engine.scheduling.splits import SplitTable, prefill_layers_per_step, slice_layers
 
 LONG_MAX_TOKENS = 4  # each long prompt decodes this many tokens, then leaves
 WARMUP_ROUNDS = 8  # decode-only rounds before the candidate is applied
@@ -162,34 +162,43 @@ def pdmux_space(table: SplitTable, sc: Scenario, num_layers: int) -> SearchSpace
       values where the level chosen for the window's decode batch sizes changes, and 36);
     - manual: one division `[prefill, decode, 1]` (used whenever both sides run), prefill units in
       steps of the device's granularity;
-    - both: `split_forward_token_budget` as layers per round for a long prompt (1 .. all layers).
+    - overlap: the same division with `overlap_decode_full_sm` (decode on the whole device beside it);
+    - all: `split_forward_token_budget` as layers per round for a long prompt (1 .. all layers), and
+      `max_split_forward_layers` (0: off, 1, 2, 4). The long prompts arrive while decode runs, so a
+      cap below the budget's layers behaves as that smaller budget would: the key says so.
     """
     bs_range = range(sc.decode_bs, sc.decode_bs + sc.long_prompts + 1)
     total, budgets = table.units, Axis("layers_per_round", tuple(range(1, num_layers + 1)))
+    caps = Axis("max_split_forward_layers", (0, 1, 2, 4))
     most = len(table.rebuilt(PdmuxConfig(sm_group_num=256)).groups)
     divisors = {36} | {max(1, bs * m // level + e) for m in range(1, most - 1) for bs in bs_range
                        for level in range(1, m + 1) for e in (0, 1)}
     min_part, step = arch_constraints(table.cc_major) if table.cc_major is not None else (1, 1)
 
-    def auto(v: dict[str, int]) -> PdmuxConfig:
-        return PdmuxConfig(sm_group_num=v["sm_group_num"], decode_bs_divisor=v["decode_bs_divisor"],
-                           split_forward_token_budget=v["layers_per_round"] * sc.long_tokens)
+    def sliced(config: PdmuxConfig, v: dict[str, int]) -> PdmuxConfig:
+        return config.replace(split_forward_token_budget=v["layers_per_round"] * sc.long_tokens,
+                              max_split_forward_layers=v["max_split_forward_layers"])
 
-    def manual(v: dict[str, int]) -> PdmuxConfig:
+    def auto(v: dict[str, int]) -> PdmuxConfig:
+        return sliced(PdmuxConfig(sm_group_num=v["sm_group_num"], decode_bs_divisor=v["decode_bs_divisor"]), v)
+
+    def manual(v: dict[str, int], overlap: bool = False) -> PdmuxConfig:
         p = v["prefill_units"]
-        return PdmuxConfig(sm_group_num=3, manual_divisions=[[p, total - p, 1]],
-                           split_forward_token_budget=v["layers_per_round"] * sc.long_tokens)
+        return sliced(PdmuxConfig(sm_group_num=3, manual_divisions=[[p, total - p, 1]],
+                                  overlap_decode_full_sm=overlap), v)
 
     def key(config: PdmuxConfig) -> tuple[Any, ...]:
         t = table.rebuilt(config)  # ConfigError when a manual split does not fit the device
         splits = tuple(t.groups[t.choose(bs, True, config)] for bs in bs_range)
-        return splits, prefill_layers_per_step(sc.long_tokens, num_layers, config.token_budget)
+        layers = prefill_layers_per_step(sc.long_tokens, num_layers, config.token_budget)
+        return splits, slice_layers(layers, config.max_split_forward_layers, True)
 
+    prefill = Axis("prefill_units", tuple(range(min_part, total - min_part + 1, step)))
     return SearchSpace((
         Family("auto", (Axis("sm_group_num", tuple(range(3, most + 1))),
-                        Axis("decode_bs_divisor", tuple(sorted(divisors))), budgets), auto),
-        Family("manual", (Axis("prefill_units", tuple(range(min_part, total - min_part + 1, step))), budgets),
-               manual),
+                        Axis("decode_bs_divisor", tuple(sorted(divisors))), budgets, caps), auto),
+        Family("manual", (prefill, budgets, caps), manual),
+        Family("overlap", (prefill, budgets, caps), lambda v: manual(v, overlap=True)),
     ), key)
 
 

@@ -35,8 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--s-sat", default="44,66,88",
                         help="SM counts at which decode saturates bandwidth, one pdmux row each (default: 44,66,88)")
     parser.add_argument("--config", metavar="FILE",
-                        help="SGLang pdmux YAML (sm_group_num, manual_divisions, decode_bs_divisor) "
-                             "for the split choice")
+                        help="SGLang pdmux YAML (sm_group_num, manual_divisions, decode_bs_divisor, "
+                             "overlap_decode_full_sm) for the split choice")
     parser.add_argument("--link", default="rdma400",
                         help=f"the link of the PD disaggregation row: {LINK_HELP}, a number in GB/s "
                              "(10^9 bytes/s), or none for no such row (default: rdma400)")

@@ -34,7 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sm-group-num", metavar="K",
                         help="levels in all, including the two whole-device ones (default 8)")
     parser.add_argument("--config", metavar="FILE",
-                        help="SGLang pdmux YAML (sm_group_num, manual_divisions, decode_bs_divisor)")
+                        help="SGLang pdmux YAML (sm_group_num, manual_divisions, decode_bs_divisor, "
+                             "overlap_decode_full_sm, ...)")
     parser.add_argument("--json", action="store_true", help="print the levels as one JSON object")
     parser.epilog = "With no device option, the levels of an H100 (132 SMs, 9.0) are shown."
 
@@ -72,7 +73,8 @@ def _resolve(args: argparse.Namespace) -> tuple[str, int, int | None, int]:
 def _realized(device: str | None, units: int, major: int,
               groups: list[tuple[int, int]]) -> list[tuple[int, int] | None]:
     """Each level as it runs: from the driver's green contexts (--device cuda), else predicted."""
-    from pdtop.engine.devices.sm_split import PartitionLimits, plan_split
+    from pdtop.engine.devices.sm_split import PartitionLimits, plan_level
+    from pdtop.engine.roofline.partition import overlaps
 
     if device and device.startswith("cuda"):
         from pdtop.engine.build import parse_device
@@ -86,18 +88,19 @@ def _realized(device: str | None, units: int, major: int,
                 if not (p and d):
                     out.append((p, d))
                     continue
+                over = overlaps((p, d), units)  # decode on the whole device beside prefill's green context
                 try:
-                    pair = gc.split(p, d)
+                    pair = gc.split(p, units - p if over else d)
                 except DeviceError:
                     out.append(None)
                     continue
-                out.append(pair.realized)
+                out.append((pair.realized[0], units) if over else pair.realized)
                 gc.destroy(pair)
         finally:
             gc.close()
         return out
     limits = PartitionLimits.from_table(major)
-    return [(p, d) if not (p and d) else plan_split(p, d, units, limits) for p, d in groups]
+    return [plan_level(p, d, units, limits) for p, d in groups]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -139,6 +142,8 @@ def run(args: argparse.Namespace) -> int:
     unit = table.unit_name
     arch = "" if major is None else f", compute capability {major}.{minor}"
     how = "manual divisions" if table.manual else f"sm_group_num {config.sm_group_num}"
+    if config.overlap_decode_full_sm:
+        how += "; overlap_decode_full_sm: decode on the whole device beside each division's prefill"
     print(f"{name}: {units} {unit}{arch}, {len(groups)} levels ({how})")
     pw, dw = len(f"prefill {unit}"), len(f"decode {unit}")
     print(f"level  prefill {unit}  decode {unit}" + ("  realized" if realized else ""))

@@ -1,6 +1,7 @@
 """Find the PD multiplexing configuration (SGLang's sm_group_num, manual_divisions,
-split_forward_token_budget, decode_bs_divisor) that meets the SLOs with the best goodput, for a
-device, model and workload, and write it as SGLang's --pdmux-config-path YAML.
+split_forward_token_budget, max_split_forward_layers, decode_bs_divisor, overlap_decode_full_sm)
+that meets the SLOs with the best goodput, for a device, model and workload, and write it as
+SGLang's --pdmux-config-path YAML.
 
 Each candidate runs `pdtop bench`'s seeded scenario (requests decoding while long prompts arrive
 one after another; --workload changes it) and is measured for ITL p99, TTFT p99, prefill

@@ -36,6 +36,9 @@ class EngineConfig:
     levels: list[tuple[int, int]]  # (prefill units, decode units); index = level
     workload_rate: float
     workload_paused: bool
+    # SGLang's newer knobs, on the wire only when on (absent: 0 / false, as in recordings made before them)
+    max_split_forward_layers: int | None = field(default=None, metadata=IF_SET)  # the slice cap while decode runs
+    overlap_decode_full_sm: bool | None = field(default=None, metadata=IF_SET)  # decode on the whole device
 
 
 @dataclass

@@ -55,7 +55,9 @@ def pdmux_of(config: EngineConfig) -> PdmuxConfig:
     """The SGLang knobs of an engine's configuration (what a candidate sets)."""
     return PdmuxConfig(sm_group_num=config.sm_group_num, manual_divisions=[list(d) for d in config.manual_divisions],
                        split_forward_token_budget=config.split_forward_token_budget,
-                       decode_bs_divisor=config.decode_bs_divisor, chunk_size=config.chunk_size)
+                       decode_bs_divisor=config.decode_bs_divisor, chunk_size=config.chunk_size,
+                       max_split_forward_layers=config.max_split_forward_layers or 0,
+                       overlap_decode_full_sm=bool(config.overlap_decode_full_sm))
 
 
 def live_space(config: EngineConfig) -> SearchSpace:

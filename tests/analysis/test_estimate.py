@@ -42,6 +42,20 @@ def test_estimate_follows_the_split_choice():
     assert {r.decode_sms for r in estimate(H100, QWEN, config=manual) if r.kind == "pdmux"} == {68}
 
 
+def test_an_overlapped_split_prices_decode_on_the_whole_device_and_its_take_off_the_prefill():
+    overlapped = PdmuxConfig(sm_group_num=3, manual_divisions=[[104, 0, 1]], overlap_decode_full_sm=True)
+    rows = {r.s_sat: r for r in estimate(H100, QWEN, config=overlapped) if r.kind == "pdmux"}
+    exclusive = {r.s_sat: r for r in estimate(H100, QWEN, config=PdmuxConfig(
+        sm_group_num=3, manual_divisions=[[104, 28, 1]])) if r.kind == "pdmux"}
+    whole = next(r for r in estimate(H100, QWEN) if r.kind == "decode-only")
+    assert {(r.prefill_sms, r.decode_sms) for r in rows.values()} == {(104, 132)}
+    assert all("overlapped" in r.name for r in rows.values())
+    for s_sat, row in rows.items():
+        assert row.itl_ms == pytest.approx(whole.itl_ms)  # decode as on the whole device
+        # decode takes S_SAT SMs, 28 of them its own: the prefill keeps 104 - (S_SAT - 28)
+        assert row.prefill_ms == pytest.approx(exclusive[s_sat].prefill_ms * 104 / (104 - (s_sat - 28)), rel=1e-6)
+
+
 def run_cli(*args):
     return subprocess.run([sys.executable, "-m", "pdtop", "estimate", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)

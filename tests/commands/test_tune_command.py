@@ -40,7 +40,8 @@ def test_tuned_config_meets_an_slo_the_default_misses(tuned):
     data = json.loads(proc.stdout)
     assert data["slo"] == {"itl_ms": SLO_ITL_MS, "ttft_ms": None}
     assert data["default"]["config"] == {"sm_group_num": 8, "manual_divisions": [],
-                                         "split_forward_token_budget": 65536, "decode_bs_divisor": 36}
+                                         "split_forward_token_budget": 65536, "max_split_forward_layers": 0,
+                                         "decode_bs_divisor": 36, "overlap_decode_full_sm": False}
     assert not data["default"]["meets_slo"] and data["default"]["itl_p99_ms"] > SLO_ITL_MS
     chosen = data["chosen"]
     assert chosen["meets_slo"] and chosen["itl_p99_ms"] <= SLO_ITL_MS

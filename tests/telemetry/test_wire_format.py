@@ -113,12 +113,37 @@ def test_a_real_sim_engines_hello_config_and_seek_match_the_documented_tables(te
     # the prose under the device table names the sim's own facts: cc, peak_flops, s_sat
     _check_against_table(engine["device"], tables["hello.engine.device"], "hello.engine.device",
                          {"cc", "peak_flops", "s_sat"})
+    # SGLang's newer knobs are keys only when on (test_config_writes_sglangs_newer_knobs_only_when_on)
+    tables["hello.engine.config"] = {k: w for k, w in tables["hello.engine.config"].items() if k not in WHEN_ON}
     for name in ("limits", "totals", "config"):
         _check_against_table(engine[name], tables[f"hello.engine.{name}"], f"hello.engine.{name}")
     _check_against_table(config, tables["config"], "config", envelope)
     _check_against_table(config["config"], tables["hello.engine.config"], "config.config")
     _check_against_table(seek, tables["seek"], "seek", envelope)
     _check_against_table(seek["config"], tables["hello.engine.config"], "seek.config")
+
+
+WHEN_ON = {"max_split_forward_layers": 3, "overlap_decode_full_sm": True}
+
+
+def test_config_writes_sglangs_newer_knobs_only_when_on():
+    from pdtop.engine.build import build_engine
+    from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
+
+    config = PdmuxConfig(sm_group_num=3, manual_divisions=[[104, 0, 1]], max_split_forward_layers=3,
+                         overlap_decode_full_sm=True)
+    for cfg, want in ((config, WHEN_ON), (PdmuxConfig(), {})):
+        engine = build_engine("sim:H100", config=cfg)
+        try:
+            record = engine.config_record()
+        finally:
+            engine.close()
+        written = json.loads(json.dumps(encode.plain(record)))
+        assert {k: written[k] for k in WHEN_ON if k in written} == want
+        back = decode_event({**json.loads(CONFIG_EVENT_BEFORE), "config": written})
+        assert back.config == record
+        assert (back.config.max_split_forward_layers or 0, bool(back.config.overlap_decode_full_sm)) == \
+            (cfg.max_split_forward_layers, cfg.overlap_decode_full_sm)
 
 
 def test_a_device_writes_its_own_facts_flat_and_no_peak_bw_it_does_not_know():

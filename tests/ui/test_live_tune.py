@@ -104,7 +104,8 @@ async def test_keep_leaves_the_best_in_force(served, until):
         await pilot.press("k")
         told = await _told(pilot, until, "kept")
         want = {k: v for k, v in best.config.to_dict().items() if k != "chunk_size"}
-        assert {k: told[k] for k in want} == want  # in force before the operator is told
+        off = {"max_split_forward_layers": 0, "overlap_decode_full_sm": False}  # keys on the wire only when on
+        assert {k: told.get(k, off.get(k)) for k in want} == want  # in force before the operator is told
         assert engine.config_record().pinned_level is None  # the automatic choice the candidates ran with
         await until(pilot, lambda: not isinstance(app.screen, TuneScreen), "the panel closed")
 
@@ -169,3 +170,18 @@ async def test_keep_refuses_what_was_never_measured(until):
             assert told == before and "never measured" in next(m for m, _ in app.told if "nothing kept" in m)
     finally:
         es.close()
+
+
+def test_the_knobs_in_force_keep_sglangs_newer_ones():
+    """What a rollback restores: the cap and overlap in force, not their defaults."""
+    from pdtop.engine.build import build_engine
+    from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
+    from pdtop.ui.live_tune import pdmux_of
+
+    config = PdmuxConfig(sm_group_num=3, manual_divisions=[[104, 0, 1]], split_forward_token_budget=65536,
+                         max_split_forward_layers=3, overlap_decode_full_sm=True)
+    engine = build_engine("sim:H100", config=config)
+    try:
+        assert pdmux_of(engine.config_record()) == engine.config == config
+    finally:
+        engine.close()

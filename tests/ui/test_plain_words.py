@@ -116,3 +116,29 @@ def test_pinning_a_cpu_side_to_no_cores_is_called_out(ev, running, waiting, leve
     state.running, state.waiting = running, waiting
     said = shared_side(state, level)
     assert (said is None) if why is None else said.startswith(why)
+
+
+async def test_an_overlapped_split_reads_decode_on_the_whole_device(until):
+    """overlap_decode_full_sm: decode's 132 SMs are the whole device beside prefill's 104, not a share."""
+    from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
+
+    config = PdmuxConfig(sm_group_num=3, manual_divisions=[[104, 0, 1]], overlap_decode_full_sm=True,
+                         max_split_forward_layers=2)
+    engine = build_engine(device="sim:H100", model="synthetic:qwen3-8b", config=config, workload=WorkloadSpec(rate=0.0))
+    for _ in range(4):
+        engine.submit(engine.prompts.make(256), 500, ignore_eos=True)
+    engine.run_until_idle(max_rounds=10)
+    engine.submit(engine.prompts.make(8192), 4, ignore_eos=True)
+    es = EngineServer(engine, manual=True).start()
+    app = PdtopApp(LiveSource(es.url, token=es.token))
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: app.connection == "live", "live")
+            engine.step()
+            await until(pilot, lambda: app.state.rounds_seen >= 1, "a round")
+            app.repaint()
+            split = " ".join(t.plain for t in app.query_one("SplitPanel")._last_texts)
+            assert "decode all 132 SMs, overlapping" in split and "prefill 104 SMs" in split
+            assert "max layers 2" in split and "overlap" in split
+    finally:
+        es.close()

@@ -6,7 +6,9 @@ through `torch.cuda.ExternalStream`; the two end levels ("all to prefill", "all 
 decode") use plain torch streams on the whole device. Kernels launch asynchronously,
 so `submit_prefill` returns as soon as the prefill kernels are queued and decode runs
 on its own SMs meanwhile (docs/gpu.md). Green contexts isolate SMs only: memory
-bandwidth and L2 stay shared.
+bandwidth and L2 stay shared. An overlapped level (`overlap_decode_full_sm`, `(p, all SMs)`)
+is SGLang's: prefill on the first half of a `(p, total - p)` green-context pair (the other
+half is kept, unused), decode on a plain whole-device stream at high priority.
 
 Work.run() rules on this device: it runs with the side's stream current, so tensors
 it makes belong to that stream; a prefill's run() must not synchronize (no .item(),
@@ -26,7 +28,7 @@ from pdtop.engine.description import DeviceDescription
 from pdtop.engine.devices.base import Device, R, Work
 from pdtop.engine.devices.green_ctx import INSTALL_HINT, GreenContexts, GreenPair
 from pdtop.engine.errors import DeviceError
-from pdtop.engine.roofline.partition import stream_groups
+from pdtop.engine.roofline.partition import overlaps, stream_groups
 
 if TYPE_CHECKING:  # torch is imported when a device is made (`cuda_unavailable_reason` first says why it cannot)
     import torch
@@ -35,6 +37,7 @@ log = logging.getLogger(__name__)
 MAX_CONNECTIONS_ENV = "CUDA_DEVICE_MAX_CONNECTIONS"
 DEFAULT_MAX_CONNECTIONS = "32"  # the most hardware work queues; CUDA's default is 8
 PREFILL_SLICES_IN_FLIGHT = 2
+OVERLAP_DECODE_PRIORITY = -1  # torch: lower is sooner; SGLang's overlapped decode stream uses -1
 _connections_note: dict[str, Any] = {}
 
 
@@ -168,6 +171,8 @@ class CudaDevice(Device):
     # -- levels ------------------------------------------------------------------------------
     def _make_level(self, group: tuple[int, int]) -> _Level:
         p, d = group
+        if overlaps(group, self.units) and d == self.units and 0 < p < self.units:
+            return self._make_overlapped(group)
         if p < 0 or d < 0 or p + d > self.units or p + d == 0:
             raise DeviceError(f"does not fit {self.name} ({self.units} SMs)")
         if p == 0 or d == 0:
@@ -177,6 +182,15 @@ class CudaDevice(Device):
         ext = self._torch.cuda.ExternalStream
         return _Level(group, pair.realized, ext(pair.prefill_stream, device=self.tdev),
                       ext(pair.decode_stream, device=self.tdev), pair)
+
+    def _make_overlapped(self, group: tuple[int, int]) -> _Level:
+        """SGLang's overlapped level: the prefill green context of a `(p, total - p)` pair (its decode
+        half reserved, unused), and decode on a plain stream of the whole device at high priority."""
+        pair = self.gc.split(group[0], self.units - group[0], self.balanced_workqueues)
+        torch = self._torch
+        prefill = torch.cuda.ExternalStream(pair.prefill_stream, device=self.tdev)
+        decode = torch.cuda.Stream(self.tdev, priority=OVERLAP_DECODE_PRIORITY)
+        return _Level(group, (pair.realized[0], self.units), prefill, decode, pair)
 
     def set_groups(self, groups: list[tuple[int, int]]) -> list[tuple[int, int] | None]:
         """Carve each split level (`GreenContexts.split`); a level the driver cannot make is dropped

@@ -8,6 +8,11 @@ bandwidth allows, so together they never stream more than the device achieves. A
 with no SMs (a whole-device level pinned while both sides have work) time-shares the
 other side's SMs: while both run, each goes at half speed.
 
+An overlapped level (`overlap_decode_full_sm`: `(p, all SMs)`) runs decode on the whole device
+at high priority beside a prefill capped at `p` SMs: while both run, decode takes the SMs it
+needs to go as fast as on the whole device (`decode_sms`), its own `total - p` first, and the
+prefill runs on what that leaves of its `p` (at least one); both still share the bandwidth.
+
 Work still runs (`work.run()`), but on the simulated device it only does bookkeeping, so
 the same scheduler drives it much faster than real time and deterministically.
 """
@@ -30,20 +35,25 @@ class _Running:
     work: Work[object]
     alone_s: float
     left: float = 1.0
+    beside_s: float | None = None  # an overlapped level's prefill: its time on the SMs decode leaves it
 
     def __post_init__(self) -> None:
         if self.alone_s <= 0:  # no FLOPs, no bytes: done at once
             self.left = 0.0
 
-    @property
-    def demand(self) -> float:
-        """Bytes/s it streams when nothing else runs."""
-        return self.work.bytes / self.alone_s if self.alone_s > 0 else 0.0
+    def pace(self, beside: bool) -> float:
+        """Seconds the whole work takes at its current speed (`beside`: the other side runs too)."""
+        return self.beside_s if beside and self.beside_s is not None else self.alone_s
 
-    def rate(self, granted: float) -> float:
+    def demand(self, beside: bool = False) -> float:
+        """Bytes/s it streams when the bandwidth is not short."""
+        pace = self.pace(beside)
+        return self.work.bytes / pace if pace > 0 else 0.0
+
+    def rate(self, granted: float, beside: bool = False) -> float:
         """Fraction of the work done per second with `granted` bytes/s."""
-        if self.work.bytes <= 0 or granted >= self.demand:
-            return 1.0 / self.alone_s
+        if self.work.bytes <= 0 or granted >= self.demand(beside):
+            return 1.0 / self.pace(beside)
         return granted / self.work.bytes
 
 
@@ -96,9 +106,10 @@ class SimDevice(Device):
     def _run_for(self, running: list[_Running], deadline: float) -> None:
         """Run `running` (one or both sides, sharing bandwidth; half speed each on a time-shared
         level) until the first of them ends or the clock reaches `deadline`."""
-        grants = share_bandwidth(self._bandwidth, [j.demand for j in running])
-        slow = 0.5 if 0 in self.groups[self.level] and len(running) == 2 else 1.0
-        rates = [j.rate(g) * slow for j, g in zip(running, grants, strict=True)]
+        beside = len(running) == 2
+        grants = share_bandwidth(self._bandwidth, [j.demand(beside) for j in running])
+        slow = 0.5 if 0 in self.groups[self.level] and beside else 1.0
+        rates = [j.rate(g, beside) * slow for j, g in zip(running, grants, strict=True)]
         dt = min(deadline - self.clock, *(j.left / r for j, r in zip(running, rates, strict=True)))
         for j, r in zip(running, rates, strict=True):
             j.left = 0.0 if j.left / r <= dt else j.left - r * dt
@@ -129,7 +140,20 @@ class SimDevice(Device):
         result, self._prefill_result = self._prefill_result, None
         return result
 
+    def decode_sms(self, work: Work[object]) -> int:
+        """The fewest SMs on which `work` decodes as fast as on the whole device (a high-priority decode
+        stream takes no more): S_SAT for memory-bound steps, more when the FLOPs dominate."""
+        full, lo, hi = self.decode_seconds(work, self.units), 1, self.units
+        while lo < hi:  # decode_seconds never grows with more SMs
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if self.decode_seconds(work, mid) <= full * (1 + 1e-9) else (mid + 1, hi)
+        return lo
+
     def run_decode(self, work: Work[R]) -> R:
+        p, d = self.groups[self.level]
+        if self._prefill is not None and p + d > self.units:  # overlapped: decode takes SMs off the prefill
+            taken = max(0, self.decode_sms(work) - (self.units - p))
+            self._prefill.beside_s = self.prefill_seconds(self._prefill.work, max(1, p - taken))
         self._advance(_Running(work, self.decode_seconds(work, self._side_units(1))))
         return work.run()
 

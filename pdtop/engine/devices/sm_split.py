@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pdtop.engine.roofline.partition import arch_constraints
+from pdtop.engine.roofline.partition import arch_constraints, overlaps
 
 Group = tuple[int, int]
 
@@ -60,3 +60,15 @@ def plan_split(prefill: int, decode: int, total: int, limits: PartitionLimits) -
     if p >= outer:
         return None
     return p, outer - p
+
+
+def plan_level(prefill: int, decode: int, total: int, limits: PartitionLimits) -> tuple[int, int] | None:
+    """A level as it runs: a whole-device one as asked, a split one by `plan_split`, an overlapped
+    one (`overlap_decode_full_sm`: decode on all `total` SMs) as SGLang makes it: prefill's part of
+    a `(prefill, total - prefill)` carve, beside the whole device for decode."""
+    if not (prefill and decode):
+        return prefill, decode
+    if overlaps((prefill, decode), total):
+        planned = plan_split(prefill, total - prefill, total, limits) if decode == total else None
+        return None if planned is None else (planned[0], total)
+    return plan_split(prefill, decode, total, limits)

@@ -41,6 +41,12 @@ def round_sms(count: int, major: int) -> int:
 Group = tuple[int, int]
 
 
+def overlaps(group: Group, total: int) -> bool:
+    """Whether a level's two sides share units: decode on the whole device beside a capped prefill
+    (SGLang's `overlap_decode_full_sm`), the only level whose `prefill + decode` passes the device."""
+    return group[0] + group[1] > total
+
+
 def divide_sm(total_sms: int, major: int, groups: int) -> list[Group]:
     """Candidate (prefill SMs, decode SMs) splits, prefill-heaviest first.
 

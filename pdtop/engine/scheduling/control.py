@@ -22,7 +22,7 @@ class Change:
 
     command: EngineCommand
     config: PdmuxConfig | None = None  # the knobs after it, when it sets any
-    table: SplitTable | None = None  # new levels when manual_divisions / sm_group_num change
+    table: SplitTable | None = None  # new levels when manual_divisions / sm_group_num / overlap change
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ def check(command: EngineCommand, *, config: PdmuxConfig, table: SplitTable, max
                 check_int("prompt_tokens", tokens, 1, max_prompt)
             case Set() if values := command.pdmux():
                 new = config.replace(**values)
-                rebuilt = {"manual_divisions", "sm_group_num"} & set(values)
+                rebuilt = {"manual_divisions", "sm_group_num", "overlap_decode_full_sm"} & set(values)
                 return Change(command, new, table.rebuilt(new) if rebuilt else None)
     except ConfigError as exc:
         raise ControlError(exc.field, exc.reason) from None

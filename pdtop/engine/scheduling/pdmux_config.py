@@ -1,10 +1,12 @@
 """The PD multiplexing knobs, compatible with SGLang's `--pdmux-config-path` YAML.
 
-SGLang's fields: `sm_group_num`, `manual_divisions` (a list of
+SGLang's fields, in its order: `sm_group_num`, `manual_divisions` (a list of
 `[prefill_sm, decode_sm, decode_bs_threshold]`), `split_forward_token_budget`,
-`decode_bs_divisor`. pdtop adds `chunk_size` for its chunked-prefill policy.
-Every value passes `validate`, whether it comes from a file, the constructor, or a live
-override through `PdmuxConfig.replace`.
+`max_split_forward_layers`, `decode_bs_divisor`, `overlap_decode_full_sm`. pdtop adds
+`chunk_size` for its chunked-prefill policy. Every value passes `validate`, whether it comes
+from a file, the constructor, or a live override through `PdmuxConfig.replace`, and the
+fields together pass SGLang's loader checks (`_check_together`); docs/levels.md names the
+SGLang source they follow.
 """
 from __future__ import annotations
 
@@ -23,6 +25,14 @@ def check_int(name: str, value: Any, minimum: int, maximum: int = INT_MAX) -> in
         raise ConfigError(name, f"must be an integer, got {value!r}")
     if not minimum <= value <= maximum:
         raise ConfigError(name, f"must be in {minimum}..{maximum}, got {value}")
+    return value
+
+
+def _bool(name: str, value: Any) -> bool:
+    """`value` if it is a YAML/JSON boolean, else ConfigError (SGLang takes any truthy value: the
+    string "false" would switch it on)."""
+    if not isinstance(value, bool):
+        raise ConfigError(name, f"must be true or false, got {value!r}")
     return value
 
 
@@ -54,7 +64,9 @@ _VALIDATORS = {
     "sm_group_num": lambda v: check_int("sm_group_num", v, 3, 256),
     "manual_divisions": _manual_divisions,
     "split_forward_token_budget": lambda v: check_int("split_forward_token_budget", v, 1),
+    "max_split_forward_layers": lambda v: check_int("max_split_forward_layers", v, 0),
     "decode_bs_divisor": lambda v: check_int("decode_bs_divisor", v, 1),
+    "overlap_decode_full_sm": lambda v: _bool("overlap_decode_full_sm", v),
     "chunk_size": lambda v: check_int("chunk_size", v, 1),
 }
 FIELDS: tuple[str, ...] = tuple(_VALIDATORS)
@@ -73,7 +85,12 @@ class PdmuxConfig:
     manual_divisions: list[list[int]] = field(default_factory=list)  # [prefill, decode, decode_bs_threshold]
     # layers per round = max(1, budget // prefill tokens); None: the device's default (`for_device`)
     split_forward_token_budget: int | None = None
+    # while decode runs, a slice is at most this many layers (0: no cap); a prefill alone is never capped
+    max_split_forward_layers: int = 0
     decode_bs_divisor: int = 36
+    # prefill keeps its manual division's SMs, decode runs on the whole device beside it (the SM sets
+    # overlap; decode_sm is ignored); needs manual_divisions
+    overlap_decode_full_sm: bool = False
     chunk_size: int = 512  # pdtop's own: tokens per chunk under the chunked policy
 
     def __post_init__(self) -> None:
@@ -81,6 +98,7 @@ class PdmuxConfig:
             value = getattr(self, name)
             if not (name == "split_forward_token_budget" and value is None):
                 object.__setattr__(self, name, validate(name, value))
+        _check_together(self.manual_divisions, self.overlap_decode_full_sm)
 
     def for_device(self, kind: str) -> PdmuxConfig:
         """This config with an unset `split_forward_token_budget` set to device kind `kind`'s default."""
@@ -102,6 +120,20 @@ class PdmuxConfig:
     def to_dict(self) -> dict[str, Any]:
         return {name: ([list(e) for e in v] if name == "manual_divisions" else v)
                 for name, v in ((n, getattr(self, n)) for n in FIELDS)}
+
+
+def _check_together(divisions: list[list[int]], overlap: bool) -> None:
+    """SGLang's loader checks that read two fields: overlap needs manual divisions; each division's
+    prefill_sm is at least 1, and its decode_sm too unless overlap ignores it."""
+    if overlap and not divisions:
+        raise ConfigError("overlap_decode_full_sm", "needs manual_divisions: the automatic split gives "
+                          "prefill and decode disjoint SMs, which does not describe an overlapped one")
+    for i, (p, d, _) in enumerate(divisions):
+        if p < 1:
+            raise ConfigError("manual_divisions", f"entry {i} [{p}, {d}]: prefill_sm must be at least 1")
+        if d < 1 and not overlap:
+            raise ConfigError("manual_divisions", f"entry {i} [{p}, {d}]: decode_sm must be at least 1 "
+                              "(0 only with overlap_decode_full_sm, which ignores it)")
 
 
 def load_pdmux_config(path: str) -> PdmuxConfig:
@@ -144,14 +176,16 @@ def load_pdmux_config(path: str) -> PdmuxConfig:
         raise ConfigError(exc.field, exc.reason, path) from None
 
 
-SGLANG_KEYS = ("sm_group_num", "manual_divisions", "split_forward_token_budget", "decode_bs_divisor")
+SGLANG_KEYS = ("sm_group_num", "manual_divisions", "split_forward_token_budget", "max_split_forward_layers",
+               "decode_bs_divisor", "overlap_decode_full_sm")
 
 
 def dump_pdmux_config(config: PdmuxConfig, comment: str = "") -> str:
     """`config` as SGLang's `--pdmux-config-path` YAML, which `load_pdmux_config` reads back equal
     (with the budget set).
 
-    SGLang's four keys in its order (`sglang/srt/multiplex/pdmux_context.py`), `manual_divisions` as
+    SGLang's six keys in its order (`sglang/srt/multiplex/pdmux_context.py`; SGLang versions before the
+    last two read past them), `manual_divisions` as
     a list of `[prefill_sm, decode_sm, decode_bs_threshold]` with `sm_group_num` = their count + 2
     (SGLang requires the key and that count); an unset `split_forward_token_budget` as SGLang's
     default, which is what SGLang would use; pdtop's `chunk_size` only when it is not the default.

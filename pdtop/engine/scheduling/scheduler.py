@@ -1,10 +1,10 @@
 """The scheduler round: continuous batching under one of three policies.
 
 - `pdmux`: one decode step on the decode side while the in-flight prefill batch
-  advances `k = min(L, max(1, budget // tokens))` layers on the prefill side; the
-  round waits for decode only. Finished prefills join the decode batch. The level
-  is chosen again only while the prefill side is idle (a level change syncs both
-  sides, so SGLang changes it at prefill boundaries).
+  advances `k = min(L, max(1, budget // tokens))` layers on the prefill side, at most
+  `max_split_forward_layers` while decode runs; the round waits for decode only. Finished
+  prefills join the decode batch. The level is chosen again only while the prefill side
+  is idle (a level change syncs both sides, so SGLang changes it at prefill boundaries).
 - `chunked`: each step runs the decode batch plus one `chunk_size` piece of one
   prompt in a single forward on every unit.
 - `prefill-first`: waiting prompts are prefilled whole, on every unit, before
@@ -33,7 +33,7 @@ from pdtop.engine.request import Request, RequestStatus
 from pdtop.engine.runtime.executor import Executor, S
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
 from pdtop.engine.scheduling.policies import check_policy
-from pdtop.engine.scheduling.splits import SplitTable, prefill_layers_per_step
+from pdtop.engine.scheduling.splits import SplitTable, prefill_layers_per_step, slice_layers
 
 if TYPE_CHECKING:
     from pdtop.engine.runtime.runner import ModelRunner
@@ -83,7 +83,8 @@ class PrefillBatch(Generic[S]):
     reqs: list[Request]
     state: S  # what the executor's `prefill_begin` made; only the executor reads it
     tokens: int
-    layers_per_round: int
+    layers_per_round: int  # the current slice's: `budget_layers`, capped while decode runs
+    budget_layers: int = 0  # min(L, max(1, budget // tokens)), set when the batch starts
     layers_done: int = 0
     submitted_end: int = 0  # layers submitted so far (>= layers_done while slices are in flight)
     in_flight: deque[tuple[int, Work]] = field(default_factory=deque)  # (end layer, work) of each unfinished slice
@@ -271,7 +272,7 @@ class Scheduler(Generic[S]):
             if reqs:
                 tokens = sum(r.prompt_len for r in reqs)
                 k = prefill_layers_per_step(tokens, self.num_layers, self.config.token_budget)
-                self.prefill = PrefillBatch(reqs, self.executor.prefill_begin(reqs), tokens, k)
+                self.prefill = PrefillBatch(reqs, self.executor.prefill_begin(reqs), tokens, k, k)
         if not self.device.prefill_busy():
             level = self.pinned if self.pinned is not None else self.table.choose(
                 len(self.running), self.prefill is not None, self.config)
@@ -281,6 +282,7 @@ class Scheduler(Generic[S]):
         # CUDA queues up to two, so the prefill SMs never wait for the next round to get work).
         if pf is not None and pf.submitted_end < self.num_layers and (
                 not self.device.prefill_busy() or len(pf.in_flight) < self.device.max_prefill_in_flight):
+            pf.layers_per_round = slice_layers(pf.budget_layers, self.config.max_split_forward_layers, self.running)
             end = min(self.num_layers, pf.submitted_end + pf.layers_per_round)
             work = self.executor.prefill(pf.state, pf.reqs, pf.submitted_end, end)
             self.device.submit_prefill(work)

@@ -38,9 +38,12 @@ def choose(groups: Sequence[Group], decode_bs: int, has_prefill: bool, decode_bs
     return n - 1 if decode_bs else 0
 
 
-def manual_groups(total: int, manual_divisions: Sequence[Sequence[int]]) -> list[Group]:
-    """SGLang's levels from `manual_divisions`: whole-to-prefill, each division in order, whole-to-decode."""
-    return [(total, 0)] + [(int(p), int(d)) for p, d, _ in manual_divisions] + [(0, total)]
+def manual_groups(total: int, manual_divisions: Sequence[Sequence[int]], overlap: bool = False) -> list[Group]:
+    """SGLang's levels from `manual_divisions`: whole-to-prefill, each division in order, whole-to-decode.
+    With `overlap` (`overlap_decode_full_sm`) a division's decode side is the whole device, as
+    SGLang records it: `(prefill_sm, total)`."""
+    middle = [(int(p), total if overlap else int(d)) for p, d, _ in manual_divisions]
+    return [(total, 0), *middle, (0, total)]
 
 
 def choose_manual(manual_divisions: Sequence[Sequence[int]], decode_bs: int, has_prefill: bool) -> int:
@@ -66,6 +69,15 @@ def prefill_layers_per_step(extend_tokens: int, num_layers: int, token_budget: i
     return min(num_layers, max(1, token_budget // extend_tokens))
 
 
+def slice_layers(budget_layers: int, max_split_forward_layers: int, decoding: object) -> int:
+    """Layers of the next prefill slice (SGLang's `_get_split_forward_count`): the budget's
+    `prefill_layers_per_step`, capped at `max_split_forward_layers` (0: no cap) while decode work
+    runs beside it (`decoding` truthy: e.g. the decode batch); a prefill alone is never capped."""
+    if max_split_forward_layers and decoding:
+        return min(budget_layers, max_split_forward_layers)
+    return budget_layers
+
+
 def cpu_groups(cores: int, sm_group_num: int = 8) -> list[Group]:
     """The CPU device's levels: SGLang's rule with cores playing SMs.
 
@@ -83,12 +95,20 @@ def cpu_groups(cores: int, sm_group_num: int = 8) -> list[Group]:
     return [(cores, 0)] + [(x, cores - x) for x in reversed(cand)] + [(0, cores)]
 
 
-def check_manual_fit(total: int, manual_divisions: Sequence[Sequence[int]], unit: str = "SMs") -> None:
+def check_manual_fit(total: int, manual_divisions: Sequence[Sequence[int]], unit: str = "SMs",
+                     overlap: bool = False) -> None:
     """SGLang's checks on a manual division (sgl_kernel's create_greenctx_stream_by_value):
-    both sides positive and together no more than the device. Granularity is not checked:
-    the driver rounds SM counts up to it (`devices/sm_split.py`), the cuda device reports the
-    realized counts and drops a level it cannot make."""
+    both sides positive and together no more than the device; with `overlap`, prefill strictly
+    inside (0, total) and decode_sm ignored (SGLang's `initialize_stream_groups`). Granularity is
+    not checked: the driver rounds SM counts up to it (`devices/sm_split.py`), the cuda device
+    reports the realized counts and drops a level it cannot make."""
     for i, (p, d, _) in enumerate(manual_divisions):
+        if overlap:
+            if not 0 < p < total:
+                raise ConfigError("manual_divisions", f"entry {i}: overlap_decode_full_sm needs prefill_sm "
+                                  f"strictly inside (0, {total}), got {p}: a whole-device cap leaves decode "
+                                  f"no {unit} of its own")
+            continue
         if p < 1 or d < 1:
             raise ConfigError("manual_divisions", f"entry {i} [{p}, {d}]: each side needs at least 1 {unit[:-1]}")
         if p + d > total:
@@ -141,8 +161,9 @@ class SplitTable:
         if config.manual_divisions:
             _check_total(total_sms, "SMs")
             arch_constraints(major)
-            check_manual_fit(total_sms, config.manual_divisions, "SMs")
-            return cls(manual_groups(total_sms, config.manual_divisions), "SMs", True,
+            overlap = config.overlap_decode_full_sm
+            check_manual_fit(total_sms, config.manual_divisions, "SMs", overlap)
+            return cls(manual_groups(total_sms, config.manual_divisions, overlap), "SMs", True,
                        tuple(t for _, _, t in config.manual_divisions), major)
         return cls(stream_groups(total_sms, major, config.sm_group_num), "SMs", False, (), major)
 
@@ -151,7 +172,8 @@ class SplitTable:
         """Levels for the CPU device (`cpu_groups`), or the manual divisions counted in cores."""
         if config.manual_divisions:
             _check_total(cores, "cores")
-            check_manual_fit(cores, config.manual_divisions, "cores")
-            return cls(manual_groups(cores, config.manual_divisions), "cores", True,
+            overlap = config.overlap_decode_full_sm
+            check_manual_fit(cores, config.manual_divisions, "cores", overlap)
+            return cls(manual_groups(cores, config.manual_divisions, overlap), "cores", True,
                        tuple(t for _, _, t in config.manual_divisions), None)
         return cls(cpu_groups(cores, config.sm_group_num), "cores", False, (), None)

@@ -39,6 +39,8 @@ class SplitPanel(Panel):
         head = Text.assemble(f"level {level}", (f"/{n - 1}" if n else "", "dim"), "  ", mode) if split_on else \
             Text.assemble(mode, ("  no split level: one forward at a time", "dim"))
         together = state.prefill_units == state.decode_units == state.info.units  # chunked: one forward
+        overlapped = not together and state.prefill_units + state.decode_units > state.info.units  # SGLang's
+        # overlap_decode_full_sm: decode on the whole device beside the capped prefill
         if state.idle:
             bar = Text("░" * width, idle)
             legend = Text.assemble(("idle", "bold"), (": no request running or waiting", "dim"))
@@ -46,6 +48,10 @@ class SplitPanel(Panel):
             bar = split_bar(1, 1, width, prefill, decode, idle)
             legend = Text.assemble(("■ ", prefill), ("■ ", decode),
                                    f"prefill and decode in one step on all {fmt.units(state.info.units, unit)}")
+        elif overlapped:
+            bar = split_bar(state.prefill_units, state.info.units - state.prefill_units, width, prefill, decode, idle)
+            legend = Text.assemble(("■ ", prefill), f"prefill {fmt.units(state.prefill_units, unit)}   ",
+                                   ("■ ", decode), f"decode all {fmt.units(state.decode_units, unit)}, overlapping")
         else:
             bar = split_bar(state.prefill_units, state.decode_units, width, prefill, decode, idle)
             legend = Text.assemble(("■ ", prefill), f"prefill {fmt.units(state.prefill_units, unit)}   ",
@@ -140,7 +146,11 @@ def knobs(config: EngineConfig | None, warning: str) -> Text:
         text.append_text(Text.assemble((f"{label} ", "dim"), shown, "  "))
     if config.workload_paused:
         text.append("workload paused  ", "bold " + warning)
+    if config.policy == "pdmux" and config.max_split_forward_layers:
+        text.append_text(Text.assemble(("max layers ", "dim"), str(config.max_split_forward_layers), "  "))
     if config.manual_divisions:
         text.append_text(Text.assemble(("manual ", "dim"),
                                        " ".join(f"{p}/{d}@{t}" for p, d, t in config.manual_divisions)))
+    if config.overlap_decode_full_sm:
+        text.append(" overlap", "dim")
     return text

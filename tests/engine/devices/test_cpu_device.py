@@ -48,6 +48,24 @@ def test_split_level_pins_the_two_threads_to_disjoint_cores(device):
     assert device.worker_cores() == {"prefill": tuple(sorted(prefill_cores)), "decode": tuple(sorted(decode_cores))}
 
 
+def test_an_overlapped_level_gives_decode_every_core_and_prefill_its_own():
+    """overlap_decode_full_sm on the CPU: decode's team spans all cores, prefill keeps its division's."""
+    n = len(CORES)
+    config = PdmuxConfig(sm_group_num=3, manual_divisions=[[n // 2, 0, 1]], overlap_decode_full_sm=True)
+    table = SplitTable.for_cpu(n, config)
+    assert table.groups == [(n, 0), (n // 2, n), (0, n)]
+    dev = CpuDevice(table.groups)
+    try:
+        dev.set_level(1)
+        dev.submit_prefill(Work("prefill", 0, 0, _where))
+        prefill_cores, prefill_threads = dev.wait_prefill()
+        decode_cores, decode_threads = dev.run_decode(Work("decode", 0, 0, _where))
+        assert len(prefill_cores) == prefill_threads == n // 2 and prefill_cores < decode_cores
+        assert decode_cores == set(CORES) and decode_threads == n
+    finally:
+        dev.close()
+
+
 def test_whole_device_levels_give_every_core_to_one_side(device):
     device.set_level(len(device.groups) - 1)
     cores, threads = device.run_decode(Work("decode", 0, 0, _where))

@@ -40,6 +40,29 @@ def test_levels_realize_as_carved():
         dev.close()
 
 
+def test_an_overlapped_level_runs_decode_on_the_whole_device_at_high_priority():
+    """SGLang's overlap_decode_full_sm: prefill on its green context, decode on a plain whole-device stream."""
+    from pdtop.engine.devices.base import Work
+    from pdtop.engine.devices.cuda import OVERLAP_DECODE_PRIORITY, CudaDevice
+    from pdtop.engine.devices.sm_split import plan_level
+
+    total = torch.cuda.get_device_properties(0).multi_processor_count
+    p = total * 3 // 4
+    dev = CudaDevice(groups=[(total, 0), (p, total), (0, total)])
+    try:
+        assert dev.groups[1] == plan_level(p, total, total, dev.gc.limits) and dev.groups[1][1] == total
+        dev.set_level(1)
+        prefill, decode = dev.side_streams()
+        assert decode.priority == OVERLAP_DECODE_PRIORITY and not isinstance(decode, torch.cuda.ExternalStream)
+        assert isinstance(prefill, torch.cuda.ExternalStream)
+        x = torch.ones(1 << 20, device="cuda")
+        dev.submit_prefill(Work("prefill", 0, 0, lambda: (x * 2).sum()))
+        assert float(dev.run_decode(Work("decode", 0, 0, lambda: (x * 3).sum()))) == 3 * (1 << 20)
+        assert float(dev.wait_prefill()) == 2 * (1 << 20)
+    finally:
+        dev.close()
+
+
 def test_triton_kernel_matches_sdpa_on_the_gpu():
     from pdtop.engine.model.paged_attention import paged_decode, reference
 

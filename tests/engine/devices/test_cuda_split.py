@@ -30,6 +30,19 @@ def test_plan_split(p, d, total, limits, expected):
     assert plan_split(p, d, total, limits) == expected
 
 
+@pytest.mark.parametrize("p,d,expected", [
+    (104, 132, (104, 132)),  # SGLang's test: a (104, 28) pair for prefill, the whole device for decode
+    (100, 132, (104, 132)),  # prefill's part rounds up as in any split
+    (132, 132, None),  # a whole-device cap leaves the pair no decode half
+    (104, 100, None),  # overlapped, but decode not the whole device: not a level SGLang makes
+    (132, 0, (132, 0)), (0, 132, (0, 132)), (80, 52, (80, 52)),
+])
+def test_plan_level_with_overlapped_levels(p, d, expected):
+    from pdtop.engine.devices.sm_split import plan_level
+
+    assert plan_level(p, d, 132, HOPPER) == expected
+
+
 def test_limits_come_from_the_driver_where_cuda13_reports_them():
     assert GreenContexts(driver=FakeDriver(min_part=16, align=16)).limits == PartitionLimits(16, 16, "driver")
     assert GreenContexts(driver=FakeDriver(cuda13=False)).limits == PartitionLimits(8, 8, "table")

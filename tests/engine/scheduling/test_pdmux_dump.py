@@ -7,8 +7,10 @@ import yaml
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig, dump_pdmux_config, load_pdmux_config
 
 # SGLang's PDMuxConfig fields, in its order (python/sglang/srt/multiplex/pdmux_context.py; the rules below
-# were checked against sgl-project/sglang at 00d56e2c, multiplexing_mixin.py at 038fc19e)
-SGLANG_FIELDS = ("sm_group_num", "manual_divisions", "split_forward_token_budget", "decode_bs_divisor")
+# were checked against sgl-project/sglang at 00d56e2c, multiplexing_mixin.py at 038fc19e, and the two
+# newer keys at 337ee8ed)
+SGLANG_FIELDS = ("sm_group_num", "manual_divisions", "split_forward_token_budget", "max_split_forward_layers",
+                 "decode_bs_divisor", "overlap_decode_full_sm")
 
 
 def sglang_load(path) -> dict:
@@ -23,9 +25,16 @@ def sglang_load(path) -> dict:
     divisions = raw.get("manual_divisions", [])
     if divisions and len(divisions) != raw["sm_group_num"] - 2:
         raise ValueError("manual_divisions count")
+    overlap = raw.get("overlap_decode_full_sm", False)
+    if overlap and not divisions:
+        raise ValueError("overlap_decode_full_sm requires manual_divisions")
+    cap = raw.get("max_split_forward_layers", 0)
+    if not isinstance(cap, int) or isinstance(cap, bool) or cap < 0:
+        raise ValueError("max_split_forward_layers must be a non-negative integer")
     return {"sm_group_num": raw["sm_group_num"], "manual_divisions": divisions,
             "split_forward_token_budget": raw.get("split_forward_token_budget", 65536),
-            "decode_bs_divisor": raw.get("decode_bs_divisor", 36)}
+            "max_split_forward_layers": cap, "decode_bs_divisor": raw.get("decode_bs_divisor", 36),
+            "overlap_decode_full_sm": overlap}
 
 
 def sglang_stream_idx(config: dict, decode_bs: int) -> int:
@@ -48,12 +57,15 @@ def sglang_stream_idx(config: dict, decode_bs: int) -> int:
     PdmuxConfig(sm_group_num=5, manual_divisions=[[112, 20, 1], [96, 36, 16], [72, 56, 32]],
                 split_forward_token_budget=8192),
     PdmuxConfig(sm_group_num=3, manual_divisions=[[72, 60, 1]], split_forward_token_budget=294912),
+    PdmuxConfig(sm_group_num=4, manual_divisions=[[104, 0, 1], [80, 0, 16]], split_forward_token_budget=8192,
+                max_split_forward_layers=2, overlap_decode_full_sm=True),
 ])
 def test_round_trip_with_sglang_keys_and_shapes(tmp_path, config):
     text = dump_pdmux_config(config, "pdtop tune on sim:H100\nsecond line")
     raw = yaml.safe_load(text)
     assert tuple(raw) == SGLANG_FIELDS  # exactly SGLang's keys, in its order
-    assert all(type(raw[k]) is int for k in SGLANG_FIELDS if k != "manual_divisions")
+    assert all(type(raw[k]) is int for k in SGLANG_FIELDS if k not in ("manual_divisions", "overlap_decode_full_sm"))
+    assert type(raw["overlap_decode_full_sm"]) is bool
     divisions = raw["manual_divisions"]
     assert isinstance(divisions, list)
     assert all(isinstance(d, list) and len(d) == 3 and all(type(x) is int for x in d) for d in divisions)
