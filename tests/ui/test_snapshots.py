@@ -40,6 +40,7 @@ def test_live_main_screen(snap_compare, busy, size):
 def test_replay_paused(snap_compare, recording, until):
     src = ReplaySource(recording)
     src.pause()
+    src.lookback_s = 0.0  # the seek replays no window: every round on screen is stepped
     app = PdtopApp(src, theme="pdtop-ocean")
 
     async def run_before(pilot) -> None:
