@@ -16,6 +16,7 @@ The metrics are named and defined as in vLLM's serving benchmark:
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 from collections import deque
 from collections.abc import Callable
@@ -39,6 +40,8 @@ from pdtop.ui.engine_info import EngineInfo
 from pdtop.ui.scrape_view import ScrapeView
 from pdtop.ui.stats import summary
 from pdtop.ui.window_figures import RoundPoint
+
+MAX_GAPS_PER_ROUND = 256  # a round's gap counted at most this often: bounded work per round
 
 
 @dataclass
@@ -205,6 +208,8 @@ class DashboardState:
         if not follows:
             self._last_decode_time = None
         itl = t - self._last_decode_time if r.decode_bs > 0 and self._last_decode_time is not None else None
+        if itl is not None:  # every request in the batch waited this gap for its token
+            self.itls.extend(itertools.repeat(itl, min(r.decode_bs, MAX_GAPS_PER_ROUND)))
         if r.running == 0:
             self._last_decode_time = None
         elif r.decode_bs > 0 or self._last_decode_time is None:
@@ -256,7 +261,6 @@ class DashboardState:
                 self.rejected += 1
                 return
             self.finished += 1
-            self.itls.extend(r.itls_s)
             if r.itls_s:  # TPOT = (end - first token) / (tokens - 1): the mean of its gaps
                 self.tpots.append(sum(r.itls_s) / len(r.itls_s))
 
@@ -363,7 +367,9 @@ class DashboardState:
         return p50, p99
 
     def itl_summary(self, last: int = 4096) -> tuple[float | None, float | None, float | None]:
-        """(p50, p99, max) of ITL: every gap between consecutive tokens of finished requests, pooled."""
+        """(p50, p99, max) of ITL: the latest `last` gaps between consecutive tokens of any request, from
+        the rounds (a decode round's gap once per request in its batch), so it fills from the second
+        decode round, not once requests finish."""
         return summary(list(self.itls)[-last:])
 
     def tpot_summary(self, last: int = 512) -> tuple[float | None, float | None]:

@@ -101,9 +101,14 @@ def test_requests_give_ttft_itl_and_tpot(ev):
     assert s.arrivals == 100 and s.first_tokens == 100 and s.finished == 2 and s.rejected == 1
     # 1..100 ms: p50 halfway between 50 and 51 ms, p99 at 99.01 ms (positions 49.5 and 98.01)
     assert s.ttft_summary() == pytest.approx((0.0505, 0.09901))
-    # ITL: every gap pooled (10, 20, 30, 100, 100 ms); TPOT: one value per request, its mean gap (20, 100 ms)
-    assert s.itl_summary() == pytest.approx((0.03, 0.1, 0.1))
+    # TPOT: one value per finished request, its mean gap (20, 100 ms); ITL comes from the rounds, not from these
     assert s.tpot_summary() == pytest.approx((0.06, 0.0992))
+    assert s.itl_summary() == (None, None, None)
+    # ITL: each decode round's gap since the batch's previous tokens, once per request in its batch
+    for i, (t, bs) in enumerate([(1.00, 2), (1.01, 2), (1.03, 2), (1.06, 1)]):
+        s.ingest(ev.round(i, t, bs=bs))
+    assert sorted(s.itls) == pytest.approx([0.01, 0.01, 0.02, 0.02, 0.03])
+    assert s.itl_summary() == pytest.approx((0.02, 0.0296, 0.03))
 
 
 def test_counts_come_from_the_servers_totals(ev):

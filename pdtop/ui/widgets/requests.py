@@ -43,7 +43,10 @@ class RequestsPanel(Panel):
         tpot50, tpot99 = state.tpot_summary()
         ttft = _pair("TTFT", fmt.duration(ttft50), fmt.duration(ttft99), "", wide)
         itl = _pair("ITL", fmt.ms(itl50), fmt.ms(itl99), "token gaps", wide)
-        tpot = _pair("TPOT", fmt.ms(tpot50), fmt.ms(tpot99), "per request", wide)
+        if tpot50 is None and state.running:  # TPOT is a finished request's: say why it is not there yet
+            tpot = Text.assemble(("TPOT ", "dim"), ("– until a request finishes", "dim"))
+        else:
+            tpot = _pair("TPOT", fmt.ms(tpot50), fmt.ms(tpot99), "per request", wide)
         out = Text.assemble(("output ", "dim"), (f"{fmt.count(output_throughput(state.window()))} tok/s", "bold"),
                             ("  over the last ", "dim") if wide else "", (fmt.duration(state.window_s), "dim") if wide
                             else "")

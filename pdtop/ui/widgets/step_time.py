@@ -13,6 +13,8 @@ from pdtop.ui.widgets.base import Panel
 from pdtop.ui.window_figures import step_series, step_summary
 from pdtop.ui.words import change_mark, change_words
 
+WARMUP_ROUNDS = 8  # an engine's first rounds: warm-up, kept out of the chart's scale
+
 
 class StepTimePanel(Panel):
     TITLE = "decode step time"
@@ -54,7 +56,10 @@ class StepTimePanel(Panel):
             self.border_subtitle = over_text + window
         height = max(1, self.inner_height - len(lines) - 1)
         values = step_series(rounds, state.slices(width), width)
-        top = max([v for v in values if v is not None] + [slo * 1.25 if slo else 0.0, 1e-3])
+        # the engine's first rounds (kernels compiling, caches filling) do not set the scale: drawn clipped
+        settled = step_series([r for r in rounds if r.index >= WARMUP_ROUNDS], state.slices(width), width)
+        scale = [v for v in settled if v is not None] or [v for v in values if v is not None]
+        top = max([*scale, slo * 1.25 if slo else 0.0, 0.001])
         rows = block_chart(values, height, top, self.colour("chart"), slo, self.colour("slo"), self.colour("idle"))
         for i, row in enumerate(rows):
             label = fmt.ms(top) if i == 0 else ""
