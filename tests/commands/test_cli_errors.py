@@ -55,3 +55,16 @@ def test_a_closed_pipe_ends_the_command_quietly(args):
     err = proc.stderr.read().decode()
     proc.stderr.close()
     assert proc.wait(30) == 141 and err == ""
+
+
+@pytest.mark.parametrize("command", [["levels"], ["bench", "--policy", "pdmux"], ["estimate"]])
+@pytest.mark.parametrize("device", ["sim:H100", "cpu"])
+def test_divisions_that_do_not_fit_the_device_name_the_file(command, device, tmp_path, capsys):
+    """Issue 25 item 20: "pdmux config: manual_divisions: entry 0 [200, 10] uses 210 SMs" dropped the file."""
+    if command[0] == "estimate" and device == "cpu":
+        pytest.skip("estimate is for GPUs")
+    path = tmp_path / "too-big.yaml"
+    path.write_text("manual_divisions: [[200, 10, 1]]\n")
+    where = ["--gpu", "H100"] if command[0] == "estimate" else ["--device", device]
+    line = _one_error_line([*command, *where, "--config", str(path)], capsys)
+    assert f"pdmux config {path}: manual_divisions: entry 0 [200, 10] uses 210" in line, line

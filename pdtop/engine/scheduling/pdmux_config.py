@@ -92,6 +92,8 @@ class PdmuxConfig:
     # overlap; decode_sm is ignored); needs manual_divisions
     overlap_decode_full_sm: bool = False
     chunk_size: int = 512  # pdtop's own: tokens per chunk under the chunked policy
+    # the file it was read from, named by errors found later (manual divisions that do not fit a device)
+    source: str | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         for name in FIELDS:
@@ -115,7 +117,7 @@ class PdmuxConfig:
     def replace(self, **changes: Any) -> PdmuxConfig:
         """A new config with `changes` applied, each validated first (nothing changes on error)."""
         checked = {name: validate(name, value) for name, value in changes.items()}
-        return dataclasses.replace(self, **checked)
+        return dataclasses.replace(self, **checked, source=None)  # no longer what the file says
 
     def to_dict(self) -> dict[str, Any]:
         return {name: ([list(e) for e in v] if name == "manual_divisions" else v)
@@ -171,7 +173,7 @@ def load_pdmux_config(path: str) -> PdmuxConfig:
             if len(divisions) != expected:
                 raise ConfigError("manual_divisions", f"has {len(divisions)} entries, sm_group_num "
                                   f"{expected + 2} needs {expected} (sm_group_num - 2)")
-        return PdmuxConfig(**values)
+        return PdmuxConfig(**values, source=path)
     except ConfigError as exc:
         raise ConfigError(exc.field, exc.reason, path) from None
 

@@ -115,6 +115,16 @@ def check_manual_fit(total: int, manual_divisions: Sequence[Sequence[int]], unit
             raise ConfigError("manual_divisions", f"entry {i} [{p}, {d}] uses {p + d} {unit}, the device has {total}")
 
 
+def _fit_in_file(config: PdmuxConfig, total: int, unit: str) -> None:
+    """`check_manual_fit` of `config`'s divisions, its error naming the file they came from."""
+    try:
+        check_manual_fit(total, config.manual_divisions, unit, config.overlap_decode_full_sm)
+    except ConfigError as exc:
+        if exc.path is None and config.source:
+            raise ConfigError(exc.field, exc.reason, config.source) from None
+        raise
+
+
 @dataclass(frozen=True)
 class SplitTable:
     """A device's levels and how to pick one; what the scheduler holds.
@@ -162,7 +172,7 @@ class SplitTable:
             _check_total(total_sms, "SMs")
             arch_constraints(major)
             overlap = config.overlap_decode_full_sm
-            check_manual_fit(total_sms, config.manual_divisions, "SMs", overlap)
+            _fit_in_file(config, total_sms, "SMs")
             return cls(manual_groups(total_sms, config.manual_divisions, overlap), "SMs", True,
                        tuple(t for _, _, t in config.manual_divisions), major)
         return cls(stream_groups(total_sms, major, config.sm_group_num), "SMs", False, (), major)
@@ -173,7 +183,7 @@ class SplitTable:
         if config.manual_divisions:
             _check_total(cores, "cores")
             overlap = config.overlap_decode_full_sm
-            check_manual_fit(cores, config.manual_divisions, "cores", overlap)
+            _fit_in_file(config, cores, "cores")
             return cls(manual_groups(cores, config.manual_divisions, overlap), "cores", True,
                        tuple(t for _, _, t in config.manual_divisions), None)
         return cls(cpu_groups(cores, config.sm_group_num), "cores", False, (), None)
