@@ -35,6 +35,8 @@ async def test_chunked_shows_chunk_progress_and_no_split_level(stepped, until, s
         await until(pilot, lambda: f"{fmt.count(done)} tok" in _text(app, "PrefillPanel"), "its tokens on screen")
         split, prefill = _text(app, "SplitPanel"), _text(app, "PrefillPanel")
         assert "chunked" in split and "level " not in split and "▶" not in split and "auto" not in split, split
+        panel = app.query_one("SplitPanel")
+        assert all(t.cell_len <= panel.content_size.width for t in panel._last_texts), split  # nothing cut
         assert "layers" not in prefill and "ETA        –" not in prefill and "ETA –" not in prefill, prefill
         assert app.state.prefills[0].eta_s is not None and app.state.prefills[0].eta_s > 0
         engine.control(Set({"policy": "pdmux"}))

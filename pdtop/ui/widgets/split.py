@@ -77,7 +77,8 @@ class SplitPanel(Panel):
         if split_on:
             lines += self._table(state, width, max(0, height - len(lines)))
         elif height > len(lines):
-            lines.append(Text(f"the {n} split levels apply under pdmux (p: policy)", "dim"))
+            note = f"the {n} split levels apply under pdmux (p: policy)"
+            lines.append(Text(note if len(note) <= width else "split levels: under pdmux (p)", "dim"))
         if not state.levels:
             lines.append(Text("waiting for the engine…", "dim"))
         return Group(*lines)
