@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from pdtop.commands import _bench_url
 from pdtop.commands._common import INPUT_ERRORS, add_runtime_arguments, fail, runtime_options
+from pdtop.engine.roofline.kv import LINK_HELP
 from pdtop.engine.scheduling.policies import POLICIES
 from pdtop.telemetry.encode import encode
 
@@ -35,6 +36,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode-bs", type=int, default=None, help="requests decoding when the long prompts arrive")
     p.add_argument("--long-tokens", type=int, default=None, help="tokens in each long prompt")
     p.add_argument("--long-prompts", type=int, default=None, help="how many long prompts arrive (one after another)")
+    p.add_argument("--link", default=None, metavar="LINK",
+                   help=f"the disagg policy's KV link: {LINK_HELP}, or a number in GB/s (default: rdma400 on sim:, "
+                        "unpaced copies on cpu)")
+    p.add_argument("--slo-itl-ms", type=float, default=None, metavar="MS",
+                   help="goodput: a request's ITL p99 target (default: 20 on sim:, 250 on cpu)")
+    p.add_argument("--slo-ttft-ms", type=float, default=None, metavar="MS",
+                   help="goodput: a long prompt's TTFT target (default: 1000 on sim:, 5000 on cpu)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print exactly one JSON object (with the scenario)")
     p.add_argument("--trace", metavar="FILE", default=None,
@@ -44,18 +52,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _bench_url.add_arguments(p)
 
 
-def _table(results: dict[str, dict], head: str) -> str:
+def _table(results: dict[str, dict], head: str, slo: tuple[float, float]) -> str:
     cols = (f"{'policy':<14}{'TTFT p50':>9}{'max':>8}{'ITL p50':>9}{'p99':>7}{'max':>8}{'base p50':>9}"
-            f"{'intf p50':>9}{'p99':>7}{'cores':>7}{'cont p50':>9}{'p99':>7}{'out tok/s':>10}")
+            f"{'intf p50':>9}{'p99':>7}{'cores':>7}{'cont p50':>9}{'p99':>7}{'out tok/s':>10}{'devices':>8}"
+            f"{'/device':>9}{'goodput/dev':>12}")
     lines = [head, cols]
     for policy, r in results.items():
         t, i, b = r["ttft_ms"], r["itl_ms"], r["baseline_ms"]
         x, c, k = r["interference"], r["fewer_cores"], r["contention"]
         lines.append(f"{policy:<14}{t['p50']:>9.1f}{t['max']:>8.1f}{i['p50']:>9.1f}{i['p99']:>7.1f}{i['max']:>8.1f}"
                      f"{b['p50']:>9.1f}{x['p50']:>8.2f}x{x['p99']:>6.2f}x{c['p50']:>6.2f}x{k['p50']:>8.2f}x"
-                     f"{k['p99']:>6.2f}x{r['output_tok_s']:>10.1f}")
+                     f"{k['p99']:>6.2f}x{r['output_tok_s']:>10.1f}{r['devices']:>8}{r['output_tok_s_per_device']:>9.1f}"
+                     f"{r['goodput_tok_s_per_device']:>12.1f}")
     lines.append("ms unless noted. base: the same batch decode-only on the whole device; intf: ITL / base; "
-                 "cores: decode-only on the step's own cores / base; cont: ITL / that (docs/levels.md)")
+                 "cores: decode-only on the step's own cores / base; cont: ITL / that (docs/levels.md);\n"
+                 "/device: out tok/s per device used (disagg: 2); goodput/dev: out tok/s of the requests that met "
+                 f"the SLOs (ITL p99 <= {slo[0]:g} ms, long prompts' TTFT <= {slo[1]:g} ms), per device")
     return "\n".join(lines)
 
 
@@ -71,11 +83,12 @@ def run(args: argparse.Namespace) -> int:
     from pdtop.analysis.policy_bench import SCENARIOS, Observer, run_bench, trace_rows
     from pdtop.analysis.round_trace import RoundTracer, slow_step_report
     from pdtop.engine.build import build_engine, parse_device
+    from pdtop.engine.roofline.kv import parse_link
     from pdtop.engine.runtime.heap import freeze_startup_heap
     from pdtop.engine.scheduling.pdmux_config import PdmuxConfig, load_pdmux_config
 
     def make_engine(policy: str) -> Engine:
-        engine = build_engine(args.device, args.model, config, policy, seed=args.seed,
+        engine = build_engine(args.device, args.model, config, policy, seed=args.seed, link=link,
                               **runtime_options(args))
         freeze_startup_heap()
         return engine
@@ -85,12 +98,13 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         sc = SCENARIOS[parse_device(args.device).kind]
-        for name in ("decode_bs", "long_tokens", "long_prompts"):
+        for name in ("decode_bs", "long_tokens", "long_prompts", "slo_itl_ms", "slo_ttft_ms"):
             value = getattr(args, name)
             if value is not None:
-                if value < 1:
+                if not value >= 1 or value == float("inf"):
                     return fail("bench", f"--{name.replace('_', '-')} must be >= 1")
                 sc = replace(sc, **{name: value})
+        link = parse_link(args.link, "--link") if args.link else None
         policies = list(POLICIES) if args.policy == "all" else [args.policy]
         config = load_pdmux_config(args.config) if args.config else PdmuxConfig()
         load_before = _loadavg()
@@ -109,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     head = (f"pdtop bench on {args.device}: {sc.decode_bs} requests decoding ({sc.decode_prompt}-token prompts), "
             f"{sc.long_prompts} prompts of {sc.long_tokens} tokens one after another; "
             f"load average {load['before'][0]:.2f} -> {load['after'][0]:.2f}")
-    print(_table(results, head))
+    print(_table(results, head, (sc.slo_itl_ms, sc.slo_ttft_ms)))
     if args.trace:
         print(f"\nslow steps (trace: {args.trace})")
         print(slow_step_report(rows, sc.long_tokens))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pdtop.engine.errors import ConfigError
 
-POLICIES = ("pdmux", "chunked", "prefill-first")
+POLICIES = ("pdmux", "chunked", "prefill-first", "disagg")
 DEFAULT_POLICY = "pdmux"
 
 
