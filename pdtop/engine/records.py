@@ -42,6 +42,7 @@ class DisaggState:
 class KvTransfer:
     """One prompt's KV sent from the prefill instance's pool to the decode instance's (`disagg`)."""
 
+    time: float  # engine clock when reported: the transfer's end, as every record's `time`
     request_id: int
     bytes: int
     reserved: float  # when the decode instance reserved the slots (before the prefill started)

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pdtop.engine.records import PrefillProgress, RequestRecord, RoundRecord
+from pdtop.engine.records import DisaggState, KvTransfer, PrefillProgress, RequestRecord, RoundRecord
 from pdtop.telemetry.decode import EventError, UnknownEventType, decode_event
 from pdtop.telemetry.events import (
     ConfigEvent,
@@ -87,6 +87,8 @@ class DashboardState:
     kv_used: int = 0
     kv_capacity: int = 0
     prefills: list[PrefillView] = field(default_factory=list)
+    disagg: DisaggState | None = None  # under disagg: the prefill instance and the link (the latest round's)
+    transfers: deque[KvTransfer] = field(default_factory=lambda: deque(maxlen=256))  # the latest KV transfers
     shown_level: int | None = None  # the level on screen at the last repaint: what + and - step from
 
     rounds: deque[RoundPoint] = field(default_factory=deque)
@@ -196,6 +198,7 @@ class DashboardState:
         self.idle = r.decode_bs == 0 and not r.prefills and r.waiting == 0 and r.running == 0
         self.kv_used = r.kv_used_tokens
         self.kv_capacity = r.kv_capacity_tokens
+        self.disagg = r.disagg
         # ITL of the decode batch: from the last round that gave it tokens (or that a prefill joined it
         # in) to this one; unknown after a gap in the rounds
         if not follows:
@@ -212,7 +215,7 @@ class DashboardState:
             r.bytes_moved, r.tokens_emitted, r.decode_bs, r.level, r.prefill_units, r.decode_units, self.idle, itl,
             tuple(first.request_ids) if first else (),
             min(1.0, (first.layers_done + first.layers_per_round) / first.layers_total)
-            if first and first.layers_total else 0.0))
+            if first and first.layers_total else 0.0, r.disagg.transfer_bytes if r.disagg else 0))
 
     def _update_prefills(self, progress: list[PrefillProgress], t: float) -> None:
         """The prefill views after this round, with their ETAs."""
@@ -254,6 +257,9 @@ class DashboardState:
             if r.itls_s:  # TPOT = (end - first token) / (tokens - 1): the mean of its gaps
                 self.tpots.append(sum(r.itls_s) / len(r.itls_s))
 
+    def _on_transfer(self, t: KvTransfer) -> None:
+        self.transfers.append(t)
+
     def _on_config(self, change: ConfigEvent) -> None:
         self._set_config(change.config)
         self.config_changes.append(change)
@@ -285,6 +291,7 @@ class DashboardState:
         self.ttfts.clear()
         self.itls.clear()
         self.tpots.clear()
+        self.transfers.clear()
         self.prefills = []
         self._prefill_first_seen = {}
         self._last_decode_time = None
@@ -296,7 +303,7 @@ class DashboardState:
         """A copy that later events do not change (a frozen screen); the buffers are copied, their
         points shared (they are never changed once appended)."""
         twin = copy.copy(self)
-        for name in ("rounds", "ttfts", "itls", "tpots", "config_changes", "errors"):
+        for name in ("rounds", "ttfts", "itls", "tpots", "config_changes", "errors", "transfers"):
             buffer = getattr(self, name)
             setattr(twin, name, deque(buffer, maxlen=buffer.maxlen))
         twin.prefills = list(self.prefills)
@@ -378,6 +385,7 @@ _HANDLERS: dict[type, Callable[[DashboardState, Any], None]] = {
     Hello: DashboardState._on_hello,
     RoundRecord: DashboardState._on_round,
     RequestRecord: DashboardState._on_request,
+    KvTransfer: DashboardState._on_transfer,
     ConfigEvent: DashboardState._on_config,
     Hw: DashboardState._on_hw,
     Dropped: DashboardState._on_dropped,

@@ -184,7 +184,7 @@ class DisaggPair(Generic[S]):
         for t in out:
             self.prefill.release(t.req)
             t.req.table = t.table
-            self.finished.append(KvTransfer(t.req.id, t.nbytes, t.reserved, t.start, t.end, self.link.name))
+            self.finished.append(KvTransfer(t.end, t.req.id, t.nbytes, t.reserved, t.start, t.end, self.link.name))
         return out
 
     def progress(self) -> list[PrefillProgress]:
@@ -193,7 +193,7 @@ class DisaggPair(Generic[S]):
             return []
         L = self.prefill.cfg.num_layers
         done = min(L, int(L * self.device.prefill_progress()))
-        return [PrefillProgress([i.req.id for i in b.items], b.tokens, done, L, L)]
+        return [PrefillProgress([i.req.id for i in b.items], b.tokens, done, L, 0)]  # one whole-prompt forward
 
     def state(self, reserving: int) -> DisaggState:
         used, capacity = self.prefill.kv_usage()
