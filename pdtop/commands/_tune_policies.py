@@ -8,6 +8,7 @@ import sys
 from pdtop.analysis.tune import Slo
 from pdtop.commands._common import INPUT_ERRORS, cuda_missing, fail
 from pdtop.engine.errors import DeviceError
+from pdtop.engine.scheduling.policies import DISAGG_ON_CUDA
 from pdtop.telemetry.encode import encode
 
 BAD_INPUT: tuple[type[BaseException], ...] = (*INPUT_ERRORS, ValueError)
@@ -31,8 +32,7 @@ def run_policies(args: argparse.Namespace, slo: Slo, budget: float | None, defau
         if missing:
             raise DeviceError(missing)
         if where.kind == "cuda" and "disagg" in policies:
-            raise DeviceError("disagg needs a second GPU for its prefill instance; compare the ways with "
-                              "--device sim:H100")
+            raise DeviceError(DISAGG_ON_CUDA)
         sc = parse_workload(args.workload, SCENARIOS[where.kind]) if args.workload else SCENARIOS[where.kind]
         loaded = load_for(args.device, args.model) if where.kind != "sim" else None
 

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 
 from pdtop.commands import _bench_url
 from pdtop.commands._common import INPUT_ERRORS, add_runtime_arguments, fail, runtime_options
-from pdtop.engine.roofline.kv import LINK_HELP
 from pdtop.engine.scheduling.policies import POLICIES
 from pdtop.telemetry.encode import encode
 
@@ -36,9 +35,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode-bs", type=int, default=None, help="requests decoding when the long prompts arrive")
     p.add_argument("--long-tokens", type=int, default=None, help="tokens in each long prompt")
     p.add_argument("--long-prompts", type=int, default=None, help="how many long prompts arrive (one after another)")
-    p.add_argument("--link", default=None, metavar="LINK",
-                   help=f"the disagg policy's KV link: {LINK_HELP}, or a number in GB/s (default: rdma400 on sim:, "
-                        "unpaced copies on cpu)")
     p.add_argument("--slo-itl-ms", type=float, default=None, metavar="MS",
                    help="goodput: a request's ITL p99 target (default: 20 on sim:, 250 on cpu)")
     p.add_argument("--slo-ttft-ms", type=float, default=None, metavar="MS",
@@ -83,13 +79,11 @@ def run(args: argparse.Namespace) -> int:
     from pdtop.analysis.policy_bench import SCENARIOS, Observer, run_bench, trace_rows
     from pdtop.analysis.round_trace import RoundTracer, slow_step_report
     from pdtop.engine.build import build_engine, parse_device
-    from pdtop.engine.roofline.kv import parse_link
     from pdtop.engine.runtime.heap import freeze_startup_heap
     from pdtop.engine.scheduling.pdmux_config import PdmuxConfig, load_pdmux_config
 
     def make_engine(policy: str) -> Engine:
-        engine = build_engine(args.device, args.model, config, policy, seed=args.seed, link=link,
-                              **runtime_options(args))
+        engine = build_engine(args.device, args.model, config, policy, seed=args.seed, **options)
         freeze_startup_heap()
         return engine
 
@@ -104,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
                 if not value >= 1 or value == float("inf"):
                     return fail("bench", f"--{name.replace('_', '-')} must be >= 1")
                 sc = replace(sc, **{name: value})
-        link = parse_link(args.link, "--link") if args.link else None
+        options = runtime_options(args)  # a bad --link: one line before any engine starts
         policies = list(POLICIES) if args.policy == "all" else [args.policy]
         config = load_pdmux_config(args.config) if args.config else PdmuxConfig()
         load_before = _loadavg()

@@ -12,7 +12,7 @@ from pdtop.engine.roofline.kv import Link
 from pdtop.engine.runtime.executor import ModelExecutor, SimExecutor
 from pdtop.engine.scheduling.admission import QueueLimits
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
-from pdtop.engine.scheduling.policies import DEFAULT_POLICY
+from pdtop.engine.scheduling.policies import DEFAULT_POLICY, DISAGG_ON_CUDA
 from pdtop.engine.scheduling.splits import SplitTable
 from pdtop.engine.scheduling.workload import PromptMaker, Workload, WorkloadSpec
 
@@ -86,8 +86,7 @@ def build_engine(device: str = "auto", model: str | None = None, config: PdmuxCo
     config = config or PdmuxConfig()
     where = parse_device(device)
     if policy == "disagg" and where.kind == "cuda":
-        raise DeviceError("the disagg policy needs a second GPU for its prefill instance; on one GPU see it "
-                          "with --device sim:H100 --policy disagg (or run it on --device cpu)")
+        raise DeviceError(DISAGG_ON_CUDA)
     tokenizer: Tokenizer | None = None  # the model file's; synthetic and simulated models have none
     if where.gpu is not None:  # sim:GPU
         from pdtop.engine.devices.sim import SimDevice

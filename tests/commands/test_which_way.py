@@ -36,6 +36,9 @@ def test_tune_compares_the_ways_and_charges_disagg_its_second_device():
     (["tune", "--slo-itl-ms", "20", "--policies", "disagg", "--link", "carrier-pigeon"], "unknown link"),
     (["tune", "--slo-itl-ms", "20", "--link", "rdma100"], "--link applies to disagg"),
     (["bench", "--link", "-3"], "GB/s must be > 0"),
+    (["bench", "--link", "none"], "disagg's KV needs a link"),
+    (["serve", "--link", "carrier-pigeon"], "unknown link"),
+    (["bench", "--device", "cuda:0", "--policy", "disagg"], "--device sim:H100"),
     (["bench", "--slo-itl-ms", "0"], "--slo-itl-ms must be >= 1"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, words, capsys):

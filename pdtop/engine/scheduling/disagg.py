@@ -29,6 +29,7 @@ from pdtop.engine.records import DisaggState, KvTransfer, PrefillProgress
 from pdtop.engine.request import BlockTable, Request, RequestStatus
 from pdtop.engine.runtime.executor import Executor, S
 from pdtop.engine.runtime.kv_link import KvLink, Transfer
+from pdtop.engine.scheduling.policies import DISAGG_ON_CUDA
 
 
 class Queue(Protocol):
@@ -58,8 +59,7 @@ def check_disagg(device: Device) -> None:
     """ControlError unless `device` can run two instances: a simulated GPU (two of them), or a CPU
     with two cores at least. One GPU cannot hold both instances."""
     if device.kind == "cuda":
-        raise ControlError("policy", f"disagg needs a second GPU for its prefill instance; {device.name} runs one "
-                                     "instance: see disaggregation with --device sim:H100 --policy disagg")
+        raise ControlError("policy", DISAGG_ON_CUDA)
     if device.kind == "cpu" and device.units < 2:
         raise ControlError("policy", "disagg needs two cores at least (one per instance)")
 
