@@ -123,6 +123,8 @@ class SimDevice(Device):
         if self.prefill_busy():
             raise RuntimeError("a prefill is already outstanding")
         self._prefill = _Running(work, self.prefill_seconds(work, self._side_units(0)))
+        if self._prefill.left == 0.0:  # nothing to do: done as it starts
+            self._prefill_end = self.clock
         self._prefill_result = work.run()
 
     def prefill_ended(self) -> float:

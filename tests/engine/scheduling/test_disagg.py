@@ -122,3 +122,23 @@ def test_cpu_with_one_core_refuses_the_switch():
             check_disagg(dev)
     finally:
         dev.close()
+
+
+def test_aborts_inside_the_pair_end_once_their_kv_lands_and_free_both_pools():
+    """A request aborted while reserved, prefilling or on the link ends when it would join decode (its
+    first token then, as under pdmux), and neither pool keeps a block of it."""
+    engine = build_engine("sim:H100", policy="disagg", link=parse_link("1"))  # 1 GB/s: transfers take a while
+    decoding = engine.submit(engine.prompts.make(100), 300, ignore_eos=True)
+    for _ in range(5):
+        engine.step()
+    a, b, c = (engine.submit(engine.prompts.make(4000), 10, ignore_eos=True) for _ in range(3))
+    engine.step()
+    pair = engine.scheduler.pair
+    assert pair is not None and pair.batch is not None and [i.req for i in pair.queue] == [c]
+    engine.abort(c)  # reserved, waiting for the prefill instance
+    engine.abort(a)  # prefilling
+    engine.run_until_idle()
+    assert (a.finish_reason, len(a.output_ids)) == ("abort", 1) and (c.finish_reason, len(c.output_ids)) == ("abort", 1)
+    assert (b.finish_reason, len(b.output_ids)) == ("length", 10) and len(decoding.output_ids) == 300
+    for pool in (engine.executor.pool, pair.prefill.pool):
+        assert pool.used_tokens == 0 and pool.committed_blocks == 0
