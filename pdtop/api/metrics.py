@@ -93,7 +93,7 @@ class EngineMetrics:
 
     def sink(self, rec: Record) -> None:
         """Engine thread: one record in."""
-        if isinstance(rec, RoundRecord):
+        if isinstance(rec, RoundRecord) and rec.instance != "prefill":  # disagg: the decode instance's
             self.running.set(rec.running)
             self.waiting.set(rec.waiting)
             self.kv_usage.set(rec.kv_used_tokens / rec.kv_capacity_tokens if rec.kv_capacity_tokens else 0.0)

@@ -353,10 +353,8 @@ class Engine(Generic[S]):
         self._pace()  # a paced virtual clock: report the round when wall time reaches its end
         for r in requests:
             self._report(r)
-        if s.pair is not None and s.pair.finished:
-            for t in s.pair.finished:
-                self._report(t)
-            s.pair.finished.clear()
+        for done in s.pair.drain() if s.pair is not None else ():  # disagg: prefill rounds, KV transfers
+            self._report(done)
         self._report(record)
         if self._watchers:
             self._watchers.notify(self._stop)

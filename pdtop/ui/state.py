@@ -178,13 +178,15 @@ class DashboardState:
         self.policy = config.policy
 
     def _on_round(self, r: RoundRecord) -> None:
+        self.rounds_seen += 1
+        if r.instance == "prefill":  # disagg's prefill instance: its state also rides on the decode rounds
+            return
         t = r.time
         last = self.rounds[-1] if self.rounds else None
         if last is not None and t < last.time:
             self.reset_series()  # the clock went back: a new engine, or a replay seek
             last = None
         follows = last is not None and r.index == last.index + 1  # no round missed in between
-        self.rounds_seen += 1
         self.round_index = r.index
         self.time = t
         self.policy = r.policy

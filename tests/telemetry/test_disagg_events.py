@@ -34,6 +34,7 @@ def test_disagg_rounds_and_transfers_round_trip():
     assert transfer.link == "rdma100" and transfer.bytes > 0 and transfer.reserved <= transfer.start < transfer.end
     busy = [r for r in rounds if r.disagg is not None and r.disagg.prefilling]
     assert busy and all(r.instance == "decode" and r.disagg.prefill_kv_used_tokens == 4096 for r in busy)
+    assert [(r.index, r.kv_used_tokens) for r in rounds if r.instance == "prefill"] == [(0, 100), (1, 4096)]
     assert any(r.disagg is not None and r.disagg.transfers == 1 and r.disagg.transfer_bytes == transfer.bytes
                for r in rounds)
 

@@ -25,7 +25,7 @@ from typing import Generic, Protocol
 
 from pdtop.engine.devices.base import Device, Work
 from pdtop.engine.errors import ControlError, EngineError, KVCapacityError
-from pdtop.engine.records import DisaggState, KvTransfer, PrefillProgress
+from pdtop.engine.records import DisaggState, KvTransfer, PrefillProgress, RoundRecord
 from pdtop.engine.request import BlockTable, Request, RequestStatus
 from pdtop.engine.runtime.executor import Executor, S
 from pdtop.engine.runtime.kv_link import KvLink, Transfer
@@ -53,6 +53,7 @@ class _Batch(Generic[S]):
     state: S
     work: Work[object]
     tokens: int
+    started: float
 
 
 def check_disagg(device: Device) -> None:
@@ -80,6 +81,8 @@ class DisaggPair(Generic[S]):
         self.queue: deque[_Reserved] = deque()  # slots reserved, waiting for the prefill instance
         self.batch: _Batch[S] | None = None
         self.finished: list[KvTransfer] = []  # transfers ended, for the engine to report
+        self.rounds: list[RoundRecord] = []  # the prefill instance's rounds (one a batch), for the engine to report
+        self.round_index = 0
 
     def busy(self) -> bool:
         """Requests inside the pair: reserved, prefilling or on the link."""
@@ -153,13 +156,13 @@ class DisaggPair(Generic[S]):
         state = self.prefill.prefill_begin(reqs)
         work: Work[object] = self.prefill.prefill(state, reqs, 0, self.prefill.cfg.num_layers)
         self.device.submit_prefill(work)
-        self.batch = _Batch(items, state, work, total)
+        self.batch = _Batch(items, state, work, total, self.device.now())
 
-    def collect(self, block: bool = False) -> Work[object] | None:
-        """A finished prefill batch's requests onto the link (first tokens sampled); its work, to charge."""
+    def collect(self, block: bool = False) -> None:
+        """A finished prefill batch's requests onto the link (first tokens sampled), and its round."""
         b = self.batch
         if b is None or not self.device.collect_prefill(1, block):
-            return None
+            return
         self.batch = None
         ended = self.device.prefill_ended()
         per_token = self.decode.cfg.kv_bytes_per_token(self.decode.dtype_bytes)
@@ -167,7 +170,28 @@ class DisaggPair(Generic[S]):
             req, n = item.req, item.req.prompt_len
             t = Transfer(req, token, item.table, n * per_token, item.at, ended)
             self.link.send(t, functools.partial(self.decode.copy_kv_from, self.prefill, req.table, item.table, n))
-        return b.work
+        self.rounds.append(self._round(b, ended))
+
+    def _round(self, b: _Batch[S], ended: float) -> RoundRecord:
+        """The prefill instance's round: one whole-prompt batch, priced on its own units and pool (its
+        first tokens are counted where they are appended, in the decode instance's round)."""
+        dev, (used, capacity) = self.device, self.prefill.kv_usage()
+        units = dev.units if dev.virtual else dev.split[0]
+        record = RoundRecord(
+            index=self.round_index, time=ended, policy="disagg", level=dev.level, prefill_units=units,
+            decode_units=0, pinned=False, decode_bs=0, decode_step_s=0.0, round_s=ended - b.started,
+            prefills=[], tokens_emitted=0, waiting=len(self.queue), running=0, kv_used_tokens=used,
+            kv_capacity_tokens=capacity, bytes_moved=b.work.bytes, flops=b.work.flops, instance="prefill",
+            disagg=self.state(0))
+        self.round_index += 1
+        return record
+
+    def drain(self) -> list[RoundRecord | KvTransfer]:
+        """The prefill instance's rounds and the transfers ended since the last call, in time order."""
+        out: list[RoundRecord | KvTransfer] = sorted([*self.rounds, *self.finished], key=lambda r: r.time)
+        self.rounds.clear()
+        self.finished.clear()
+        return out
 
     def wait(self) -> None:
         """Nothing to decode: let time pass until a transfer or the prefill in flight ends."""

@@ -315,9 +315,7 @@ class Scheduler(Generic[S]):
             self._decode(stats, whole=False)
         else:
             pair.wait()
-        work = pair.collect(block=not self.running and not pair.link.queue)
-        if work is not None:
-            self._charge(stats, work, 1.0)
+        pair.collect(block=not self.running and not pair.link.queue)  # its work goes in the prefill round
         for t in pair.arrived():  # KV in the decode pool: the request joins decode
             self._join_decode([t.req], [t.first_token], stats, at=t.end)
 

@@ -53,7 +53,12 @@ def test_no_transfer_starts_before_decode_reserved_its_slots():
     assert t.reserved <= t.start < t.end <= second.token_times[0]
     assert t.bytes == 2000 * engine.executor.cfg.kv_bytes_per_token(2) and t.link == "rdma400"
     rounds = [r for r in seen if isinstance(r, RoundRecord)]
-    assert {r.instance for r in rounds} == {"decode"} and all(r.disagg.devices == 2 for r in rounds)
+    assert {r.instance for r in rounds} == {"decode", "prefill"} and all(r.disagg.devices == 2 for r in rounds)
+    prefill = [r for r in rounds if r.instance == "prefill"]  # one a batch: first's, then second's
+    assert [r.index for r in prefill] == [0, 1] and all(r.decode_bs == 0 and r.running == 0 for r in prefill)
+    began = prefill[1].time - prefill[1].round_s
+    assert t.reserved <= began < prefill[1].time <= t.start  # reserved, then prefilled, then sent
+    assert prefill[1].kv_used_tokens == 2000 and prefill[1].flops > 0  # the prefill pool, the prefill's work
 
 
 def test_cpu_kv_really_moves_and_text_equals_generate(model_fp32, tokenizer):
