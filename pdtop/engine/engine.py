@@ -42,7 +42,7 @@ from pdtop.engine.scheduling.commands import (
     Set,
 )
 from pdtop.engine.scheduling.control import Change, check
-from pdtop.engine.scheduling.disagg import check_disagg
+from pdtop.engine.scheduling.disagg import check_disagg_command
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
 from pdtop.engine.scheduling.scheduler import Scheduler
 from pdtop.engine.scheduling.splits import SplitTable
@@ -160,8 +160,7 @@ class Engine(Generic[S]):
                                       or (isinstance(command, Set) and "workload_rate" in command.values)):
             raise ControlError("workload", "no workload runs here (started without one: --workload none); "
                                            "requests come from the API and injects only")
-        if isinstance(command, Set) and command.values.get("policy") == "disagg":
-            check_disagg(self.device)
+        check_disagg_command(command, self.scheduler.policy, self.device)
         if isinstance(command, Inject):
             try:
                 self.intake.hold(self._inject_tokens(command), self.device.now())

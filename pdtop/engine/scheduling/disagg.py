@@ -29,6 +29,7 @@ from pdtop.engine.records import DisaggState, KvTransfer, PrefillProgress, Round
 from pdtop.engine.request import BlockTable, Request, RequestStatus
 from pdtop.engine.runtime.executor import Executor, S
 from pdtop.engine.runtime.kv_link import KvLink, Transfer
+from pdtop.engine.scheduling.commands import EngineCommand, PinLevel, Set
 from pdtop.engine.scheduling.policies import DISAGG_ON_CUDA
 
 
@@ -63,6 +64,15 @@ def check_disagg(device: Device) -> None:
         raise ControlError("policy", DISAGG_ON_CUDA)
     if device.kind == "cpu" and device.units < 2:
         raise ControlError("policy", "disagg needs two cores at least (one per instance)")
+
+
+def check_disagg_command(command: EngineCommand, policy: str, device: Device) -> None:
+    """ControlError for what disagg cannot do: switching to it where it cannot run (`check_disagg`),
+    or pinning a split level while it runs (each instance has its units for good)."""
+    if isinstance(command, Set) and command.values.get("policy") == "disagg":
+        check_disagg(device)
+    elif isinstance(command, PinLevel) and policy == "disagg":
+        raise ControlError("level", "under disagg each instance keeps its own units: switch to pdmux to pin a level")
 
 
 def even_level(groups: list[tuple[int, int]]) -> int:

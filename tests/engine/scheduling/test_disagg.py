@@ -11,7 +11,7 @@ from pdtop.engine.model.config import synthetic_config
 from pdtop.engine.records import KvTransfer, RoundRecord
 from pdtop.engine.roofline.gpu_specs import parse_gpu
 from pdtop.engine.roofline.kv import parse_link
-from pdtop.engine.scheduling.commands import Set
+from pdtop.engine.scheduling.commands import PinLevel, Set
 from pdtop.engine.scheduling.tokens import generate
 
 
@@ -111,6 +111,8 @@ def test_live_switch_to_and_from_disagg():
     for _ in range(60):
         policies.add(engine.step().policy)
     assert "disagg" in policies and engine.scheduler.pair is not None and late.output_ids
+    with pytest.raises(ControlError, match="switch to pdmux to pin a level"):  # nothing to pin: changes nothing
+        engine.control(PinLevel(1))
     engine.control(Set({"policy": "chunked"}))
     engine.run_until_idle()
     assert engine.scheduler.policy == "chunked" and engine.device.instances == 1
