@@ -101,8 +101,8 @@ class CopyLink(KvLink):
             t.start = time.perf_counter()
             copy()
             if self.link is not None:
-                rest = t.start + transfer_time(t.nbytes, self.link) - time.perf_counter()
-                if rest > 0:
+                due = t.start + transfer_time(t.nbytes, self.link)
+                while (rest := due - time.perf_counter()) > 0:
                     time.sleep(rest)
             t.end = time.perf_counter()
 
