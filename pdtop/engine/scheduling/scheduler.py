@@ -32,7 +32,7 @@ from pdtop.engine.request import Request, RequestStatus
 from pdtop.engine.roofline.kv import Link
 from pdtop.engine.runtime.executor import Executor, S
 from pdtop.engine.runtime.kv_link import CopyLink, VirtualLink
-from pdtop.engine.scheduling.disagg import DisaggPair
+from pdtop.engine.scheduling.disagg import DisaggPair, check_disagg
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
 from pdtop.engine.scheduling.policies import check_policy
 from pdtop.engine.scheduling.splits import SplitTable, prefill_layers_per_step
@@ -73,6 +73,8 @@ class Scheduler(Generic[S]):
         self.device, self.executor = device, executor
         self.config = config.for_device(device.kind)
         self.policy = check_policy(policy)
+        if self.policy == "disagg":
+            check_disagg(device)  # ControlError: a device that cannot hold two instances
         self.table = table.realized(device.set_groups(table.groups))  # the units each level runs with
         self.max_prefill_tokens = max_prefill_tokens
         self.pinned: int | None = None

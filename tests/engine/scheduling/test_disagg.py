@@ -119,7 +119,8 @@ def test_live_switch_to_and_from_disagg():
     assert all(len(r.output_ids) == 200 for r in reqs) and len(late.output_ids) == 8
 
 
-def test_cpu_with_one_core_refuses_the_switch():
+def test_a_device_that_cannot_hold_two_instances_refuses_disagg():
+    """One core (a CPU device the splits would refuse anyway) or a GPU: ControlError, naming why."""
     from pdtop.engine.devices.cpu import CpuDevice
     from pdtop.engine.scheduling.disagg import check_disagg
 
