@@ -111,6 +111,11 @@ class Device(ABC):
         devices keep the level's two disjoint unit sets, which the scheduler picks."""
         self.instances = n
 
+    def pin_to_side(self, side: int) -> None:
+        """Run the calling thread (a helper's, such as disagg's KV copy) on the units of prefill
+        (side 0) or decode (1) at the current level: on the CPU its cores; elsewhere nothing to do."""
+        return
+
     def prefill_ended(self) -> float:
         """When the prefill just collected ended (the clock now, where the device cannot tell)."""
         return self.now()

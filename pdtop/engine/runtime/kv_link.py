@@ -92,12 +92,17 @@ class VirtualLink(KvLink):
 
 
 class CopyLink(KvLink):
-    def __init__(self, link: Link | None):
+    def __init__(self, link: Link | None, pin: Callable[[], None] | None = None):
+        """`pin` runs on the copying thread before each copy (the CPU device keeps it on the prefill
+        instance's cores, the side that sends, as SGLang's prefill side pushes its KV)."""
         super().__init__(link)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pdtop-kv-link")
+        self._pin = pin
 
     def send(self, t: Transfer, copy: Callable[[], None]) -> None:
         def job() -> None:
+            if self._pin is not None:
+                self._pin()
             t.start = time.perf_counter()
             copy()
             if self.link is not None:

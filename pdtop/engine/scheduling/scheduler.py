@@ -306,7 +306,8 @@ class Scheduler(Generic[S]):
 
     def _step_disagg(self, stats: RoundStats) -> None:
         if self.pair is None:
-            link = VirtualLink(self.link) if self.device.virtual else CopyLink(self.link)
+            dev = self.device
+            link = VirtualLink(self.link) if dev.virtual else CopyLink(self.link, lambda: dev.pin_to_side(0))
             self.pair = DisaggPair(self.device, self.executor, self.executor.twin(), link, self.max_prefill_tokens)
         pair = self.pair
         pair.enter()

@@ -1,6 +1,9 @@
 """The disagg policy: two instances, each with its own KV pool, the KV over a link between them."""
 from __future__ import annotations
 
+import os
+import threading
+
 import pytest
 
 from pdtop.analysis.estimate import estimate
@@ -91,6 +94,9 @@ def test_cpu_kv_really_moves_and_text_equals_generate(model_fp32, tokenizer):
         assert t.bytes == len(prompt) * model_fp32.config.kv_bytes_per_token(4) and t.link == "0.2 GB/s"
         assert t.end - t.start >= t.bytes / link.bandwidth  # paced to the link
         assert pair.prefill.pool.used_tokens == 0 and engine.executor.pool.used_tokens == 0
+        copier = next(t for t in threading.enumerate() if t.name.startswith("pdtop-kv-link"))
+        assert copier.native_id is not None  # the copy runs on the sending side's cores, not decode's
+        assert os.sched_getaffinity(copier.native_id) == set(engine.device.side_cores(0))  # type: ignore[attr-defined]
     finally:
         engine.close()
 
