@@ -4,7 +4,10 @@ p50/p99/max while they prefill, and interference: each ITL divided by the decode
 the same batch at the same contexts, replayed on the whole device right after (p50/p99; see
 docs/levels.md). `--device sim:H100` runs the seed's scenario (32 requests decoding at context 2048,
 8192-token prompts) on the simulated GPU; `--device cpu` runs the real model on this machine's cores
-(8 requests decoding, eight 1024-token prompts). Progress goes to stderr.
+(8 requests decoding, eight 1024-token prompts). `disagg` runs a prefill and a decode instance
+with their own KV pools, the KV over --link (two simulated GPUs on sim:, two core sets on cpu);
+each result says how many devices it used and gives output tokens/s and goodput (the output of
+the requests that met --slo-itl-ms / --slo-ttft-ms) per device. Progress goes to stderr.
 
 With --url http://HOST:PORT/v1 it is a load generator instead: vllm bench serve's seeded random
 load, sent as streaming requests to any OpenAI-compatible server (pdtop serve --api-port, vLLM,
