@@ -47,6 +47,8 @@ class Scenario:
     decode_tokens: int = 4096  # decode requests' max_tokens: enough to keep decoding through the run
     warmup_rounds: int = 8  # decode-only rounds before the first segment (not measured)
     long_max_tokens: int = 4  # each long prompt decodes this many tokens (it joins the batch, then leaves)
+    slo_itl_ms: float = 20.0  # goodput counts the tokens of requests whose ITL p99 (in the segments) meets this
+    slo_ttft_ms: float = 1000.0  # and, for the long prompts, whose TTFT meets this
 
     def kv_tokens(self, decode_budget: int, block_size: int = 16) -> int:
         """KV the scenario may hold at once: every request's promise (prompt + max_tokens), in blocks."""
@@ -65,7 +67,8 @@ class Scenario:
 SCENARIOS = {
     "sim": Scenario(decode_bs=32, decode_prompt=2048, long_tokens=8192),  # the seed's scenario
     # 8 long prompts: TTFT p50 and max are figures of their own, not one prompt read twice
-    "cpu": Scenario(decode_bs=8, decode_prompt=64, long_tokens=1024, long_prompts=8, decode_tokens=1500),
+    "cpu": Scenario(decode_bs=8, decode_prompt=64, long_tokens=1024, long_prompts=8, decode_tokens=1500,
+                    slo_itl_ms=250.0, slo_ttft_ms=5000.0),
     "cuda": Scenario(decode_bs=32, decode_prompt=2048, long_tokens=8192),
 }
 
@@ -239,7 +242,28 @@ def run_policy(engine: Engine, sc: Scenario, progress: Progress | None = None,
             f"interference p50 {_ratios(seg_steps, 'gap', 'baseline_s')['p50']:.2f}x")
     if any(r.finished for r in decoders):
         raise EngineError("decode requests finished before the long prompts did; raise Scenario.decode_tokens")
-    return PolicyRun(summarize(steps, ttfts, decoders + longs, windows, engine.device.units), steps)
+    devices = 2 if engine.scheduler.policy == "disagg" else 1
+    out = summarize(steps, ttfts, decoders + longs, windows, engine.device.units)
+    good = goodput_tok_s(decoders, longs, windows, sc)
+    out.update({"devices": devices, "goodput_tok_s": good, "goodput_tok_s_per_device": good / devices,
+                "output_tok_s_per_device": out["output_tok_s"] / devices})
+    return PolicyRun(out, steps)
+
+
+def goodput_tok_s(decoders: list[Request], longs: list[Request], windows: list[tuple[float, float]],
+                  sc: Scenario) -> float:
+    """Output tokens/s over the segments of the requests that met the SLOs: a request's ITL p99 over
+    its gaps inside the segments at most `slo_itl_ms`, and a long prompt's TTFT at most `slo_ttft_ms`."""
+    good = 0
+    for r in decoders + longs:
+        inside = [[t for t in r.token_times if a < t <= b] for a, b in windows]
+        gaps = [y - x for ts in inside for x, y in itertools.pairwise(ts)]
+        ok = not gaps or percentile(gaps, 99) <= sc.slo_itl_ms / 1e3
+        if r in longs:
+            ok = ok and r.ttft is not None and r.ttft <= sc.slo_ttft_ms / 1e3
+        good += sum(map(len, inside)) if ok else 0
+    busy = sum(b - a for a, b in windows)
+    return good / busy if busy else float("nan")
 
 
 def _ratios(steps: list[DecodeStep], num: str, den: str) -> dict[str, float]:

@@ -125,16 +125,17 @@ def changes_to(engine: Engine, config: PdmuxConfig) -> dict[str, Any]:
     return {k: v for k, v in config.for_device(engine.device.kind).to_dict().items() if now[k] != v}
 
 
-def measure(engine: Engine, sc: Scenario, slo: Slo, config: PdmuxConfig) -> Measurement:
-    """Run the scenario on a fresh `engine` with `config` applied after the warm-up (see the module doc)."""
+def measure(engine: Engine, sc: Scenario, slo: Slo, config: PdmuxConfig, policy: str = "pdmux") -> Measurement:
+    """Run the scenario on a fresh `engine` with `config` and `policy` applied after the warm-up (see the
+    module doc)."""
     engine.control(Set({"policy": "prefill-first"}))
     decoders = [engine.submit(engine.prompts.make(sc.decode_prompt), decode_max_tokens(engine, sc), ignore_eos=True)
                 for _ in range(sc.decode_bs)]
     _step_until_first_token(engine, decoders)
     steps = [rec.decode_step_s for rec in (engine.step() for _ in range(WARMUP_ROUNDS)) if rec.decode_bs]
-    engine.control(Set({"policy": "pdmux", **changes_to(engine, config)}))
+    engine.control(Set({"policy": policy, **changes_to(engine, config)}))
     engine.step()  # applied at this round's start
-    if changes_to(engine, config) or engine.scheduler.policy != "pdmux":
+    if changes_to(engine, config) or engine.scheduler.policy != policy:
         raise EngineError(f"the engine did not take the candidate {config}")
     start = engine.device.now()
     longs = []

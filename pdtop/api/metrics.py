@@ -21,7 +21,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from pdtop.engine.records import ConfigChange, RequestRecord, RoundRecord
+from pdtop.engine.records import ConfigChange, KvTransfer, RequestRecord, RoundRecord
 
 if TYPE_CHECKING:  # annotations only
     from pdtop.engine.engine import Engine
@@ -87,18 +87,34 @@ class EngineMetrics:
         self.split = SplitCollector(model)
         r.register(self.split)
         self.decode_bs_divisor = gauge("decode_bs_divisor", "Decode requests per level step (pdmux config)")
+        # disagg, under SGLang's PD-disaggregation names (0 under the other policies)
+        self.prealloc = gauge("num_decode_prealloc_queue_reqs", "disagg: requests waiting for decode KV slots")
+        self.transfer_queue = gauge("num_decode_transfer_queue_reqs",
+                                    "disagg: requests with decode slots, their KV not there yet")
+        self.inflight = gauge("num_prefill_inflight_queue_reqs", "disagg: prefilled requests whose KV is on the link")
+        self.kv_transfer = Histogram("pdtop:kv_transfer_latency_seconds", "disagg: one prompt's KV over the link",
+                                     m, buckets=TTFT_BUCKETS, registry=r).labels(model)
+        self.kv_transfer_bytes = Counter("pdtop:kv_transfer_bytes", "disagg: KV bytes sent over the link", m,
+                                         registry=r).labels(model)
         self.policy = Info("pdtop:policy", "Scheduling policy", m, registry=r).labels(model)
         self._model = model
         self._on_config()
 
     def sink(self, rec: Record) -> None:
         """Engine thread: one record in."""
-        if isinstance(rec, RoundRecord):
+        if isinstance(rec, RoundRecord) and rec.instance != "prefill":  # disagg: the decode instance's
             self.running.set(rec.running)
             self.waiting.set(rec.waiting)
             self.kv_usage.set(rec.kv_used_tokens / rec.kv_capacity_tokens if rec.kv_capacity_tokens else 0.0)
             self.generation_tokens.inc(rec.tokens_emitted)
             self.split.split = (rec.level, rec.prefill_units, rec.decode_units)
+            d = rec.disagg
+            self.prealloc.set(d.reserving if d else 0)
+            self.transfer_queue.set(d.prefill_queue + d.prefilling + d.transfers if d else 0)
+            self.inflight.set(d.transfers if d else 0)
+        elif isinstance(rec, KvTransfer):
+            self.kv_transfer.observe(rec.end - rec.start)
+            self.kv_transfer_bytes.inc(rec.bytes)
         elif isinstance(rec, RequestRecord):
             if rec.kind == "first_token":
                 self.prompt_tokens.inc(rec.prompt_tokens)

@@ -6,9 +6,12 @@ import argparse
 import math
 import sys
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pdtop.engine.errors import EngineError
+
+if TYPE_CHECKING:
+    from pdtop.engine.roofline.kv import Link
 
 # Bad input a command reports as one line: the engine's errors, and files it cannot read.
 INPUT_ERRORS: tuple[type[BaseException], ...] = (EngineError, OSError)
@@ -18,7 +21,7 @@ DEVICE_HELP = "cpu, cuda, or sim:GPU (H100, H200, A100, H20, custom:...); defaul
 
 
 def add_runtime_arguments(parser: argparse.ArgumentParser) -> None:
-    """--dtype, --kv-tokens, --gpu-memory-fraction and --no-cuda-graph (serve, dashboard, bench)."""
+    """--dtype, --kv-tokens, --gpu-memory-fraction, --no-cuda-graph and --link (serve, dashboard, bench)."""
     parser.add_argument("--dtype", choices=("float32", "bfloat16"),
                         help="weights, activations and KV cache (default: bfloat16 on cuda, float32 elsewhere)")
     parser.add_argument("--kv-tokens", type=int, metavar="N",
@@ -29,12 +32,27 @@ def add_runtime_arguments(parser: argparse.ArgumentParser) -> None:
                              "weights and activations leave (default 0.9, as vLLM's --gpu-memory-utilization)")
     parser.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false",
                         help="cuda: launch each decode step kernel by kernel instead of replaying CUDA graphs")
+    parser.add_argument("--link", metavar="LINK",
+                        help="the disagg policy's KV link: nvlink, rdma400, rdma200, rdma100, pcie5 or a number in "
+                             "GB/s (default: rdma400 on sim:, unpaced copies on cpu)")
 
 
 def runtime_options(args: argparse.Namespace) -> dict[str, Any]:
-    """`build_engine` keywords from `add_runtime_arguments`' options."""
+    """`build_engine` keywords from `add_runtime_arguments`' options (FieldError naming `--link` for a bad link)."""
     return {"dtype": args.dtype, "kv_capacity_tokens": args.kv_tokens,
-            "gpu_memory_fraction": args.gpu_memory_fraction, "cuda_graphs": args.cuda_graph}
+            "gpu_memory_fraction": args.gpu_memory_fraction, "cuda_graphs": args.cuda_graph,
+            "link": engine_link(args.link) if args.link else None}
+
+
+def engine_link(text: str) -> Link:
+    """`--link` of a command that runs an engine: a link (`none` is for `pdtop estimate` only)."""
+    from pdtop.engine.errors import FieldError
+    from pdtop.engine.roofline.kv import parse_link
+
+    link = parse_link(text, "--link")
+    if link is None:
+        raise FieldError("--link", "disagg's KV needs a link: name one, or leave --link out for the default")
+    return link
 
 
 def cuda_missing(device: str | None) -> str | None:

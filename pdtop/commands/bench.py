@@ -4,7 +4,10 @@ p50/p99/max while they prefill, and interference: each ITL divided by the decode
 the same batch at the same contexts, replayed on the whole device right after (p50/p99; see
 docs/levels.md). `--device sim:H100` runs the seed's scenario (32 requests decoding at context 2048,
 8192-token prompts) on the simulated GPU; `--device cpu` runs the real model on this machine's cores
-(8 requests decoding, eight 1024-token prompts). Progress goes to stderr.
+(8 requests decoding, eight 1024-token prompts). `disagg` runs a prefill and a decode instance
+with their own KV pools, the KV over --link (two simulated GPUs on sim:, two core sets on cpu);
+each result says how many devices it used and gives output tokens/s and goodput (the output of
+the requests that met --slo-itl-ms / --slo-ttft-ms) per device. Progress goes to stderr.
 
 With --url http://HOST:PORT/v1 it is a load generator instead, as vllm bench serve: a seeded
 random load, or a ShareGPT JSON or a JSONL of {"prompt", "output_len"} (--dataset-name), sent as
@@ -40,6 +43,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode-bs", type=int, default=None, help="requests decoding when the long prompts arrive")
     p.add_argument("--long-tokens", type=int, default=None, help="tokens in each long prompt")
     p.add_argument("--long-prompts", type=int, default=None, help="how many long prompts arrive (one after another)")
+    p.add_argument("--slo-itl-ms", type=float, default=None, metavar="MS",
+                   help="goodput: a request's ITL p99 target (default: 20 on sim:, 250 on cpu)")
+    p.add_argument("--slo-ttft-ms", type=float, default=None, metavar="MS",
+                   help="goodput: a long prompt's TTFT target (default: 1000 on sim:, 5000 on cpu)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print exactly one JSON object (with the scenario)")
     p.add_argument("--trace", metavar="FILE", default=None,
@@ -49,18 +56,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _bench_url.add_arguments(p)
 
 
-def _table(results: dict[str, dict], head: str) -> str:
+def _table(results: dict[str, dict], head: str, slo: tuple[float, float]) -> str:
     cols = (f"{'policy':<14}{'TTFT p50':>9}{'max':>8}{'ITL p50':>9}{'p99':>7}{'max':>8}{'base p50':>9}"
-            f"{'intf p50':>9}{'p99':>7}{'cores':>7}{'cont p50':>9}{'p99':>7}{'out tok/s':>10}")
+            f"{'intf p50':>9}{'p99':>7}{'cores':>7}{'cont p50':>9}{'p99':>7}{'out tok/s':>10}{'devices':>8}"
+            f"{'/device':>9}{'goodput/dev':>12}")
     lines = [head, cols]
     for policy, r in results.items():
         t, i, b = r["ttft_ms"], r["itl_ms"], r["baseline_ms"]
         x, c, k = r["interference"], r["fewer_cores"], r["contention"]
         lines.append(f"{policy:<14}{t['p50']:>9.1f}{t['max']:>8.1f}{i['p50']:>9.1f}{i['p99']:>7.1f}{i['max']:>8.1f}"
                      f"{b['p50']:>9.1f}{x['p50']:>8.2f}x{x['p99']:>6.2f}x{c['p50']:>6.2f}x{k['p50']:>8.2f}x"
-                     f"{k['p99']:>6.2f}x{r['output_tok_s']:>10.1f}")
+                     f"{k['p99']:>6.2f}x{r['output_tok_s']:>10.1f}{r['devices']:>8}{r['output_tok_s_per_device']:>9.1f}"
+                     f"{r['goodput_tok_s_per_device']:>12.1f}")
     lines.append("ms unless noted. base: the same batch decode-only on the whole device; intf: ITL / base; "
-                 "cores: decode-only on the step's own cores / base; cont: ITL / that (docs/levels.md)")
+                 "cores: decode-only on the step's own cores / base; cont: ITL / that (docs/levels.md);\n"
+                 "/device: out tok/s per device used (disagg: 2); goodput/dev: out tok/s of the requests that met "
+                 f"the SLOs (ITL p99 <= {slo[0]:g} ms, long prompts' TTFT <= {slo[1]:g} ms), per device")
     return "\n".join(lines)
 
 
@@ -80,8 +91,7 @@ def run(args: argparse.Namespace) -> int:
     from pdtop.engine.scheduling.pdmux_config import PdmuxConfig, load_pdmux_config
 
     def make_engine(policy: str) -> Engine:
-        engine = build_engine(args.device, args.model, config, policy, seed=args.seed,
-                              **runtime_options(args))
+        engine = build_engine(args.device, args.model, config, policy, seed=args.seed, **options)
         freeze_startup_heap()
         return engine
 
@@ -90,12 +100,13 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         sc = SCENARIOS[parse_device(args.device).kind]
-        for name in ("decode_bs", "long_tokens", "long_prompts"):
+        for name in ("decode_bs", "long_tokens", "long_prompts", "slo_itl_ms", "slo_ttft_ms"):
             value = getattr(args, name)
             if value is not None:
-                if value < 1:
+                if not value >= 1 or value == float("inf"):
                     return fail("bench", f"--{name.replace('_', '-')} must be >= 1")
                 sc = replace(sc, **{name: value})
+        options = runtime_options(args)  # a bad --link: one line before any engine starts
         policies = list(POLICIES) if args.policy == "all" else [args.policy]
         config = load_pdmux_config(args.config) if args.config else PdmuxConfig()
         load_before = _loadavg()
@@ -135,7 +146,7 @@ def _report(args: argparse.Namespace, sc: Scenario, runs: dict[str, PolicyRun], 
     head = (f"pdtop bench on {args.device}: {sc.decode_bs} requests decoding ({sc.decode_prompt}-token prompts), "
             f"{sc.long_prompts} prompts of {sc.long_tokens} tokens one after another; "
             f"load average {load['before'][0]:.2f} -> {load['after'][0]:.2f}")
-    print(_table(results, head))
+    print(_table(results, head, (sc.slo_itl_ms, sc.slo_ttft_ms)))
     if args.trace:
         print(f"\nslow steps (trace: {args.trace})")
         print(slow_step_report(rows, sc.long_tokens))

@@ -65,7 +65,7 @@ def serve_command(args: argparse.Namespace) -> list[str]:
     cmd = [sys.executable, "-m", "pdtop", "serve", "--host", "127.0.0.1", "--port", "0", "--api-port", "0",
            "--progress"]
     for flag in ("device", "model", "config", "policy", "rate", "speed", "record", "dtype", "kv_tokens",
-                 "gpu_memory_fraction"):
+                 "gpu_memory_fraction", "link"):
         value = getattr(args, flag, None)
         if value is not None:
             cmd += [f"--{flag.replace('_', '-')}", str(value)]

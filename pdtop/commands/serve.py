@@ -44,10 +44,18 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from pdtop.commands._common import DEVICE_HELP, INPUT_ERRORS, add_runtime_arguments, cuda_missing, fail, runtime_options
+from pdtop.commands._common import (
+    DEVICE_HELP,
+    INPUT_ERRORS,
+    add_runtime_arguments,
+    cuda_missing,
+    engine_link,
+    fail,
+    runtime_options,
+)
 from pdtop.engine.errors import DeviceError
 from pdtop.engine.scheduling.admission import MAX_WAITING_REQUESTS, MAX_WAITING_TOKENS
-from pdtop.engine.scheduling.policies import DEFAULT_POLICY, POLICIES
+from pdtop.engine.scheduling.policies import DEFAULT_POLICY, DISAGG_ON_CUDA, POLICIES
 from pdtop.engine.scheduling.workload import DEMO
 
 SCENARIOS_HELP = "\n".join(f"  {kind}: {spec.describe()}" for kind, spec in DEMO.items())
@@ -119,6 +127,10 @@ def check_inputs(args: argparse.Namespace) -> PdmuxConfig:
     missing = cuda_missing(device) if kind == "cuda" else None
     if missing:  # no GPU, or a torch without CUDA: one line before anything starts
         raise DeviceError(missing)
+    if getattr(args, "link", None):
+        engine_link(args.link)  # FieldError naming it
+    if getattr(args, "policy", None) == "disagg" and kind == "cuda":
+        raise DeviceError(DISAGG_ON_CUDA)
     return _load_config(args.config)
 
 

@@ -19,6 +19,7 @@ Examples:
   pdtop tune --device sim:H200 --slo-itl-ms 8 --slo-ttft-ms 600 --json
   pdtop tune --device sim:H100 --slo-itl-ms 12 --workload decode_bs=64,long_tokens=16384
   pdtop tune --device cpu --slo-itl-ms 80 --budget-s 300
+  pdtop tune --slo-itl-ms 20 --slo-ttft-ms 1000 --policies pdmux,chunked,disagg --link rdma100
 """
 from __future__ import annotations
 
@@ -58,6 +59,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", metavar="FILE", help="write the chosen configuration as SGLang's pdmux YAML")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    p.add_argument("--policies", metavar="P,...",
+                   help="compare the ways instead (pdmux, chunked, prefill-first, disagg): the best configuration "
+                        "of each under the SLOs, and goodput per device")
+    p.add_argument("--link", metavar="LINK", help="disagg's KV link with --policies (default: rdma400 on sim:, "
+                                                   "unpaced copies on cpu)")
 
 
 def _positive(flag: str, text: str | None) -> float | None:
@@ -90,6 +96,12 @@ def run(args: argparse.Namespace) -> int:
         return fail("tune", exc)
     assert itl_ms is not None
     slo = Slo(itl_ms / 1e3, None if ttft_ms is None else ttft_ms / 1e3)
+    if args.link and not args.policies:
+        return fail("tune", "--link applies to disagg: compare the ways with --policies pdmux,chunked,disagg")
+    if args.policies:
+        from pdtop.commands._tune_policies import run_policies
+
+        return run_policies(args, slo, budget, (SIM_BUDGET_S, REAL_BUDGET_S))
     try:
         where = parse_device(args.device)
         missing = cuda_missing(args.device) if where.kind == "cuda" else None

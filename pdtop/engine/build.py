@@ -8,10 +8,11 @@ from pdtop.engine.devices.base import Device
 from pdtop.engine.engine import Engine
 from pdtop.engine.errors import DeviceError, EngineError
 from pdtop.engine.roofline.gpu_specs import CUSTOM_HELP, SPECS, GpuSpec, parse_gpu
+from pdtop.engine.roofline.kv import Link
 from pdtop.engine.runtime.executor import ModelExecutor, SimExecutor
 from pdtop.engine.scheduling.admission import QueueLimits
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
-from pdtop.engine.scheduling.policies import DEFAULT_POLICY
+from pdtop.engine.scheduling.policies import DEFAULT_POLICY, DISAGG_ON_CUDA
 from pdtop.engine.scheduling.splits import SplitTable
 from pdtop.engine.scheduling.workload import PromptMaker, Workload, WorkloadSpec
 
@@ -70,7 +71,7 @@ def build_engine(device: str = "auto", model: str | None = None, config: PdmuxCo
                  policy: str = DEFAULT_POLICY, workload: WorkloadSpec | Workload | None = None, seed: int = 0,
                  dtype: str | None = None, kv_capacity_tokens: int | None = None, temperature: float = 0.0,
                  loaded_model: LlamaModel | None = None, gpu_memory_fraction: float | None = None,
-                 cuda_graphs: bool = True, limits: QueueLimits | None = None) -> Engine:
+                 cuda_graphs: bool = True, limits: QueueLimits | None = None, link: Link | None = None) -> Engine:
     """An engine on `device` (see `parse_device`), ready to `run`.
 
     `model` is a GGUF path, `synthetic:NAME`, or None (the default model; on `sim:` devices
@@ -79,10 +80,13 @@ def build_engine(device: str = "auto", model: str | None = None, config: PdmuxCo
     `dtype` defaults by device (`default_dtype`). The KV cache holds `kv_capacity_tokens`, or on
     CUDA what `gpu_memory_fraction` of the GPU leaves beside the weights (`kv_sizing`); the
     chosen size is in `describe().runtime["kv_cache"]`. `limits` caps the waiting queue
-    (`QueueLimits`' defaults when None).
+    (`QueueLimits`' defaults when None). `link` carries the KV under the `disagg` policy (None:
+    rdma400 on `sim:`, unpaced copies on the CPU); disagg on one GPU is refused (DeviceError).
     """
     config = config or PdmuxConfig()
     where = parse_device(device)
+    if policy == "disagg" and where.kind == "cuda":
+        raise DeviceError(DISAGG_ON_CUDA)
     tokenizer: Tokenizer | None = None  # the model file's; synthetic and simulated models have none
     if where.gpu is not None:  # sim:GPU
         from pdtop.engine.devices.sim import SimDevice
@@ -131,7 +135,7 @@ def build_engine(device: str = "auto", model: str | None = None, config: PdmuxCo
     wl = Workload(workload, start=dev.now()) if isinstance(workload, WorkloadSpec) else workload
     return Engine(device=dev, executor=executor, table=table, config=config, policy=policy, workload=wl,
                   prompts=prompts, model_name=name, temperature=temperature, seed=seed, limits=limits,
-                  tokenizer=tokenizer)
+                  tokenizer=tokenizer, link=link)
 
 
 def _default_model() -> str:

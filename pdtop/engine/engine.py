@@ -28,6 +28,7 @@ from pdtop.engine.errors import ControlError, EngineError, FieldError, PromptErr
 from pdtop.engine.intake import Intake
 from pdtop.engine.records import ConfigChange, ControlFailure, RequestRecord, RoundRecord
 from pdtop.engine.request import Request, SamplingParams
+from pdtop.engine.roofline.kv import Link
 from pdtop.engine.runtime.executor import Executor, S
 from pdtop.engine.runtime.heap import freeze_startup_heap
 from pdtop.engine.scheduling.admission import QueueLimits
@@ -41,6 +42,7 @@ from pdtop.engine.scheduling.commands import (
     Set,
 )
 from pdtop.engine.scheduling.control import Change, check
+from pdtop.engine.scheduling.disagg import check_disagg_command
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
 from pdtop.engine.scheduling.scheduler import Scheduler
 from pdtop.engine.scheduling.splits import SplitTable
@@ -70,9 +72,9 @@ class Engine(Generic[S]):
     def __init__(self, *, device: Device, executor: Executor[S], table: SplitTable, config: PdmuxConfig,
                  policy: str, workload: Workload | None, prompts: PromptMaker, model_name: str,
                  temperature: float = 0.0, seed: int = 0, limits: QueueLimits | None = None,
-                 tokenizer: Tokenizer | None = None):
+                 tokenizer: Tokenizer | None = None, link: Link | None = None):
         self.device, self.executor, self.model_name = device, executor, model_name
-        self.scheduler = Scheduler(device, executor, table, config, policy)
+        self.scheduler = Scheduler(device, executor, table, config, policy, link=link)
         self.workload = workload
         self.prompts = prompts
         self.tokenizer = tokenizer  # the model file's; None for synthetic models
@@ -159,6 +161,7 @@ class Engine(Generic[S]):
                                       or (isinstance(command, Set) and "workload_rate" in command.values)):
             raise ControlError("workload", "no workload runs here (started without one: --workload none); "
                                            "requests come from the API and injects only")
+        check_disagg_command(command, self.scheduler.policy, self.device)
         if isinstance(command, Inject):
             try:
                 self.intake.hold(self._inject_tokens(command), self.device.now())
@@ -210,6 +213,7 @@ class Engine(Generic[S]):
         if policy is not None:
             if s.prefill_in_flight and policy != s.policy:
                 self._deferred_policy = (policy, client)  # switched once in-flight prefill is done
+                s.next_policy = policy
             else:
                 note("policy", s.policy, policy)
                 s.set_policy(policy)
@@ -344,10 +348,13 @@ class Engine(Generic[S]):
             else:
                 self.intake.wake.wait(IDLE_S)
                 self._take_requests()
-        record, requests = self.scheduler.step()
+        s = self.scheduler
+        record, requests = s.step()
         self._pace()  # a paced virtual clock: report the round when wall time reaches its end
         for r in requests:
             self._report(r)
+        for done in s.pair.drain() if s.pair is not None else ():  # disagg: prefill rounds, KV transfers
+            self._report(done)
         self._report(record)
         if self._watchers:
             self._watchers.notify(self._stop)
@@ -383,4 +390,6 @@ class Engine(Generic[S]):
         return n
 
     def close(self) -> None:
+        if self.scheduler.pair is not None:
+            self.scheduler.pair.close()
         self.device.close()

@@ -23,12 +23,42 @@ class PrefillProgress:
 
 
 @dataclass
+class DisaggState:
+    """Under `disagg`, the prefill instance and the link beside the decode instance's round
+    (docs/protocol.md): SGLang's queues, pdtop's pools."""
+
+    reserving: int  # requests waiting for the decode instance to reserve their KV slots
+    prefill_queue: int  # slots reserved, waiting for the prefill instance
+    prefilling: int  # requests in the prefill instance's batch in flight
+    prefill_kv_used_tokens: int  # the prefill instance's own pool
+    prefill_kv_capacity_tokens: int
+    transfers: int  # KV transfers queued or in flight on the link
+    transfer_bytes: int  # their bytes
+    link: str  # the link's name ("rdma100", "12.5 GB/s", "memory copy")
+    prefill_units: int  # SMs (of the second GPU) or cores of the prefill instance
+    devices: int  # GPUs or core sets the two instances use: 2
+
+
+@dataclass
+class KvTransfer:
+    """One prompt's KV sent from the prefill instance's pool to the decode instance's (`disagg`)."""
+
+    time: float  # engine clock when reported: the transfer's end, as every record's `time`
+    request_id: int
+    bytes: int
+    reserved: float  # when the decode instance reserved the slots (before the prefill started)
+    start: float  # engine clock: the copy began (after the prefill and any earlier transfer)
+    end: float
+    link: str
+
+
+@dataclass
 class RoundRecord:
     """One scheduler round."""
 
     index: int
     time: float  # engine clock at the end of the round
-    policy: str  # "pdmux" | "chunked" | "prefill-first"
+    policy: str  # "pdmux" | "chunked" | "prefill-first" | "disagg"
     level: int  # index into the split levels
     prefill_units: int  # SMs or cores given to prefill this round
     decode_units: int
@@ -44,6 +74,8 @@ class RoundRecord:
     kv_capacity_tokens: int
     bytes_moved: float  # estimated bytes read/written this round (weights + KV)
     flops: float  # estimated FLOPs this round
+    instance: str | None = None  # "decode" under disagg (the decode instance's round); null: one instance
+    disagg: DisaggState | None = None  # under disagg: the prefill instance and the link
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """A request, the one type every part of the engine passes around (nano-vllm's `Sequence`).
 
 Who writes what, so that each fact has one owner:
-- the scheduler (`scheduling/scheduler.py::append_token`) appends tokens and their
+- the scheduler (`scheduling/tokens.py::append_token`) appends tokens and their
   times, moves `status` along and decides when a request is finished;
 - the executor (the model runner, or the simulator's bookkeeping) owns the KV side:
   `table` (blocks, through the `BlockPool`), `num_cached` and the sampling `generator`.

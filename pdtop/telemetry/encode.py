@@ -19,7 +19,7 @@ import orjson
 
 from pdtop import __version__
 from pdtop.engine.description import WIRE
-from pdtop.engine.records import ConfigChange, PrefillProgress, RequestRecord, RoundRecord
+from pdtop.engine.records import ConfigChange, KvTransfer, PrefillProgress, RequestRecord, RoundRecord
 from pdtop.telemetry.events import PROTOCOL_VERSION, EngineConfig, EngineDescription
 
 _PREFILL_FIELDS = tuple(f.name for f in dataclasses.fields(PrefillProgress))
@@ -33,6 +33,8 @@ def round_event(rec: RoundRecord) -> dict[str, Any]:
     """`dataclasses.asdict` with the type, done by hand: asdict deep-copies and is slow per round."""
     body = dict(vars(rec))
     body["prefills"] = [{name: _copy(getattr(p, name)) for name in _PREFILL_FIELDS} for p in rec.prefills]
+    if rec.disagg is not None:
+        body["disagg"] = dataclasses.asdict(rec.disagg)
     return {"type": "round", "v": PROTOCOL_VERSION, **body}
 
 
@@ -44,6 +46,10 @@ def request_event(rec: RequestRecord) -> dict[str, Any]:
     body = dict(vars(rec))
     body["itls_s"] = list(rec.itls_s)
     return {"type": "request", "v": PROTOCOL_VERSION, **body}
+
+
+def transfer_event(rec: KvTransfer) -> dict[str, Any]:
+    return {"type": "transfer", "v": PROTOCOL_VERSION, **vars(rec)}
 
 
 def config_event(change: ConfigChange, config: EngineConfig) -> dict[str, Any]:
@@ -83,10 +89,10 @@ def _wire_fields(cls: type) -> tuple[tuple[str, str | None], ...]:
 
 
 _RECORD_HEADS = {cls: f'{{"type":"{name}","v":{PROTOCOL_VERSION},'.encode()
-                 for cls, name in ((RoundRecord, "round"), (RequestRecord, "request"))}
+                 for cls, name in ((RoundRecord, "round"), (RequestRecord, "request"), (KvTransfer, "transfer"))}
 
 
-def encode_record(rec: RoundRecord | RequestRecord) -> str:
+def encode_record(rec: RoundRecord | RequestRecord | KvTransfer) -> str:
     """The event of a round or request record as JSON text, straight from the dataclass: orjson
     writes it about 12x faster than building the dict and `json.dumps` (9 us a record), which the
     engine thread pays for every event streamed. It parses to `record_event(rec)`, non-finite
@@ -104,6 +110,8 @@ def record_event(rec: Any, config: EngineConfig | None = None) -> dict[str, Any]
         return round_event(rec)
     if isinstance(rec, RequestRecord):
         return request_event(rec)
+    if isinstance(rec, KvTransfer):
+        return transfer_event(rec)
     if isinstance(rec, ConfigChange):
         if config is None:
             raise TypeError("a ConfigChange's event needs the configuration after it")

@@ -1,7 +1,7 @@
 """The protocol's events as typed classes (docs/protocol.md is the reference).
 
 Every event on the wire is a flat JSON object with `type` and `v`. The engine's records
-(`pdtop.engine.records`) are the `round` and `request` payloads, and a `ConfigChange` plus
+(`pdtop.engine.records`) are the `round`, `request` and `transfer` payloads, and a `ConfigChange` plus
 the whole configuration is a `config` event; the engine's description and configuration
 (`hello.engine`) are its records too (`pdtop.engine.description`, re-exported here).
 Telemetry adds the rest here. Consumers turn a received object into one of these classes
@@ -20,7 +20,7 @@ from pdtop.engine.description import EngineConfig as EngineConfig
 from pdtop.engine.description import EngineDescription as EngineDescription
 from pdtop.engine.description import Limits as Limits
 from pdtop.engine.description import Totals as Totals
-from pdtop.engine.records import ConfigChange, RequestRecord, RoundRecord
+from pdtop.engine.records import ConfigChange, KvTransfer, RequestRecord, RoundRecord
 
 PROTOCOL_VERSION = 1
 
@@ -160,9 +160,11 @@ class Metrics:
     decode_units: float | str | None = None
 
 
-Event = Hello | RoundRecord | RequestRecord | ConfigEvent | Hw | Dropped | Reply | ErrorNotice | Batch | Seek | Metrics
+Event = (Hello | RoundRecord | RequestRecord | ConfigEvent | Hw | Dropped | Reply | ErrorNotice | Batch | Seek | Metrics
+         | KvTransfer)
 
 EVENT_CLASSES: dict[str, type] = {
     "hello": Hello, "round": RoundRecord, "request": RequestRecord, "config": ConfigEvent, "hw": Hw,
     "dropped": Dropped, "reply": Reply, "error": ErrorNotice, "batch": Batch, "seek": Seek, "metrics": Metrics,
+    "transfer": KvTransfer,
 }

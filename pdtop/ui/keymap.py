@@ -111,6 +111,7 @@ POLICY_CHOICES = (
     ("pdmux", "prefill beside decode, on split units"),
     ("chunked", "decode batch + a prompt chunk each step"),
     ("prefill-first", "whole prompts first, decode waits"),
+    ("disagg", "a prefill and a decode instance, KV over a link"),
 )
 
 

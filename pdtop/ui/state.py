@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pdtop.engine.records import PrefillProgress, RequestRecord, RoundRecord
+from pdtop.engine.records import DisaggState, KvTransfer, PrefillProgress, RequestRecord, RoundRecord
 from pdtop.telemetry.decode import EventError, UnknownEventType, decode_event
 from pdtop.telemetry.events import (
     ConfigEvent,
@@ -37,24 +37,12 @@ from pdtop.telemetry.events import (
     Seek,
 )
 from pdtop.ui.engine_info import EngineInfo
+from pdtop.ui.prefill_view import PrefillView, prefill_views
 from pdtop.ui.scrape_view import ScrapeView
 from pdtop.ui.stats import summary
 from pdtop.ui.window_figures import RoundPoint
 
 MAX_GAPS_PER_ROUND = 256  # a round's gap counted at most this often: bounded work per round
-
-
-@dataclass
-class PrefillView:
-    """One in-flight prefill as the prefill panel shows it."""
-
-    request_ids: list[int]
-    tokens: int
-    layers_done: int
-    layers_total: int
-    layers_per_round: int
-    eta_s: float | None
-    tokens_done: int | None = None  # chunked: progress in tokens
 
 
 @dataclass
@@ -91,6 +79,8 @@ class DashboardState:
     kv_used: int = 0
     kv_capacity: int = 0
     prefills: list[PrefillView] = field(default_factory=list)
+    disagg: DisaggState | None = None  # under disagg: the prefill instance and the link (the latest round's)
+    transfers: deque[KvTransfer] = field(default_factory=lambda: deque(maxlen=256))  # the latest KV transfers
     shown_level: int | None = None  # the level on screen at the last repaint: what + and - step from
 
     rounds: deque[RoundPoint] = field(default_factory=deque)
@@ -183,13 +173,15 @@ class DashboardState:
         self.policy = config.policy
 
     def _on_round(self, r: RoundRecord) -> None:
+        self.rounds_seen += 1
+        if r.instance == "prefill":  # disagg's prefill instance: its state also rides on the decode rounds
+            return
         t = r.time
         last = self.rounds[-1] if self.rounds else None
         if last is not None and t < last.time:
             self.reset_series()  # the clock went back: a new engine, or a replay seek
             last = None
         follows = last is not None and r.index == last.index + 1  # no round missed in between
-        self.rounds_seen += 1
         self.round_index = r.index
         self.time = t
         self.policy = r.policy
@@ -203,6 +195,7 @@ class DashboardState:
         self.idle = r.decode_bs == 0 and not r.prefills and r.waiting == 0 and r.running == 0
         self.kv_used = r.kv_used_tokens
         self.kv_capacity = r.kv_capacity_tokens
+        self.disagg = r.disagg
         # ITL of the decode batch: from the last round that gave it tokens (or that a prefill joined it
         # in) to this one; unknown after a gap in the rounds
         if not follows:
@@ -221,33 +214,13 @@ class DashboardState:
             r.bytes_moved, r.tokens_emitted, r.decode_bs, r.level, r.prefill_units, r.decode_units, self.idle, itl,
             tuple(first.request_ids) if first else (),
             min(1.0, (first.layers_done + first.layers_per_round) / first.layers_total)
-            if first and first.layers_total else 0.0))
+            if first and first.layers_total else 0.0, r.disagg.transfer_bytes if r.disagg else 0))
 
     def _update_prefills(self, progress: list[PrefillProgress], t: float) -> None:
         """The prefill views after this round, with their ETAs."""
-        seen: dict[tuple[int, ...], tuple[float, int]] = {}
-        views: list[PrefillView] = []
-        mean_round = self.mean_round_s()
-        for p in progress:
-            key = tuple(p.request_ids)
-            done, total, k = p.layers_done, p.layers_total, p.layers_per_round
-            first = self._prefill_first_seen.get(key, (t, done))
-            seen[key] = first
-            remaining = max(0, total - done)
-            eta: float | None
-            if remaining == 0:
-                eta = 0.0
-            elif k > 0 and mean_round is not None:
-                eta = math.ceil(remaining / k) * mean_round
-            elif p.tokens_done is not None and self.config is not None and mean_round is not None:
-                eta = math.ceil((p.tokens - p.tokens_done) / max(1, self.config.chunk_size)) * mean_round
-            elif t > first[0] and done > first[1]:
-                eta = remaining / ((done - first[1]) / (t - first[0]))
-            else:
-                eta = None
-            views.append(PrefillView(p.request_ids, p.tokens, done, total, k, eta, p.tokens_done))
-        self._prefill_first_seen = seen
-        self.prefills = views
+        chunk = self.config.chunk_size if self.config is not None else None
+        self.prefills, self._prefill_first_seen = prefill_views(progress, t, self._prefill_first_seen,
+                                                                self.mean_round_s(), chunk)
 
     def _on_request(self, r: RequestRecord) -> None:
         if r.kind == "arrival":
@@ -263,6 +236,9 @@ class DashboardState:
             self.finished += 1
             if r.itls_s:  # TPOT = (end - first token) / (tokens - 1): the mean of its gaps
                 self.tpots.append(sum(r.itls_s) / len(r.itls_s))
+
+    def _on_transfer(self, t: KvTransfer) -> None:
+        self.transfers.append(t)
 
     def _on_config(self, change: ConfigEvent) -> None:
         self._set_config(change.config)
@@ -295,6 +271,7 @@ class DashboardState:
         self.ttfts.clear()
         self.itls.clear()
         self.tpots.clear()
+        self.transfers.clear()
         self.prefills = []
         self._prefill_first_seen = {}
         self._last_decode_time = None
@@ -307,7 +284,7 @@ class DashboardState:
         """A copy that later events do not change (a frozen screen); the buffers are copied, their
         points shared (they are never changed once appended)."""
         twin = copy.copy(self)
-        for name in ("rounds", "ttfts", "itls", "tpots", "config_changes", "errors"):
+        for name in ("rounds", "ttfts", "itls", "tpots", "config_changes", "errors", "transfers"):
             buffer = getattr(self, name)
             setattr(twin, name, deque(buffer, maxlen=buffer.maxlen))
         twin.prefills = list(self.prefills)
@@ -391,6 +368,7 @@ _HANDLERS: dict[type, Callable[[DashboardState, Any], None]] = {
     Hello: DashboardState._on_hello,
     RoundRecord: DashboardState._on_round,
     RequestRecord: DashboardState._on_request,
+    KvTransfer: DashboardState._on_transfer,
     ConfigEvent: DashboardState._on_config,
     Hw: DashboardState._on_hw,
     Dropped: DashboardState._on_dropped,

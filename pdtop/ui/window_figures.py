@@ -28,6 +28,7 @@ class RoundPoint:
     itl_s: float | None  # the decode batch's token gap that ended in this round (None: no decode, or unknown)
     prefill_ids: tuple[int, ...]  # requests of the first prefill in flight in the round (empty: none)
     prefill_frac: float  # its layers done by the end of the layers in flight (done + k) / total
+    transfer_bytes: int = 0  # disagg: KV bytes on the link at the end of the round
 
 
 @dataclass

@@ -34,7 +34,9 @@ def test_json_carries_the_scenario_and_load_average(bench):
     sc = doc["scenario"]
     assert (sc["decode_bs"], sc["long_tokens"], sc["long_prompts"], sc["decode_prompt"]) == (2, 96, 2, 64)
     assert len(doc["loadavg"]["before"]) == len(doc["loadavg"]["after"]) == 3
-    assert set(doc["results"]) == {"pdmux", "chunked", "prefill-first"}
+    assert set(doc["results"]) == {"pdmux", "chunked", "prefill-first", "disagg"}
+    assert {p: r["devices"] for p, r in doc["results"].items()} == {"pdmux": 1, "chunked": 1, "prefill-first": 1,
+                                                                   "disagg": 2}
 
 
 def test_interference_is_each_itl_over_its_own_compositions_baseline(bench):
@@ -73,8 +75,11 @@ def test_trace_rows_say_where_the_round_ran_and_the_report_reads_them(bench):
             assert len(row["decode_cores"]) == row["decode_units"]
         if row["decode_units"] and row["prefill_units"]:  # a split level: the two sides on disjoint cores
             assert not set(row["decode_cores"]) & set(row["prefill_cores"])
+    dg = [row for row in rows if row["policy"] == "disagg"]  # two instances on disjoint cores
+    assert dg and all(row["decode_units"] > 0 and row["prefill_units"] > 0 for row in dg)
+    assert all(not set(row["decode_cores"]) & set(row["prefill_cores"] or ()) for row in dg)
     report = slow_step_report(rows, long_tokens=96)
-    assert report.count("decode steps at interference >=") == 3
+    assert report.count("decode steps at interference >=") == 4  # one section a policy
     for label, _ in ATTRIBUTES:
         assert label in report
 

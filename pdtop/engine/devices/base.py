@@ -40,6 +40,7 @@ class Device(ABC):
     virtual: bool = False
     level: int = 0
     max_prefill_in_flight: int = 1  # prefill slices submit_prefill accepts before the first is done
+    instances: int = 1  # 2 under disagg: prefill and decode as two instances (`set_instances`)
 
     @abstractmethod
     def now(self) -> float: ...
@@ -100,7 +101,24 @@ class Device(ABC):
 
     @property
     def split(self) -> tuple[int, int]:
+        if self.instances == 2 and self.virtual:
+            return self.units, self.units  # two simulated GPUs, each whole
         return self.groups[self.level]
+
+    def set_instances(self, n: int) -> None:
+        """1: one instance, split by levels; 2 (disagg): a prefill instance and a decode instance. A
+        simulated device then simulates two whole GPUs (each its own SMs and bandwidth); real
+        devices keep the level's two disjoint unit sets, which the scheduler picks."""
+        self.instances = n
+
+    def pin_to_side(self, side: int) -> None:
+        """Run the calling thread (a helper's, such as disagg's KV copy) on the units of prefill
+        (side 0) or decode (1) at the current level: on the CPU its cores; elsewhere nothing to do."""
+        return
+
+    def prefill_ended(self) -> float:
+        """When the prefill just collected ended (the clock now, where the device cannot tell)."""
+        return self.now()
 
     def idle(self, seconds: float) -> None:
         """Nothing to run: let time pass (a simulated device advances its clock)."""

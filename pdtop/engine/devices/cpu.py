@@ -116,6 +116,13 @@ class CpuDevice(Device):
         self.wait_prefill()
         return self._decode.submit(self.cores, work.run).result()
 
+    def pin_to_side(self, side: int) -> None:
+        import torch
+
+        cores = self.side_cores(side)
+        os.sched_setaffinity(threading.get_native_id(), cores)
+        torch.set_num_threads(len(cores))
+
     def worker_cores(self) -> dict[str, tuple[int, ...] | None]:
         """The core sets the two threads last pinned themselves to (for tests and telemetry)."""
         return {"prefill": self._prefill.cores, "decode": self._decode.cores}

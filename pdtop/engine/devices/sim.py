@@ -72,6 +72,7 @@ class SimDevice(Device):
         self._bandwidth = achieved_bandwidth(self.spec)
         self._prefill: _Running | None = None
         self._prefill_result: object = None
+        self._prefill_end = 0.0  # the clock when the last prefill ended
 
     def describe(self) -> DeviceDescription:
         s, out = self.spec, super().describe()
@@ -83,6 +84,8 @@ class SimDevice(Device):
         return self.clock
 
     def _side_units(self, side: int) -> int:
+        if self.instances == 2:
+            return self.units  # each instance is a whole GPU of its own
         units = self.groups[self.level][side]
         return units if units > 0 else self.units  # an empty side's work time-shares the other side
 
@@ -106,13 +109,18 @@ class SimDevice(Device):
     def _run_for(self, running: list[_Running], deadline: float) -> None:
         """Run `running` (one or both sides, sharing bandwidth; half speed each on a time-shared
         level) until the first of them ends or the clock reaches `deadline`."""
-        beside = len(running) == 2
-        grants = share_bandwidth(self._bandwidth, [j.demand(beside) for j in running])
-        slow = 0.5 if 0 in self.groups[self.level] and beside else 1.0
+        beside = len(running) == 2 and self.instances != 2  # two GPUs: nothing runs beside on one device
+        if self.instances == 2:  # two GPUs: each its own bandwidth, nothing shared
+            grants, slow = [j.demand() for j in running], 1.0
+        else:
+            grants = share_bandwidth(self._bandwidth, [j.demand(beside) for j in running])
+            slow = 0.5 if 0 in self.groups[self.level] and beside else 1.0
         rates = [j.rate(g, beside) * slow for j, g in zip(running, grants, strict=True)]
         dt = min(deadline - self.clock, *(j.left / r for j, r in zip(running, rates, strict=True)))
         for j, r in zip(running, rates, strict=True):
             j.left = 0.0 if j.left / r <= dt else j.left - r * dt
+            if j is self._prefill and j.left == 0.0:
+                self._prefill_end = self.clock + dt
         self.clock += dt
 
     def idle(self, seconds: float) -> None:
@@ -126,7 +134,12 @@ class SimDevice(Device):
         if self.prefill_busy():
             raise RuntimeError("a prefill is already outstanding")
         self._prefill = _Running(work, self.prefill_seconds(work, self._side_units(0)))
+        if self._prefill.left == 0.0:  # nothing to do: done as it starts
+            self._prefill_end = self.clock
         self._prefill_result = work.run()
+
+    def prefill_ended(self) -> float:
+        return self._prefill_end
 
     def prefill_busy(self) -> bool:
         return self._prefill is not None and self._prefill.left > 0

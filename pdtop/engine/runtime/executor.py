@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pdtop.engine.devices.base import Work
 from pdtop.engine.model.config import ModelConfig
-from pdtop.engine.request import Request
+from pdtop.engine.request import BlockTable, Request
 from pdtop.engine.roofline import cost
 from pdtop.engine.runtime.block_pool import BlockPool
 
@@ -39,6 +39,19 @@ class Executor(ABC, Generic[S]):
 
     @abstractmethod
     def release(self, req: Request) -> None: ...
+
+    # -- a second instance (the disagg policy's prefill instance) ------------------------------
+    @abstractmethod
+    def twin(self) -> Executor[S]:
+        """An executor of the same model with a KV pool of its own, as large as this one's."""
+
+    @abstractmethod
+    def admit_prompt(self, req: Request) -> None:
+        """`admit` on a prefill instance: the prompt's blocks only (the decode instance promised the rest)."""
+
+    @abstractmethod
+    def copy_kv_from(self, src: Executor[S], src_table: BlockTable, dst_table: BlockTable, tokens: int) -> None:
+        """Copy the K/V of the first `tokens` tokens from `src`'s pool (`src_table`) into this pool's `dst_table`."""
 
     def kv_usage(self) -> tuple[int, int]:
         """(used tokens, capacity tokens)."""
@@ -124,6 +137,28 @@ class ModelExecutor(Executor["PrefillState"]):
     def release(self, req: Request) -> None:
         self.runner.free(req)
 
+    def twin(self) -> ModelExecutor:
+        from pdtop.engine.runtime.runner import ModelRunner
+
+        kv = self.runner.kv
+        twin = ModelRunner(self.runner.model, kv.pool.capacity_tokens, kv.block_size, cuda_graphs=False)
+        twin.kv_how = self.runner.kv_how
+        return ModelExecutor(twin)
+
+    def admit_prompt(self, req: Request) -> None:
+        self.runner.admit(req, promise=False)
+
+    def copy_kv_from(self, src: Executor[PrefillState], src_table: BlockTable, dst_table: BlockTable,
+                     tokens: int) -> None:
+        import torch
+
+        assert isinstance(src, ModelExecutor)
+        a, b = src.runner.kv, self.runner.kv
+        at = torch.as_tensor(a.slots(src_table, 0, tokens), device=a.data.device)
+        bt = torch.as_tensor(b.slots(dst_table, 0, tokens), device=b.data.device)
+        with torch.inference_mode():  # dim 3 is the token slot: [layers, K/V, heads, slots, head_dim]
+            b.data.index_copy_(3, bt, a.data.index_select(3, at).to(b.data.device))
+
     def _run_decode(self, reqs: list[Request]) -> list[int]:
         return self.runner.decode(reqs)
 
@@ -157,6 +192,16 @@ class SimExecutor(Executor[list[Request]]):
 
     def release(self, req: Request) -> None:
         self.pool.release(req.table)
+
+    def twin(self) -> SimExecutor:
+        return SimExecutor(self.cfg, self.pool.capacity_tokens, self.dtype_bytes, self.pool.block_size)
+
+    def admit_prompt(self, req: Request) -> None:
+        self.pool.admit(req.table, req.prompt_len, 0, f"request {req.id}")
+
+    def copy_kv_from(self, src: Executor[list[Request]], src_table: BlockTable, dst_table: BlockTable,
+                     tokens: int) -> None:
+        """Nothing to copy: simulated pools hold no K/V, only their count."""
 
     def _grow(self, reqs: list[Request]) -> None:
         self.pool.reserve_many([(r.table, r.num_cached + 1) for r in reqs], what=f"decode batch of {len(reqs)}")

@@ -126,9 +126,10 @@ class ModelRunner:
 
     # --- requests ----------------------------------------------------------
 
-    def admit(self, req: Request) -> None:
+    def admit(self, req: Request, promise: bool = True) -> None:
         """Validate a waiting request and reserve its KV: the prompt's blocks now, and the promise
-        of room for prompt + max_tokens (PromptError / KVCapacityError, nothing changed)."""
+        of room for prompt + max_tokens (PromptError / KVCapacityError, nothing changed). Without
+        `promise`, the prompt's blocks only (a disagg prefill instance: decode holds the rest)."""
         if req.status is not RequestStatus.WAITING or req.table.blocks or req.num_cached or req.output_ids:
             raise ValueError(f"request {req.id} is not a new waiting request")
         params = req.params
@@ -143,7 +144,7 @@ class ModelRunner:
         if len(prompt) + params.max_tokens > cfg.max_context:
             raise PromptError(f"prompt of {len(prompt)} tokens + max_tokens {params.max_tokens} exceeds the "
                               f"model's context of {cfg.max_context} tokens")
-        self.kv.pool.admit(req.table, len(prompt), params.max_tokens, f"request {req.id}")
+        self.kv.pool.admit(req.table, len(prompt), params.max_tokens if promise else 0, f"request {req.id}")
         req.prompt_ids = prompt
         req.generator = make_generator(params)
 

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 from pdtop.engine.errors import ConfigError
 
-POLICIES = ("pdmux", "chunked", "prefill-first")
+POLICIES = ("pdmux", "chunked", "prefill-first", "disagg")
 DEFAULT_POLICY = "pdmux"
+# why `disagg` does not run on a cuda device, in the words every refusal uses
+DISAGG_ON_CUDA = ("the disagg policy runs a prefill instance and a decode instance on devices of their own; "
+                  "one GPU cannot hold both: see it with --device sim:H100 --policy disagg (or run it on --device cpu)")
 
 
 def check_policy(policy: object) -> str:

@@ -1,4 +1,4 @@
-"""The scheduler round: continuous batching under one of three policies.
+"""The scheduler round: continuous batching under one of four policies.
 
 - `pdmux`: one decode step on the decode side while the in-flight prefill batch
   advances `k = min(L, max(1, budget // tokens))` layers on the prefill side, at most
@@ -9,73 +9,37 @@
   prompt in a single forward on every unit.
 - `prefill-first`: waiting prompts are prefilled whole, on every unit, before
   decode continues.
+- `disagg`: a prefill instance and a decode instance with their own KV pools; KV
+  moves between them over a link (`disagg.py`).
 
 With greedy sampling the policies give the same tokens: only timing differs.
 
-The scheduler is the one owner of what a token means (nano-vllm's `Scheduler.postprocess`):
-`append_token` appends it, moves the request's status along and decides "finished";
-the executor only returns tokens. `abort` ends a request early (its client left, or a
+The scheduler is the one owner of what a token means: `append_token` (`tokens.py`) appends
+it, moves the request's status along and decides "finished"; the executor only returns tokens.
+`abort` ends a request early (its client left, or a
 stop string matched) and frees its KV; one whose prefill is in flight ends when it completes.
-`generate` runs one request alone on a `ModelRunner` through the same rule (`pdtop generate`, tests).
 """
 from __future__ import annotations
 
-import time
 from collections import deque
-from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Generic
+from typing import Generic
 
 from pdtop.engine.devices.base import Device, Work
 from pdtop.engine.errors import EngineError, KVCapacityError
 from pdtop.engine.records import PrefillProgress, RequestRecord, RoundRecord
 from pdtop.engine.request import Request, RequestStatus
+from pdtop.engine.roofline.kv import Link
 from pdtop.engine.runtime.executor import Executor, S
+from pdtop.engine.runtime.kv_link import CopyLink, VirtualLink
+from pdtop.engine.scheduling.disagg import DisaggPair, check_disagg
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
 from pdtop.engine.scheduling.policies import check_policy
 from pdtop.engine.scheduling.splits import SplitTable, prefill_layers_per_step, slice_layers
-
-if TYPE_CHECKING:
-    from pdtop.engine.runtime.runner import ModelRunner
+from pdtop.engine.scheduling.tokens import append_token as append_token
+from pdtop.engine.scheduling.tokens import generate as generate
 
 MAX_PREFILL_TOKENS = 8192  # prompt tokens a pdmux / prefill-first batch may gather
-
-
-def append_token(req: Request, token: int, now: float, eos_ids: Sequence[int]) -> bool:
-    """Append one sampled token at time `now`; True when that finishes the request.
-
-    The one place a request's status moves past prefill and "finished" is decided:
-    on an end-of-sequence token (unless `ignore_eos`) or at `max_tokens`.
-    """
-    req.output_ids.append(token)
-    req.token_times.append(now)
-    if not req.params.ignore_eos and token in eos_ids:
-        req.status, req.finish_reason = RequestStatus.FINISHED, "eos"
-    elif len(req.output_ids) >= req.params.max_tokens:
-        req.status, req.finish_reason = RequestStatus.FINISHED, "length"
-    else:
-        req.status = RequestStatus.DECODING
-    return req.finished
-
-
-def generate(runner: ModelRunner, req: Request) -> Iterator[int]:
-    """Run one new request alone: admit, prefill, decode until `append_token` finishes it.
-
-    Yields each token once appended (the first right after the prefill); the request's
-    KV is freed at the end, also when the caller stops early.
-    """
-    runner.admit(req)
-    try:
-        req.status = RequestStatus.PREFILLING
-        tokens = runner.prefill([req])
-        while True:
-            finished = append_token(req, tokens[0], time.perf_counter(), runner.config.eos_ids)
-            yield tokens[0]
-            if finished:
-                return
-            tokens = runner.decode([req])
-    finally:
-        runner.free(req)
 
 
 @dataclass
@@ -106,10 +70,12 @@ class RoundStats:
 
 class Scheduler(Generic[S]):
     def __init__(self, device: Device, executor: Executor[S], table: SplitTable, config: PdmuxConfig,
-                 policy: str = "pdmux", max_prefill_tokens: int = MAX_PREFILL_TOKENS):
+                 policy: str = "pdmux", max_prefill_tokens: int = MAX_PREFILL_TOKENS, link: Link | None = None):
         self.device, self.executor = device, executor
         self.config = config.for_device(device.kind)
         self.policy = check_policy(policy)
+        if self.policy == "disagg":
+            check_disagg(device)  # ControlError: a device that cannot hold two instances
         self.table = table.realized(device.set_groups(table.groups))  # the units each level runs with
         self.max_prefill_tokens = max_prefill_tokens
         self.pinned: int | None = None
@@ -121,6 +87,9 @@ class Scheduler(Generic[S]):
         self.rejected: list[Request] = []  # reported as "finish" records by the next step
         self.waiting_tokens = 0  # prompt tokens in `waiting` (the engine's admission cap reads it)
         self._ending: dict[int, str] = {}  # request id -> finish reason: aborted while its prefill is in flight
+        self.link = link  # disagg's KV link (None: sim rdma400, cpu unpaced copies)
+        self.pair: DisaggPair[S] | None = None  # disagg's two instances, made when first used
+        self.next_policy: str | None = None  # a switch waiting for the prefill in flight: disagg takes no more
 
     # -- requests --------------------------------------------------------------------------
     def add(self, req: Request) -> RequestRecord:
@@ -134,7 +103,7 @@ class Scheduler(Generic[S]):
         it ends, with its first token, when that prefill completes."""
         if req.finished:
             return None
-        if self.prefill is not None and req in self.prefill.reqs:
+        if (self.prefill is not None and req in self.prefill.reqs) or (self.pair and self.pair.holds(req)):
             self._ending[req.id] = reason
             return None
         if req is self.chunk_req:
@@ -163,7 +132,7 @@ class Scheduler(Generic[S]):
 
     @property
     def prefill_in_flight(self) -> bool:
-        return self.prefill is not None or self.chunk_req is not None
+        return self.prefill is not None or self.chunk_req is not None or (self.pair is not None and self.pair.busy())
 
     def idle(self) -> bool:
         return not (self.waiting or self.running or self.prefill_in_flight)
@@ -208,8 +177,8 @@ class Scheduler(Generic[S]):
             self.executor.release(req)
             stats.requests.append(self._finish_record(req, now))
 
-    def _join_decode(self, reqs: list[Request], tokens: list[int], stats: RoundStats) -> None:
-        now = self.device.now()
+    def _join_decode(self, reqs: list[Request], tokens: list[int], stats: RoundStats, at: float | None = None) -> None:
+        now = self.device.now() if at is None else at
         for req, tok in zip(reqs, tokens, strict=True):
             self._append_token(req, tok, now, stats)
             reason = self._ending.pop(req.id, None)
@@ -337,6 +306,24 @@ class Scheduler(Generic[S]):
             self.chunk_req = None
             self._join_decode([req], [first], stats)
 
+    def _step_disagg(self, stats: RoundStats) -> None:
+        if self.pair is None:
+            dev = self.device
+            link = VirtualLink(self.link) if dev.virtual else CopyLink(self.link, lambda: dev.pin_to_side(0))
+            self.pair = DisaggPair(self.device, self.executor, self.executor.twin(), link, self.max_prefill_tokens)
+        pair = self.pair
+        pair.enter()
+        pair.reserve(self, take=self.next_policy is None)  # decode reserves the slots first
+        pair.start_prefill(self)
+        stats.split = self.device.split
+        if self.running:
+            self._decode(stats, whole=False)
+        else:
+            pair.wait()
+        pair.collect(block=not self.running and not pair.link.queue)  # its work goes in the prefill round
+        for t in pair.arrived():  # KV in the decode pool: the request joins decode
+            self._join_decode([t.req], [t.first_token], stats, at=t.end)
+
     # -- the round -------------------------------------------------------------------------
     def step(self) -> tuple[RoundRecord, list[RequestRecord]]:
         t0 = self.device.now()
@@ -345,6 +332,8 @@ class Scheduler(Generic[S]):
             self._step_pdmux(stats)
         elif self.policy == "chunked":
             self._step_chunked(stats)
+        elif self.policy == "disagg":
+            self._step_disagg(stats)
         else:
             self._step_prefill_first(stats)
         now = self.device.now()
@@ -359,12 +348,14 @@ class Scheduler(Generic[S]):
             decode_bs=stats.decode_bs, decode_step_s=stats.decode_s, round_s=now - t0,
             prefills=self._progress(), tokens_emitted=stats.tokens, waiting=len(self.waiting),
             running=len(self.running), kv_used_tokens=used, kv_capacity_tokens=capacity,
-            bytes_moved=stats.bytes, flops=stats.flops,
-        )
+            bytes_moved=stats.bytes, flops=stats.flops, instance="decode" if self.policy == "disagg" else None,
+            disagg=self.pair.state(len(self.waiting)) if self.pair and self.policy == "disagg" else None)
         self.round_index += 1
         return record, stats.requests
 
     def _progress(self) -> list[PrefillProgress]:
+        if self.pair is not None and self.policy == "disagg":
+            return self.pair.progress()
         L = self.num_layers
         if self.prefill is not None:
             pf = self.prefill
@@ -387,7 +378,9 @@ class Scheduler(Generic[S]):
         check_policy(policy)
         if policy != self.policy and self.prefill_in_flight:
             raise ValueError("a prefill is in flight: switch policy once it is done")
-        self.policy = policy
+        self.policy, self.next_policy = policy, None
+        if policy != "disagg":
+            self.device.set_instances(1)
 
     def set_config(self, config: PdmuxConfig, table: SplitTable | None = None) -> None:
         """New knobs, and new levels when manual divisions or sm_group_num changed; with new levels

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from pdtop.engine.description import EngineConfig
-from pdtop.engine.records import ConfigChange, ControlFailure, RequestRecord, RoundRecord
+from pdtop.engine.records import ConfigChange, ControlFailure, KvTransfer, RequestRecord, RoundRecord
 from pdtop.telemetry.encode import config_event, encode, encode_record, error_event
 
-_STREAM = frozenset((RoundRecord, RequestRecord))
+_STREAM = frozenset((RoundRecord, RequestRecord, KvTransfer))
 
 
 class Outgoing(NamedTuple):
@@ -48,7 +48,7 @@ class Inbox:
         gate = _Gate()
         append = q.append
 
-        def sink(record: RoundRecord | RequestRecord | ConfigChange | ControlFailure) -> None:
+        def sink(record: RoundRecord | RequestRecord | ConfigChange | ControlFailure | KvTransfer) -> None:
             try:
                 if record.__class__ in _STREAM:  # most records: the cheapest test first
                     if gate.room > 0:

@@ -11,6 +11,7 @@ from pdtop.ui.chart import split_bar
 from pdtop.ui.state import DashboardState
 from pdtop.ui.widgets import scraped
 from pdtop.ui.widgets.base import Panel
+from pdtop.ui.widgets.pools import pool_lines
 from pdtop.ui.window_figures import LevelStat, level_rows
 
 CELL_MIN = 30  # a table cell's width without its bar
@@ -25,6 +26,10 @@ class SplitPanel(Panel):
     def render_state(self, state: DashboardState) -> Group:
         if state.scrape is not None:
             return scraped.split(self, state.scrape, self.inner_width)
+        if state.policy == "disagg" and state.disagg is not None:
+            self.border_title, self.border_subtitle = "disagg · two instances, two KV pools", knobs(
+                state.config, self.colour("warning")).plain.strip()
+            return Group(*pool_lines(self, state, state.disagg, self.inner_width, self.inner_height))
         prefill, decode, idle = self.colour("prefill"), self.colour("decode"), self.colour("idle")
         unit = state.info.unit_name
         self.border_title = f"{unit} split"

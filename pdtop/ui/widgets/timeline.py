@@ -1,7 +1,7 @@
 """Timeline: the last rounds, one column each (newest on the right), in lanes that show how
 prefill and decode interleave: the decode step of each round, the split as a band, and the
 prefill in flight (its request ids, and its layers done by the end of each round as a rising
-ramp)."""
+ramp). Under disagg the split lane becomes the transfer lane: KV bytes on the link."""
 from __future__ import annotations
 
 from rich.console import Group
@@ -52,12 +52,15 @@ class TimelinePanel(Panel):
             label = "decode" if i == 0 else fmt.ms(top) if i == 1 else ""
             lines.append(Text.assemble((f"{label:<{LABEL}}", "dim"), row))
 
-        shares = [None if r.idle else
-                  r.decode_units / (r.prefill_units + r.decode_units) if r.prefill_units + r.decode_units else 0.0
-                  for r in rounds]
-        lines.append(Text.assemble((f"{'split':<{LABEL}}", "dim"), " " * len(pad),
-                                   split_band(shares, self.colour("prefill"), self.colour("decode"),
-                                              self.colour("idle"))))
+        if any(r is not None and r.transfer_bytes for r in cols) or state.policy == "disagg":
+            lines.append(self._link_lane(cols))  # disagg: the split is fixed, the link is what moves
+        else:
+            shares = [None if r.idle else
+                      r.decode_units / (r.prefill_units + r.decode_units) if r.prefill_units + r.decode_units else 0.0
+                      for r in rounds]
+            lines.append(Text.assemble((f"{'split':<{LABEL}}", "dim"), " " * len(pad),
+                                       split_band(shares, self.colour("prefill"), self.colour("decode"),
+                                                  self.colour("idle"))))
         if id_rows:
             lines.append(Text.assemble((f"{'prefill':<{LABEL}}", "dim"), self._ids_row(cols, state)))
         ramp = [r.prefill_frac if r is not None and r.prefill_ids else None for r in cols]
@@ -66,6 +69,13 @@ class TimelinePanel(Panel):
             label = "prefill" if not id_rows and i == 0 else "layers" if i == ramp_rows - 1 else ""
             lines.append(Text.assemble((f"{label:<{LABEL}}", "dim"), row))
         return Group(*lines)
+
+    def _link_lane(self, cols: list[RoundPoint | None]) -> Text:
+        """The transfer lane: KV bytes on the link at the end of each round, against the most in view."""
+        values = [float(r.transfer_bytes) if r is not None and r.transfer_bytes else None for r in cols]
+        top = max([v for v in values if v is not None] + [1.0])
+        row = block_chart(values, 1, top, self.colour("accent"), grid_colour=self.colour("idle"))[0]
+        return Text.assemble((f"{'link':<{LABEL}}", "dim"), row)
 
     def _ids_row(self, cols: list[RoundPoint | None], state: DashboardState) -> Text:
         """Each prefill's request ids where it starts (with its progress if it is still in flight), running

@@ -57,12 +57,12 @@ def test_level_follows_decode_batch_by_sglangs_rule():
 def test_greedy_outputs_do_not_depend_on_policy_on_sim():
     """Token counts and finish order per request are the same under all policies."""
     lengths = {}
-    for policy in ("pdmux", "chunked", "prefill-first"):
+    for policy in ("pdmux", "chunked", "prefill-first", "disagg"):
         engine = build_engine("sim:H100", policy=policy)
         reqs = [engine.submit(engine.prompts.make(n), m, ignore_eos=True) for n, m in [(100, 5), (3000, 7), (9000, 3)]]
         engine.run_until_idle()
         lengths[policy] = [len(r.output_ids) for r in reqs]
-    assert lengths["pdmux"] == lengths["chunked"] == lengths["prefill-first"] == [5, 7, 3]
+    assert lengths["pdmux"] == lengths["chunked"] == lengths["prefill-first"] == lengths["disagg"] == [5, 7, 3]
 
 
 def test_pdmux_keeps_itl_near_decode_only_while_prefill_first_stalls():
@@ -71,7 +71,12 @@ def test_pdmux_keeps_itl_near_decode_only_while_prefill_first_stalls():
     doc = json.loads(out.stdout)
     assert doc["scenario"]["long_tokens"] == 8192 and doc["device"] == "sim:H100"
     res = doc["results"]
-    assert set(res) == {"pdmux", "chunked", "prefill-first"}
+    assert set(res) == {"pdmux", "chunked", "prefill-first", "disagg"}
+    assert {p: r["devices"] for p, r in res.items()} == {"pdmux": 1, "chunked": 1, "prefill-first": 1, "disagg": 2}
+    dg = res["disagg"]  # its own GPU for decode: no interference; the second GPU is charged per device
+    assert dg["interference"]["p99"] == pytest.approx(1.0, abs=0.01)
+    assert dg["output_tok_s_per_device"] == pytest.approx(dg["output_tok_s"] / 2)
+    assert dg["goodput_tok_s_per_device"] == pytest.approx(dg["goodput_tok_s"] / 2)
     pd, pf = res["pdmux"], res["prefill-first"]
     assert pd["interference"]["p99"] <= 2
     # pdmux decodes on part of the SMs, slower than on all of them; prefill-first always on all of them

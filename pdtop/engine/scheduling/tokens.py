@@ -1,0 +1,51 @@
+"""What a token means: `append_token`, the one place a token is appended and "finished" decided
+(nano-vllm's `Scheduler.postprocess`), and `generate`, one request alone through the same rule
+(`pdtop generate`, tests). The scheduler re-exports both.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
+
+from pdtop.engine.request import Request, RequestStatus
+
+if TYPE_CHECKING:
+    from pdtop.engine.runtime.runner import ModelRunner
+
+
+def append_token(req: Request, token: int, now: float, eos_ids: Sequence[int]) -> bool:
+    """Append one sampled token at time `now`; True when that finishes the request.
+
+    The one place a request's status moves past prefill and "finished" is decided:
+    on an end-of-sequence token (unless `ignore_eos`) or at `max_tokens`.
+    """
+    req.output_ids.append(token)
+    req.token_times.append(now)
+    if not req.params.ignore_eos and token in eos_ids:
+        req.status, req.finish_reason = RequestStatus.FINISHED, "eos"
+    elif len(req.output_ids) >= req.params.max_tokens:
+        req.status, req.finish_reason = RequestStatus.FINISHED, "length"
+    else:
+        req.status = RequestStatus.DECODING
+    return req.finished
+
+
+def generate(runner: ModelRunner, req: Request) -> Iterator[int]:
+    """Run one new request alone: admit, prefill, decode until `append_token` finishes it.
+
+    Yields each token once appended (the first right after the prefill); the request's
+    KV is freed at the end, also when the caller stops early.
+    """
+    runner.admit(req)
+    try:
+        req.status = RequestStatus.PREFILLING
+        tokens = runner.prefill([req])
+        while True:
+            finished = append_token(req, tokens[0], time.perf_counter(), runner.config.eos_ids)
+            yield tokens[0]
+            if finished:
+                return
+            tokens = runner.decode([req])
+    finally:
+        runner.free(req)
