@@ -20,6 +20,7 @@ Same seed, same prompts, same scenario for every policy.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import statistics
 from collections.abc import Callable
@@ -33,7 +34,7 @@ from pdtop.engine.errors import EngineError
 from pdtop.engine.records import RoundRecord
 from pdtop.engine.request import BlockTable, Request, RequestStatus
 
-Progress = Callable[[str], None]
+Progress = Callable[[str], None]  # one message per stage: the decode batch running, then each long prompt
 BASELINE_SPAN = 2  # a step's baseline: median replay of its composition's steps within +-2 (same requests)
 
 
@@ -71,6 +72,10 @@ SCENARIOS = {
                     slo_itl_ms=250.0, slo_ttft_ms=5000.0),
     "cuda": Scenario(decode_bs=32, decode_prompt=2048, long_tokens=8192),
 }
+# `pdtop bench --quick`: about a minute for every policy on a 2-core cpu
+QUICK = {"sim": dataclasses.replace(SCENARIOS["sim"], long_prompts=2),
+         "cpu": dataclasses.replace(SCENARIOS["cpu"], decode_bs=4, long_tokens=512, long_prompts=2, decode_tokens=600),
+         "cuda": dataclasses.replace(SCENARIOS["cuda"], long_prompts=2)}
 
 
 @dataclass
@@ -227,6 +232,7 @@ def run_policy(engine: Engine, sc: Scenario, progress: Progress | None = None,
     _step_until_first_tokens(engine, decoders)
     for _ in range(sc.warmup_rounds):
         engine.step()
+    say(f"decoding: {len(decoders)} requests running")
     ttfts: list[float] = []
     steps: list[DecodeStep] = []
     longs: list[Request] = []

@@ -7,7 +7,9 @@ docs/levels.md). `--device sim:H100` runs the seed's scenario (32 requests decod
 (8 requests decoding, eight 1024-token prompts). `disagg` runs a prefill and a decode instance
 with their own KV pools, the KV over --link (two simulated GPUs on sim:, two core sets on cpu);
 each result says how many devices it used and gives output tokens/s and goodput (the output of
-the requests that met --slo-itl-ms / --slo-ttft-ms) per device. Progress goes to stderr.
+the requests that met --slo-itl-ms / --slo-ttft-ms) per device. Progress goes to stderr: a bar
+with an ETA on a terminal, a line per stage otherwise. --quick runs a smaller scenario (about a
+minute on a 2-core cpu).
 
 With --url http://HOST:PORT/v1 it is a load generator instead, as vllm bench serve: a seeded
 random load, or a ShareGPT JSON or a JSONL of {"prompt", "output_len"} (--dataset-name), sent as
@@ -26,6 +28,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from pdtop.commands import _bench_url
+from pdtop.commands._bench_progress import BenchProgress
 from pdtop.commands._common import INPUT_ERRORS, add_runtime_arguments, fail, runtime_options
 from pdtop.engine.scheduling.policies import POLICIES
 from pdtop.telemetry.encode import encode
@@ -47,6 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="goodput: a request's ITL p99 target (default: 20 on sim:, 250 on cpu)")
     p.add_argument("--slo-ttft-ms", type=float, default=None, metavar="MS",
                    help="goodput: a long prompt's TTFT target (default: 1000 on sim:, 5000 on cpu)")
+    p.add_argument("--quick", action="store_true",
+                   help="a smaller scenario that finishes in about a minute on a 2-core cpu (2 long prompts; "
+                        "on cpu 4 decoding requests and 512-token prompts); the other options still apply")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print exactly one JSON object (with the scenario)")
     p.add_argument("--trace", metavar="FILE", default=None,
@@ -84,22 +90,21 @@ def run(args: argparse.Namespace) -> int:
         return _bench_url.run(args)
     from dataclasses import replace
 
-    from pdtop.analysis.policy_bench import SCENARIOS, Observer, run_bench
+    from pdtop.analysis.policy_bench import QUICK, SCENARIOS, Observer, run_bench
     from pdtop.analysis.round_trace import RoundTracer
     from pdtop.engine.build import build_engine, parse_device
     from pdtop.engine.runtime.heap import freeze_startup_heap
     from pdtop.engine.scheduling.pdmux_config import PdmuxConfig, load_pdmux_config
 
     def make_engine(policy: str) -> Engine:
+        progress.starting(policy)
         engine = build_engine(args.device, args.model, config, policy, seed=args.seed, **options)
         freeze_startup_heap()
         return engine
 
-    def progress(msg: str) -> None:
-        print(f"bench {msg}", file=sys.stderr, flush=True)
-
     try:
-        sc = SCENARIOS[parse_device(args.device).kind]
+        kind = parse_device(args.device).kind
+        sc = QUICK[kind] if args.quick else SCENARIOS[kind]
         for name in ("decode_bs", "long_tokens", "long_prompts", "slo_itl_ms", "slo_ttft_ms"):
             value = getattr(args, name)
             if value is not None:
@@ -112,8 +117,10 @@ def run(args: argparse.Namespace) -> int:
         load_before = _loadavg()
         runs: dict[str, PolicyRun] = {}
         interrupted = False
+        progress = BenchProgress(policies, 1 + sc.long_prompts)
         try:
-            run_bench(make_engine, policies, sc, progress, RoundTracer if args.trace else Observer, runs)
+            with progress:
+                run_bench(make_engine, policies, sc, progress, RoundTracer if args.trace else Observer, runs)
         except KeyboardInterrupt:  # Ctrl+C: report the policies that finished
             interrupted = True
     except INPUT_ERRORS as exc:
