@@ -27,6 +27,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from pdtop.commands import _tune_launch
 from pdtop.commands._common import INPUT_ERRORS, cuda_missing, fail
 from pdtop.engine.errors import DeviceError
 from pdtop.telemetry.encode import encode
@@ -57,6 +58,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", metavar="FILE", help="write the chosen configuration as SGLang's pdmux YAML")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    _tune_launch.add_arguments(p)
+    p.epilog = _tune_launch.LAUNCH_HELP
 
 
 def _positive(flag: str, text: str | None) -> float | None:
@@ -89,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
         return fail("tune", exc)
     assert itl_ms is not None
     slo = Slo(itl_ms / 1e3, None if ttft_ms is None else ttft_ms / 1e3)
+    if args.launch is not None:
+        return _tune_launch.run(args, slo, budget)
     try:
         where = parse_device(args.device)
         missing = cuda_missing(args.device) if where.kind == "cuda" else None
@@ -156,17 +161,11 @@ def _progress(budget_s: float, real: bool) -> Callable[[Trial, float], None]:
 
 
 def _write(path: str, report: TuneReport, device: str) -> None:
-    from pdtop.engine.scheduling.pdmux_config import dump_pdmux_config
+    from pdtop.analysis.tune_report import best_yaml
+    from pdtop.engine.build import parse_device
 
-    assert report.best is not None
-    r, slo = report.best.result, report.slo
-    ttft = f", TTFT p99 <= {slo.ttft_s * 1e3:g} ms" if slo.ttft_s else ""
-    comment = (f"pdtop tune on {device}: SLO ITL p99 <= {slo.itl_s * 1e3:g} ms{ttft}\n"
-               f"measured: ITL p99 {r.itl_p99_s * 1e3:.2f} ms, TTFT p99 {r.ttft_p99_s * 1e3:.0f} ms, "
-               f"prefill {r.prefill_tok_s:.0f} tok/s, goodput {r.goodput_rps:.2f} req/s\n"
-               "SGLang: --enable-pdmux --pdmux-config-path FILE; pdtop: pdtop --config FILE")
     with open(path, "w", encoding="utf-8") as f:
-        f.write(dump_pdmux_config(report.best.config, comment))
+        f.write(best_yaml(report, device, parse_device(device).kind))
 
 
 def _text(report: TuneReport, args: argparse.Namespace, load: tuple[float, float, float]) -> list[str]:
