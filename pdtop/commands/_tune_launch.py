@@ -68,12 +68,11 @@ def run(args: argparse.Namespace, slo: Slo, budget_s: float | None) -> int:
     from pdtop.analysis.launch import check_template, signals_as_exit
     from pdtop.analysis.tune_http import launch_scenario, text_prompts
     from pdtop.analysis.tune_launch import LaunchPlan, LaunchTuner, launch_space_for, tune_launch
-    from pdtop.analysis.tune_workload import SGLANG_DEFAULT, parse_workload
+    from pdtop.analysis.tune_workload import device_default, parse_workload
     from pdtop.engine.build import parse_device
     from pdtop.engine.errors import EngineError
     from pdtop.engine.model.loader import default_model_path
     from pdtop.engine.model.tokenizer import Tokenizer
-    from pdtop.engine.scheduling.pdmux_config import DEVICE_TOKEN_BUDGET
     from pdtop.engine.scheduling.workload import corpus_text
 
     try:
@@ -89,7 +88,7 @@ def run(args: argparse.Namespace, slo: Slo, budget_s: float | None) -> int:
         space, kind = launch_space_for(args.device, args.model, sc)
         log_dir = args.log_dir or (args.results + ".logs" if args.results else tempfile.mkdtemp(prefix="pdtop-tune-"))
         os.makedirs(log_dir, exist_ok=True)
-        default = SGLANG_DEFAULT.replace(split_forward_token_budget=DEVICE_TOKEN_BUDGET.get(kind, 65536))
+        default = device_default(kind)
         plan = LaunchPlan(args.launch, sc, rate, slo, default, startup or 600.0, budget_s=budget_s or math.inf,
                           max_candidates=args.max_candidates, log_dir=log_dir, results=args.results, seed=args.seed)
         tok = Tokenizer.from_gguf(default_model_path())

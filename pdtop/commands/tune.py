@@ -25,6 +25,7 @@ import argparse
 import math
 import os
 import sys
+import time
 from typing import TYPE_CHECKING
 
 from pdtop.commands import _tune_launch
@@ -102,10 +103,11 @@ def run(args: argparse.Namespace) -> int:
         sc = SCENARIOS[where.kind]
         if args.workload:
             sc = parse_workload(args.workload, sc)
+        started = time.monotonic()  # loading the model counts against the budget
         make_engine = _engine_factory(args, where.kind)
         real = where.kind != "sim"
         budget_s = budget or (REAL_BUDGET_S if real else SIM_BUDGET_S)
-        report = tune(make_engine, sc, slo, budget_s, _progress(budget_s, real))
+        report = tune(make_engine, sc, slo, budget_s - (time.monotonic() - started), _progress(budget_s, real))
     except INPUT_ERRORS as exc:
         return fail("tune", exc)
     load = os.getloadavg()
