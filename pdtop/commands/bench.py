@@ -19,7 +19,14 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from pdtop.commands import _bench_url
-from pdtop.commands._common import INPUT_ERRORS, add_runtime_arguments, fail, runtime_options
+from pdtop.commands._common import (
+    INPUT_ERRORS,
+    add_level_rule_arguments,
+    add_runtime_arguments,
+    fail,
+    runtime_options,
+    with_level_rule,
+)
 from pdtop.engine.scheduling.policies import POLICIES
 from pdtop.telemetry.encode import encode
 
@@ -41,6 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="write one JSON line per measured decode step (level, cores, what prefill ran, GC) "
                         "and print which of these the slowest steps share")
     add_runtime_arguments(p)
+    add_level_rule_arguments(p)
     _bench_url.add_arguments(p)
 
 
@@ -92,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
                     return fail("bench", f"--{name.replace('_', '-')} must be >= 1")
                 sc = replace(sc, **{name: value})
         policies = list(POLICIES) if args.policy == "all" else [args.policy]
-        config = load_pdmux_config(args.config) if args.config else PdmuxConfig()
+        config = with_level_rule(load_pdmux_config(args.config) if args.config else PdmuxConfig(), args)
         load_before = _loadavg()
         runs = run_bench(make_engine, policies, sc, progress, RoundTracer if args.trace else Observer)
     except INPUT_ERRORS as exc:

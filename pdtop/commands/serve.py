@@ -44,7 +44,16 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from pdtop.commands._common import DEVICE_HELP, INPUT_ERRORS, add_runtime_arguments, cuda_missing, fail, runtime_options
+from pdtop.commands._common import (
+    DEVICE_HELP,
+    INPUT_ERRORS,
+    add_level_rule_arguments,
+    add_runtime_arguments,
+    cuda_missing,
+    fail,
+    runtime_options,
+    with_level_rule,
+)
 from pdtop.engine.errors import DeviceError
 from pdtop.engine.scheduling.admission import MAX_WAITING_REQUESTS, MAX_WAITING_TOKENS
 from pdtop.engine.scheduling.policies import DEFAULT_POLICY, POLICIES
@@ -81,6 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="secret a client needs to send control messages (default: $PDTOP_TOKEN; "
                         "the environment keeps it out of `ps`)")
     add_runtime_arguments(parser)
+    add_level_rule_arguments(parser)
     parser.add_argument("--api-port", type=int, metavar="PORT",
                         help="also serve the OpenAI-compatible HTTP API and /metrics on PORT (0 picks a free one)")
     parser.add_argument("--workload", choices=("synthetic", "none"), default="synthetic",
@@ -119,7 +129,7 @@ def check_inputs(args: argparse.Namespace) -> PdmuxConfig:
     missing = cuda_missing(device) if kind == "cuda" else None
     if missing:  # no GPU, or a torch without CUDA: one line before anything starts
         raise DeviceError(missing)
-    return _load_config(args.config)
+    return with_level_rule(_load_config(args.config), args)
 
 
 def run(args: argparse.Namespace) -> int:

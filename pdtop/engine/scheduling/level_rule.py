@@ -81,10 +81,12 @@ class DecodeStepModel:
     _stale: bool = True
 
     def observe(self, record: RoundRecord) -> None:
-        if record.policy != "pdmux" or not record.decode_bs or record.decode_step_s <= 0:
+        """Learn from a round: a pdmux decode step beside a prefill, or a decode-only step on the
+        whole device (under pdmux or prefill-first: the same step)."""
+        if record.policy == "chunked" or not record.decode_bs or record.decode_step_s <= 0:
             return
         row = (record.decode_bs, record.kv_used_tokens, record.decode_step_s)
-        if record.prefills and record.prefill_units > 0:
+        if record.prefills and record.prefill_units > 0 and record.policy == "pdmux":
             self.beside_prefill.setdefault(record.decode_units, deque(maxlen=WINDOW)).append(row)
         elif record.decode_units == self.units and record.prefill_units == 0:
             self.alone.append(row)
@@ -142,8 +144,12 @@ class SloRule:
 
     def choose(self, table: SplitTable, decode_bs: int, has_prefill: bool, config: PdmuxConfig, ctx: int) -> int:
         sglang = table.choose(decode_bs, has_prefill, config)
-        if config.level_rule != "slo" or config.slo_itl_ms is None or not (decode_bs and has_prefill):
-            self.status = "SGLang's rule" if config.level_rule != "slo" else self.status
+        if config.level_rule != "slo" or config.slo_itl_ms is None:
+            self.status = "SGLang's rule"
+            return sglang
+        if not (decode_bs and has_prefill):  # nothing to split: the whole device to the busy side
+            if not self.status.startswith(("slo", "SGLang's rule until")):
+                self.status = "slo: one side idle, the whole device to the other"
             return sglang
         slo = config.slo_itl_ms / 1e3
         splits = range(1, len(table.groups) - 1)  # prefill-heaviest first: decode units grow

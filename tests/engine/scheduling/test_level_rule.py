@@ -133,3 +133,42 @@ def test_an_engine_on_sim_meets_the_slo_online_with_fewer_decode_units():
     slo_units, slo_steps = run(PdmuxConfig(level_rule="slo", slo_itl_ms=16.0))
     assert max(slo_steps) <= 16.0e-3
     assert max(slo_units) < min(sglang_units)  # 44 SMs against SGLang's 52 and 60
+
+
+def test_the_rule_is_switched_live_and_back():
+    """A `set` message turns the online rule on mid-run (refused without its SLO) and off again."""
+    from pdtop.engine.build import build_engine
+    from pdtop.engine.errors import ControlError
+    from pdtop.engine.scheduling.commands import Set
+
+    engine = build_engine("sim:H100")
+    try:
+        with pytest.raises(ControlError, match="slo needs slo_itl_ms"):
+            engine.control(Set({"level_rule": "slo"}))
+            engine.step()
+        engine.control(Set({"level_rule": "slo", "slo_itl_ms": 16.0}))
+        engine.step()
+        assert engine.config.level_rule == "slo" and engine.config.slo_itl_ms == 16.0
+        engine.submit(engine.prompts.make(2048), 64, ignore_eos=True)
+        engine.submit(engine.prompts.make(2048), 64, ignore_eos=True)
+        for _ in range(20):
+            engine.step()
+        assert engine.scheduler.levels.status == "slo: one side idle, the whole device to the other"
+        engine.submit(engine.prompts.make(2048), 64, ignore_eos=True)  # a prefill beside decode
+        for _ in range(3):
+            engine.step()
+        assert engine.scheduler.levels.status.startswith("slo: level ")  # 20 decode-only rounds: a baseline
+        engine.control(Set({"level_rule": "sglang"}))
+        for _ in range(5):
+            engine.step()
+        assert engine.config.level_rule == "sglang"
+    finally:
+        engine.close()
+
+
+def test_bench_takes_the_rule_and_refuses_it_without_an_slo(capsys):
+    from pdtop.cli import main
+
+    assert main(["bench", "--device", "sim:H100", "--policy", "pdmux", "--level-rule", "slo"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "slo needs slo_itl_ms" in err
