@@ -154,7 +154,7 @@ def _report(args: argparse.Namespace, lr: LaunchReport, kind: str, log_dir: str)
              f"{run.measured} candidates ({lr.reused} reused from --results, {len(lr.failures)} failed) in "
              f"{run.elapsed_s:.0f} s{'' if run.complete else ', stopped by --budget-s or --max-candidates'}; "
              f"noise (goodput between repeats) {lr.noise_rps:.2f}/s; load average {load[0]:.2f}",
-             "", "Pareto front (ITL p99 against prefill throughput); * chosen, D SGLang's default"]
+             "", f"Pareto front ({TPOT} against prefill throughput); * chosen, D SGLang's default"]
     marks = {id(report.default): "D"} | ({id(report.best): "*"} if report.best is not None else {})
     lines += [*trial_table(report.front, slo, marks, TPOT), "", *front_plot(report, itl=TPOT), ""]
     for o in lr.failures:

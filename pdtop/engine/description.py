@@ -36,6 +36,8 @@ class EngineConfig:
     levels: list[tuple[int, int]]  # (prefill units, decode units); index = level
     workload_rate: float
     workload_paused: bool
+    level_rule: str | None = None  # "sglang" | "slo" (null in recordings made before it existed)
+    slo_itl_ms: float | None = None  # the ITL SLO of level_rule slo
 
 
 @dataclass

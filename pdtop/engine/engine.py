@@ -125,7 +125,7 @@ class Engine(Generic[S]):
             split_forward_token_budget=c.token_budget,  # the scheduler's config is set for its device: never None
             decode_bs_divisor=c.decode_bs_divisor, chunk_size=c.chunk_size, policy=s.policy, pinned_level=s.pinned,
             levels=[(p, d) for p, d in s.table.groups], workload_rate=w.spec.rate if w else 0.0,
-            workload_paused=w.spec.paused if w else True)
+            workload_paused=w.spec.paused if w else True, level_rule=c.level_rule, slo_itl_ms=c.slo_itl_ms)
 
     def describe(self) -> EngineDescription:
         cfg, dev = self.executor.cfg, self.device

@@ -43,6 +43,8 @@ class RoundRecord:
     kv_capacity_tokens: int
     bytes_moved: float  # estimated bytes read/written this round (weights + KV)
     flops: float  # estimated FLOPs this round
+    # level_rule slo: the decode step its model predicted for this round's split (null otherwise)
+    predicted_step_s: float | None = None
 
 
 @dataclass

@@ -142,6 +142,11 @@ class SloRule:
     status: str = "SGLang's rule"
     predicted_s: dict[int, float] = field(default_factory=dict)  # decode units -> predicted step, last choice
 
+    def predicted(self, config: PdmuxConfig, decode_units: int) -> float | None:
+        """Under level_rule slo, the step the last choice predicted for `decode_units` (None otherwise)."""
+        p = self.predicted_s.get(decode_units) if config.level_rule == "slo" else None
+        return None if p is None or math.isnan(p) else p
+
     def choose(self, table: SplitTable, decode_bs: int, has_prefill: bool, config: PdmuxConfig, ctx: int) -> int:
         sglang = table.choose(decode_bs, has_prefill, config)
         if config.level_rule != "slo" or config.slo_itl_ms is None:

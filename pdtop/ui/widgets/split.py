@@ -46,7 +46,7 @@ class SplitPanel(Panel):
             bar = split_bar(state.prefill_units, state.decode_units, width, prefill, decode, idle)
             legend = Text.assemble(("■ ", prefill), f"prefill {fmt.units(state.prefill_units, unit)}   ",
                                    ("■ ", decode), f"decode {fmt.units(state.decode_units, unit)}")
-        knob_line = knobs(state.config, self.colour("warning"))
+        knob_line = knobs(state.config, self.colour("warning"), state.predicted_step_s)
         if height >= 9 or (height >= 7 and n <= 3):
             lines = [head, bar, legend, knob_line]
             self.border_subtitle = ""
@@ -121,12 +121,16 @@ class SplitPanel(Panel):
         return cell
 
 
-def knobs(config: EngineConfig | None, warning: str) -> Text:
-    """The knobs of the policy in force, as one line (pdmux: divisor and budget; chunked: chunk size),
-    the workload's rate and the manual divisions."""
+def knobs(config: EngineConfig | None, warning: str, predicted_step_s: float | None = None) -> Text:
+    """The knobs of the policy in force, as one line (pdmux: the level rule when it is `slo`, with
+    its SLO and the decode step its model predicts for this split; divisor and budget; chunked:
+    chunk size), the workload's rate and the manual divisions."""
     text = Text()
     if config is None:
         return text
+    if config.policy == "pdmux" and config.level_rule == "slo" and config.slo_itl_ms is not None:
+        pred = "" if predicted_step_s is None else f" pred {predicted_step_s * 1e3:.1f} ms"
+        text.append_text(Text.assemble(("rule ", "dim"), f"slo<={config.slo_itl_ms:g} ms{pred}", "  "))
     knob_values = {"pdmux": (("divisor", str(config.decode_bs_divisor)),
                              ("budget", str(config.split_forward_token_budget))),
                    "chunked": (("chunk", str(config.chunk_size)),)}.get(config.policy, ())

@@ -1,0 +1,28 @@
+"""The split panel shows the level rule in force: under `level_rule: slo`, its SLO and the decode
+step its model predicts for the split on screen (Pilot, 160x48 and 80x24)."""
+from __future__ import annotations
+
+import pytest
+
+from pdtop.engine.scheduling.commands import Set
+from pdtop.telemetry.sources.live import LiveSource
+from pdtop.ui.app import PdtopApp
+
+
+def split_text(app) -> str:
+    panel = app.query_one("SplitPanel")
+    lines = [t.plain for t in panel.render_state(app.state).renderables]
+    return " ".join(lines) + " " + str(panel.border_subtitle or "")
+
+
+@pytest.mark.parametrize("size", [(160, 48), (80, 24)])
+async def test_the_split_panel_shows_the_slo_rule_and_its_prediction(served, until, size):
+    app = PdtopApp(LiveSource(served.url, token=served.token))
+    async with app.run_test(size=size) as pilot:
+        await until(pilot, lambda: app.state.rounds_seen > 5 and app.connection == "live", "live rounds")
+        assert "rule slo" not in split_text(app)  # SGLang's rule: nothing more to say
+        served.engine.control(Set({"level_rule": "slo", "slo_itl_ms": 16.0}))
+        await until(pilot, lambda: app.state.config is not None and app.state.config.level_rule == "slo",
+                    "the rule's config event")
+        await until(pilot, lambda: "rule slo<=16 ms" in split_text(app), "the rule on screen")
+        await until(pilot, lambda: "pred " in split_text(app), "the model's prediction on screen", timeout=30)
