@@ -77,6 +77,7 @@ def _positive(flag: str, text: str | None) -> float | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    started = time.monotonic()  # importing torch and loading the model count against the budget
     from pdtop.analysis.policy_bench import SCENARIOS
     from pdtop.analysis.tune import Slo
     from pdtop.analysis.tune_workload import parse_workload, tune
@@ -103,11 +104,10 @@ def run(args: argparse.Namespace) -> int:
         sc = SCENARIOS[where.kind]
         if args.workload:
             sc = parse_workload(args.workload, sc)
-        started = time.monotonic()  # loading the model counts against the budget
         make_engine = _engine_factory(args, where.kind)
         real = where.kind != "sim"
         budget_s = budget or (REAL_BUDGET_S if real else SIM_BUDGET_S)
-        report = tune(make_engine, sc, slo, budget_s - (time.monotonic() - started), _progress(budget_s, real))
+        report = tune(make_engine, sc, slo, budget_s - (time.monotonic() - started), _progress(budget_s, real, started))
     except INPUT_ERRORS as exc:
         return fail("tune", exc)
     load = os.getloadavg()
@@ -141,15 +141,17 @@ def _engine_factory(args: argparse.Namespace, kind: str) -> Callable[[], Engine]
     return make
 
 
-def _progress(budget_s: float, real: bool) -> Callable[[Trial, float], None]:
-    """Real devices: one line per candidate on stderr. sim: one line rewritten, on a terminal only."""
+def _progress(budget_s: float, real: bool, started: float) -> Callable[[Trial, float], None]:
+    """Real devices: one line per candidate on stderr. sim: one line rewritten, on a terminal only.
+    The seconds shown count from `started`, the command's start, as the budget does."""
     from pdtop.analysis.tune_report import describe_config
 
     count = 0
     tty = sys.stderr.isatty()
 
-    def show(trial: Trial, elapsed: float) -> None:
+    def show(trial: Trial, _elapsed: float) -> None:
         nonlocal count
+        elapsed = time.monotonic() - started
         count += 1
         r = trial.result
         line = (f"pdtop tune: [{count}] {elapsed:.0f}/{budget_s:.0f} s  ITL p99 {r.itl_p99_s * 1e3:.2f} ms  "

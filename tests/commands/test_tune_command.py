@@ -62,7 +62,7 @@ def test_written_yaml_loaded_by_pdtop_meets_the_slo(tuned):
     proc, out = tuned
     assert tuple(yaml.safe_load(out.read_text())) == SGLANG_KEYS  # SGLang's keys only (scheduling/test_pdmux_dump.py)
     config = load_pdmux_config(str(out))
-    assert {k: v for k, v in config.to_dict().items() if k != "chunk_size"} == json.loads(proc.stdout)["chosen"][
+    assert {k: v for k, v in config.to_dict().items() if k in SGLANG_KEYS} == json.loads(proc.stdout)["chosen"][
         "config"]
     slo = Slo(SLO_ITL_MS / 1e3)
     for cfg, meets in ((config, True), (PdmuxConfig(), False)):
