@@ -61,6 +61,8 @@ def one(device: str, name: str) -> dict[str, Any]:
     search_s = time.perf_counter() - t0
     online_config = SGLANG_DEFAULT.replace(level_rule="slo", slo_itl_ms=slo.itl_s * 1e3)
     online = run(online_config, slo)
+    budget = report.best.config.split_forward_token_budget if report.best else None
+    online_budget = run(online_config.replace(split_forward_token_budget=budget), slo) if budget else None
     d, b = report.default.result, report.best.result if report.best else None
 
     def row(m: Measurement | None) -> dict[str, Any] | None:
@@ -74,8 +76,9 @@ def one(device: str, name: str) -> dict[str, Any]:
         "decode_only_itl_ms": default.decode_only_itl_s * 1e3, "slo_itl_ms": slo.itl_s * 1e3,
         "configs": {"default": describe_config(report.default.config),
                     "tuned": describe_config(report.best.config) if report.best else None,
-                    "online": f"{describe_config(SGLANG_DEFAULT)} level_rule=slo"},
-        "default": row(d), "tuned": row(b), "online": row(online),
+                    "online": f"{describe_config(SGLANG_DEFAULT)} level_rule=slo",
+                    "online+budget": f"the same, budget={budget} (the tuned one's)"},
+        "default": row(d), "tuned": row(b), "online": row(online), "online+budget": row(online_budget),
         "online_ttft_over_tuned": online.ttft_p99_s / b.ttft_p99_s if b else None,
         "search_s": search_s, "measured": report.run.measured, "grid_points": report.grid_size,
         "loadavg_before": load0, "loadavg_after": os.getloadavg(),
@@ -88,13 +91,13 @@ def show(f: dict[str, Any]) -> None:
           f"{w['decode_prompt']} tokens, {w['long_prompts']} x {w['long_tokens']}-token prompts")
     print(f"decode-only ITL {f['decode_only_itl_ms']:.2f} ms, SGLang default ITL p99 "
           f"{f['default']['itl_p99_ms']:.2f} ms -> ITL SLO {f['slo_itl_ms']:.2f} ms")
-    print(f"{'':<9}{'ITL p99':>9}{'TTFT p99':>10}{'prefill tok/s':>15}{'goodput':>10}  SLO  configuration")
-    for key in ("default", "tuned", "online"):
+    print(f"{'':<14}{'ITL p99':>9}{'TTFT p99':>10}{'prefill tok/s':>15}{'goodput':>10}  SLO  configuration")
+    for key in ("default", "tuned", "online", "online+budget"):
         r = f[key]
         if r is None:
-            print(f"{key:<9}  none meets the SLO")
+            print(f"{key:<14}  none meets the SLO" if key == "tuned" else f"{key:<14}  -")
             continue
-        print(f"{key:<9}{r['itl_p99_ms']:>6.2f} ms{r['ttft_p99_ms']:>7.0f} ms{r['prefill_tok_s']:>15,.0f}"
+        print(f"{key:<14}{r['itl_p99_ms']:>6.2f} ms{r['ttft_p99_ms']:>7.0f} ms{r['prefill_tok_s']:>15,.0f}"
               f"{r['goodput_rps']:>8.2f}/s  {'yes' if r['meets_slo'] else 'no ':<4} {f['configs'][key]}")
     if f["online_ttft_over_tuned"] is not None:
         print(f"online TTFT p99 / tuned: x{f['online_ttft_over_tuned']:.2f}")
