@@ -131,7 +131,7 @@ class LaunchTuner:
 
     def __post_init__(self) -> None:
         if self.plan.results:
-            if not os.path.exists(self.plan.results):
+            if not os.path.exists(self.plan.results) or os.path.getsize(self.plan.results) == 0:
                 with open(self.plan.results, "w", encoding="utf-8") as f:
                     f.write(json.dumps(self.plan.header()) + "\n")
             for o in read_results(self.plan.results, self.plan.header()):
