@@ -120,7 +120,7 @@ def _progress(budget_s: float) -> Callable[[Outcome, Measurement, float], None]:
             print(f"{head}failed: {o.reason} (log {o.log}){': ' + tail[0][:120] if tail[0] else ''}",
                   file=sys.stderr, flush=True)
         else:
-            print(f"{head}ITL p99 {m.itl_p99_s * 1e3:.2f} ms  TTFT p99 {m.ttft_p99_s * 1e3:.0f} ms  "
+            print(f"{head}{TPOT} {m.itl_p99_s * 1e3:.2f} ms  TTFT p99 {m.ttft_p99_s * 1e3:.0f} ms  "
                   f"prefill {m.prefill_tok_s:,.0f} tok/s  goodput {m.goodput_rps:.2f}/s ({m.good}/{m.requests} "
                   f"good) in {o.elapsed_s:.1f} s", file=sys.stderr, flush=True)
 

@@ -47,14 +47,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument("--device", default="sim:H100", help="sim:GPU, cpu or cuda (default: sim:H100)")
     p.add_argument("--model", default=None, help="GGUF path or synthetic:NAME (default: the device's default)")
-    p.add_argument("--slo-itl-ms", required=True, metavar="MS", help="ITL p99 target, milliseconds")
+    p.add_argument("--slo-itl-ms", required=True, metavar="MS",
+                   help="ITL p99 target, milliseconds (--launch: each request's TPOT)")
     p.add_argument("--slo-ttft-ms", metavar="MS", help="TTFT p99 target of the long prompts, milliseconds")
     p.add_argument("--workload", metavar="K=V,...",
                    help="change the scenario: decode_bs, decode_prompt, long_tokens, long_prompts, settle_rounds, "
                    "decode_tokens (or a YAML file of them)")
     p.add_argument("--budget-s", metavar="S",
                    help=f"stop searching after this many seconds (default {SIM_BUDGET_S:g} on sim:, "
-                   f"{REAL_BUDGET_S:g} on cpu/cuda)")
+                   f"{REAL_BUDGET_S:g} on cpu/cuda, none with --launch); counted from the command's start")
     p.add_argument("--kv-tokens", type=int, default=None, metavar="N", help="KV cache size in tokens")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", metavar="FILE", help="write the chosen configuration as SGLang's pdmux YAML")
