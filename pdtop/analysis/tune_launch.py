@@ -27,7 +27,7 @@ from pdtop.analysis.policy_bench import Scenario
 from pdtop.analysis.tune import Measurement, ParetoSearch, SearchRun, SearchSpace, Slo, closest_trials
 from pdtop.analysis.tune_http import HttpRun, Sample, run_http, score_http
 from pdtop.analysis.tune_workload import TuneReport
-from pdtop.engine.errors import ConfigError, EngineError, FieldError
+from pdtop.engine.errors import ConfigError, DeviceError, EngineError, FieldError
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig, dump_pdmux_config
 
 FAILED = Measurement(math.nan, math.nan, math.nan, math.nan)
@@ -269,10 +269,17 @@ def launch_space_for(device: str, model: str | None, sc: Scenario) -> tuple[Sear
         from pdtop.engine.devices.cpu import usable_cores
 
         table = SplitTable.for_cpu(len(usable_cores()), config)
-    else:
-        from pdtop.engine.devices.cuda import cuda_device_info
+    else:  # asked in a child process, so no CUDA context of pdtop's stays beside the servers
+        import subprocess
+        import sys
 
-        info = cuda_device_info(where.index)
+        code = ("import json, sys\nfrom pdtop.engine.devices.cuda import cuda_device_info as i\n"
+                f"try:\n    print(json.dumps(i({where.index})))\n"
+                "except Exception as exc:\n    sys.exit(str(exc))")
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        if proc.returncode != 0:
+            raise DeviceError((proc.stderr.strip().splitlines() or ["cuda device unavailable"])[-1])
+        info = json.loads(proc.stdout)
         table = SplitTable.for_gpu(info["sms"], info["major"], config)
     if model and not model.startswith("synthetic:"):
         from pdtop.engine.model.loader import read_config

@@ -194,3 +194,12 @@ def test_tune_launch_runs_pdtop_serve(tmp_path):
     yamls = [load_pdmux_config(str(p)) for p in sorted((tmp_path / "logs").glob("candidate-*.yaml"))]
     assert best in yamls
     assert not processes_naming(str(tmp_path))
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without a usable GPU")
+def test_a_cuda_space_without_a_gpu_is_one_line(capsys):
+    """--device cuda asks a child process for the GPU (no CUDA context of pdtop's beside the servers);
+    where there is none, one line and exit 2, nothing launched."""
+    assert main(["tune", "--launch", "x {port}", "--device", "cuda", "--slo-itl-ms", "5"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("pdtop tune: error: cuda device unavailable: ")
