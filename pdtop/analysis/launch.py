@@ -9,7 +9,8 @@ answer 200. Stopping sends SIGTERM to the group, SIGKILL after a grace period, a
 until nothing listens on the port.
 
 Every started server is registered until it is stopped; `stop_all` (called on exit, and by
-`signals_as_exit` on SIGTERM/SIGHUP) stops what is left, so no server outlives pdtop.
+`signals_as_exit` on SIGTERM/SIGHUP) stops what is left, so no server outlives pdtop; should
+pdtop be killed outright, a watchdog process (`REAPER`) stops the group.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import shlex
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -32,6 +34,25 @@ LOG_TAIL_LINES = 20
 STOP_GRACE_S = 10.0
 PORT_FREE_TIMEOUT_S = 30.0
 _RUNNING: set[Server] = set()
+# A watchdog per server, in its own session: when its stdin (a pipe only pdtop holds) closes, pdtop
+# is done with the server or gone (even by SIGKILL), and the watchdog stops the server's group.
+REAPER = """import os, signal, sys, time
+group, grace = int(sys.argv[1]), float(sys.argv[2])
+sys.stdin.buffer.read()
+def alive():
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    return True
+if alive():
+    os.killpg(group, signal.SIGTERM)
+    end = time.monotonic() + grace
+    while alive() and time.monotonic() < end:
+        time.sleep(0.1)
+    if alive():
+        os.killpg(group, signal.SIGKILL)
+"""
 
 
 class LaunchError(EngineError):
@@ -92,6 +113,7 @@ class Server:
     port: int
     log_path: str
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    reaper: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     @property
     def url(self) -> str:
@@ -102,6 +124,8 @@ class Server:
             self.proc = subprocess.Popen(["/bin/sh", "-c", self.command], stdin=subprocess.DEVNULL, stdout=log,
                                          stderr=subprocess.STDOUT, start_new_session=True)
         _RUNNING.add(self)
+        self.reaper = subprocess.Popen([sys.executable, "-c", REAPER, str(self.proc.pid), str(STOP_GRACE_S)],
+                                       stdin=subprocess.PIPE, start_new_session=True)
 
     def exited(self, wait_s: float = 0.0) -> int | None:
         """The exit status once the command has ended (waiting up to `wait_s` for it), else None."""
@@ -151,6 +175,9 @@ class Server:
         _signal_group(pgid, signal.SIGKILL)
         self.proc.wait()
         _RUNNING.discard(self)  # only now: a stop cut short (a second Ctrl+C) is finished at exit
+        if self.reaper is not None:  # its pipe closed, it finds the group gone and exits
+            self.reaper.communicate()
+            self.reaper = None
         deadline = time.monotonic() + PORT_FREE_TIMEOUT_S
         while not port_free(self.port) and time.monotonic() < deadline:
             time.sleep(0.1)
