@@ -344,6 +344,7 @@ class Engine(Generic[S]):
                 self.intake.wake.wait(IDLE_S)
                 self._take_requests()
         record, requests = self.scheduler.step()
+        self.scheduler.levels.learn(record, self.config, self.scheduler.table)  # the level rule's model
         self._pace()  # a paced virtual clock: report the round when wall time reaches its end
         for r in requests:
             self._report(r)

@@ -43,8 +43,9 @@ class RoundRecord:
     kv_capacity_tokens: int
     bytes_moved: float  # estimated bytes read/written this round (weights + KV)
     flops: float  # estimated FLOPs this round
-    # level_rule slo: the decode step its model predicted for this round's split (null otherwise)
-    predicted_step_s: float | None = None
+    # level_rule slo: per level, the decode step its model predicts beside a prefill (null where it
+    # has none, and for every level under SGLang's rule)
+    predicted_steps_s: list[float | None] | None = None
 
 
 @dataclass

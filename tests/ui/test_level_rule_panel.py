@@ -3,6 +3,8 @@ slo`, its SLO and the decode step its model predicts for the split on screen (Pi
 80x24)."""
 from __future__ import annotations
 
+import re
+
 import pytest
 from textual.widgets import Input
 
@@ -34,5 +36,9 @@ async def test_the_split_panel_shows_the_slo_rule_and_its_prediction(served, unt
                     "the rule's config event")
         await until(pilot, lambda: "rule slo<=16 ms" in split_text(app), "the rule on screen")
         await until(pilot, lambda: "pred " in split_text(app), "the model's prediction on screen", timeout=30)
+        table = split_text(app)
+        assert re.search(r"ITL p50 +pred", table)  # the level table: predicted beside measured, per level
+        panel = app.query_one("SplitPanel")
+        assert all(t.cell_len <= panel.inner_width for t in panel.render_state(app.state).renderables)
         served.engine.control(Set({"level_rule": "sglang"}))  # and back, as any knob
         await until(pilot, lambda: "rule slo" not in split_text(app), "SGLang's rule again")

@@ -142,10 +142,22 @@ class SloRule:
     status: str = "SGLang's rule"
     predicted_s: dict[int, float] = field(default_factory=dict)  # decode units -> predicted step, last choice
 
-    def predicted(self, config: PdmuxConfig, decode_units: int) -> float | None:
-        """Under level_rule slo, the step the last choice predicted for `decode_units` (None otherwise)."""
-        p = self.predicted_s.get(decode_units) if config.level_rule == "slo" else None
-        return None if p is None or math.isnan(p) else p
+    def learn(self, record: RoundRecord, config: PdmuxConfig, table: SplitTable) -> None:
+        """After each round: the model learns from it, and under level_rule slo the record gets the
+        model's step per level (`RoundRecord.predicted_steps_s`)."""
+        self.model.observe(record)
+        record.predicted_steps_s = self.predicted(config, table)
+
+    def predicted(self, config: PdmuxConfig, table: SplitTable) -> list[float | None] | None:
+        """Under level_rule slo, per level of `table`, the step the last choice predicted (None where
+        there is none: the whole-device levels, unknown ones); None under SGLang's rule."""
+        if config.level_rule != "slo" or not self.predicted_s:
+            return None
+        out: list[float | None] = [None] * len(table.groups)
+        for i in range(1, len(table.groups) - 1):
+            p = self.predicted_s.get(table.groups[i][1])
+            out[i] = None if p is None or math.isnan(p) else p
+        return out
 
     def choose(self, table: SplitTable, decode_bs: int, has_prefill: bool, config: PdmuxConfig, ctx: int) -> int:
         sglang = table.choose(decode_bs, has_prefill, config)

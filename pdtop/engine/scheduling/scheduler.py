@@ -358,10 +358,9 @@ class Scheduler(Generic[S]):
             decode_bs=stats.decode_bs, decode_step_s=stats.decode_s, round_s=now - t0,
             prefills=self._progress(), tokens_emitted=stats.tokens, waiting=len(self.waiting),
             running=len(self.running), kv_used_tokens=used, kv_capacity_tokens=capacity,
-            bytes_moved=stats.bytes, flops=stats.flops, predicted_step_s=self.levels.predicted(self.config, d_units),
+            bytes_moved=stats.bytes, flops=stats.flops,
         )
         self.round_index += 1
-        self.levels.model.observe(record)
         return record, stats.requests
 
     def _progress(self) -> list[PrefillProgress]:

@@ -14,6 +14,7 @@ from pdtop.ui.widgets.base import Panel
 from pdtop.ui.window_figures import LevelStat, level_stats
 
 CELL_MIN = 30  # a table cell's width without its bar
+PRED_W = 8  # the `pred` column (level_rule slo)
 
 
 class SplitPanel(Panel):
@@ -46,7 +47,9 @@ class SplitPanel(Panel):
             bar = split_bar(state.prefill_units, state.decode_units, width, prefill, decode, idle)
             legend = Text.assemble(("■ ", prefill), f"prefill {fmt.units(state.prefill_units, unit)}   ",
                                    ("■ ", decode), f"decode {fmt.units(state.decode_units, unit)}")
-        knob_line = knobs(state.config, self.colour("warning"), state.predicted_step_s)
+        predicted = state.predicted_steps_s
+        now = predicted[state.level] if predicted and state.level is not None and state.level < len(predicted) else None
+        knob_line = knobs(state.config, self.colour("warning"), now)
         if height >= 9 or (height >= 7 and n <= 3):
             lines = [head, bar, legend, knob_line]
             self.border_subtitle = ""
@@ -84,11 +87,13 @@ class SplitPanel(Panel):
             keep = {e[0] for e in ranked[:capacity]}
             entries = [e for e in entries if e[0] in keep]
         col_w = width // columns
-        mini = max(3, min(16, col_w - CELL_MIN))
+        pred = PRED_W if state.predicted_steps_s is not None else 0  # level_rule slo: the model's step
+        mini = max(3, min(16, col_w - CELL_MIN - pred))
         cells = [self._cell(e, stats.get(e[0]), state, mini, col_w) for e in entries]
         header = Text()
         for _ in range(columns):
-            cell = Text(f" lvl  {'':{mini}} {'P/D':>7} {'time':>5} {'ITL p50':>8}", "dim")
+            pred_head = f" {'pred':>{PRED_W - 1}}" if pred else ""
+            cell = Text(f" lvl  {'':{mini}} {'P/D':>7} {'time':>5} {'ITL p50':>8}{pred_head}", "dim")
             cell.pad_right(max(0, col_w - cell.cell_len))
             header.append_text(cell)
         lines = [header]
@@ -117,6 +122,10 @@ class SplitPanel(Panel):
                                            self.colour("idle")),
                                  (f" {f'{p}/{d}':>7}", style))
         cell.append_text(Text.assemble((f" {share:>5}", "bold" if current else ""), f" {itl:>8}"))
+        predicted = state.predicted_steps_s
+        if predicted is not None:  # the model's step beside the measured ITL
+            p_s = predicted[level] if level is not None and level < len(predicted) else None
+            cell.append(f" {fmt.ms(p_s) if p_s is not None else '–':>{PRED_W - 1}}", "dim")
         cell.pad_right(max(0, col_w - cell.cell_len))
         return cell
 
