@@ -78,8 +78,7 @@ def make_prompts(spec: LoadSpec, token_ids: list[int], decode: Callable[[list[in
     return out
 
 
-async def _one(client: httpx.AsyncClient, spec: LoadSpec, model: str, prompt: str, max_tokens: int,
-               on_first: Callable[[], None] | None = None) -> RequestResult:
+async def _one(client: httpx.AsyncClient, spec: LoadSpec, model: str, prompt: str, max_tokens: int) -> RequestResult:
     body: dict[str, Any] = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
                             "stream": True, "stream_options": {"include_usage": True}}
     if spec.ignore_eos:
@@ -106,8 +105,6 @@ async def _one(client: httpx.AsyncClient, spec: LoadSpec, model: str, prompt: st
                 if data.get("choices"):
                     if chunks == 0:
                         res.ttft = now - sent
-                        if on_first is not None:
-                            on_first()
                     else:
                         res.itls.append(now - last)
                     chunks, last = chunks + 1, now
