@@ -6,7 +6,8 @@ measured on a server started for it (`launch.Server`), loaded over HTTP (`tune_h
 - Every measurement is appended to `--results` (JSON lines, per-request samples, so a new SLO
   re-scores them); a later run with the same command and workload reuses them and goes on.
 - A candidate that fails to start, crashes or never gets healthy is recorded with the reason and
-  its log's tail, and the search goes on (it counts as missing every SLO).
+  its log's tail, and the search goes on (it counts as missing every SLO); when the first
+  `FIRST_FAILURES` launches all fail, the command is broken and the search stops (one line).
 - SGLang's default is measured twice first: the spread of the two is the noise. A configuration
   is called better than the default only when its goodput is higher by more than the noise.
 - `budget_s` is kept by never starting a candidate that the longest one so far says would not
@@ -32,6 +33,7 @@ from pdtop.engine.scheduling.pdmux_config import PdmuxConfig, dump_pdmux_config
 
 FAILED = Measurement(math.nan, math.nan, math.nan, math.nan)
 RESULTS_VERSION = 1
+FIRST_FAILURES = 4  # launches that all fail, from the first: the command itself is broken; stop
 
 
 @dataclass
@@ -217,6 +219,9 @@ def tune_launch(tuner: LaunchTuner, progress: Progress | None = None, coarse: in
             longest = max(longest, time.monotonic() - start)
         if progress is not None:
             progress(o, m, time.monotonic() - t0)
+        if len(tuner.outcomes) == FIRST_FAILURES and all(x.run is None for x in tuner.outcomes):
+            raise EngineError(f"the first {FIRST_FAILURES} launches all failed, so the command is wrong, not a "
+                              f"configuration: {o.reason} (log {o.log})")
         return m
 
     repeats = [measure(plan.default)]

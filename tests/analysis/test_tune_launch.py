@@ -193,6 +193,18 @@ def test_a_results_file_of_another_workload_is_refused_in_one_line(tmp_path, cap
     assert "line 1" in capsys.readouterr().err
 
 
+def test_a_command_that_never_serves_stops_the_search_in_one_line(tmp_path, capsys):
+    """Every launch failing from the first is the command's fault, not a configuration's: after 4,
+    one line and exit 2, and the 4 are in --results."""
+    argv = ["tune", "--launch", "echo no such server on {port}; exit 7", "--device", "cpu", "--slo-itl-ms", "50",
+            "--results", str(tmp_path / "runs.jsonl")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("pdtop tune: error: the first 4 launches all failed, so the command is wrong")
+    assert "exited with status 7" in err[-1]
+    assert [r["ok"] for r in records(tmp_path)] == [False] * 4
+
+
 def test_a_command_without_port_is_refused(capsys):
     assert main(["tune", "--launch", "serve --config {config}", "--slo-itl-ms", "50"]) == 2
     assert "{port}" in capsys.readouterr().err
