@@ -133,7 +133,7 @@ def _report(args: argparse.Namespace, lr: LaunchReport, kind: str, log_dir: str)
     report, load = lr.report, os.getloadavg()
     if args.out and report.best is not None:
         with open(args.out, "w", encoding="utf-8") as f:
-            f.write(best_yaml(report, args.device, kind, TPOT))
+            f.write(best_yaml(report, f"{args.device} (servers launched by --launch)", kind, TPOT))
     failures = [{"config": o.config.to_dict(), "reason": o.reason, "log": o.log, "log_tail": o.log_tail}
                 for o in lr.failures]
     if args.json:
