@@ -166,9 +166,12 @@ def test_the_rule_is_switched_live_and_back():
         engine.close()
 
 
-def test_bench_takes_the_rule_and_refuses_it_without_an_slo(capsys):
+def test_bench_and_serve_refuse_the_rule_without_an_slo_in_one_line(capsys):
     from pdtop.cli import main
 
-    assert main(["bench", "--device", "sim:H100", "--policy", "pdmux", "--level-rule", "slo"]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "slo needs slo_itl_ms" in err
+    for command in ("bench", "serve"):
+        assert main([command, "--device", "sim:H100", "--level-rule", "slo"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith(f"pdtop {command}: error: ") and "slo needs slo_itl_ms" in err
+    assert main(["serve", "--device", "sim:H100", "--level-rule", "slo", "--slo-itl-ms", "nan"]) == 2
+    assert "slo_itl_ms: must be a number of milliseconds > 0" in capsys.readouterr().err
