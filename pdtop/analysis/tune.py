@@ -300,10 +300,10 @@ class SearchRun:
 
 def run_search(search: ParetoSearch, evaluate: Callable[[PdmuxConfig], Measurement], budget_s: float = math.inf,
                progress: Callable[[Trial, float], None] | None = None,
-               clock: Callable[[], float] = time.monotonic) -> SearchRun:
+               clock: Callable[[], float] = time.monotonic, longest_s: float = 0.0) -> SearchRun:
     """Measure what the search asks for until it is done or `budget_s` would be passed (a candidate is
-    not started when the longest one so far would not finish in time)."""
-    t0, longest, measured = clock(), 0.0, 0
+    not started when the longest one so far, or `longest_s` measured before, would not finish in time)."""
+    t0, longest, measured = clock(), longest_s, 0
     complete = True
     while complete and (batch := search.ask()):
         for config in batch:

@@ -76,7 +76,7 @@ def compare(make_engine: Callable[[str], Engine], sc: Scenario, slo: Slo, polici
                 engine = make_engine(policy)
                 try:
                     check_fits(engine, sc)
-                    measured.append((config, measure(engine, sc, slo, config, policy)))
+                    measured.append((config, measure(engine, sc, slo, config, policy=policy)))
                 finally:
                     engine.close()
             config, best = max(measured, key=lambda cm: _rank(cm[1], slo))

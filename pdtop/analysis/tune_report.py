@@ -7,7 +7,7 @@ from typing import Any
 
 from pdtop.analysis.tune import Slo, Trial
 from pdtop.analysis.tune_workload import TuneReport
-from pdtop.engine.scheduling.pdmux_config import SGLANG_KEYS, PdmuxConfig
+from pdtop.engine.scheduling.pdmux_config import SGLANG_KEYS, PdmuxConfig, dump_pdmux_config
 
 
 def describe_config(config: PdmuxConfig) -> str:
@@ -22,14 +22,28 @@ def describe_config(config: PdmuxConfig) -> str:
     return f"{split} budget={config.split_forward_token_budget}{cap}"
 
 
+def best_yaml(report: TuneReport, device: str, kind: str, itl: str = "ITL p99") -> str:
+    """The chosen configuration as SGLang's YAML, as it was measured: a budget left to the device is
+    written as the device's (4,096 on cpu), so feeding the file back runs what was measured."""
+    assert report.best is not None
+    r, slo = report.best.result, report.slo
+    ttft = f", TTFT p99 <= {slo.ttft_s * 1e3:g} ms" if slo.ttft_s else ""
+    comment = (f"pdtop tune on {device}: SLO {itl} <= {slo.itl_s * 1e3:g} ms{ttft}\n"
+               f"measured: {itl} {r.itl_p99_s * 1e3:.2f} ms, TTFT p99 {r.ttft_p99_s * 1e3:.0f} ms, "
+               f"prefill {r.prefill_tok_s:.0f} tok/s, goodput {r.goodput_rps:.2f} req/s\n"
+               "SGLang: --enable-pdmux --pdmux-config-path FILE; pdtop: pdtop --config FILE")
+    return dump_pdmux_config(report.best.config.for_device(kind), comment)
+
+
 def _num(value: float, fmt: str) -> str:
     return "-" if math.isnan(value) else format(value, fmt)
 
 
-def trial_table(trials: list[Trial], slo: Slo, marks: dict[int, str] | None = None) -> list[str]:
+def trial_table(trials: list[Trial], slo: Slo, marks: dict[int, str] | None = None, itl: str = "ITL p99"
+                ) -> list[str]:
     """One row per trial: ITL p99, TTFT p99, prefill tokens/s, goodput, whether it meets the SLOs."""
     marks = marks or {}
-    lines = [f"  {'ITL p99':>9} {'TTFT p99':>9} {'prefill tok/s':>14} {'goodput':>9}  {'SLO':<4} configuration"]
+    lines = [f"  {itl:>9} {'TTFT p99':>9} {'prefill tok/s':>14} {'goodput':>9}  {'SLO':<4} configuration"]
     for t in trials:
         r = t.result
         mark = marks.get(id(t), "")
@@ -39,7 +53,7 @@ def trial_table(trials: list[Trial], slo: Slo, marks: dict[int, str] | None = No
     return lines
 
 
-def front_plot(report: TuneReport, width: int = 64, height: int = 14) -> list[str]:
+def front_plot(report: TuneReport, width: int = 64, height: int = 14, itl: str = "ITL p99") -> list[str]:
     """ITL p99 (up) against prefill tokens/s (right): `o` the front, `.` other measured configurations,
     `D` SGLang's default, `*` the chosen one; the dashed row is the ITL SLO. ITLs above twice the SLO
     are drawn on the top row."""
@@ -68,7 +82,7 @@ def front_plot(report: TuneReport, width: int = 64, height: int = 14) -> list[st
             row, col = cell(t.result.prefill_tok_s, t.result.itl_p99_s * 1e3)
             grid[row][col] = mark
     label = 11
-    lines = ["ITL p99 (ms)"]
+    lines = [f"{itl} (ms)"]
     for i, cells in enumerate(grid):
         text = f"SLO {slo_ms:g}" if i == slo_row else f"{y1:.1f}" if i == 0 else f"{y0:.1f}" if i == height - 1 else ""
         lines.append(f"{text:>{label - 1}} │{''.join(cells)}")
@@ -79,11 +93,11 @@ def front_plot(report: TuneReport, width: int = 64, height: int = 14) -> list[st
     return lines
 
 
-def comparison(report: TuneReport) -> list[str]:
+def comparison(report: TuneReport, itl: str = "ITL p99") -> list[str]:
     """The chosen configuration against SGLang's default, with the ratio of each figure."""
     assert report.best is not None
     rows = [("SGLang default", report.default.result), ("chosen", report.best.result)]
-    lines = [f"{'':<16}{'ITL p99':>10}{'TTFT p99':>10}{'prefill tok/s':>15}{'goodput':>10}"]
+    lines = [f"{'':<16}{itl:>10}{'TTFT p99':>10}{'prefill tok/s':>15}{'goodput':>10}"]
     for name, r in rows:
         lines.append(f"{name:<16}{_num(r.itl_p99_s * 1e3, '.2f'):>7} ms{_num(r.ttft_p99_s * 1e3, '.0f'):>7} ms"
                      f"{_num(r.prefill_tok_s, ',.0f'):>15}{_num(r.goodput_rps, '.2f'):>8}/s")

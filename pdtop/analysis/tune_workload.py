@@ -103,12 +103,14 @@ def check_fits(engine: Engine, sc: Scenario) -> None:
         if tokens > cfg.max_context:
             raise PromptError(f"the workload's {what} ({tokens} tokens with its output) is longer than the model's "
                               f"context ({cfg.max_context} tokens)")
+    # the long prompts come one after another, each done a few rounds after its first token: as
+    # `pdtop bench`, count those held at once (`Scenario.long_at_once`), not all of them
     need = (sc.decode_bs * pool.blocks_for(sc.decode_prompt + decode_max_tokens(engine, sc))
-            + sc.long_prompts * pool.blocks_for(sc.long_tokens + LONG_MAX_TOKENS))
+            + sc.long_at_once * pool.blocks_for(sc.long_tokens + LONG_MAX_TOKENS))
     if need > pool.num_blocks:
         raise PromptError(f"the workload does not fit the KV cache: {sc.decode_bs} decode requests and "
-                          f"{sc.long_prompts} long prompts need {need * pool.block_size} tokens, the cache holds "
-                          f"{pool.capacity_tokens}")
+                          f"{sc.long_at_once} long prompts at once need {need * pool.block_size} tokens, the cache "
+                          f"holds {pool.capacity_tokens}")
 
 
 def _step_until_first_token(engine: Engine, reqs: list[Request]) -> None:
@@ -125,9 +127,17 @@ def changes_to(engine: Engine, config: PdmuxConfig) -> dict[str, Any]:
     return {k: v for k, v in config.for_device(engine.device.kind).to_dict().items() if now[k] != v}
 
 
-def measure(engine: Engine, sc: Scenario, slo: Slo, config: PdmuxConfig, policy: str = "pdmux") -> Measurement:
+def device_default(kind: str) -> PdmuxConfig:
+    """SGLang's default knobs with the device's own budget where pdtop has one (4,096 on cpu): the
+    configuration `pdtop` runs on that device without a file, and what is written if it is chosen."""
+    return SGLANG_DEFAULT.replace(split_forward_token_budget=PdmuxConfig().for_device(kind).token_budget)
+
+
+def measure(engine: Engine, sc: Scenario, slo: Slo, config: PdmuxConfig, deadline: float | None = None,
+            policy: str = "pdmux") -> Measurement:
     """Run the scenario on a fresh `engine` with `config` and `policy` applied after the warm-up (see the
-    module doc)."""
+    module doc). Past `deadline` (time.monotonic) no further long prompt is sent: the window ends with
+    those measured."""
     engine.control(Set({"policy": "prefill-first"}))
     decoders = [engine.submit(engine.prompts.make(sc.decode_prompt), decode_max_tokens(engine, sc), ignore_eos=True)
                 for _ in range(sc.decode_bs)]
@@ -138,8 +148,10 @@ def measure(engine: Engine, sc: Scenario, slo: Slo, config: PdmuxConfig, policy:
     if changes_to(engine, config) or engine.scheduler.policy != policy:
         raise EngineError(f"the engine did not take the candidate {config}")
     start = engine.device.now()
-    longs = []
+    longs: list[Request] = []
     for _ in range(sc.long_prompts):
+        if longs and deadline is not None and time.monotonic() > deadline:
+            break
         longs.append(engine.submit(engine.prompts.make(sc.long_tokens), LONG_MAX_TOKENS, ignore_eos=True))
         _step_until_first_token(engine, longs[-1:])
         for _ in range(sc.settle_rounds):
@@ -222,24 +234,28 @@ def tune(make_engine: Callable[[], Engine], sc: Scenario, slo: Slo, budget_s: fl
     default configuration (each candidate gets its own)."""
     t0 = time.monotonic()
     engine = make_engine()
+    kind = engine.device.kind
     try:
         check_fits(engine, sc)
         space = pdmux_space(engine.scheduler.table, sc, engine.executor.cfg.num_layers)
     finally:
         engine.close()
 
-    def evaluate(config: PdmuxConfig) -> Measurement:
+    def evaluate(config: PdmuxConfig, deadline: float | None = None) -> Measurement:
         e = make_engine()
         try:
-            return measure(e, sc, slo, config)
+            return measure(e, sc, slo, config, deadline)
         finally:
             e.close()
 
-    search = ParetoSearch(space, slo, coarse, reference=SGLANG_DEFAULT)
-    default = search.tell(SGLANG_DEFAULT, evaluate(SGLANG_DEFAULT))
+    reference = device_default(kind)
+    search = ParetoSearch(space, slo, coarse, reference=reference)
+    started = time.monotonic()  # the default is always measured, cut short at the budget's end
+    default = search.tell(reference, evaluate(reference, t0 + budget_s))
     if progress is not None:
         progress(default, time.monotonic() - t0)
-    run = run_search(search, evaluate, budget_s - (time.monotonic() - t0), progress)
+    run = run_search(search, evaluate, budget_s - (time.monotonic() - t0), progress,
+                     longest_s=time.monotonic() - started)
     run = dataclasses.replace(run, measured=run.measured + 1, elapsed_s=time.monotonic() - t0)
     trials = list(search.trials.values())
     best = search.best

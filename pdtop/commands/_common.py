@@ -12,6 +12,7 @@ from pdtop.engine.errors import EngineError
 
 if TYPE_CHECKING:
     from pdtop.engine.roofline.kv import Link
+    from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
 
 # Bad input a command reports as one line: the engine's errors, and files it cannot read.
 INPUT_ERRORS: tuple[type[BaseException], ...] = (EngineError, OSError)
@@ -53,6 +54,21 @@ def engine_link(text: str) -> Link:
     if link is None:
         raise FieldError("--link", "disagg's KV needs a link: name one, or leave --link out for the default")
     return link
+
+
+def add_level_rule_arguments(parser: argparse.ArgumentParser) -> None:
+    """--level-rule and --slo-itl-ms (serve, dashboard, bench): pdtop's own keys of the config."""
+    parser.add_argument("--level-rule", choices=("sglang", "slo"),
+                        help="how pdmux picks the level: sglang (its rule, linear in the decode batch; default) or "
+                             "slo (the fewest decode units a model learned online predicts to meet --slo-itl-ms)")
+    parser.add_argument("--slo-itl-ms", type=float, metavar="MS", help="the ITL SLO of --level-rule slo")
+
+
+def with_level_rule(config: PdmuxConfig, args: argparse.Namespace) -> PdmuxConfig:
+    """`config` with the --level-rule / --slo-itl-ms given (ConfigError, one line, if they are wrong)."""
+    changes = {k: v for k, v in (("level_rule", getattr(args, "level_rule", None)),
+                                 ("slo_itl_ms", getattr(args, "slo_itl_ms", None))) if v is not None}
+    return config.replace(**changes) if changes else config
 
 
 def cuda_missing(device: str | None) -> str | None:

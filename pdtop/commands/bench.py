@@ -29,7 +29,14 @@ from typing import TYPE_CHECKING
 
 from pdtop.commands import _bench_url
 from pdtop.commands._bench_progress import BenchProgress
-from pdtop.commands._common import INPUT_ERRORS, add_runtime_arguments, fail, runtime_options
+from pdtop.commands._common import (
+    INPUT_ERRORS,
+    add_level_rule_arguments,
+    add_runtime_arguments,
+    fail,
+    runtime_options,
+    with_level_rule,
+)
 from pdtop.engine.scheduling.policies import POLICIES
 from pdtop.telemetry.encode import encode
 
@@ -59,6 +66,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="write one JSON line per measured decode step (level, cores, what prefill ran, GC) "
                         "and print which of these the slowest steps share")
     add_runtime_arguments(p)
+    add_level_rule_arguments(p)
     _bench_url.add_arguments(p)
 
 
@@ -113,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
                 sc = replace(sc, **{name: value})
         options = runtime_options(args)  # a bad --link: one line before any engine starts
         policies = list(POLICIES) if args.policy == "all" else [args.policy]
-        config = load_pdmux_config(args.config) if args.config else PdmuxConfig()
+        config = with_level_rule(load_pdmux_config(args.config) if args.config else PdmuxConfig(), args)
         load_before = _loadavg()
         runs: dict[str, PolicyRun] = {}
         interrupted = False

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-from pdtop.commands._common import DEVICE_HELP, INPUT_ERRORS, add_runtime_arguments, fail
+from pdtop.commands._common import DEVICE_HELP, INPUT_ERRORS, add_level_rule_arguments, add_runtime_arguments, fail
 from pdtop.commands._startup import READY
 from pdtop.commands.serve import RATE_HELP, SCENARIOS_HELP, SPEED_HELP, check_inputs
 from pdtop.engine.scheduling.policies import DEFAULT_POLICY, POLICIES
@@ -56,6 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--speed", type=float, metavar="X", help=SPEED_HELP)
     parser.add_argument("--record", metavar="FILE", help="record every event to FILE from the start")
     add_runtime_arguments(parser)
+    add_level_rule_arguments(parser)
     add_ui_arguments(parser)
 
 
@@ -65,7 +66,7 @@ def serve_command(args: argparse.Namespace) -> list[str]:
     cmd = [sys.executable, "-m", "pdtop", "serve", "--host", "127.0.0.1", "--port", "0", "--api-port", "0",
            "--progress"]
     for flag in ("device", "model", "config", "policy", "rate", "speed", "record", "dtype", "kv_tokens",
-                 "gpu_memory_fraction", "link"):
+                 "gpu_memory_fraction", "link", "level_rule", "slo_itl_ms"):
         value = getattr(args, flag, None)
         if value is not None:
             cmd += [f"--{flag.replace('_', '-')}", str(value)]

@@ -47,11 +47,13 @@ from typing import TYPE_CHECKING
 from pdtop.commands._common import (
     DEVICE_HELP,
     INPUT_ERRORS,
+    add_level_rule_arguments,
     add_runtime_arguments,
     cuda_missing,
     engine_link,
     fail,
     runtime_options,
+    with_level_rule,
 )
 from pdtop.engine.errors import DeviceError
 from pdtop.engine.scheduling.admission import MAX_WAITING_REQUESTS, MAX_WAITING_TOKENS
@@ -89,6 +91,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="secret a client needs to send control messages (default: $PDTOP_TOKEN; "
                         "the environment keeps it out of `ps`)")
     add_runtime_arguments(parser)
+    add_level_rule_arguments(parser)
     parser.add_argument("--api-port", type=int, metavar="PORT",
                         help="also serve the OpenAI-compatible HTTP API and /metrics on PORT (0 picks a free one)")
     parser.add_argument("--workload", choices=("synthetic", "none"), default="synthetic",
@@ -131,7 +134,7 @@ def check_inputs(args: argparse.Namespace) -> PdmuxConfig:
         engine_link(args.link)  # FieldError naming it
     if getattr(args, "policy", None) == "disagg" and kind == "cuda":
         raise DeviceError(DISAGG_ON_CUDA)
-    return _load_config(args.config)
+    return with_level_rule(_load_config(args.config), args)
 
 
 def run(args: argparse.Namespace) -> int:

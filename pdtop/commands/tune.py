@@ -27,8 +27,10 @@ import argparse
 import math
 import os
 import sys
+import time
 from typing import TYPE_CHECKING
 
+from pdtop.commands import _tune_launch
 from pdtop.commands._common import INPUT_ERRORS, cuda_missing, fail
 from pdtop.engine.errors import DeviceError
 from pdtop.telemetry.encode import encode
@@ -47,14 +49,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument("--device", default="sim:H100", help="sim:GPU, cpu or cuda (default: sim:H100)")
     p.add_argument("--model", default=None, help="GGUF path or synthetic:NAME (default: the device's default)")
-    p.add_argument("--slo-itl-ms", required=True, metavar="MS", help="ITL p99 target, milliseconds")
+    p.add_argument("--slo-itl-ms", required=True, metavar="MS",
+                   help="ITL p99 target, milliseconds (--launch: each request's TPOT)")
     p.add_argument("--slo-ttft-ms", metavar="MS", help="TTFT p99 target of the long prompts, milliseconds")
     p.add_argument("--workload", metavar="K=V,...",
                    help="change the scenario: decode_bs, decode_prompt, long_tokens, long_prompts, settle_rounds, "
                    "decode_tokens (or a YAML file of them)")
     p.add_argument("--budget-s", metavar="S",
                    help=f"stop searching after this many seconds (default {SIM_BUDGET_S:g} on sim:, "
-                   f"{REAL_BUDGET_S:g} on cpu/cuda)")
+                   f"{REAL_BUDGET_S:g} on cpu/cuda, none with --launch); counted from the command's start")
     p.add_argument("--kv-tokens", type=int, default=None, metavar="N", help="KV cache size in tokens")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", metavar="FILE", help="write the chosen configuration as SGLang's pdmux YAML")
@@ -64,6 +67,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "of each under the SLOs, and goodput per device")
     p.add_argument("--link", metavar="LINK", help="disagg's KV link with --policies (default: rdma400 on sim:, "
                                                    "unpaced copies on cpu)")
+    _tune_launch.add_arguments(p)
+    p.epilog = _tune_launch.LAUNCH_HELP
 
 
 def _positive(flag: str, text: str | None) -> float | None:
@@ -80,6 +85,7 @@ def _positive(flag: str, text: str | None) -> float | None:
 
 
 def run(args: argparse.Namespace) -> int:
+    started = time.monotonic()  # importing torch and loading the model count against the budget
     from pdtop.analysis.policy_bench import SCENARIOS
     from pdtop.analysis.tune import Slo
     from pdtop.analysis.tune_workload import parse_workload, tune
@@ -98,10 +104,14 @@ def run(args: argparse.Namespace) -> int:
     slo = Slo(itl_ms / 1e3, None if ttft_ms is None else ttft_ms / 1e3)
     if args.link and not args.policies:
         return fail("tune", "--link applies to disagg: compare the ways with --policies pdmux,chunked,disagg")
+    if args.policies and args.launch is not None:
+        return fail("tune", "--policies compares the ways on pdtop's own engine; it does not go with --launch")
     if args.policies:
         from pdtop.commands._tune_policies import run_policies
 
         return run_policies(args, slo, budget, (SIM_BUDGET_S, REAL_BUDGET_S))
+    if args.launch is not None:
+        return _tune_launch.run(args, slo, budget)
     try:
         where = parse_device(args.device)
         missing = cuda_missing(args.device) if where.kind == "cuda" else None
@@ -113,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         make_engine = _engine_factory(args, where.kind)
         real = where.kind != "sim"
         budget_s = budget or (REAL_BUDGET_S if real else SIM_BUDGET_S)
-        report = tune(make_engine, sc, slo, budget_s, _progress(budget_s, real))
+        report = tune(make_engine, sc, slo, budget_s - (time.monotonic() - started), _progress(budget_s, real, started))
     except INPUT_ERRORS as exc:
         return fail("tune", exc)
     load = os.getloadavg()
@@ -147,15 +157,17 @@ def _engine_factory(args: argparse.Namespace, kind: str) -> Callable[[], Engine]
     return make
 
 
-def _progress(budget_s: float, real: bool) -> Callable[[Trial, float], None]:
-    """Real devices: one line per candidate on stderr. sim: one line rewritten, on a terminal only."""
+def _progress(budget_s: float, real: bool, started: float) -> Callable[[Trial, float], None]:
+    """Real devices: one line per candidate on stderr. sim: one line rewritten, on a terminal only.
+    The seconds shown count from `started`, the command's start, as the budget does."""
     from pdtop.analysis.tune_report import describe_config
 
     count = 0
     tty = sys.stderr.isatty()
 
-    def show(trial: Trial, elapsed: float) -> None:
+    def show(trial: Trial, _elapsed: float) -> None:
         nonlocal count
+        elapsed = time.monotonic() - started
         count += 1
         r = trial.result
         line = (f"pdtop tune: [{count}] {elapsed:.0f}/{budget_s:.0f} s  ITL p99 {r.itl_p99_s * 1e3:.2f} ms  "
@@ -169,17 +181,11 @@ def _progress(budget_s: float, real: bool) -> Callable[[Trial, float], None]:
 
 
 def _write(path: str, report: TuneReport, device: str) -> None:
-    from pdtop.engine.scheduling.pdmux_config import dump_pdmux_config
+    from pdtop.analysis.tune_report import best_yaml
+    from pdtop.engine.build import parse_device
 
-    assert report.best is not None
-    r, slo = report.best.result, report.slo
-    ttft = f", TTFT p99 <= {slo.ttft_s * 1e3:g} ms" if slo.ttft_s else ""
-    comment = (f"pdtop tune on {device}: SLO ITL p99 <= {slo.itl_s * 1e3:g} ms{ttft}\n"
-               f"measured: ITL p99 {r.itl_p99_s * 1e3:.2f} ms, TTFT p99 {r.ttft_p99_s * 1e3:.0f} ms, "
-               f"prefill {r.prefill_tok_s:.0f} tok/s, goodput {r.goodput_rps:.2f} req/s\n"
-               "SGLang: --enable-pdmux --pdmux-config-path FILE; pdtop: pdtop --config FILE")
     with open(path, "w", encoding="utf-8") as f:
-        f.write(dump_pdmux_config(report.best.config, comment))
+        f.write(best_yaml(report, device, parse_device(device).kind))
 
 
 def _text(report: TuneReport, args: argparse.Namespace, load: tuple[float, float, float]) -> list[str]:

@@ -128,7 +128,7 @@ class Engine(Generic[S]):
             decode_bs_divisor=c.decode_bs_divisor, chunk_size=c.chunk_size, policy=s.policy, pinned_level=s.pinned,
             levels=[(p, d) for p, d in s.table.groups], workload_rate=w.spec.rate if w else 0.0,
             workload_paused=w.spec.paused if w else True, max_split_forward_layers=c.max_split_forward_layers or None,
-            overlap_decode_full_sm=c.overlap_decode_full_sm or None)
+            overlap_decode_full_sm=c.overlap_decode_full_sm or None, level_rule=c.level_rule, slo_itl_ms=c.slo_itl_ms)
 
     def describe(self) -> EngineDescription:
         cfg, dev = self.executor.cfg, self.device
@@ -350,6 +350,7 @@ class Engine(Generic[S]):
                 self._take_requests()
         s = self.scheduler
         record, requests = s.step()
+        s.levels.learn(record, self.config, s.table)  # the level rule's model
         self._pace()  # a paced virtual clock: report the round when wall time reaches its end
         for r in requests:
             self._report(r)

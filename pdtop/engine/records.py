@@ -76,6 +76,9 @@ class RoundRecord:
     flops: float  # estimated FLOPs this round
     instance: str | None = None  # "decode" under disagg (the decode instance's round); null: one instance
     disagg: DisaggState | None = None  # under disagg: the prefill instance and the link
+    # level_rule slo: per level, the decode step its model predicts beside a prefill (null where it
+    # has none, and for every level under SGLang's rule)
+    predicted_steps_s: list[float | None] | None = None
 
 
 @dataclass

@@ -133,6 +133,23 @@ def parse_tune(text: str) -> tuple[float, float]:
     return slo_ms / 1e3, parse_float(parts[1].removesuffix("s"), low=0.1) if len(parts) == 2 else 5.0
 
 
+def parse_level_rule(text: str) -> dict[str, Any]:
+    """`sglang`, or `slo MS`: the level rule (pdtop's `level_rule`, with its `slo_itl_ms`)."""
+    parts = text.replace(",", " ").split()
+    if parts == ["sglang"]:
+        return {"level_rule": "sglang"}
+    if len(parts) == 2 and parts[0] == "slo":
+        return {"level_rule": "slo", "slo_itl_ms": parse_float(parts[1].removesuffix("ms"), low=0.001)}
+    raise ValueError("give `sglang`, or `slo MS` (the ITL SLO in ms)")
+
+
+def _level_rule_default(state: DashboardState) -> str:
+    config = state.config
+    if config is None or config.level_rule != "slo" or config.slo_itl_ms is None:
+        return "sglang"
+    return f"slo {config.slo_itl_ms:g}"
+
+
 def parse_seconds(text: str) -> float:
     """A replay position: seconds (`42.5`) or `m:ss`."""
     text = text.strip()
@@ -171,6 +188,13 @@ def _set(key: str) -> Build:
             raise ValueError(exc.reason) from None
 
     return build
+
+
+def _set_many(values: dict[str, Any]) -> Command:
+    try:
+        return Set(values)
+    except ControlError as exc:
+        raise ValueError(exc.reason) from None
 
 
 def _workload_toggle(state: DashboardState, _value: Any) -> Command:
@@ -217,6 +241,10 @@ KEYMAP: list[KeyCommand] = [
     KeyCommand("chunk_size", "c", "chunk", "set chunk size (chunked policy)", _set("chunk_size"),
                needs_write=True, footer=False,
                arg=Arg("chunk_size (prompt tokens per chunked step)", parse_int, _config_default("chunk_size"))),
+    KeyCommand("level_rule", "l", "rule", "set the level rule: sglang, or slo MS (fewest decode units for an ITL SLO)",
+               lambda s, v: _set_many(v), needs_write=True, footer=False,
+               arg=Arg("level rule: `sglang`, or `slo MS` (the fewest decode units predicted to meet MS)",
+                       parse_level_rule, _level_rule_default)),
     KeyCommand("policy", "p", "policy", "choose the scheduling policy", _set("policy"), needs_write=True,
                arg=Arg("scheduling policy", parse_policy, _config_default("policy", "pdmux"), POLICY_CHOICES)),
     # live: the workload

@@ -72,6 +72,7 @@ class DashboardState:
     pinned: bool = False
     prefill_units: int = 0
     decode_units: int = 0
+    predicted_steps_s: list[float | None] | None = None  # level_rule slo: the model's step per level
     decode_bs: int = 0
     waiting: int = 0
     running: int = 0
@@ -189,6 +190,7 @@ class DashboardState:
         self.pinned = r.pinned
         self.prefill_units = r.prefill_units
         self.decode_units = r.decode_units
+        self.predicted_steps_s = r.predicted_steps_s
         self.decode_bs = r.decode_bs
         self.waiting = r.waiting
         self.running = r.running

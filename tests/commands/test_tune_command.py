@@ -15,9 +15,11 @@ import yaml
 
 from pdtop.analysis.policy_bench import SCENARIOS
 from pdtop.analysis.tune import Slo
-from pdtop.analysis.tune_workload import measure, parse_workload, tune
+from pdtop.analysis.tune_report import best_yaml
+from pdtop.analysis.tune_workload import check_fits, measure, parse_workload, tune
 from pdtop.cli import main
 from pdtop.engine.build import build_engine
+from pdtop.engine.errors import PromptError
 from pdtop.engine.scheduling.pdmux_config import SGLANG_KEYS, PdmuxConfig, load_pdmux_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,7 +63,7 @@ def test_written_yaml_loaded_by_pdtop_meets_the_slo(tuned):
     proc, out = tuned
     assert tuple(yaml.safe_load(out.read_text())) == SGLANG_KEYS  # SGLang's keys only (scheduling/test_pdmux_dump.py)
     config = load_pdmux_config(str(out))
-    assert {k: v for k, v in config.to_dict().items() if k != "chunk_size"} == json.loads(proc.stdout)["chosen"][
+    assert {k: v for k, v in config.to_dict().items() if k in SGLANG_KEYS} == json.loads(proc.stdout)["chosen"][
         "config"]
     slo = Slo(SLO_ITL_MS / 1e3)
     for cfg, meets in ((config, True), (PdmuxConfig(), False)):
@@ -129,8 +131,10 @@ def test_workload_file(tmp_path):
 
 @pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2, reason="the CPU device needs 2 cores")
 def test_cpu_runs_real_rounds_and_keeps_its_budget(model_fp32):
-    """The real model on this machine's cores: the default is measured, then the budget stops the search."""
-    sc = parse_workload("decode_bs=2,decode_prompt=16,long_tokens=96,long_prompts=1,decode_tokens=64",
+    """The real model on this machine's cores: the default is measured, then the budget stops the search.
+    Issue 25 item 6: the budget also cuts the default's own run short (one long prompt of three, not
+    all of them), and the default is the device's: cpu's budget 4,096, written as measured."""
+    sc = parse_workload("decode_bs=2,decode_prompt=16,long_tokens=96,long_prompts=3,decode_tokens=64",
                         SCENARIOS["cpu"])
     seen = []
     report = tune(lambda: build_engine("cpu", None, loaded_model=model_fp32, kv_capacity_tokens=1024), sc,
@@ -139,6 +143,21 @@ def test_cpu_runs_real_rounds_and_keeps_its_budget(model_fp32):
     r = report.default.result
     assert r.requests == 3 and r.prefill_tok_s > 0 and r.itl_p99_s > 0 and r.decode_only_itl_s > 0
     assert not math.isnan(r.goodput_rps)
+    assert report.default.config.split_forward_token_budget == 4096
+    assert yaml.safe_load(best_yaml(report, "cpu", "cpu"))["split_forward_token_budget"] == 4096
+
+
+@pytest.mark.skipif(len(__import__("os").sched_getaffinity(0)) < 2, reason="the CPU device needs 2 cores")
+def test_the_cpu_scenario_fits_the_cpu_cache(model_fp32):
+    """Issue 25 item 1: `tune --device cpu` (its --help example) counts the long prompts held at once,
+    as `pdtop bench` does, so its own scenario fits the default 16,384-token cache."""
+    engine = build_engine("cpu", None, loaded_model=model_fp32)
+    try:
+        check_fits(engine, SCENARIOS["cpu"])
+        with pytest.raises(PromptError, match="2 long prompts at once"):
+            check_fits(engine, parse_workload("decode_bs=10", SCENARIOS["cpu"]))
+    finally:
+        engine.close()
 
 
 HAS_CUDA = torch.cuda.is_available() and importlib.util.find_spec("cuda") is not None

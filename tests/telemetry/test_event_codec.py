@@ -35,7 +35,8 @@ def test_config_events_carry_the_whole_config_and_helpers_have_the_envelope():
                      "config": {"sm_group_num": 3, "manual_divisions": [[72, 60, 1]],
                                 "split_forward_token_budget": 65536, "decode_bs_divisor": 24, "chunk_size": 512,
                                 "policy": "pdmux", "pinned_level": None, "levels": [[132, 0], [72, 60], [0, 132]],
-                                "workload_rate": 2.0, "workload_paused": False}}  # pairs as lists
+                                "workload_rate": 2.0, "workload_paused": False, "level_rule": None,
+                                "slo_itl_ms": None}}  # pairs as lists
     assert ev.reply_event(4, False, "level", "too big") == {
         "type": "reply", "v": 1, "id": 4, "ok": False, "error": {"field": "level", "reason": "too big"}}
     assert ev.dropped_event(3) == {"type": "dropped", "v": 1, "count": 3}

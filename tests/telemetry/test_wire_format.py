@@ -46,6 +46,14 @@ CONFIG_EVENT_BEFORE = ('{"type":"config","v":1,"time":1.5,"round_index":7,'
                        '"changes":{"decode_bs_divisor":{"old":36,"new":12}},"client":"c1","config":CONFIG}'
                        ).replace("CONFIG", CONFIG_BEFORE)
 SEEK_BEFORE = '{"type":"seek","v":1,"position":2.5,"config":CONFIG}'.replace("CONFIG", CONFIG_BEFORE)
+# Added on purpose since: pdtop's level rule and its SLO (null in a file written before them).
+ADDED = ',"level_rule":"sglang","slo_itl_ms":null}'
+ADDED_NULL = ',"level_rule":null,"slo_itl_ms":null}'
+
+
+def now(before: str, added: str = ADDED) -> str:
+    """An event text `before` with the configuration's keys added since."""
+    return before.replace(CONFIG_BEFORE, CONFIG_BEFORE[:-1] + added)
 
 # how docs/protocol.md's type column names a JSON value
 _JSON_WORDS = {bool: "bool", int: "int", float: "float", str: "string", list: "list", dict: "object",
@@ -75,16 +83,16 @@ def _canonical(text: str) -> str:
 
 def test_config_and_seek_are_byte_for_byte_what_the_dict_engine_sent(texts):
     _, config, seek = texts
-    assert config == CONFIG_EVENT_BEFORE
-    assert seek == SEEK_BEFORE
+    assert config == now(CONFIG_EVENT_BEFORE)
+    assert seek == now(SEEK_BEFORE)
 
 
 def test_the_hello_has_the_same_keys_and_values_and_only_peak_bw_moved(texts):
     hello = texts[0]
-    assert _canonical(hello) == _canonical(HELLO_BEFORE)
+    assert _canonical(hello) == _canonical(now(HELLO_BEFORE))
     # The one difference in the text: `peak_bw`, a named field of the device, now comes before the
     # sim's own facts (it came after `cc`). JSON objects have no order, and nothing reads one.
-    moved = HELLO_BEFORE.replace('"cc":"9.0","peak_bw":3350000000000.0,', '"peak_bw":3350000000000.0,"cc":"9.0",')
+    moved = now(HELLO_BEFORE).replace('"cc":"9.0","peak_bw":3350000000000.0,', '"peak_bw":3350000000000.0,"cc":"9.0",')
     assert hello == moved
 
 
@@ -196,9 +204,11 @@ async def test_a_recording_written_before_the_records_replays_and_seeks(tmp_path
     events = Pump(src)
     assert await events.get() == json.loads(HELLO_BEFORE)
     src.seek(0.5)  # before the change: the hello's configuration
-    assert encode.encode(await events.get()) == SEEK_BEFORE.replace('"position":2.5', '"position":0.5')
+    seek = now(SEEK_BEFORE, ADDED_NULL)  # keys the file predates: null
+    assert encode.encode(await events.get()) == seek.replace('"position":2.5', '"position":0.5')
     src.seek(2.0)  # after it: the config event's
     seek = await events.get()
-    assert seek["config"] == json.loads(changed)["config"] and seek["config"]["decode_bs_divisor"] == 12
+    assert seek["config"] == json.loads(changed)["config"] | {"level_rule": None, "slo_itl_ms": None}
+    assert seek["config"]["decode_bs_divisor"] == 12
     await src.close()
     await events.task

@@ -3,8 +3,9 @@
 SGLang's fields, in its order: `sm_group_num`, `manual_divisions` (a list of
 `[prefill_sm, decode_sm, decode_bs_threshold]`), `split_forward_token_budget`,
 `max_split_forward_layers`, `decode_bs_divisor`, `overlap_decode_full_sm`. pdtop adds
-`chunk_size` for its chunked-prefill policy. Every value passes `validate`, whether it comes
-from a file, the constructor, or a live override through `PdmuxConfig.replace`, and the
+`chunk_size` for its chunked-prefill policy, and `level_rule` (`sglang`, or `slo`: the fewest
+decode units that meet `slo_itl_ms`, `level_rule.py`). Every value passes `validate`, whether it
+comes from a file, the constructor, or a live override through `PdmuxConfig.replace`, and the
 fields together pass SGLang's loader checks (`_check_together`); docs/levels.md names the
 SGLang source they follow.
 """
@@ -60,6 +61,23 @@ SGLANG_TOKEN_BUDGET = 65536
 # a few layers a round (4096 // 1024 = 4 of SmolLM2's 30) instead of all of them in one slice.
 DEVICE_TOKEN_BUDGET = {"cpu": 4096}
 
+LEVEL_RULES = ("sglang", "slo")
+
+
+def _level_rule(value: Any) -> str:
+    if value not in LEVEL_RULES:
+        raise ConfigError("level_rule", f"must be one of {', '.join(LEVEL_RULES)}, got {value!r}")
+    return str(value)
+
+
+def _slo_itl_ms(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e6:
+        raise ConfigError("slo_itl_ms", f"must be a number of milliseconds > 0, got {value!r}")
+    return float(value)
+
+
 _VALIDATORS = {
     "sm_group_num": lambda v: check_int("sm_group_num", v, 3, 256),
     "manual_divisions": _manual_divisions,
@@ -68,6 +86,8 @@ _VALIDATORS = {
     "decode_bs_divisor": lambda v: check_int("decode_bs_divisor", v, 1),
     "overlap_decode_full_sm": lambda v: _bool("overlap_decode_full_sm", v),
     "chunk_size": lambda v: check_int("chunk_size", v, 1),
+    "level_rule": _level_rule,
+    "slo_itl_ms": _slo_itl_ms,
 }
 FIELDS: tuple[str, ...] = tuple(_VALIDATORS)
 
@@ -92,6 +112,8 @@ class PdmuxConfig:
     # overlap; decode_sm is ignored); needs manual_divisions
     overlap_decode_full_sm: bool = False
     chunk_size: int = 512  # pdtop's own: tokens per chunk under the chunked policy
+    level_rule: str = "sglang"  # pdtop's own: "slo" meets slo_itl_ms with the fewest decode units
+    slo_itl_ms: float | None = None  # pdtop's own: the ITL SLO of level_rule slo
     # the file it was read from, named by errors found later (manual divisions that do not fit a device)
     source: str | None = field(default=None, compare=False, repr=False)
 
@@ -101,6 +123,8 @@ class PdmuxConfig:
             if not (name == "split_forward_token_budget" and value is None):
                 object.__setattr__(self, name, validate(name, value))
         _check_together(self.manual_divisions, self.overlap_decode_full_sm)
+        if self.level_rule == "slo" and self.slo_itl_ms is None:
+            raise ConfigError("level_rule", "slo needs slo_itl_ms (the ITL SLO in milliseconds)")
 
     def for_device(self, kind: str) -> PdmuxConfig:
         """This config with an unset `split_forward_token_budget` set to device kind `kind`'s default."""

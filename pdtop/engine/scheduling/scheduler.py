@@ -3,8 +3,9 @@
 - `pdmux`: one decode step on the decode side while the in-flight prefill batch
   advances `k = min(L, max(1, budget // tokens))` layers on the prefill side, at most
   `max_split_forward_layers` while decode runs; the round waits for decode only. Finished
-  prefills join the decode batch. The level is chosen again only while the prefill side
-  is idle (a level change syncs both sides, so SGLang changes it at prefill boundaries).
+  prefills join the decode batch. The level is chosen again (`level_rule.SloRule`: SGLang's
+  rule, or `level_rule: slo`) only while the prefill side is idle (a level change syncs both
+  sides, so SGLang changes it at prefill boundaries).
 - `chunked`: each step runs the decode batch plus one `chunk_size` piece of one
   prompt in a single forward on every unit.
 - `prefill-first`: waiting prompts are prefilled whole, on every unit, before
@@ -33,6 +34,7 @@ from pdtop.engine.roofline.kv import Link
 from pdtop.engine.runtime.executor import Executor, S
 from pdtop.engine.runtime.kv_link import CopyLink, VirtualLink
 from pdtop.engine.scheduling.disagg import DisaggPair, check_disagg
+from pdtop.engine.scheduling.level_rule import DecodeStepModel, SloRule
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
 from pdtop.engine.scheduling.policies import check_policy
 from pdtop.engine.scheduling.splits import SplitTable, prefill_layers_per_step, slice_layers
@@ -79,6 +81,7 @@ class Scheduler(Generic[S]):
         self.table = table.realized(device.set_groups(table.groups))  # the units each level runs with
         self.max_prefill_tokens = max_prefill_tokens
         self.pinned: int | None = None
+        self.levels = SloRule(DecodeStepModel(self.table.units))  # SGLang's rule unless level_rule is slo
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.prefill: PrefillBatch[S] | None = None
@@ -243,8 +246,8 @@ class Scheduler(Generic[S]):
                 k = prefill_layers_per_step(tokens, self.num_layers, self.config.token_budget)
                 self.prefill = PrefillBatch(reqs, self.executor.prefill_begin(reqs), tokens, k, k)
         if not self.device.prefill_busy():
-            level = self.pinned if self.pinned is not None else self.table.choose(
-                len(self.running), self.prefill is not None, self.config)
+            level = self.pinned if self.pinned is not None else self.levels.choose(
+                self.table, len(self.running), self.prefill is not None, self.config, self.executor.kv_usage()[0])
             self._set_level(level)
         pf = self.prefill
         # A slice every round while the device takes more (SGLang launches one per loop iteration;

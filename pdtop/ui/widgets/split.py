@@ -15,6 +15,7 @@ from pdtop.ui.widgets.pools import pool_lines
 from pdtop.ui.window_figures import LevelStat, level_rows
 
 CELL_MIN = 30  # a table cell's width without its bar
+PRED_W = 8  # the `pred` column (level_rule slo)
 
 
 class SplitPanel(Panel):
@@ -61,7 +62,9 @@ class SplitPanel(Panel):
             bar = split_bar(state.prefill_units, state.decode_units, width, prefill, decode, idle)
             legend = Text.assemble(("■ ", prefill), f"prefill {fmt.units(state.prefill_units, unit)}   ",
                                    ("■ ", decode), f"decode {fmt.units(state.decode_units, unit)}")
-        knob_line = knobs(state.config, self.colour("warning"))
+        predicted = state.predicted_steps_s
+        now = predicted[state.level] if predicted and state.level is not None and state.level < len(predicted) else None
+        knob_line = knobs(state.config, self.colour("warning"), now)
         if height >= 9 or (height >= 7 and n <= 3):
             lines = [head, bar, legend, knob_line]
             self.border_subtitle = ""
@@ -102,11 +105,13 @@ class SplitPanel(Panel):
             keep = {e[0] for e in ranked[:capacity]}
             entries = [e for e in entries if e[0] in keep]
         col_w = width // columns
-        mini = max(3, min(16, col_w - CELL_MIN))
+        pred = PRED_W if state.predicted_steps_s is not None else 0  # level_rule slo: the model's step
+        mini = max(3, min(16, col_w - CELL_MIN - pred))
         cells = [self._cell(e, stats.get(e[0]), state, mini, col_w) for e in entries]
         header = Text()
         for _ in range(columns):
-            cell = Text(f" lvl  {'':{mini}} {'P/D':>7} {'time':>5} {'ITL p50':>8}", "dim")
+            pred_head = f" {'pred':>{PRED_W - 1}}" if pred else ""
+            cell = Text(f" lvl  {'':{mini}} {'P/D':>7} {'time':>5} {'ITL p50':>8}{pred_head}", "dim")
             cell.pad_right(max(0, col_w - cell.cell_len))
             header.append_text(cell)
         lines = [header]
@@ -135,16 +140,24 @@ class SplitPanel(Panel):
                                            self.colour("idle")),
                                  (f" {f'{p}/{d}':>7}", style))
         cell.append_text(Text.assemble((f" {share:>5}", "bold" if current else ""), f" {itl:>8}"))
+        predicted = state.predicted_steps_s
+        if predicted is not None:  # the model's step beside the measured ITL
+            p_s = predicted[level] if level is not None and level < len(predicted) else None
+            cell.append(f" {fmt.ms(p_s) if p_s is not None else '–':>{PRED_W - 1}}", "dim")
         cell.pad_right(max(0, col_w - cell.cell_len))
         return cell
 
 
-def knobs(config: EngineConfig | None, warning: str) -> Text:
-    """The knobs of the policy in force, as one line (pdmux: divisor and budget; chunked: chunk size),
-    the workload's rate and the manual divisions."""
+def knobs(config: EngineConfig | None, warning: str, predicted_step_s: float | None = None) -> Text:
+    """The knobs of the policy in force, as one line (pdmux: the level rule when it is `slo`, with
+    its SLO and the decode step its model predicts for this split; divisor and budget; chunked:
+    chunk size), the workload's rate and the manual divisions."""
     text = Text()
     if config is None:
         return text
+    if config.policy == "pdmux" and config.level_rule == "slo" and config.slo_itl_ms is not None:
+        pred = "" if predicted_step_s is None else f" pred {predicted_step_s * 1e3:.1f} ms"
+        text.append_text(Text.assemble(("rule ", "dim"), f"slo<={config.slo_itl_ms:g} ms{pred}", "  "))
     knob_values = {"pdmux": (("divisor", str(config.decode_bs_divisor)),
                              ("budget", str(config.split_forward_token_budget))),
                    "chunked": (("chunk", str(config.chunk_size)),)}.get(config.policy, ())
