@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import uvicorn
 
 from pdtop.api.app import Served, create_app
+from pdtop.api.connections import ConnectionLimits, protocol_class
 from pdtop.api.metrics import EngineMetrics
 
 if TYPE_CHECKING:  # annotations only
@@ -40,8 +41,9 @@ class ApiServer:
     (the command requires one for a non-loopback host). `start()` in a running loop, `stop()` to finish."""
 
     def __init__(self, engine: Engine, host: str = "127.0.0.1", port: int = 0, *, token: str | None = None,
-                 tokenizer: Tokenizer | None = None):
+                 tokenizer: Tokenizer | None = None, limits: ConnectionLimits | None = None):
         self.engine, self.host, self.port = engine, host, port
+        self.limits = limits or ConnectionLimits()
         self.metrics = EngineMetrics(engine)
         self.served = Served(engine, tokenizer or engine.tokenizer or default_tokenizer(), self.metrics)
         self.app = create_app(self.served, token)
@@ -57,7 +59,7 @@ class ApiServer:
     async def start(self) -> None:
         """Bind (OSError if it cannot) and serve; the engine's metrics sink is registered here."""
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # asyncio sets TCP_NODELAY then
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((self.host, self.port))
@@ -66,7 +68,8 @@ class ApiServer:
             raise
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="off",
-                                timeout_graceful_shutdown=2, limit_concurrency=4096, backlog=1024)
+                                http=protocol_class(self.limits), timeout_keep_alive=5,
+                                timeout_graceful_shutdown=2, backlog=1024)
         self._server = _Uvicorn(config)
         self.engine.add_sink(self.metrics.sink)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="pdtop-api")

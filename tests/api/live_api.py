@@ -14,7 +14,7 @@ class LiveApi:
     """`engine` served at `url` (http://127.0.0.1:PORT/v1); `records` holds every engine record.
     `run_engine=False` leaves the engine stopped: requests queue and never run."""
 
-    def __init__(self, engine, tokenizer, *, run_engine: bool = True, token: str | None = None):
+    def __init__(self, engine, tokenizer, *, run_engine: bool = True, token: str | None = None, **api_options):
         self.engine = engine
         self.records: list = []
         engine.add_sink(self.records.append)
@@ -25,7 +25,7 @@ class LiveApi:
         self.loop = asyncio.new_event_loop()
         self.loop_thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.loop_thread.start()
-        self.api = ApiServer(engine, port=0, token=token, tokenizer=tokenizer)
+        self.api = ApiServer(engine, port=0, token=token, tokenizer=tokenizer, **api_options)
         self._call(self.api.start())
         self.url = self.api.url
         self.root = self.url.removesuffix("/v1")
