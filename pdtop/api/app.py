@@ -20,13 +20,16 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from pdtop.api.errors import APIError, bad_request
 from pdtop.api.metrics import EngineMetrics
+from pdtop.api.prompts import chat_prompt, completion_prompt
 from pdtop.api.schemas import MAX_BODY_BYTES, ChatRequest, CompletionRequest, parse_body
 from pdtop.api.streams import Chunk, Completion, Mailbox
-from pdtop.engine.errors import EngineError, PromptError, QueueFullError
+from pdtop.engine.errors import PromptError, QueueFullError
 from pdtop.engine.request import SamplingParams
+from pdtop.quiet_log import QuietLog
 
 if TYPE_CHECKING:  # annotations only
     from pdtop.engine.engine import Engine
@@ -92,8 +95,14 @@ class Served:
             self.engine.abort(completion.request)
 
 
-def create_app(served: Served, token: str | None = None) -> FastAPI:
+class _ClientGone(Exception):
+    """The client left before its request was read: nobody to answer."""
+
+
+def create_app(served: Served, token: str | None = None, quiet: QuietLog | None = None) -> FastAPI:
+    """The routes. `quiet`: where what clients can repeat is logged (once per kind, then counted)."""
     app = FastAPI(title="pdtop", docs_url=None, redoc_url=None, openapi_url=None)
+    quiet = quiet or QuietLog(log)
 
     async def authorized(request: Request) -> None:
         if token is None:
@@ -110,12 +119,18 @@ def create_app(served: Served, token: str | None = None) -> FastAPI:
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         return APIError(exc.status_code, str(exc.detail)).response()
 
+    @app.exception_handler(_ClientGone)
+    async def client_gone(request: Request, exc: _ClientGone) -> Response:
+        quiet.warning("client_disconnect", "a client left before its request was read (%s %s)", request.method,
+                      request.url.path)
+        return Response(status_code=499)
+
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("%s %s", request.method, request.url.path)
+        quiet.warning("internal: " + type(exc).__name__, "%s %s", request.method, request.url.path, exc_info=exc)
         return APIError(500, f"internal error: {type(exc).__name__}", type="server_error").response()
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> Response:
         return Response(status_code=200)
 
@@ -132,12 +147,7 @@ def create_app(served: Served, token: str | None = None) -> FastAPI:
     async def chat(request: Request) -> Response:
         body = parse_body(await _read(request), request.headers.get("content-type"), ChatRequest)
         served.check_model(body.model)
-        messages = [m.as_template_input() for m in body.messages]
-        try:
-            prompt = await asyncio.to_thread(
-                lambda: served.tokenizer.encode(served.tokenizer.apply_chat_template(messages)))
-        except EngineError as exc:
-            raise bad_request("messages", str(exc)) from None
+        prompt = await chat_prompt(body, served.tokenizer, served.context)
         params = served.params(body, len(prompt), "messages")
         return await _answer(request, served, served.start(prompt, params, body.stops), body, len(prompt), True)
 
@@ -145,15 +155,7 @@ def create_app(served: Served, token: str | None = None) -> FastAPI:
     async def completions(request: Request) -> Response:
         body = parse_body(await _read(request), request.headers.get("content-type"), CompletionRequest)
         served.check_model(body.model)
-        if isinstance(body.prompt, str):
-            prompt = await asyncio.to_thread(served.tokenizer.encode, body.prompt)
-        else:
-            prompt, vocab = body.prompt, served.tokenizer.vocab_size
-            bad = next((t for t in prompt if not 0 <= t < vocab), None)
-            if bad is not None:
-                raise bad_request("prompt", f"token id {bad} is outside the vocabulary (0..{vocab - 1})")
-        if not prompt:
-            raise bad_request("prompt", "empty prompt")
+        prompt = await completion_prompt(body, served.tokenizer, served.context)
         params = served.params(body, len(prompt), "prompt")
         return await _answer(request, served, served.start(prompt, params, body.stops), body, len(prompt), False)
 
@@ -163,11 +165,14 @@ def create_app(served: Served, token: str | None = None) -> FastAPI:
 async def _read(request: Request) -> bytes:
     """The body, refused past MAX_BODY_BYTES without reading the rest."""
     parts, size = [], 0
-    async for part in request.stream():
-        size += len(part)
-        if size > MAX_BODY_BYTES:
-            raise bad_request(None, f"request body over {MAX_BODY_BYTES} bytes")
-        parts.append(part)
+    try:
+        async for part in request.stream():
+            size += len(part)
+            if size > MAX_BODY_BYTES:
+                raise bad_request(None, f"request body over {MAX_BODY_BYTES} bytes")
+            parts.append(part)
+    except ClientDisconnect:
+        raise _ClientGone from None
     return b"".join(parts)
 
 

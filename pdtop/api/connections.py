@@ -231,6 +231,7 @@ class _UvicornLog:
     debug = info
 
 
-def protocol_class(limits: ConnectionLimits) -> type[GuardedProtocol]:
-    """A protocol class for one server: its connections share one `Guard`."""
-    return type("GuardedProtocol", (GuardedProtocol,), {"guard": Guard(limits)})
+def protocol_class(limits: ConnectionLimits, quiet: QuietLog | None = None) -> type[GuardedProtocol]:
+    """A protocol class for one server: its connections share one `Guard` (and `quiet`, the server's log)."""
+    guard = Guard(limits) if quiet is None else Guard(limits, quiet)
+    return type("GuardedProtocol", (GuardedProtocol,), {"guard": guard})

@@ -22,7 +22,9 @@ says so in one line and exits 1.
 With --api-port, an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions,
 /v1/models, /health, /metrics) runs on the same host, and the next line on stdout is
 `pdtop serve: api on http://HOST:PORT/v1`. Its requests go through the same scheduler as
-the workload's. On a non-loopback host they need `Authorization: Bearer TOKEN`.
+the workload's. With a token (--token or $PDTOP_TOKEN), /v1/* needs `Authorization: Bearer
+TOKEN`; browser pages are refused there too unless --allow-origin allows them, and on a
+loopback host a request must name it (Host: localhost or 127.0.0.1), against DNS rebinding.
 --workload none leaves only API and injected requests. Requests past the waiting-queue
 caps (--max-waiting-requests, --max-waiting-tokens) are refused: the API answers 503.
 
@@ -181,7 +183,7 @@ def _load_config(path: str | None) -> PdmuxConfig:
 async def _serve(engine: Engine, args: argparse.Namespace) -> int:
     from pdtop.telemetry.hardware.hw import HwSampler
     from pdtop.telemetry.recording.recorder import RecordingError
-    from pdtop.telemetry.server.server import TelemetryServer, is_loopback
+    from pdtop.telemetry.server.server import TelemetryServer
 
     try:
         server = TelemetryServer(engine, args.host, args.port, token=args.token, allow_origins=args.allow_origin,
@@ -203,7 +205,7 @@ async def _serve(engine: Engine, args: argparse.Namespace) -> int:
         from pdtop.api.server import ApiServer
 
         try:
-            api = ApiServer(engine, args.host, args.api_port, token=None if is_loopback(args.host) else args.token)
+            api = ApiServer(engine, args.host, args.api_port, token=args.token, allow_origins=args.allow_origin)
             await api.start()
         except INPUT_ERRORS as exc:
             await server.stop()

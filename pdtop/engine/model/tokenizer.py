@@ -162,7 +162,7 @@ class Tokenizer:
         ids: list[int] = []
         for k, piece in enumerate(pieces):  # template text, a content's index, template text, ...
             if k % 2:
-                ids += _ids(self._literal_hf, contents[int(piece)])
+                ids += _ids(self._literal_hf, str(contents[int(piece)]))
             elif piece:
                 ids += _ids(self._hf, piece)
         return ids
@@ -205,7 +205,13 @@ class Tokenizer:
 
 def _ids(hf: _HFTokenizer, text: str) -> list[int]:
     """`hf`'s ids of `text`. A long text goes through `encode_batch`, which lets go of the GIL while it
-    works (`encode` holds it: 640 KB of text stalled every other thread for 1.3 s)."""
+    works (`encode` holds it: 640 KB of text stalled every other thread for 1.3 s). PromptError for a
+    lone surrogate (JSON can spell one, `"\\ud800"`), which is not text `tokenizers` takes."""
+    if not text.isascii():
+        try:
+            text.encode()
+        except UnicodeEncodeError as exc:
+            raise PromptError(f"not valid Unicode text: a lone surrogate at character {exc.start}") from None
     if len(text) < 4096:
         return hf.encode(text, add_special_tokens=False).ids
     return hf.encode_batch([text], add_special_tokens=False)[0].ids
