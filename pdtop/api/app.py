@@ -202,19 +202,31 @@ async def _answer(request: Request, served: Served, completion: Completion, body
 
 async def _events(served: Served, completion: Completion, shape: _Shape, prompt_tokens: int,
                   include_usage: bool) -> AsyncIterator[bytes]:
-    """Server-sent events; a client that goes away (the task is cancelled) aborts the request."""
+    """Server-sent events; a client that goes away (the task is cancelled) aborts the request.
+
+    The chunks already queued go out in one write: a stream that fell behind catches up in one
+    step, and once its client is gone it writes to the dead socket once, not once per chunk
+    (asyncio logs every write after a connection is lost: 200 dropped streams wrote 6,116 lines)."""
     finished = False
     try:
         if shape.chat:
             yield _sse(shape.chunk({"role": "assistant", "content": ""}, None, include_usage))
         while not finished:
-            chunk = await completion.queue.get()
-            finished = chunk.finish_reason is not None
+            frames, chunk = [], await completion.queue.get()
+            while True:
+                finished = chunk.finish_reason is not None
+                if chunk.error is not None:
+                    frames.append(_sse(APIError(500, f"the engine rejected the request: {chunk.error}",
+                                                type="server_error").body()))
+                    break
+                content = {"content": chunk.text} if shape.chat else chunk.text
+                frames.append(_sse(shape.chunk(content, chunk.finish_reason, include_usage)))
+                if finished or completion.queue.empty():
+                    break
+                chunk = completion.queue.get_nowait()
+            yield b"".join(frames)
             if chunk.error is not None:
-                yield _sse(APIError(500, f"the engine rejected the request: {chunk.error}", type="server_error").body())
                 break
-            content = {"content": chunk.text} if shape.chat else chunk.text
-            yield _sse(shape.chunk(content, chunk.finish_reason, include_usage))
         if include_usage:
             yield _sse(shape.usage_chunk(prompt_tokens, chunk.completion_tokens))
         yield b"data: [DONE]\n\n"

@@ -6,8 +6,10 @@ import logging
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import time
 
 import httpx
 import pytest
@@ -100,6 +102,31 @@ def test_clients_that_leave_mid_body_leave_one_quiet_line(live, caplog):
     assert httpx.get(live.root + "/health", timeout=10).status_code == 200
     assert not [r for r in caplog.records if r.exc_info]  # no ClientDisconnect traceback
     assert len([r for r in caplog.records if r.name.startswith(("pdtop.api", "uvicorn"))]) == 1
+
+
+def test_streams_dropped_mid_way_do_not_flood_the_log(tokenizer, caplog):
+    """200 dropped streams wrote 6,116 `socket.send() raised exception.` lines: a stream behind its engine
+    wrote each queued chunk to the dead socket. Chunks queued now go out in one write."""
+    caplog.set_level(logging.WARNING)
+    live = LiveApi(build_engine("sim:H100"), tokenizer, realtime=True)
+    body = json.dumps({"prompt": "hi", "max_tokens": 3000, "ignore_eos": True, "stream": True}).encode()
+    try:
+        for reset in (False, True):
+            streams = [socket.create_connection(("127.0.0.1", live.api.port), timeout=10) for _ in range(100)]
+            for s in streams:
+                s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json"
+                          b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+            for s in streams:
+                assert s.recv(4096).startswith(b"HTTP/1.1 200")
+            live.loop.call_soon_threadsafe(time.sleep, 0.5)  # a busy loop: chunks queue up behind it
+            for s in streams:
+                if reset:
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                s.close()
+            live.wait(lambda: not live.engine.scheduler.running and not live.engine.scheduler.waiting)
+        assert not [r for r in caplog.records if "socket.send()" in r.getMessage()]
+    finally:
+        live.close()
 
 
 def test_serve_with_a_token_on_loopback_guards_the_api_too():
