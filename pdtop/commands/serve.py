@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import os
 import signal
 import sys
@@ -145,6 +146,11 @@ def run(args: argparse.Namespace) -> int:
         return fail("serve", f"binding {args.host} (not a loopback address) needs --token")
     if args.max_clients < 1:
         return fail("serve", f"--max-clients must be at least 1, got {args.max_clients}")
+    if args.api_port is not None and args.api_port == args.port != 0:
+        return fail("serve", f"--api-port must differ from --port (both {args.port})")
+    busy = _port_in_use(args.host, [p for p in (args.port, args.api_port) if p])
+    if busy:  # before the model loads (seconds on cpu), not after
+        return fail("serve", busy)
     try:
         config = check_inputs(args)
         from pdtop.commands import _startup
@@ -172,6 +178,23 @@ def run(args: argparse.Namespace) -> int:
         return asyncio.run(_serve(engine, args))
     finally:
         engine.close()
+
+
+def _port_in_use(host: str, ports: list[int]) -> str | None:
+    """Why one of `ports` cannot be bound on `host` now, in the words the real bind would use; None if all can.
+    The servers bind again later (and say so if that fails): this only answers before a slow start."""
+    import socket
+
+    for port in ports:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as sock:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers: TIME_WAIT is no use
+                sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                return f"cannot listen on {host}:{port}: {exc.strerror}"
+    return None
 
 
 def _load_config(path: str | None) -> PdmuxConfig:
