@@ -14,6 +14,7 @@ import json
 import logging
 import secrets
 import time
+import weakref
 from collections.abc import AsyncIterator, Awaitable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -49,6 +50,7 @@ class Served:
         self.context: int = engine.executor.cfg.max_context
         self.created = int(time.time())
         self._mailbox: Mailbox | None = None  # made on the event loop, at the first request
+        self.answering: weakref.WeakSet[Completion] = weakref.WeakSet()  # what `end_all` ends
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_id:
@@ -82,6 +84,7 @@ class Served:
         if self._mailbox is None:
             self._mailbox = Mailbox(asyncio.get_running_loop())
         completion = Completion(self._mailbox, self.tokenizer, stops)
+        self.answering.add(completion)
         try:
             completion.request = self.engine.enqueue(prompt_ids, params, source="api",
                                                      on_update=completion.on_update)
@@ -89,6 +92,11 @@ class Served:
             raise APIError(503, str(exc), type="server_error", code="queue_full",
                            headers={"Retry-After": str(exc.retry_after)}) from None
         return completion
+
+    def end_all(self) -> None:
+        """Event loop, as the server stops: every answer still open ends now."""
+        for completion in list(self.answering):
+            completion.end_now()
 
     def abort(self, completion: Completion) -> None:
         if completion.request is not None:

@@ -90,6 +90,7 @@ class ApiServer:
     async def stop(self) -> None:
         self.engine.remove_sink(self.metrics.sink)
         if self._server is not None and self._task is not None:
+            self.served.end_all()  # open streams finish now, not at the graceful timeout
             self._server.should_exit = True
             await self._task
             self._server = self._task = None

@@ -92,6 +92,13 @@ class Completion:
         self._post(Chunk(text[:len(text) - held], self._tokens))
         return False
 
+    def end_now(self) -> None:
+        """Event loop, as the server stops: end the answer ("abort") so its handler returns before uvicorn's
+        graceful shutdown gives up on it (and logs a CancelledError traceback for each open stream)."""
+        if not self._done:
+            self._done = True
+            self.queue.put_nowait(Chunk("", self._tokens, "abort"))
+
     def _partial_stop(self, text: str) -> int:
         """Length of the longest end of `text` that begins a stop string (held back until it is decided)."""
         best = 0

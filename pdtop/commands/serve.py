@@ -25,6 +25,8 @@ With --api-port, an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/comple
 the workload's. With a token (--token or $PDTOP_TOKEN), /v1/* needs `Authorization: Bearer
 TOKEN`; browser pages are refused there too unless --allow-origin allows them, and on a
 loopback host a request must name it (Host: localhost or 127.0.0.1), against DNS rebinding.
+On a sim: device no model runs: completions carry empty text (its placeholder tokens are
+control tokens), with their real timing and token counts in `usage`.
 --workload none leaves only API and injected requests. Requests past the waiting-queue
 caps (--max-waiting-requests, --max-waiting-tokens) are refused: the API answers 503.
 

@@ -129,6 +129,28 @@ def test_streams_dropped_mid_way_do_not_flood_the_log(tokenizer, caplog):
         live.close()
 
 
+def test_stopping_with_streams_open_ends_them_without_a_traceback(tokenizer, caplog):
+    """uvicorn's graceful shutdown cancelled each open stream after 2 s and logged its CancelledError."""
+    caplog.set_level(logging.WARNING)
+    live = LiveApi(build_engine("sim:H100"), tokenizer, run_engine=False)  # requests wait for ever
+    body = json.dumps({"prompt": "hi", "max_tokens": 5, "stream": True}).encode()
+    streams = []
+    for _ in range(3):
+        s = socket.create_connection(("127.0.0.1", live.api.port), timeout=10)
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        assert s.recv(12) == b"HTTP/1.1 200"
+        streams.append(s)
+    live.close()
+    for s in streams:
+        rest = b""
+        while chunk := s.recv(65536):
+            rest += chunk
+        assert b'"finish_reason":"abort"' in rest and b"data: [DONE]" in rest
+        s.close()
+    assert not [r for r in caplog.records if r.exc_info or "graceful" in r.getMessage()]
+
+
 def test_serve_with_a_token_on_loopback_guards_the_api_too():
     env = {**os.environ, "PDTOP_TOKEN": "s3cret"}
     proc = subprocess.Popen([sys.executable, "-m", "pdtop", "serve", "--device", "sim:H100", "--port", "0",
