@@ -13,8 +13,13 @@ the more the figures are the server's.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import random
+import signal
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -28,6 +33,21 @@ def _request(path: str, body: dict | None = None, host: str = "127.0.0.1") -> by
     data = json.dumps(body).encode()
     return (f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nConnection: close\r\n"
             f"Content-Length: {len(data)}\r\n\r\n").encode() + data
+
+
+class Slowloris:
+    """The slowloris groups in a child process (`python bench/soak_http.py HOST PORT N`), so that the bursts
+    of reconnects at each header deadline load the server, not the probe's own event loop."""
+
+    def __init__(self, host: str, port: int, n: int) -> None:
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), host, str(port), str(n)],
+                                     stdout=subprocess.PIPE, text=True)
+
+    def stop(self) -> tuple[int, int]:
+        """(sockets opened, closed by the server)."""
+        self.proc.send_signal(signal.SIGINT)
+        out = self.proc.communicate(timeout=30)[0].split()
+        return (int(out[0]), int(out[1])) if len(out) == 2 else (0, 0)
 
 
 @dataclass
@@ -45,18 +65,25 @@ class HttpSide:
     health_ms: list[float] = field(default_factory=list)
     health_failed: list[str] = field(default_factory=list)
     _tasks: list[asyncio.Task] = field(default_factory=list)
+    _slow: Slowloris | None = None
 
     def start(self) -> None:
+        self._slow = Slowloris(self.host, self.port, self.slowloris) if self.slowloris else None
         self._tasks += [asyncio.create_task(self._stream(i)) for i in range(STREAMS)]
-        self._tasks += [asyncio.create_task(self._slowloris("127.0.0.2", None)) for _ in range(self.slowloris)]
-        self._tasks += [asyncio.create_task(self._slowloris("127.0.0.3", b"GET /health HT"))
-                        for _ in range(self.slowloris)]
         self._tasks += [asyncio.create_task(self._drop_mid_prefill()), asyncio.create_task(self._probe())]
 
     async def stop(self) -> None:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._slow is not None:
+            self.slow_opened, self.slow_closed = self._slow.stop()
+
+    def start_groups(self) -> None:
+        """In the slowloris child: both groups."""
+        self._tasks += [asyncio.create_task(self._slowloris("127.0.0.2", None)) for _ in range(self.slowloris)]
+        self._tasks += [asyncio.create_task(self._slowloris("127.0.0.3", b"GET /health HT"))
+                        for _ in range(self.slowloris)]
 
     async def _stream(self, i: int) -> None:
         rng = random.Random(i)
@@ -141,3 +168,20 @@ class HttpSide:
         writer.close()
         return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                        if line.startswith("pdtop:request_success_total") and 'finished_reason="abort"' in line))
+
+
+async def _slowloris_child(host: str, port: int, n: int) -> None:
+    side = HttpSide(host, port, slowloris=n)
+    side.start_groups()
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGINT, stop.set)
+    await stop.wait()
+    for t in side._tasks:
+        t.cancel()
+    await asyncio.gather(*side._tasks, return_exceptions=True)
+    print(side.slow_opened, side.slow_closed, flush=True)
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_slowloris_child(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])))

@@ -4,7 +4,9 @@ uvicorn alone times out only idle keep-alive connections, has no header size lim
 httptools, and its `limit_concurrency` counts connections, so a few thousand sockets that
 connect and send nothing (slowloris) get every other client a 503. Here:
 - the request line and headers must arrive within `header_timeout` seconds of the connection
-  (or of the first byte of the next request on a kept-alive one), else 408 and closed;
+  (or of the first byte of the next request on a kept-alive one), else 408 and closed; each
+  connection's deadline is drawn between half of it and all of it, so that sockets opened
+  together are not closed, and reopened, together (a burst of 600 stalled every request);
 - they may take `max_header_bytes` (16 KiB, as h11), else 431 and closed, before httptools
   buffers more;
 - a client (an IP address) holds at most `per_client` connections: at the cap, its oldest
@@ -21,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 import socket
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -123,7 +126,8 @@ class GuardedProtocol(HttpToolsProtocol):
     def _await_headers(self) -> None:
         self._in_headers, self._header_bytes = True, 0
         if self._deadline is None:
-            self._deadline = self.loop.call_later(self.guard.limits.header_timeout, self._too_slow)
+            timeout = self.guard.limits.header_timeout * (0.5 + 0.5 * random.random())
+            self._deadline = self.loop.call_later(timeout, self._too_slow)
             self.guard.waiting.setdefault(self._host, OrderedDict())[self] = None
 
     def _stop_waiting(self) -> None:
