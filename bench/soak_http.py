@@ -5,7 +5,7 @@
   that only connect and `SLOW_PARTIAL` that send half a request line, each reopened once the
   server closes it (at its header deadline), so the pressure never lets up;
 - a client that sends a long prompt every `DROP_EVERY_S` seconds and leaves mid-prefill;
-- a `/health` probe every 100 ms on a new connection, timed.
+- a `/health` probe every 100 ms on a new connection, timed, in a child process of its own.
 
 Raw asyncio streams, no HTTP library: on a 2-core machine the less CPU the clients take,
 the more the figures are the server's.
@@ -70,7 +70,24 @@ class HttpSide:
     def start(self) -> None:
         self._slow = Slowloris(self.host, self.port, self.slowloris) if self.slowloris else None
         self._tasks += [asyncio.create_task(self._stream(i)) for i in range(STREAMS)]
-        self._tasks += [asyncio.create_task(self._drop_mid_prefill()), asyncio.create_task(self._probe())]
+        self._tasks += [asyncio.create_task(self._drop_mid_prefill()), asyncio.create_task(self._read_probe())]
+
+    async def _read_probe(self) -> None:
+        """The /health probe in a child process of its own, so that this process's clients (the websocket
+        readers parse every event) do not delay its timing: one line per probe, "ms" or "! why"."""
+        child = await asyncio.create_subprocess_exec(sys.executable, os.path.abspath(__file__), "probe", self.host,
+                                                     str(self.port), stdout=asyncio.subprocess.PIPE)
+        try:
+            assert child.stdout is not None
+            while line := (await child.stdout.readline()).decode().strip():
+                if line.startswith("!"):
+                    self.health_failed.append(line[1:].strip())
+                else:
+                    self.health_ms.append(float(line))
+        finally:
+            if child.returncode is None:
+                child.kill()
+                await child.wait()
 
     async def stop(self) -> None:
         for t in self._tasks:
@@ -147,11 +164,10 @@ class HttpSide:
                 status = (await reader.readline()).decode().strip()
                 await reader.read()
                 writer.close()
-                self.health_ms.append((time.perf_counter() - t0) * 1e3)
-                if not status.startswith("HTTP/1.1 200"):
-                    self.health_failed.append(status)
+                print(f"{(time.perf_counter() - t0) * 1e3:.3f}" if status.startswith("HTTP/1.1 200") else
+                      f"! {status}", flush=True)
             except OSError as exc:
-                self.health_failed.append(f"{type(exc).__name__}: {exc}")
+                print(f"! {type(exc).__name__}: {exc}", flush=True)
             await asyncio.sleep(0.1)
 
     def health_p99(self) -> float:
@@ -183,5 +199,8 @@ async def _slowloris_child(host: str, port: int, n: int) -> None:
 
 
 if __name__ == "__main__":
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_slowloris_child(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])))
+    with contextlib.suppress(KeyboardInterrupt, BrokenPipeError):
+        if sys.argv[1] == "probe":
+            asyncio.run(HttpSide(sys.argv[2], int(sys.argv[3]))._probe())
+        else:
+            asyncio.run(_slowloris_child(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])))

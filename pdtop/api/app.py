@@ -10,22 +10,21 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 import secrets
 import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
+from pdtop.api.answers import answer
 from pdtop.api.errors import APIError, bad_request
 from pdtop.api.metrics import EngineMetrics
-from pdtop.api.prompts import chat_prompt, completion_prompt
+from pdtop.api.prompts import chat_prompt, completion_prompts
 from pdtop.api.schemas import MAX_BODY_BYTES, ChatRequest, CompletionRequest, parse_body
 from pdtop.api.streams import Chunk, Completion, Mailbox
 from pdtop.engine.errors import PromptError, QueueFullError
@@ -38,7 +37,6 @@ if TYPE_CHECKING:  # annotations only
 
 log = logging.getLogger("pdtop.api")
 COMPLETIONS_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to the rest of the context
-T = TypeVar("T")
 
 
 class Served:
@@ -79,11 +77,26 @@ class Served:
             raise bad_request(name, str(exc)) from None
         return params
 
-    def start(self, prompt_ids: list[int], params: SamplingParams, stops: list[str]) -> Completion:
-        """Enqueue in the engine: the request's completion, read from the event loop."""
+    def start(self, prompts: list[list[int]], body: ChatRequest | CompletionRequest, field: str) -> list[Completion]:
+        """Enqueue one request per prompt in the engine (all or none): the choices, read from the event loop
+        through one queue."""
+        params = [self.params(body, len(p), field) for p in prompts]
+        queue: asyncio.Queue[Chunk] = asyncio.Queue()
+        choices: list[Completion] = []
+        try:
+            for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
+                choices.append(self._start(prompt, p, body.stops, queue, i))
+        except APIError:
+            for c in choices:
+                self.abort(c)
+            raise
+        return choices
+
+    def _start(self, prompt_ids: list[int], params: SamplingParams, stops: list[str], queue: asyncio.Queue[Chunk],
+               index: int) -> Completion:
         if self._mailbox is None:
             self._mailbox = Mailbox(asyncio.get_running_loop())
-        completion = Completion(self._mailbox, self.tokenizer, stops)
+        completion = Completion(self._mailbox, self.tokenizer, stops, queue, index)
         self.answering.add(completion)
         try:
             completion.request = self.engine.enqueue(prompt_ids, params, source="api",
@@ -156,16 +169,16 @@ def create_app(served: Served, token: str | None = None, quiet: QuietLog | None 
         body = parse_body(await _read(request), request.headers.get("content-type"), ChatRequest)
         served.check_model(body.model)
         prompt = await chat_prompt(body, served.tokenizer, served.context)
-        params = served.params(body, len(prompt), "messages")
-        return await _answer(request, served, served.start(prompt, params, body.stops), body, len(prompt), True)
+        return await answer(request, served.model_id, served.abort, served.start([prompt], body, "messages"), body,
+                            len(prompt), True)
 
     @app.post("/v1/completions", dependencies=[Depends(authorized)])
     async def completions(request: Request) -> Response:
         body = parse_body(await _read(request), request.headers.get("content-type"), CompletionRequest)
         served.check_model(body.model)
-        prompt = await completion_prompt(body, served.tokenizer, served.context)
-        params = served.params(body, len(prompt), "prompt")
-        return await _answer(request, served, served.start(prompt, params, body.stops), body, len(prompt), False)
+        prompts = await completion_prompts(body, served.tokenizer, served.context)
+        return await answer(request, served.model_id, served.abort, served.start(prompts, body, "prompt"), body,
+                            sum(len(p) for p in prompts), False)
 
     return app
 
@@ -182,122 +195,3 @@ async def _read(request: Request) -> bytes:
     except ClientDisconnect:
         raise _ClientGone from None
     return b"".join(parts)
-
-
-async def _answer(request: Request, served: Served, completion: Completion, body: ChatRequest | CompletionRequest,
-                  prompt_tokens: int, chat: bool) -> Response:
-    shape = _Shape(served.model_id, chat)
-    if body.stream:
-        return StreamingResponse(_events(served, completion, shape, prompt_tokens, body.include_usage),
-                                 media_type="text/event-stream")
-    texts: list[str] = []
-
-    async def collect() -> Chunk:
-        while True:
-            chunk = await completion.queue.get()
-            texts.append(chunk.text)
-            if chunk.finish_reason is not None:
-                return chunk
-
-    last = await _unless_disconnected(request, collect())
-    if last is None:  # the client went away
-        served.abort(completion)
-        return Response(status_code=499)
-    if last.error is not None:
-        raise APIError(500, f"the engine rejected the request: {last.error}", type="server_error")
-    return JSONResponse(shape.whole("".join(texts), last, prompt_tokens))
-
-
-async def _events(served: Served, completion: Completion, shape: _Shape, prompt_tokens: int,
-                  include_usage: bool) -> AsyncIterator[bytes]:
-    """Server-sent events; a client that goes away (the task is cancelled) aborts the request.
-
-    The chunks already queued go out in one write: a stream that fell behind catches up in one
-    step, and once its client is gone it writes to the dead socket once, not once per chunk
-    (asyncio logs every write after a connection is lost: 200 dropped streams wrote 6,116 lines)."""
-    finished = False
-    try:
-        if shape.chat:
-            yield _sse(shape.chunk({"role": "assistant", "content": ""}, None, include_usage))
-        while not finished:
-            frames, chunk = [], await completion.queue.get()
-            while True:
-                finished = chunk.finish_reason is not None
-                if chunk.error is not None:
-                    frames.append(_sse(APIError(500, f"the engine rejected the request: {chunk.error}",
-                                                type="server_error").body()))
-                    break
-                content = {"content": chunk.text} if shape.chat else chunk.text
-                frames.append(_sse(shape.chunk(content, chunk.finish_reason, include_usage)))
-                if finished or completion.queue.empty():
-                    break
-                chunk = completion.queue.get_nowait()
-            yield b"".join(frames)
-            if chunk.error is not None:
-                break
-        if include_usage:
-            yield _sse(shape.usage_chunk(prompt_tokens, chunk.completion_tokens))
-        yield b"data: [DONE]\n\n"
-    finally:
-        if not finished:
-            served.abort(completion)
-
-
-def _sse(obj: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
-
-
-async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
-    """`work`'s result, or None (work cancelled) if the client disconnects first."""
-    task = asyncio.ensure_future(work)
-    gone = asyncio.ensure_future(_disconnect(request))
-    try:
-        done, _ = await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for t in (task, gone):
-            if not t.done():
-                t.cancel()
-    return task.result() if task in done else None
-
-
-async def _disconnect(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-class _Shape:
-    """OpenAI's response objects for one request: chat or text completion."""
-
-    def __init__(self, model: str, chat: bool):
-        self.chat, self.model = chat, model
-        self.id = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
-        self.created = int(time.time())
-        self.object = "chat.completion" if chat else "text_completion"
-
-    def _head(self, obj: str) -> dict[str, Any]:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
-
-    def chunk(self, content: Any, finish_reason: str | None, include_usage: bool) -> dict[str, Any]:
-        choice = {"index": 0, ("delta" if self.chat else "text"): content, "logprobs": None,
-                  "finish_reason": finish_reason}
-        out = {**self._head("chat.completion.chunk" if self.chat else "text_completion"), "choices": [choice]}
-        if include_usage:
-            out["usage"] = None
-        return out
-
-    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
-        return {**self._head("chat.completion.chunk" if self.chat else "text_completion"), "choices": [],
-                "usage": _usage(prompt_tokens, completion_tokens)}
-
-    def whole(self, text: str, last: Chunk, prompt_tokens: int) -> dict[str, Any]:
-        if self.chat:
-            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text}}
-        else:
-            choice = {"index": 0, "text": text}
-        choice.update(logprobs=None, finish_reason=last.finish_reason)
-        return {**self._head(self.object), "choices": [choice], "usage": _usage(prompt_tokens, last.completion_tokens)}
-
-
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}

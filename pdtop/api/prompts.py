@@ -11,10 +11,12 @@ content stays text, so a user cannot forge a system or assistant turn.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from pdtop.api.errors import bad_request
 from pdtop.engine.errors import EngineError
+
+MAX_PROMPTS = 64  # prompts in one /v1/completions request (one choice each)
 
 if TYPE_CHECKING:  # annotations only
     from pdtop.api.schemas import ChatRequest, CompletionRequest
@@ -38,27 +40,31 @@ async def chat_prompt(body: ChatRequest, tokenizer: Tokenizer, context: int) -> 
         raise bad_request("messages", str(exc)) from None
 
 
-async def completion_prompt(body: CompletionRequest, tokenizer: Tokenizer, context: int) -> list[int]:
-    """The prompt's ids: a string, token ids, or a list of one of either (OpenAI's and vLLM's batch form,
-    with one prompt: pdtop answers one choice per request)."""
-    prompt = body.prompt
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-        if len(prompt) != 1:
-            raise bad_request("prompt", f"a list of {len(prompt)} prompts; pdtop answers one prompt per request "
-                                        "(n = 1): send one request for each")
-        prompt = prompt[0]
+async def completion_prompts(body: CompletionRequest, tokenizer: Tokenizer, context: int) -> list[list[int]]:
+    """The ids of each prompt: a string or token ids, or a list of up to MAX_PROMPTS of either (OpenAI's and
+    vLLM's batch form: one choice per prompt)."""
+    batch = body.prompt
+    if not (isinstance(batch, list) and batch and isinstance(batch[0], (str, list))):
+        return [await _prompt_ids(batch, tokenizer, context, "prompt")]  # type: ignore[arg-type]
+    if len(batch) > MAX_PROMPTS:
+        raise bad_request("prompt", f"a list of {len(batch)} prompts; at most {MAX_PROMPTS} in one request")
+    check_text_size(sum(len(p) for p in batch if isinstance(p, str)), tokenizer, context * len(batch), "prompt")
+    items = cast("list[str | list[int]]", batch)
+    return [await _prompt_ids(p, tokenizer, context, f"prompt.{i}") for i, p in enumerate(items)]
+
+
+async def _prompt_ids(prompt: str | list[int], tokenizer: Tokenizer, context: int, field: str) -> list[int]:
     if isinstance(prompt, str):
-        check_text_size(len(prompt), tokenizer, context, "prompt")
+        check_text_size(len(prompt), tokenizer, context, field)
         try:
             ids = await asyncio.to_thread(tokenizer.encode, prompt)
         except EngineError as exc:
-            raise bad_request("prompt", str(exc)) from None
+            raise bad_request(field, str(exc)) from None
     else:
-        ids = [t for t in prompt if isinstance(t, int)]
-        vocab = tokenizer.vocab_size
+        ids, vocab = prompt, tokenizer.vocab_size
         bad = next((t for t in ids if not 0 <= t < vocab), None)
         if bad is not None:
-            raise bad_request("prompt", f"token id {bad} is outside the vocabulary (0..{vocab - 1})")
+            raise bad_request(field, f"token id {bad} is outside the vocabulary (0..{vocab - 1})")
     if not ids:
-        raise bad_request("prompt", "empty prompt")
+        raise bad_request(field, "empty prompt")
     return ids

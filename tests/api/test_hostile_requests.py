@@ -85,10 +85,28 @@ def test_special_token_text_in_a_message_is_counted_as_text(live, tokenizer):
     assert r.json()["usage"]["prompt_tokens"] == len(tokenizer.encode_chat(messages)) > as_controls
 
 
-@pytest.mark.parametrize("prompt", [["Hello"], [[19556]]])
-def test_prompt_as_a_list_of_one_string_or_one_list_of_ids(live, prompt):
-    r = _post(live.url, json.dumps({"prompt": prompt, "max_tokens": 2, "ignore_eos": True}).encode())
-    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+@pytest.mark.parametrize("prompt", [["Hello"], [[19556]], ["Hello", "The sky is"], [[19556], [504, 3656, 314]]])
+def test_prompt_as_a_list_of_strings_or_of_id_lists_gets_a_choice_each(live, prompt):
+    r = _post(live.url, json.dumps({"prompt": prompt, "max_tokens": 2, "ignore_eos": True,
+                                    "temperature": 0}).encode())
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert [c["index"] for c in body["choices"]] == list(range(len(prompt)))
+    assert body["usage"]["completion_tokens"] == 2 * len(prompt)
+    alone = [_post(live.url, json.dumps({"prompt": p, "max_tokens": 2, "ignore_eos": True,
+                                         "temperature": 0}).encode()).json()["choices"][0]["text"] for p in prompt]
+    assert [c["text"] for c in body["choices"]] == alone  # each choice is its prompt's own greedy answer
+
+
+def test_a_streamed_batch_tags_each_chunk_with_its_choice(live):
+    body = {"prompt": ["Hello", "The sky is", "One, two,"], "max_tokens": 3, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", live.url + "/completions", json=body, timeout=60) as r:
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    finished = sorted(c["choices"][0]["index"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"])
+    assert finished == [0, 1, 2] and chunks[-1]["usage"]["completion_tokens"] == 9
 
 
 def test_clients_that_leave_mid_body_leave_one_quiet_line(live, caplog):
