@@ -76,7 +76,7 @@ class ApiServer:
             raise
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="off",
-                                http=protocol_class(self.limits, self.quiet), timeout_keep_alive=5,
+                                http=protocol_class(self.limits, self.quiet), ws="none", timeout_keep_alive=5,
                                 timeout_graceful_shutdown=2, backlog=1024)
         self._server = _Uvicorn(config)
         self.engine.add_sink(self.metrics.sink)

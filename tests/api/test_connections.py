@@ -125,3 +125,13 @@ def test_malformed_http_is_a_400_error_object_and_logged_once(guarded, caplog):
         s.close()
     lines = [r for r in caplog.records if "malformed" in r.getMessage() or "Invalid HTTP" in r.getMessage()]
     assert len(lines) == 1
+
+
+def test_a_websocket_upgrade_is_not_served_on_the_api_port(guarded):
+    s = _connect(guarded)
+    s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+              b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+    s.settimeout(5)
+    assert not s.recv(65536).startswith(b"HTTP/1.1 101")
+    s.close()
+    assert _health(guarded) == 200
