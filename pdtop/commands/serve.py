@@ -23,10 +23,12 @@ With --api-port, an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/comple
 /v1/models, /health, /metrics) runs on the same host, and the next line on stdout is
 `pdtop serve: api on http://HOST:PORT/v1`. Its requests go through the same scheduler as
 the workload's. With a token (--token or $PDTOP_TOKEN), /v1/* needs `Authorization: Bearer
-TOKEN`; browser pages are refused there too unless --allow-origin allows them, and on a
+TOKEN`. Browser pages are refused there too unless --allow-origin allows them, and on a
 loopback host a request must name it (Host: localhost or 127.0.0.1), against DNS rebinding.
 On a sim: device no model runs: completions carry empty text (its placeholder tokens are
-control tokens), with their real timing and token counts in `usage`.
+control tokens), with their real timing and token counts in `usage`. A connection must send
+its request headers within 10 s and 16 KiB (else 408 or 431), one address holds at most
+1024 connections, and a text prompt too long for the context is refused before tokenizing.
 --workload none leaves only API and injected requests. Requests past the waiting-queue
 caps (--max-waiting-requests, --max-waiting-tokens) are refused: the API answers 503.
 

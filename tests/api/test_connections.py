@@ -135,3 +135,13 @@ def test_a_websocket_upgrade_is_not_served_on_the_api_port(guarded):
     assert not s.recv(65536).startswith(b"HTTP/1.1 101")
     s.close()
     assert _health(guarded) == 200
+
+
+def test_a_kept_alive_connection_gets_a_header_deadline_for_its_next_request_too(guarded):
+    s = _connect(guarded)
+    s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    assert s.recv(65536).startswith(b"HTTP/1.1 200")
+    s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0")  # the next request, never finished
+    status, err = _status_and_error(_read_all(s))
+    assert status == 408 and err["code"] == "request_timeout"
+    s.close()
