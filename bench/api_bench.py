@@ -50,7 +50,7 @@ async def one(prompt, start):
                        "stream": True}).encode()
     reader, writer = await asyncio.open_connection(host, int(port))
     await start.wait()
-    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                  b"Content-Length: %d\r\n\r\n" % len(body) + body)
     await reader.readuntil(b"\r\n\r\n")  # headers (chunked transfer encoding)
     times = []

@@ -1,17 +1,25 @@
-"""Soak: `pdtop serve` at a high rate for minutes, with 16 clients and a control message every 100 ms.
+"""Soak: `pdtop serve` at a high rate for minutes, with 16 clients and a control message every 100 ms,
+and its HTTP API under load and attack.
 
-The clients: 13 that read (one of them sends the control messages), 2 that never read a
-byte after their handshake, and `pdtop record` writing a gzip recording. Every
+The websocket clients: 13 that read (one of them sends the control messages), 2 that never
+read a byte after their handshake, and `pdtop record` writing a gzip recording. The API
+(`bench/soak_http.py`): 8 streaming clients, 600 slowloris sockets from two other loopback
+addresses (idle, or half a request line; reopened as the server closes them), a client
+that leaves a long prompt mid-prefill every 5 s, and a `/health` probe every 100 ms. Every
 --interval seconds the table gets a row: the server's RSS and open files, the event rate
 and the drops one reading client sees, the engine's waiting queue, the connections still
-open. The run passes when the RSS grew less than 10% after the warm-up, no reading client
-was closed, and the recording reads back and replays. (The server closes the 2 stalled
+open, the API streams completed, `/health`'s p99 in that interval.
+The run passes when the RSS grew less than 10% after the warm-up, no reading client was
+closed, the recording reads back and replays, `/health` answered every probe under 100 ms
+at p99 in every interval, every stream completed, the engine aborted each dropped
+request, and nothing is left running. (The server closes the 2 stalled
 clients, as it should: after about 40 s, when they leave its keepalive pings unanswered, or
 with 1008 "not reading" once they leave 1024 config events unread; they see 1006, as they
 never read the close frame.) Everything runs on loopback. Exit status 0: passed, 1: failed.
 
     .venv/bin/python bench/soak.py                        # 10 minutes
     .venv/bin/python bench/soak.py --minutes 3 --rate 100
+    .venv/bin/python bench/soak.py --minutes 2 --warmup 30 --rate 50   # a shared 2-core machine
 """
 from __future__ import annotations
 
@@ -32,6 +40,9 @@ from typing import Any
 import psutil
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from soak_http import SLOW_IDLE, STREAMS, HttpSide
 
 READERS, STALLED = 13, 2  # + `pdtop record` = 16 clients
 PDTOP = [sys.executable, "-m", "pdtop"]
@@ -124,9 +135,13 @@ async def replay_check(path: Path) -> str:
 async def soak(args: argparse.Namespace, workdir: Path) -> int:
     err = (workdir / "serve.stderr").open("w")
     serve = subprocess.Popen([*PDTOP, "serve", "--device", args.device, "--port", "0", "--rate", str(args.rate),
-                              "--record-dir", str(workdir)], stdout=subprocess.PIPE, stderr=err, text=True)
+                              "--record-dir", str(workdir), "--api-port", "0"],
+                             stdout=subprocess.PIPE, stderr=err, text=True)
     url = serve.stdout.readline().split()[-1]  # type: ignore[union-attr]
+    api = serve.stdout.readline().split()[-1].removeprefix("http://").removesuffix("/v1")  # type: ignore[union-attr]
     proc = psutil.Process(serve.pid)
+    http = HttpSide(api.rpartition(":")[0], int(api.rpartition(":")[2]), slowloris=args.slowloris)
+    http.start()
     recording = workdir / "soak.ndjson.gz"
     record = subprocess.Popen([*PDTOP, "record", url, "-o", str(recording)], stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True)
@@ -147,14 +162,16 @@ async def soak(args: argparse.Namespace, workdir: Path) -> int:
     control_task = asyncio.create_task(control())
     watch = readers[1]
     rows: list[tuple[float, float, int, float, int, int, int]] = []
+    health_p99s: list[float] = []
     t0 = time.monotonic()
     last_events, last_t = 0, t0
     end = t0 + args.minutes * 60
     print(f"soak: {args.minutes:g} min of `pdtop serve --device {args.device} --rate {args.rate:g}`, "
-          f"{READERS} readers + {STALLED} stalled + `pdtop record`, a control message every 100 ms; "
+          f"{READERS} readers + {STALLED} stalled + `pdtop record`, a control message every 100 ms; API: "
+          f"{STREAMS} streams, {args.slowloris}+{args.slowloris} slowloris, a drop mid-prefill every 5 s; "
           f"load average {os.getloadavg()[0]:.2f}", flush=True)
     print(f"{'t (s)':>6} {'RSS MB':>8} {'open fds':>9} {'events/s':>9} {'dropped':>8} {'waiting':>8} "
-          f"{'connected':>10}", flush=True)
+          f"{'connected':>10} {'streams':>8} {'health p99 ms':>14}", flush=True)
     while time.monotonic() < end and serve.poll() is None:
         await asyncio.sleep(max(0.0, min(args.interval, end - time.monotonic())))
         now = time.monotonic()
@@ -165,10 +182,16 @@ async def soak(args: argparse.Namespace, workdir: Path) -> int:
         connected = sum(r.closed is None for r in readers) + sum(s.close_code is None for s in stalled) + \
             (record.poll() is None)
         rows.append((now - t0, rss, fds, rate, watch.dropped, watch.waiting, connected))
+        health_p99s.append(http.health_p99())
+        http.health_ms.clear()
         print(f"{now - t0:6.0f} {rss:8.1f} {fds:9d} {rate:9.0f} {watch.dropped:8d} {watch.waiting:8d} "
-              f"{connected:>7d}/16", flush=True)
+              f"{connected:>7d}/16 {http.streams_done:8d} {health_p99s[-1]:14.1f}",
+              flush=True)
 
     control_task.cancel()
+    await http.stop()
+    await asyncio.sleep(1.0)  # the last drop's abort reaches the engine
+    aborted = await http.aborted()
     await asyncio.sleep(0.5)
     wrongly_closed = [f"{r.name}: {r.closed}" for r in readers if r.closed]
     stalled_closed = [s for s in stalled if s.close_code is not None]
@@ -196,6 +219,14 @@ async def soak(args: argparse.Namespace, workdir: Path) -> int:
         (f"recording {recording.name} ({recording.stat().st_size / 2**20:.1f} MB) reads back and replays"
          + (f": {replay_problem}" if replay_problem else ""), not replay_problem and record.returncode == 0),
         (f"serve exited {serve_code}; its log: {len(serve_log)} lines", serve_code == 0),
+        (f"/health p99 per interval: max {max(health_p99s):.1f} ms (limit 100), probes failed: "
+         f"{len(http.health_failed)} {http.health_failed[:3] or ''}",
+         max(health_p99s) < 100 and not http.health_failed),
+        (f"API streams: {http.streams_done} completed ({http.stream_tokens} chunks), {http.stream_refused} "
+         f"refused with 503 queue_full (the engine's queue was full), errors: "
+         f"{len(http.stream_errors)} {http.stream_errors[:3] or ''}", http.streams_done > 0 and not http.stream_errors),
+        (f"slowloris: {http.slow_opened} sockets opened, {http.slow_closed} closed by the server", True),
+        (f"dropped mid-prefill: {http.dropped}, aborted by the engine: {aborted}", aborted >= http.dropped > 0),
     ]
     print(f"control messages: {controller.replies_ok} applied, {controller.replies_refused} refused; "
           f"stalled clients closed by the server (expected): {len(stalled_closed)} of {STALLED}")
@@ -204,6 +235,11 @@ async def soak(args: argparse.Namespace, workdir: Path) -> int:
     if record_err.strip():
         print(f"  record: {record_err.strip().splitlines()[-1]}")
     for text, ok in checks:
+        print(f"{'PASS' if ok else 'FAIL'}  {text}")
+    left = [p.pid for p in psutil.Process().children(recursive=True)] + \
+        [p.pid for p in (serve, record) if p.poll() is None]
+    checks.append((f"left running: {left or 'nothing'}", not left))
+    for text, ok in checks[-1:]:
         print(f"{'PASS' if ok else 'FAIL'}  {text}")
     print(f"load average at the end {os.getloadavg()[0]:.2f}")
     return 0 if all(ok for _, ok in checks) else 1
@@ -215,6 +251,8 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=100.0, help="requests/s of the workload (default 100)")
     ap.add_argument("--device", default="sim:H100", help="the server's --device (default sim:H100)")
     ap.add_argument("--interval", type=float, default=10.0, help="seconds between samples (default 10)")
+    ap.add_argument("--slowloris", type=int, default=SLOW_IDLE, metavar="N",
+                    help=f"sockets in each of the two slowloris groups (default {SLOW_IDLE})")
     ap.add_argument("--warmup", type=float, default=60.0,
                     help="seconds before the RSS baseline is taken (default 60)")
     ap.add_argument("--keep", metavar="DIR", help="write the recording and the server's log here (default: a "

@@ -10,23 +10,26 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable
-from typing import TYPE_CHECKING, Any, TypeVar
+import weakref
+from typing import TYPE_CHECKING, Any
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
+from pdtop.api.answers import answer
 from pdtop.api.errors import APIError, bad_request
 from pdtop.api.metrics import EngineMetrics
+from pdtop.api.prompts import chat_prompt, completion_prompts
 from pdtop.api.schemas import MAX_BODY_BYTES, ChatRequest, CompletionRequest, parse_body
 from pdtop.api.streams import Chunk, Completion, Mailbox
-from pdtop.engine.errors import EngineError, PromptError, QueueFullError
+from pdtop.engine.errors import PromptError, QueueFullError
 from pdtop.engine.request import SamplingParams
+from pdtop.quiet_log import QuietLog
 
 if TYPE_CHECKING:  # annotations only
     from pdtop.engine.engine import Engine
@@ -34,7 +37,6 @@ if TYPE_CHECKING:  # annotations only
 
 log = logging.getLogger("pdtop.api")
 COMPLETIONS_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to the rest of the context
-T = TypeVar("T")
 
 
 class Served:
@@ -46,6 +48,7 @@ class Served:
         self.context: int = engine.executor.cfg.max_context
         self.created = int(time.time())
         self._mailbox: Mailbox | None = None  # made on the event loop, at the first request
+        self.answering: weakref.WeakSet[Completion] = weakref.WeakSet()  # what `end_all` ends
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.model_id:
@@ -74,11 +77,27 @@ class Served:
             raise bad_request(name, str(exc)) from None
         return params
 
-    def start(self, prompt_ids: list[int], params: SamplingParams, stops: list[str]) -> Completion:
-        """Enqueue in the engine: the request's completion, read from the event loop."""
+    def start(self, prompts: list[list[int]], body: ChatRequest | CompletionRequest, field: str) -> list[Completion]:
+        """Enqueue one request per prompt in the engine (all or none): the choices, read from the event loop
+        through one queue."""
+        params = [self.params(body, len(p), field) for p in prompts]
+        queue: asyncio.Queue[Chunk] = asyncio.Queue()
+        choices: list[Completion] = []
+        try:
+            for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
+                choices.append(self._start(prompt, p, body.stops, queue, i))
+        except APIError:
+            for c in choices:
+                self.abort(c)
+            raise
+        return choices
+
+    def _start(self, prompt_ids: list[int], params: SamplingParams, stops: list[str], queue: asyncio.Queue[Chunk],
+               index: int) -> Completion:
         if self._mailbox is None:
             self._mailbox = Mailbox(asyncio.get_running_loop())
-        completion = Completion(self._mailbox, self.tokenizer, stops)
+        completion = Completion(self._mailbox, self.tokenizer, stops, queue, index)
+        self.answering.add(completion)
         try:
             completion.request = self.engine.enqueue(prompt_ids, params, source="api",
                                                      on_update=completion.on_update)
@@ -87,13 +106,24 @@ class Served:
                            headers={"Retry-After": str(exc.retry_after)}) from None
         return completion
 
+    def end_all(self) -> None:
+        """Event loop, as the server stops: every answer still open ends now."""
+        for completion in list(self.answering):
+            completion.end_now()
+
     def abort(self, completion: Completion) -> None:
         if completion.request is not None:
             self.engine.abort(completion.request)
 
 
-def create_app(served: Served, token: str | None = None) -> FastAPI:
+class _ClientGone(Exception):
+    """The client left before its request was read: nobody to answer."""
+
+
+def create_app(served: Served, token: str | None = None, quiet: QuietLog | None = None) -> FastAPI:
+    """The routes. `quiet`: where what clients can repeat is logged (once per kind, then counted)."""
     app = FastAPI(title="pdtop", docs_url=None, redoc_url=None, openapi_url=None)
+    quiet = quiet or QuietLog(log)
 
     async def authorized(request: Request) -> None:
         if token is None:
@@ -110,12 +140,18 @@ def create_app(served: Served, token: str | None = None) -> FastAPI:
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         return APIError(exc.status_code, str(exc.detail)).response()
 
+    @app.exception_handler(_ClientGone)
+    async def client_gone(request: Request, exc: _ClientGone) -> Response:
+        quiet.warning("client_disconnect", "a client left before its request was read (%s %s)", request.method,
+                      request.url.path)
+        return Response(status_code=499)
+
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("%s %s", request.method, request.url.path)
+        quiet.warning("internal: " + type(exc).__name__, "%s %s", request.method, request.url.path, exc_info=exc)
         return APIError(500, f"internal error: {type(exc).__name__}", type="server_error").response()
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> Response:
         return Response(status_code=200)
 
@@ -132,30 +168,17 @@ def create_app(served: Served, token: str | None = None) -> FastAPI:
     async def chat(request: Request) -> Response:
         body = parse_body(await _read(request), request.headers.get("content-type"), ChatRequest)
         served.check_model(body.model)
-        messages = [m.as_template_input() for m in body.messages]
-        try:
-            prompt = await asyncio.to_thread(
-                lambda: served.tokenizer.encode(served.tokenizer.apply_chat_template(messages)))
-        except EngineError as exc:
-            raise bad_request("messages", str(exc)) from None
-        params = served.params(body, len(prompt), "messages")
-        return await _answer(request, served, served.start(prompt, params, body.stops), body, len(prompt), True)
+        prompt = await chat_prompt(body, served.tokenizer, served.context)
+        return await answer(request, served.model_id, served.abort, served.start([prompt], body, "messages"), body,
+                            len(prompt), True)
 
     @app.post("/v1/completions", dependencies=[Depends(authorized)])
     async def completions(request: Request) -> Response:
         body = parse_body(await _read(request), request.headers.get("content-type"), CompletionRequest)
         served.check_model(body.model)
-        if isinstance(body.prompt, str):
-            prompt = await asyncio.to_thread(served.tokenizer.encode, body.prompt)
-        else:
-            prompt, vocab = body.prompt, served.tokenizer.vocab_size
-            bad = next((t for t in prompt if not 0 <= t < vocab), None)
-            if bad is not None:
-                raise bad_request("prompt", f"token id {bad} is outside the vocabulary (0..{vocab - 1})")
-        if not prompt:
-            raise bad_request("prompt", "empty prompt")
-        params = served.params(body, len(prompt), "prompt")
-        return await _answer(request, served, served.start(prompt, params, body.stops), body, len(prompt), False)
+        prompts = await completion_prompts(body, served.tokenizer, served.context)
+        return await answer(request, served.model_id, served.abort, served.start(prompts, body, "prompt"), body,
+                            sum(len(p) for p in prompts), False)
 
     return app
 
@@ -163,116 +186,12 @@ def create_app(served: Served, token: str | None = None) -> FastAPI:
 async def _read(request: Request) -> bytes:
     """The body, refused past MAX_BODY_BYTES without reading the rest."""
     parts, size = [], 0
-    async for part in request.stream():
-        size += len(part)
-        if size > MAX_BODY_BYTES:
-            raise bad_request(None, f"request body over {MAX_BODY_BYTES} bytes")
-        parts.append(part)
+    try:
+        async for part in request.stream():
+            size += len(part)
+            if size > MAX_BODY_BYTES:
+                raise bad_request(None, f"request body over {MAX_BODY_BYTES} bytes")
+            parts.append(part)
+    except ClientDisconnect:
+        raise _ClientGone from None
     return b"".join(parts)
-
-
-async def _answer(request: Request, served: Served, completion: Completion, body: ChatRequest | CompletionRequest,
-                  prompt_tokens: int, chat: bool) -> Response:
-    shape = _Shape(served.model_id, chat)
-    if body.stream:
-        return StreamingResponse(_events(served, completion, shape, prompt_tokens, body.include_usage),
-                                 media_type="text/event-stream")
-    texts: list[str] = []
-
-    async def collect() -> Chunk:
-        while True:
-            chunk = await completion.queue.get()
-            texts.append(chunk.text)
-            if chunk.finish_reason is not None:
-                return chunk
-
-    last = await _unless_disconnected(request, collect())
-    if last is None:  # the client went away
-        served.abort(completion)
-        return Response(status_code=499)
-    if last.error is not None:
-        raise APIError(500, f"the engine rejected the request: {last.error}", type="server_error")
-    return JSONResponse(shape.whole("".join(texts), last, prompt_tokens))
-
-
-async def _events(served: Served, completion: Completion, shape: _Shape, prompt_tokens: int,
-                  include_usage: bool) -> AsyncIterator[bytes]:
-    """Server-sent events; a client that goes away (the task is cancelled) aborts the request."""
-    finished = False
-    try:
-        if shape.chat:
-            yield _sse(shape.chunk({"role": "assistant", "content": ""}, None, include_usage))
-        while not finished:
-            chunk = await completion.queue.get()
-            finished = chunk.finish_reason is not None
-            if chunk.error is not None:
-                yield _sse(APIError(500, f"the engine rejected the request: {chunk.error}", type="server_error").body())
-                break
-            content = {"content": chunk.text} if shape.chat else chunk.text
-            yield _sse(shape.chunk(content, chunk.finish_reason, include_usage))
-        if include_usage:
-            yield _sse(shape.usage_chunk(prompt_tokens, chunk.completion_tokens))
-        yield b"data: [DONE]\n\n"
-    finally:
-        if not finished:
-            served.abort(completion)
-
-
-def _sse(obj: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
-
-
-async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
-    """`work`'s result, or None (work cancelled) if the client disconnects first."""
-    task = asyncio.ensure_future(work)
-    gone = asyncio.ensure_future(_disconnect(request))
-    try:
-        done, _ = await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for t in (task, gone):
-            if not t.done():
-                t.cancel()
-    return task.result() if task in done else None
-
-
-async def _disconnect(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-class _Shape:
-    """OpenAI's response objects for one request: chat or text completion."""
-
-    def __init__(self, model: str, chat: bool):
-        self.chat, self.model = chat, model
-        self.id = ("chatcmpl-" if chat else "cmpl-") + secrets.token_hex(12)
-        self.created = int(time.time())
-        self.object = "chat.completion" if chat else "text_completion"
-
-    def _head(self, obj: str) -> dict[str, Any]:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
-
-    def chunk(self, content: Any, finish_reason: str | None, include_usage: bool) -> dict[str, Any]:
-        choice = {"index": 0, ("delta" if self.chat else "text"): content, "logprobs": None,
-                  "finish_reason": finish_reason}
-        out = {**self._head("chat.completion.chunk" if self.chat else "text_completion"), "choices": [choice]}
-        if include_usage:
-            out["usage"] = None
-        return out
-
-    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
-        return {**self._head("chat.completion.chunk" if self.chat else "text_completion"), "choices": [],
-                "usage": _usage(prompt_tokens, completion_tokens)}
-
-    def whole(self, text: str, last: Chunk, prompt_tokens: int) -> dict[str, Any]:
-        if self.chat:
-            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text}}
-        else:
-            choice = {"index": 0, "text": text}
-        choice.update(logprobs=None, finish_reason=last.finish_reason)
-        return {**self._head(self.object), "choices": [choice], "usage": _usage(prompt_tokens, last.completion_tokens)}
-
-
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}

@@ -80,7 +80,7 @@ class ChatRequest(_Common):
 
 
 class CompletionRequest(_Common):
-    prompt: str | list[int]
+    prompt: str | list[int] | list[str] | list[list[int]]  # the lists of prompts: of one (prompts.py)
 
 
 Body = TypeVar("Body", ChatRequest, CompletionRequest)

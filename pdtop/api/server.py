@@ -7,14 +7,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
 from pdtop.api.app import Served, create_app
+from pdtop.api.connections import ConnectionLimits, protocol_class
 from pdtop.api.metrics import EngineMetrics
+from pdtop.api.origins import OriginGuard, loopback_host
+from pdtop.quiet_log import QuietLog
 
 if TYPE_CHECKING:  # annotations only
     from pdtop.engine.engine import Engine
@@ -37,14 +41,20 @@ def default_tokenizer() -> Tokenizer:
 
 class ApiServer:
     """Serve `engine` over HTTP on host:port. `token`: `/v1/*` requests need `Authorization: Bearer TOKEN`
-    (the command requires one for a non-loopback host). `start()` in a running loop, `stop()` to finish."""
+    (the command requires one for a non-loopback host). `allow_origins`: browser origins allowed
+    (`origins.py`; on a loopback host the Host header must name loopback too). `limits`: what one
+    connection and one client may hold (`connections.py`). `start()` in a running loop, `stop()` to finish."""
 
     def __init__(self, engine: Engine, host: str = "127.0.0.1", port: int = 0, *, token: str | None = None,
-                 tokenizer: Tokenizer | None = None):
+                 tokenizer: Tokenizer | None = None, limits: ConnectionLimits | None = None,
+                 allow_origins: Sequence[str] = ()):
         self.engine, self.host, self.port = engine, host, port
+        self.limits = limits or ConnectionLimits()
+        self.quiet = QuietLog(logging.getLogger("pdtop.api"))
         self.metrics = EngineMetrics(engine)
         self.served = Served(engine, tokenizer or engine.tokenizer or default_tokenizer(), self.metrics)
-        self.app = create_app(self.served, token)
+        self.app = OriginGuard(create_app(self.served, token, self.quiet), allow_origins,
+                               check_host=loopback_host(host), quiet=self.quiet)
         self._server: _Uvicorn | None = None
         self._task: asyncio.Task[None] | None = None
 
@@ -57,7 +67,7 @@ class ApiServer:
     async def start(self) -> None:
         """Bind (OSError if it cannot) and serve; the engine's metrics sink is registered here."""
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # asyncio sets TCP_NODELAY then
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((self.host, self.port))
@@ -66,7 +76,8 @@ class ApiServer:
             raise
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="off",
-                                timeout_graceful_shutdown=2, limit_concurrency=4096, backlog=1024)
+                                http=protocol_class(self.limits, self.quiet), ws="none", timeout_keep_alive=5,
+                                timeout_graceful_shutdown=2, backlog=1024)
         self._server = _Uvicorn(config)
         self.engine.add_sink(self.metrics.sink)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="pdtop-api")
@@ -79,9 +90,11 @@ class ApiServer:
     async def stop(self) -> None:
         self.engine.remove_sink(self.metrics.sink)
         if self._server is not None and self._task is not None:
+            self.served.end_all()  # open streams finish now, not at the graceful timeout
             self._server.should_exit = True
             await self._task
             self._server = self._task = None
+        self.quiet.flush()
 
     async def __aenter__(self) -> ApiServer:
         await self.start()

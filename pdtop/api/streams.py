@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from pdtop.engine.request import Request
@@ -32,6 +32,7 @@ class Chunk:
     completion_tokens: int  # tokens generated so far
     finish_reason: str | None = None  # OpenAI's ("stop", "length"), on the last chunk
     error: str | None = None  # why the engine rejected the request
+    index: int = 0  # the choice it belongs to (a request's prompts share one queue)
 
 
 class Mailbox:
@@ -58,8 +59,12 @@ class Mailbox:
 
 
 class Completion:
-    def __init__(self, mailbox: Mailbox, tokenizer: Tokenizer, stops: Sequence[str]):
-        self.queue: asyncio.Queue[Chunk] = asyncio.Queue()
+    """One choice of a request: `queue` (shared by the request's choices) gets its chunks, tagged `index`."""
+
+    def __init__(self, mailbox: Mailbox, tokenizer: Tokenizer, stops: Sequence[str],
+                 queue: asyncio.Queue[Chunk] | None = None, index: int = 0):
+        self.queue: asyncio.Queue[Chunk] = queue if queue is not None else asyncio.Queue()
+        self.index = index
         self.request: Request | None = None  # set by the caller once enqueued (for `Engine.abort`)
         self._mailbox = mailbox
         self._decoder = tokenizer.stream_decoder(skip_special=True)  # as vLLM by default (skip_special_tokens)
@@ -92,6 +97,13 @@ class Completion:
         self._post(Chunk(text[:len(text) - held], self._tokens))
         return False
 
+    def end_now(self) -> None:
+        """Event loop, as the server stops: end the answer ("abort") so its handler returns before uvicorn's
+        graceful shutdown gives up on it (and logs a CancelledError traceback for each open stream)."""
+        if not self._done:
+            self._done = True
+            self.queue.put_nowait(Chunk("", self._tokens, "abort", index=self.index))
+
     def _partial_stop(self, text: str) -> int:
         """Length of the longest end of `text` that begins a stop string (held back until it is decided)."""
         best = 0
@@ -108,4 +120,4 @@ class Completion:
         self._post(chunk)
 
     def _post(self, chunk: Chunk) -> None:
-        self._mailbox.post(self.queue, chunk)
+        self._mailbox.post(self.queue, replace(chunk, index=self.index) if self.index else chunk)

@@ -12,20 +12,23 @@ from pdtop.engine.records import RequestRecord
 
 class LiveApi:
     """`engine` served at `url` (http://127.0.0.1:PORT/v1); `records` holds every engine record.
-    `run_engine=False` leaves the engine stopped: requests queue and never run."""
+    `run_engine=False` leaves the engine stopped: requests queue and never run; `realtime` paces a sim: device
+    to wall time (as `pdtop serve`)."""
 
-    def __init__(self, engine, tokenizer, *, run_engine: bool = True, token: str | None = None):
+    def __init__(self, engine, tokenizer, *, run_engine: bool = True, token: str | None = None,
+                 realtime: bool = False, **api_options):
         self.engine = engine
         self.records: list = []
         engine.add_sink(self.records.append)
         self.stop = threading.Event()
-        self.engine_thread = threading.Thread(target=engine.run, args=(self.stop,), daemon=True)
+        self.engine_thread = threading.Thread(target=engine.run, args=(self.stop,), kwargs={"realtime": realtime},
+                                              daemon=True)
         if run_engine:
             self.engine_thread.start()
         self.loop = asyncio.new_event_loop()
         self.loop_thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.loop_thread.start()
-        self.api = ApiServer(engine, port=0, token=token, tokenizer=tokenizer)
+        self.api = ApiServer(engine, port=0, token=token, tokenizer=tokenizer, **api_options)
         self._call(self.api.start())
         self.url = self.api.url
         self.root = self.url.removesuffix("/v1")

@@ -139,3 +139,19 @@ def test_bad_arguments_exit_2_with_one_line(args, words, capsys):
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if "error" in line]
     assert len(lines) == 1 and words in lines[0], err
+
+
+@pytest.mark.parametrize("flag", ["--port", "--api-port"])
+def test_a_port_in_use_is_reported_before_the_model_loads(flag):
+    """Issue 25 item 20: on cpu it was reported only after the model loaded (seconds)."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        args = ["--port", str(port)] if flag == "--port" else ["--port", "0", "--api-port", str(port)]
+        out = subprocess.run([*PDTOP, "serve", "--device", "cpu", "--progress", *args],
+                             capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    assert out.stderr == f"pdtop serve: error: cannot listen on 127.0.0.1:{port}: Address already in use\n"

@@ -91,7 +91,9 @@ def test_enqueue_from_another_thread_streams_tokens_and_counts_toward_the_cap():
         engine.close()
 
 
-def test_abort_frees_kv_at_the_next_boundary_and_waits_for_an_in_flight_prefill():
+def test_abort_frees_kv_at_the_next_boundary_and_stops_an_abandoned_prefill():
+    """Issue 27 §2 item 4: an aborted 8,191-token prefill ran to its end (one layer per round on cpu,
+    over 100 s); now no slice of it is submitted after the abort, and it ends once none is running."""
     engine = build_engine("sim:H100")
     records: list = []
     engine.add_sink(records.append)
@@ -104,14 +106,16 @@ def test_abort_frees_kv_at_the_next_boundary_and_waits_for_an_in_flight_prefill(
         long = engine.enqueue([1] * 8192, SamplingParams(max_tokens=1000, ignore_eos=True))
         engine.step()
         assert engine.scheduler.prefill is not None and long in engine.scheduler.prefill.reqs
+        submitted = engine.scheduler.prefill.submitted_end
         engine.abort(decoding)
         engine.abort(long)
         engine.step()
         assert decoding.finish_reason == "abort" and not decoding.table.blocks
         assert finals and finals[-1].finish_reason == "abort"
-        assert not long.finished  # its layers are still being written: it ends when its prefill does
-        engine.run_until_idle(max_rounds=100)
-        assert long.finish_reason == "abort" and len(long.output_ids) == 1
+        for _ in range(3):  # the slice in flight at the abort finishes; no other starts
+            engine.step()
+        assert long.finish_reason == "abort" and long.output_ids == [] and engine.scheduler.prefill is None
+        assert submitted < engine.executor.cfg.num_layers  # the prefill did not run to its end
         assert engine.executor.kv_usage()[0] == 0
         assert {r.request_id for r in _finishes(records, "abort")} == {decoding.id, long.id}
     finally:

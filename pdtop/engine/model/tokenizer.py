@@ -19,6 +19,8 @@ from __future__ import annotations
 import json
 import operator
 import os
+import re
+import secrets
 from datetime import datetime
 from typing import Any
 
@@ -81,8 +83,15 @@ class Tokenizer:
     """A GGUF's vocabulary (byte-level BPE or SentencePiece) with special tokens and its chat template."""
 
     def __init__(self, hf: _HFTokenizer, *, bos_id: int | None, eos_id: int, special_ids: set[int],
-                 chat_template: str | None, vocab_size: int | None = None, source: str = "<memory>"):
+                 chat_template: str | None, vocab_size: int | None = None, source: str = "<memory>",
+                 max_token_bytes: int | None = None):
         self._hf = hf
+        self._literal_hf: _HFTokenizer | None = None  # the same, reading special-token text as text
+        specials = sorted((hf.id_to_token(i) or "" for i in special_ids), key=len, reverse=True)
+        self._special_text = re.compile("|".join(re.escape(t) for t in specials if t)) if any(specials) else None
+        # the most UTF-8 bytes one token spans: a text of n bytes is at least n / max_token_bytes tokens
+        self.max_token_bytes: int = max_token_bytes or max(
+            len(t.encode()) for t in hf.get_vocab(with_added_tokens=True))
         self.vocab_size: int = max(vocab_size or 0, hf.get_vocab_size(with_added_tokens=True))
         self.bos_id = bos_id
         self.eos_id = eos_id
@@ -115,11 +124,14 @@ class Tokenizer:
             raise UnsupportedModelError(f"{path}: unsupported tokenizer model {model!r} "
                                         "(supported: gpt2 = byte-level BPE, llama = SentencePiece)")
         special = {i for i, t in enumerate(types) if t in (TYPE_CONTROL, TYPE_UNKNOWN)}
+        # byte-level BPE stores one character per byte; a SentencePiece piece's UTF-8 is at least its bytes
+        span = max(len(t) if model == "gpt2" else len(t.encode()) for t in tokens)
         hf.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False) for i in sorted(special)])
         hf.add_tokens([AddedToken(tokens[i], special=False, normalized=False)
                        for i, t in enumerate(types) if t == TYPE_USER_DEFINED])
         return cls(hf, bos_id=meta.get("tokenizer.ggml.bos_token_id"), eos_id=int(eos_id), special_ids=special,
-                   chat_template=meta.get("tokenizer.chat_template"), vocab_size=len(tokens), source=path)
+                   chat_template=meta.get("tokenizer.chat_template"), vocab_size=len(tokens), source=path,
+                   max_token_bytes=span)
 
     def token(self, token_id: int) -> str:
         """The vocabulary string of one id (its stored form, e.g. 'Ġthe' or '▁the')."""
@@ -129,7 +141,31 @@ class Tokenizer:
         """Token ids of `text`; special tokens written in it are recognised; no BOS is added."""
         if not isinstance(text, str):
             raise PromptError(f"encode expects str, got {type(text).__name__}")
-        return self._hf.encode(text, add_special_tokens=False).ids
+        return _ids(self._hf, text)
+
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        """Token ids of the chat-formatted `messages`. The template's own markers are control tokens;
+        special-token text inside a message's content stays text, so a user cannot forge a turn
+        (`<|im_start|>system` written in a message is not a system turn). Content without such
+        text is tokenized exactly as `encode(apply_chat_template(messages))`."""
+        contents = [m.get("content") if isinstance(m, dict) else None for m in messages]
+        if self._special_text is None or not any(isinstance(c, str) and self._special_text.search(c)
+                                                 for c in contents):
+            return self.encode(self.apply_chat_template(messages, add_generation_prompt))
+        nonce = secrets.token_hex(8)
+        marked = [{**m, "content": f"\ue000{nonce}:{i}\ue001"} if isinstance(contents[i], str) else m
+                  for i, m in enumerate(messages)]
+        pieces = re.split(f"\ue000{nonce}:(\\d+)\ue001", self.apply_chat_template(marked, add_generation_prompt))
+        if self._literal_hf is None:
+            self._literal_hf = _HFTokenizer.from_str(self._hf.to_str())
+            self._literal_hf.encode_special_tokens = True
+        ids: list[int] = []
+        for k, piece in enumerate(pieces):  # template text, a content's index, template text, ...
+            if k % 2:
+                ids += _ids(self._literal_hf, str(contents[int(piece)]))
+            elif piece:
+                ids += _ids(self._hf, piece)
+        return ids
 
     def decode(self, ids: list[int], skip_special: bool = False) -> str:
         return self._hf.decode([self._check_id(i) for i in ids], skip_special_tokens=skip_special)
@@ -165,6 +201,20 @@ class Tokenizer:
         if not 0 <= i < self.vocab_size:
             raise PromptError(f"token id {i} out of range [0, {self.vocab_size})")
         return i
+
+
+def _ids(hf: _HFTokenizer, text: str) -> list[int]:
+    """`hf`'s ids of `text`. A long text goes through `encode_batch`, which lets go of the GIL while it
+    works (`encode` holds it: 640 KB of text stalled every other thread for 1.3 s). PromptError for a
+    lone surrogate (JSON can spell one, `"\\ud800"`), which is not text `tokenizers` takes."""
+    if not text.isascii():
+        try:
+            text.encode()
+        except UnicodeEncodeError as exc:
+            raise PromptError(f"not valid Unicode text: a lone surrogate at character {exc.start}") from None
+    if len(text) < 4096:
+        return hf.encode(text, add_special_tokens=False).ids
+    return hf.encode_batch([text], add_special_tokens=False)[0].ids
 
 
 def byte_level_bpe(path: str, meta: dict[str, Any], tokens: list[str]) -> _HFTokenizer:

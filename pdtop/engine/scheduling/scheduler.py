@@ -17,8 +17,9 @@ With greedy sampling the policies give the same tokens: only timing differs.
 
 The scheduler is the one owner of what a token means: `append_token` (`tokens.py`) appends
 it, moves the request's status along and decides "finished"; the executor only returns tokens.
-`abort` ends a request early (its client left, or a
-stop string matched) and frees its KV; one whose prefill is in flight ends when it completes.
+`abort` ends a request early (its client left, or a stop string matched) and frees its KV; a
+prefill whose requests were all aborted stops at the next round boundary with no slice of it
+running.
 """
 from __future__ import annotations
 
@@ -103,7 +104,7 @@ class Scheduler(Generic[S]):
     def abort(self, req: Request, reason: str) -> RequestRecord | None:
         """End `req` now with `reason` ("abort", "stop"): out of the queue or the batch, its KV freed;
         its finish record. None when it is already finished, or when its prefill is in flight: then
-        it ends, with its first token, when that prefill completes."""
+        it ends when that prefill completes, or stops (`_collect_prefill`) once all its requests are aborted."""
         if req.finished:
             return None
         if (self.prefill is not None and req in self.prefill.reqs) or (self.pair and self.pair.holds(req)):
@@ -227,15 +228,18 @@ class Scheduler(Generic[S]):
     def _collect_prefill(self, stats: RoundStats, block: bool = False) -> None:
         """Take finished prefill slices; `block` waits for them (a round with nothing to decode)."""
         pf = self.prefill
-        if pf is None or not pf.in_flight:
+        if pf is None:
             return
-        for _ in range(self.device.collect_prefill(len(pf.in_flight), block)):
+        for _ in range(self.device.collect_prefill(len(pf.in_flight), block) if pf.in_flight else 0):
             pf.layers_done, work = pf.in_flight.popleft()
             self._charge(stats, work, 1.0 - pf.charged)
             pf.charged = 0.0
         if pf.layers_done == self.num_layers:
             self.prefill = None
             self._join_decode(pf.reqs, self.executor.finish_prefill(pf.state), stats)
+        elif not pf.in_flight and all(r.id in self._ending for r in pf.reqs):  # all its clients left:
+            self.prefill, now = None, self.device.now()  # no more of its slices run, its KV is freed now
+            stats.requests += [self._end(r, self._ending.pop(r.id), now) for r in pf.reqs]
 
     def _step_pdmux(self, stats: RoundStats) -> None:
         self._collect_prefill(stats)  # a real device's chunk may have finished between rounds

@@ -3,14 +3,19 @@
 Tolerant by design: a gzip stream without its end (the writer was killed) is read up to
 the last flush; a corrupt gzip stream is read up to the corrupt spot (`damage` says what
 was lost); a truncated last line is dropped (`truncated`); lines that are not
-`{"t": finite number, "event": {"type": ...}}` are skipped and counted (`skipped`); events
+`{"t": finite number, "event": {"type": ...}}`, or whose `t` jumps more than an hour ahead,
+are skipped and counted (`skipped`); events
 of a protocol version this pdtop does not know are counted (`other_versions`). A file
 that is not a recording at all, or whose header's `hello` does not decode, raises
 `RecordingError` with a one-line reason. Events are checked where they are consumed
 (`decode_event`), so events of types this pdtop does not know stay for the consumer to skip.
 
 Events are kept as their JSON text and parsed on access, so a long recording costs
-about its own size in memory.
+about its own size in memory. What is read is bounded by what a recording can hold
+(`MAX_BYTES` of NDJSON, `MAX_LINES` lines, none over `MAX_LINE_BYTES`): past a bound the
+rest is not read, and `damage` says so. A gzip bomb (102 KB of compressed newlines took
+23 s and 1 GB, and was reported clean) stops there. A gzip stream without its end is read
+up to the last flush and reported ("no gzip end"): the writer was killed, or the file cut.
 """
 from __future__ import annotations
 
@@ -29,6 +34,10 @@ from pdtop.telemetry.recording.recorder import FORMAT, FORMAT_VERSION, Recording
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _CHUNK = 1 << 16
+MAX_BYTES = 1 << 30  # NDJSON a replay reads: an hour of a busy sim: server's events
+MAX_LINES = 4_000_000
+MAX_LINE_BYTES = 16 << 20  # one event (a hello with its config is the largest: kilobytes)
+MAX_GAP_S = 3600.0  # a line whose time jumps further ahead is unreadable (the server samples once a second)
 
 
 @dataclass
@@ -79,28 +88,69 @@ def _count(n: int, thing: str) -> str:
     return f"{n} {thing}{'s' if n != 1 else ''}"
 
 
+class _Bounds:
+    """What has been read, against MAX_BYTES, MAX_LINES and MAX_LINE_BYTES; `take` cuts a piece at the first
+    bound it crosses and `over` says which, in words."""
+
+    def __init__(self) -> None:
+        self.bytes = self.lines = self.run = 0  # run: bytes since the last newline
+        self.over: str | None = None
+
+    def take(self, piece: bytes) -> bytes:
+        newlines = piece.count(b"\n")
+        first = piece.find(b"\n")
+        run = self.run + (first if first >= 0 else len(piece))
+        if run > MAX_LINE_BYTES:
+            self.over = f"a line over {MAX_LINE_BYTES >> 20} MiB: the rest is not read"
+            return piece[:max(0, first)] if first >= 0 and self.run + first <= MAX_LINE_BYTES else b""
+        if self.lines + newlines > MAX_LINES:
+            keep = MAX_LINES - self.lines
+            self.over = f"more than {MAX_LINES:,} lines: the rest is not read"
+            return b"\n".join(piece.split(b"\n", keep)[:keep]) + b"\n" if keep else b""
+        if self.bytes + len(piece) > MAX_BYTES:
+            self.over = f"more than {MAX_BYTES >> 20:,} MiB of events: the rest is not read"
+            return piece[:MAX_BYTES - self.bytes]
+        self.bytes += len(piece)
+        self.lines += newlines
+        self.run = run if first < 0 else len(piece) - 1 - piece.rfind(b"\n")
+        return piece
+
+
 def _decompress_tolerant(data: bytes) -> tuple[bytes, str | None]:
     """Gzip members in sequence, and what was lost. A missing end (the writer was killed) loses
-    nothing that was flushed; at a corrupt spot everything before it is kept."""
+    nothing that was flushed; at a corrupt spot everything before it is kept; past a bound
+    (`_Bounds`) nothing more is decompressed."""
     out: list[bytes] = []
+    bounds = _Bounds()
+
+    def keep(piece: bytes) -> bool:
+        out.append(bounds.take(piece))
+        return bounds.over is None
+
     pos = 0
     while pos < len(data):
         d = zlib.decompressobj(wbits=31)
         while pos < len(data) and not d.eof:
             chunk = data[pos:pos + _CHUNK]
-            before = d.copy()
+            before, mark, counts = d.copy(), len(out), (bounds.bytes, bounds.lines, bounds.run)
             try:
-                out.append(d.decompress(chunk))
+                if not keep(d.decompress(chunk, _CHUNK << 4)):
+                    return b"".join(out), bounds.over
+                while d.unconsumed_tail:  # a chunk that inflates to more than 1 MiB: in bounded steps
+                    if not keep(d.decompress(d.unconsumed_tail, _CHUNK << 4)):
+                        return b"".join(out), bounds.over
             except zlib.error:  # again from before this chunk, a byte at a time, to keep all that precedes the fault
-                d = before
+                d, (bounds.bytes, bounds.lines, bounds.run) = before, counts
+                del out[mark:]
                 for i in range(len(chunk)):
                     try:
-                        out.append(d.decompress(chunk[i:i + 1]))
+                        if not keep(d.decompress(chunk[i:i + 1])):
+                            return b"".join(out), bounds.over
                     except zlib.error as exc:
                         return b"".join(out), _lost(pos + i, len(data), str(exc))
             pos += len(chunk) - len(d.unused_data)
-        if not d.eof:
-            break  # the writer never finished this member: keep what was flushed
+        if not d.eof:  # the writer never finished this member: keep what was flushed
+            return b"".join(out), "no gzip end (the writer was stopped, or the file cut): read what was flushed"
         if pos < len(data) and not data.startswith(_GZIP_MAGIC, pos):
             return b"".join(out), _lost(pos, len(data), "not gzip data")
     return b"".join(out), None
@@ -120,6 +170,9 @@ def read_recording(path: str | Path) -> Recording:
     damage = None
     if data.startswith(_GZIP_MAGIC):
         data, damage = _decompress_tolerant(data)
+    else:
+        bounds = _Bounds()
+        data, damage = bounds.take(data), bounds.over
     text = data.decode("utf-8", errors="replace")
     lines = text.split("\n")
     ends_with_newline = text.endswith("\n")
@@ -141,6 +194,9 @@ def read_recording(path: str | Path) -> Recording:
                 rec.skipped += 1
             continue
         t, type_, version = parsed
+        if t > last_t + MAX_GAP_S:  # `t: 1e300` would hold every later event back for ever
+            rec.skipped += 1
+            continue
         if version.__class__ is int and version != PROTOCOL_VERSION:  # a newer server's: its consumer refuses it
             rec.other_versions[version] = rec.other_versions.get(version, 0) + 1
         last_t = max(last_t, t)

@@ -3,7 +3,8 @@
 A client's `RecordStart` comes over the network, so its path is confined: relative to the directory
 (or absolute inside it), no `..`, every directory on the way opened without following a
 symlink, and the file created new (O_EXCL: an existing file, or a symlink planted in its
-place, is refused, never overwritten or followed).
+place, is refused, never overwritten or followed). Errors name the client's own path,
+never where the recordings directory is.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def open_new_in(directory: Path, requested: str) -> tuple[Path, BinaryIO]:
     try:
         fd = os.open(directory, _DIR_FLAGS)
     except OSError as exc:
-        raise RecordingError(f"cannot open the recordings directory {str(directory)!r}: {exc.strerror}") from None
+        raise RecordingError(f"cannot open the recordings directory: {exc.strerror}") from None
     try:
         for part in parts[:-1]:
             try:
@@ -55,7 +56,7 @@ def open_new_in(directory: Path, requested: str) -> tuple[Path, BinaryIO]:
 def _parts_inside(directory: Path, requested: str) -> tuple[str, ...]:
     if "\x00" in requested:
         raise RecordingError("a file path cannot hold a NUL character")
-    outside = RecordingError(f"{requested!r} is outside the recordings directory {str(directory)!r}")
+    outside = RecordingError(f"{requested!r} is outside the recordings directory")  # not saying where it is
     path = PurePath(os.path.normpath(requested))
     if path.is_absolute():
         try:

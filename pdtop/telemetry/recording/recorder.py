@@ -31,10 +31,12 @@ class RecordingError(Exception):
 
 class Recorder:
     def __init__(self, path: str | Path, hello: dict[str, Any], *, file: BinaryIO | None = None,
-                 flush_interval: float = 0.5, clock: Callable[[], float] = time.time) -> None:
+                 flush_interval: float = 0.5, clock: Callable[[], float] = time.time, name: str | None = None) -> None:
         """Writes to `file` when given (already open, e.g. created inside a recordings directory),
-        else creates or truncates `path`."""
+        else creates or truncates `path`. `name`: how errors name the file (a client's own path,
+        not where the recordings directory is)."""
         self.path = Path(path)
+        self.name = name or str(self.path)
         self.flush_interval = flush_interval
         self._clock = clock
         self._monotonic = time.monotonic
@@ -56,7 +58,7 @@ class Recorder:
         self.flush()
 
     def _error(self, exc: OSError) -> RecordingError:
-        return RecordingError(f"cannot write recording {str(self.path)!r}: {exc.strerror or exc}")
+        return RecordingError(f"cannot write recording {self.name!r}: {exc.strerror or exc}")
 
     def _failed(self, exc: OSError) -> RecordingError:
         """Close without flushing what cannot be written; the error to raise."""

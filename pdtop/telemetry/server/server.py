@@ -184,7 +184,11 @@ class TelemetryServer:
         hello = self._hello("recorder", True)
         if confined:
             real, file = open_new_in(self.record_dir, path)
-            self.recorder = Recorder(real, hello, file=file)
+            try:
+                self.recorder = Recorder(real, hello, file=file, name=path)
+            except RecordingError:  # its header could not be written (a full disk): leave no empty file
+                real.unlink(missing_ok=True)
+                raise
         else:
             self.recorder = Recorder(path, hello)
         self._listen(True)

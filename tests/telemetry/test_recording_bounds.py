@@ -1,0 +1,80 @@
+"""Issue 27 §2 items 10 and 11: recordings built to exhaust the reader, and files cut or bent."""
+from __future__ import annotations
+
+import gzip
+import json
+import zlib
+
+from conftest import hello_event
+
+from pdtop.telemetry.recording import reader
+from pdtop.telemetry.recording.reader import MAX_LINES, read_recording
+from pdtop.telemetry.recording.recorder import Recorder
+
+HELLO = hello_event()
+HEADER = json.dumps({"format": "pdtop-recording", "format_version": 1, "hello": HELLO}).encode() + b"\n"
+
+
+def _bomb(path, filler: bytes, megabytes: int) -> None:
+    """A gzip member of `megabytes` MiB of `filler`: a few hundred KB on disk."""
+    d = zlib.compressobj(9, zlib.DEFLATED, 31)
+    parts = [d.compress(HEADER)]
+    block = filler * ((1 << 20) // len(filler))
+    parts += [d.compress(block) for _ in range(megabytes)]
+    path.write_bytes(b"".join(parts) + d.flush())
+
+
+def test_a_gzip_bomb_of_newlines_stops_at_the_line_bound(tmp_path):
+    path = tmp_path / "bomb.ndjson.gz"
+    _bomb(path, b"\n", 100)  # 100 million lines in about 100 KB
+    assert path.stat().st_size < 200_000
+    got = read_recording(path)
+    assert len(got) == 0 and got.problems == [f"more than {MAX_LINES:,} lines: the rest is not read"]
+
+
+def test_a_gzip_bomb_of_one_endless_line_stops_at_the_line_length_bound(tmp_path, monkeypatch):
+    monkeypatch.setattr(reader, "MAX_LINE_BYTES", 4 << 20)
+    path = tmp_path / "line.ndjson.gz"
+    _bomb(path, b"a", 64)
+    got = read_recording(path)
+    assert len(got) == 0 and "a line over 4 MiB: the rest is not read" in got.problems
+
+
+def test_a_gzip_bomb_of_events_stops_at_the_size_bound(tmp_path, monkeypatch):
+    monkeypatch.setattr(reader, "MAX_BYTES", 8 << 20)
+    monkeypatch.setattr(reader, "MAX_LINE_BYTES", 1 << 20)
+    monkeypatch.setattr(reader, "MAX_LINES", 10**9)
+    event = json.dumps({"t": 0.0, "event": {"type": "round", "v": 1}}).encode() + b"\n"
+    path = tmp_path / "events.ndjson.gz"
+    _bomb(path, event, 32)
+    got = read_recording(path)
+    assert 0 < len(got) <= (8 << 20) // len(event)
+    assert "more than 8 MiB of events: the rest is not read" in got.problems
+
+
+def test_a_gzip_cut_at_two_thirds_says_so(tmp_path):
+    path = tmp_path / "r.ndjson.gz"
+    rec = Recorder(path, HELLO, clock=lambda: 0.0)
+    for i in range(3000):
+        rec.write(json.dumps({"type": "round", "v": 1, "index": i, "pad": "x" * (i % 97)}), t=i * 0.01)
+        if i % 100 == 0:
+            rec.flush()
+    rec.close()
+    data = path.read_bytes()
+    cut = tmp_path / "cut.ndjson.gz"
+    cut.write_bytes(data[:len(data) * 2 // 3])
+    got = read_recording(cut)
+    assert 0 < len(got) < 3000
+    assert any(p.startswith("no gzip end") for p in got.problems)
+    assert read_recording(path).problems == []  # the whole file is clean
+    assert gzip.decompress(data)  # and a valid gzip
+
+
+def test_a_time_far_ahead_is_skipped_not_waited_for(tmp_path):
+    path = tmp_path / "r.ndjson"
+    lines = [HEADER] + [json.dumps({"t": t, "event": {"type": "round", "v": 1, "i": i}}).encode() + b"\n"
+                        for i, t in enumerate([0.0, 0.5, 1e300, 1.0, 1.5])]
+    path.write_bytes(b"".join(lines))
+    got = read_recording(path)
+    assert [e["i"] for _, e in got] == [0, 1, 3, 4] and got.duration == 1.5
+    assert got.problems == ["1 unreadable line skipped"]
