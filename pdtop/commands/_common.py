@@ -56,12 +56,14 @@ def engine_link(text: str) -> Link:
     return link
 
 
-def add_level_rule_arguments(parser: argparse.ArgumentParser) -> None:
-    """--level-rule and --slo-itl-ms (serve, dashboard, bench): pdtop's own keys of the config."""
+def add_level_rule_arguments(parser: argparse.ArgumentParser, slo_flag: bool = True) -> None:
+    """--level-rule and --slo-itl-ms (serve, dashboard, bench): pdtop's own keys of the config.
+    `slo_flag` False: the command has its own --slo-itl-ms (bench's goodput SLO), which the rule takes."""
     parser.add_argument("--level-rule", choices=("sglang", "slo"),
                         help="how pdmux picks the level: sglang (its rule, linear in the decode batch; default) or "
                              "slo (the fewest decode units a model learned online predicts to meet --slo-itl-ms)")
-    parser.add_argument("--slo-itl-ms", type=float, metavar="MS", help="the ITL SLO of --level-rule slo")
+    if slo_flag:
+        parser.add_argument("--slo-itl-ms", type=float, metavar="MS", help="the ITL SLO of --level-rule slo")
 
 
 def with_level_rule(config: PdmuxConfig, args: argparse.Namespace) -> PdmuxConfig:

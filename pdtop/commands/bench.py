@@ -54,7 +54,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--long-tokens", type=int, default=None, help="tokens in each long prompt")
     p.add_argument("--long-prompts", type=int, default=None, help="how many long prompts arrive (one after another)")
     p.add_argument("--slo-itl-ms", type=float, default=None, metavar="MS",
-                   help="goodput: a request's ITL p99 target (default: 20 on sim:, 250 on cpu)")
+                   help="goodput: a request's ITL p99 target, and the SLO --level-rule slo meets "
+                        "(default: 20 on sim:, 250 on cpu)")
     p.add_argument("--slo-ttft-ms", type=float, default=None, metavar="MS",
                    help="goodput: a long prompt's TTFT target (default: 1000 on sim:, 5000 on cpu)")
     p.add_argument("--quick", action="store_true",
@@ -66,7 +67,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="write one JSON line per measured decode step (level, cores, what prefill ran, GC) "
                         "and print which of these the slowest steps share")
     add_runtime_arguments(p)
-    add_level_rule_arguments(p)
+    add_level_rule_arguments(p, slo_flag=False)
     _bench_url.add_arguments(p)
 
 
@@ -121,7 +122,9 @@ def run(args: argparse.Namespace) -> int:
                 sc = replace(sc, **{name: value})
         options = runtime_options(args)  # a bad --link: one line before any engine starts
         policies = list(POLICIES) if args.policy == "all" else [args.policy]
-        config = with_level_rule(load_pdmux_config(args.config) if args.config else PdmuxConfig(), args)
+        rule = argparse.Namespace(level_rule=args.level_rule,  # --level-rule slo meets the goodput's ITL SLO
+                                  slo_itl_ms=sc.slo_itl_ms if args.level_rule == "slo" else args.slo_itl_ms)
+        config = with_level_rule(load_pdmux_config(args.config) if args.config else PdmuxConfig(), rule)
         load_before = _loadavg()
         runs: dict[str, PolicyRun] = {}
         interrupted = False
