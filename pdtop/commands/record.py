@@ -27,7 +27,7 @@ import sys
 from urllib.parse import parse_qs, quote, urlsplit
 
 from pdtop.commands._common import fail
-from pdtop.commands._scrape import add_scrape_arguments, check_scrape_arguments, is_http
+from pdtop.commands._scrape import add_scrape_arguments, check_scrape_arguments, is_http, make_split
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -70,7 +70,8 @@ async def _record(args: argparse.Namespace) -> int:
     source: LiveSource | PrometheusSource
     if is_http(args.url):
         try:
-            source = PrometheusSource(args.url, token=args.token, interval=args.interval, model_name=args.model_name)
+            source = PrometheusSource(args.url, token=args.token, interval=args.interval, model_name=args.model_name,
+                                      split=make_split(args))
         except ValueError as exc:
             return fail("record", exc)
         shown = source.url

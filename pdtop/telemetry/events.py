@@ -139,6 +139,22 @@ class Quantiles:
 
 
 @dataclass
+class ScrapedSplit:
+    """`metrics.split`: an SGLang pdmux server's split, from its log (`--sglang-log`) or inferred from its
+    pdmux YAML (`--pdmux-config`) and the scraped batch; /metrics has none."""
+
+    source: str  # "log" | "config"
+    inferred: bool  # the level is what SGLang's rule would pick for the scraped batch, not read from the log
+    levels: list[tuple[int, int]]  # (prefill SMs, decode SMs); index = level; empty until known
+    level: int | None  # the level in force; null when neither the log nor the config tells
+    prefill_units: int | None  # SMs of the level in force
+    decode_units: int | None
+    level_time_s: list[float]  # seconds at each level since the server started (log only; else empty)
+    starts: int  # start-up lines read (more than one: the server restarted)
+    note: str | None = None  # why the log cannot be read now
+
+
+@dataclass
 class Metrics:
     """One scrape of a Prometheus `/metrics` page, as the panels show it. A figure the server does not
     expose is null and named in `not_exposed`; a rate is also null on the first scrape (nothing to compare
@@ -158,6 +174,8 @@ class Metrics:
     split_level: float | str | None = None  # pdtop's own /metrics only
     prefill_units: float | str | None = None
     decode_units: float | str | None = None
+    itl_read_p50_s: float | str | None = None  # ITL p50 of the gaps since the previous read alone
+    split: ScrapedSplit | None = None  # SGLang with --sglang-log / --pdmux-config
 
 
 Event = Hello | RoundRecord | RequestRecord | ConfigEvent | Hw | Dropped | Reply | ErrorNotice | Batch | Seek | Metrics

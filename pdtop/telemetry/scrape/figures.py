@@ -47,12 +47,16 @@ def figures(page: Page, model: str | None, window: Window, t: float) -> tuple[di
             out[figure.field] = finite(sum(window.increase(_key(s)) for s in samples) / span) if span > 0 else None
         else:
             out[figure.field] = quantiles(window, samples)
+            if figure.field == "itl":
+                out["itl_read_p50_s"] = quantiles(window, samples, last=True)["p50_s"]
     out["not_exposed"] = [f for f in FIELDS if f not in out]
     return out, resets
 
 
-def quantiles(window: Window, buckets: list[Sample]) -> dict[str, Any]:
-    """A histogram's `Quantiles` over the window, from the increase of each bucket summed by `le`."""
+def quantiles(window: Window, buckets: list[Sample], last: bool = False) -> dict[str, Any]:
+    """A histogram's `Quantiles` over the window, from the increase of each bucket summed by `le`
+    (`last`: over the time since the previous scrape alone)."""
+    increase = window.increase_last if last else window.increase
     by_bound: dict[float, float] = defaultdict(float)
     for s in buckets:
         try:
@@ -60,7 +64,7 @@ def quantiles(window: Window, buckets: list[Sample]) -> dict[str, Any]:
         except ValueError:
             continue
         if not math.isnan(bound):
-            by_bound[bound] += window.increase(_key(s))
+            by_bound[bound] += increase(_key(s))
     pairs = sorted(by_bound.items())
     count = by_bound.get(math.inf, math.nan)
     if not all(math.isfinite(c) for _, c in pairs) or not math.isfinite(count):

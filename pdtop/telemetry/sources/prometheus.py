@@ -19,7 +19,7 @@ import asyncio
 import errno
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -33,10 +33,14 @@ from pdtop.telemetry.scrape.window import Window
 from pdtop.telemetry.server.commands import Command
 from pdtop.telemetry.sources.source import ControlRefused
 
+if TYPE_CHECKING:
+    from pdtop.telemetry.sources.sglang_split import SglangSplit
+
 MAX_PAGE_BYTES = 4 << 20  # a busy vLLM page is well under 1 MiB
 MAX_RETRY_S = 30.0
 DEFAULT_INTERVAL_S = 1.0
 DEFAULT_WINDOW_S = 30.0
+LOG_POLL_S = 0.1  # how often a followed log is read between scrapes
 
 
 class ScrapeError(Exception):
@@ -69,14 +73,16 @@ class PrometheusSource:
     def __init__(self, url: str, *, token: str | None = None, interval: float = DEFAULT_INTERVAL_S,
                  model_name: str | None = None, window_s: float = DEFAULT_WINDOW_S,
                  max_bytes: int = MAX_PAGE_BYTES, timeout: float = 5.0,
-                 clock: Callable[[], float] = time.time) -> None:
-        """`clock`: the Unix time of a read (its `metrics` event's `time`, and what rates divide by)."""
+                 clock: Callable[[], float] = time.time, split: SglangSplit | None = None) -> None:
+        """`clock`: the Unix time of a read (its `metrics` event's `time`, and what rates divide by);
+        `split`: an SGLang server's split from its log or config, added to each `metrics` event."""
         if not interval > 0:
             raise ValueError(f"the interval must be positive, got {interval:g}")
         self._fetch_url = metrics_url(url)
         self.url = shown_url(self._fetch_url)
         self.token, self.interval, self.want_model = token, interval, model_name
         self.window_s, self.max_bytes, self.timeout, self.clock = window_s, max_bytes, timeout, clock
+        self.split = split
         self.state = "connecting"
         self.last_error: str | None = None
         self.retry_at: float | None = None
@@ -103,6 +109,8 @@ class PrometheusSource:
         self._closed = True
         self.state = "closed"
         self._wake.set()
+        if self.split is not None:
+            self.split.close()
 
     async def events(self) -> AsyncIterator[dict[str, Any]]:
         headers = {"Accept-Encoding": "identity"}  # the byte cap counts what the server sends
@@ -183,6 +191,10 @@ class PrometheusSource:
         if resets:
             out.append(error_event("metrics", f"{resets} counters went back: the server restarted? Rates and "
                                               "percentiles count on across it, as Prometheus's do"))
+        if self.split is not None:
+            split = self.split.fields(body)
+            if split is not None:
+                body["split"] = split
         out.append(metrics_event(body))
         self.scrapes += 1
         return out
@@ -210,11 +222,17 @@ class PrometheusSource:
         return [error_event("metrics", f"{self.url}: {reason}")]
 
     async def _sleep_until(self, deadline: float) -> None:
+        """Wait for `deadline` (time.monotonic()) or `close()`, reading a followed log meanwhile."""
         self._wake.clear()
-        try:
-            await asyncio.wait_for(self._wake.wait(), max(0.0, deadline - time.monotonic()))
-        except asyncio.TimeoutError:
-            pass
+        while not self._wake.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            try:
+                await asyncio.wait_for(self._wake.wait(), min(left, LOG_POLL_S) if self.split else left)
+            except asyncio.TimeoutError:
+                if self.split is not None:
+                    self.split.poll()
 
 
 def _read(text: str, content_type: str) -> Page:

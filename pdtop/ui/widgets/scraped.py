@@ -11,6 +11,7 @@ from pdtop.telemetry.events import Quantiles
 from pdtop.ui import format as fmt
 from pdtop.ui.chart import block_chart, fill_bar, split_bar
 from pdtop.ui.scrape_view import NOT_EXPOSED, ScrapeView, number
+from pdtop.ui.widgets import scraped_split
 
 if TYPE_CHECKING:
     from pdtop.ui.widgets.base import Panel
@@ -28,8 +29,10 @@ def not_exposed(panel: Panel, what: str, view: ScrapeView) -> Group:
 
 
 def split(panel: Panel, view: ScrapeView, width: int) -> Group:
-    """pdtop's own page has its split; vLLM and SGLang have none."""
+    """pdtop's own page has its split; vLLM and SGLang have none (SGLang's comes from its log or config)."""
     m = view.latest
+    if m is not None and m.split is not None:
+        return scraped_split.render(panel, view, m.split, width, panel.inner_height)
     if view.target.engine != "pdtop" or m is None or not view.exposed("split_level"):
         panel.border_title = "split"
         return Group(Text.assemble(("SM split: ", "dim"), (NOT_EXPOSED, "bold")),
