@@ -66,6 +66,9 @@ def make_source(args: argparse.Namespace, log_fd: int | None = None) -> Source:
     problem = check_scrape_arguments(args)
     if problem:
         raise ValueError(problem)
+    if not is_http(args.url) and not args.url.startswith(("ws://", "wss://")):
+        raise ValueError(f"not a ws:// or http:// URL: {args.url!r} (ws://HOST:PORT for pdtop serve, "
+                         "http://HOST:PORT for a /metrics page)")
     if is_http(args.url):
         source: Source = PrometheusSource(args.url, token=args.token, interval=args.interval,
                                           model_name=args.model_name, split=make_split(args, log_fd))

@@ -136,6 +136,7 @@ class Quantiles:
     p50_s: float | str | None
     p90_s: float | str | None
     p99_s: float | str | None
+    first_bound_s: float | None = None  # the lowest bucket's bound: a percentile at or below it is "< it"
 
 
 @dataclass

@@ -66,12 +66,14 @@ def quantiles(window: Window, buckets: list[Sample], last: bool = False) -> dict
         if not math.isnan(bound):
             by_bound[bound] += increase(_key(s))
     pairs = sorted(by_bound.items())
+    first = next((b for b, _ in pairs if 0 < b < math.inf), None)
     count = by_bound.get(math.inf, math.nan)
     if not all(math.isfinite(c) for _, c in pairs) or not math.isfinite(count):
-        return {"count": finite(count), **{name: "NaN" for name, _ in QUANTILES}}
+        return {"count": finite(count), **{name: "NaN" for name, _ in QUANTILES}, "first_bound_s": first}
     if count == 0:
-        return {"count": 0.0, **{name: None for name, _ in QUANTILES}}
-    return {"count": count, **{name: finite(histogram_quantile(q, pairs)) for name, q in QUANTILES}}
+        return {"count": 0.0, **{name: None for name, _ in QUANTILES}, "first_bound_s": first}
+    return {"count": count, **{name: finite(histogram_quantile(q, pairs)) for name, q in QUANTILES},
+            "first_bound_s": first}
 
 
 def finite(value: float) -> float | str:

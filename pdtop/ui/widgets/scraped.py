@@ -2,6 +2,7 @@
 function for it when `state.scrape` is set. What the server does not expose says so, never 0."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from rich.console import Group
@@ -20,6 +21,15 @@ if TYPE_CHECKING:
 def figure(value: float | str | None, shown: str) -> str:
     """`shown` for a finite figure; the word for NaN or an infinity (NaN, +Inf, -Inf)."""
     return value if isinstance(value, str) else shown
+
+
+def percentile(q: Quantiles, value: float | str | None, shown: Callable[[float | None], str]) -> str:
+    """A percentile as `shown` writes it; one in the lowest bucket as `< BOUND` (the histogram cannot tell
+    where below its first bound it is: interpolating from 0 would invent a figure)."""
+    number_ = number(value)
+    if number_ is not None and q.first_bound_s is not None and number_ <= q.first_bound_s:
+        return f"< {shown(q.first_bound_s)}"
+    return figure(value, shown(number_))
 
 
 def not_exposed(panel: Panel, what: str, view: ScrapeView) -> Group:
@@ -59,7 +69,7 @@ def _pair(label: str, q: Quantiles | None, exposed: bool, wide: bool) -> Text:
     for name, value in shown:
         if name == "p90" and not wide:
             continue
-        out.append_text(Text.assemble((f"{name} ", "dim"), f"{figure(value, fmt.duration(number(value)))}  "))
+        out.append_text(Text.assemble((f"{name} ", "dim"), f"{percentile(q, value, fmt.duration)}  "))
     out.append(f"n={figure(q.count, fmt.count(number(q.count)))}", "dim")
     return out
 
@@ -111,8 +121,8 @@ def latency_chart(panel: Panel, view: ScrapeView, slo: float | None, width: int,
     if not lanes:
         return not_exposed(panel, "latency histograms", view)
     itl = m.itl if m is not None else None
-    head = Text.assemble(("ITL p50 ", "dim"), figure(itl.p50_s, fmt.ms(number(itl.p50_s))) if itl else "–",
-                         ("  p99 ", "dim"), figure(itl.p99_s, fmt.ms(number(itl.p99_s))) if itl else "–")
+    head = Text.assemble(("ITL p50 ", "dim"), percentile(itl, itl.p50_s, fmt.ms) if itl else "–",
+                         ("  p99 ", "dim"), percentile(itl, itl.p99_s, fmt.ms) if itl else "–")
     if slo is not None:
         head.append_text(Text.assemble(("  SLO ", "dim"), (fmt.ms(slo), panel.colour("slo"))))
     axis = 9
