@@ -7,6 +7,7 @@ import stat
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from pdtop.telemetry.sources.fleet import FleetSource
     from pdtop.telemetry.sources.sglang_split import SglangSplit
 
 
@@ -86,3 +87,60 @@ def make_split(args: argparse.Namespace, log_fd: int | None = None) -> SglangSpl
     except EngineError as exc:
         raise ValueError(str(exc)) from None
     return SglangSplit(follower, config, spec.sms if spec else None, spec.cc_major if spec else 9)
+
+
+def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
+    """URL... (several: a fleet), and sglang_router's --prefill URL [BOOTSTRAP_PORT] / --decode URL."""
+    parser.add_argument("--prefill", nargs="+", action="append", metavar="URL",
+                        help="http:// URLs: a prefill server of a disaggregated fleet, as sglang_router takes it "
+                             "(URL [BOOTSTRAP_PORT]; the port is not needed here); repeat for each")
+    parser.add_argument("--decode", action="append", metavar="URL",
+                        help="http:// URLs: a decode server of a disaggregated fleet; repeat for each")
+
+
+def fleet_servers(args: argparse.Namespace) -> list[tuple[str, str | None]] | None:
+    """The fleet's (URL, role) when several servers are given, else None (and `args.url` is the one URL).
+    ValueError (one line) for a fleet that cannot be: a ws:// URL in it, a log or config option, none."""
+    urls = args.url if isinstance(args.url, list) else [args.url]
+    prefill = [p[0] for p in (getattr(args, "prefill", None) or [])]
+    decode = list(getattr(args, "decode", None) or [])
+    for p in getattr(args, "prefill", None) or []:
+        if len(p) > 2 or (len(p) == 2 and not p[1].isdigit()):
+            raise ValueError(f"--prefill takes URL [BOOTSTRAP_PORT], got {' '.join(p)!r}")
+    if not urls and not prefill and not decode:
+        raise ValueError("give a URL: ws://HOST:PORT (pdtop serve) or http://HOST:PORT (a /metrics page)")
+    if len(urls) == 1 and not prefill and not decode:
+        args.url = urls[0]
+        return None
+    servers: list[tuple[str, str | None]] = [(u, None) for u in urls]
+    servers += [(u, "prefill") for u in prefill] + [(u, "decode") for u in decode]
+    for url, _ in servers:
+        if not is_http(url):
+            raise ValueError(f"a fleet is read over http:// (/metrics pages): {url!r}")
+    for flag in ("sglang_log", "pdmux_config", "model_name"):
+        if getattr(args, flag, None) is not None:
+            raise ValueError(f"--{flag.replace('_', '-')} is for one server, not a fleet")
+    args.url = servers[0][0]
+    return servers
+
+
+def make_fleet(args: argparse.Namespace, servers: list[tuple[str, str | None]] | None,
+               probe: bool = True) -> FleetSource | None:
+    """The FleetSource for `servers`, or for a single http:// URL that is an SGLang Model Gateway (its
+    worker listing answers); None for a single server. ValueError for a bad URL."""
+    from pdtop.telemetry.sources.fleet import FleetSource
+    from pdtop.telemetry.sources.router import probe_router
+
+    interval = args.interval if args.interval is not None else 1.0
+    if servers is not None:
+        return FleetSource(servers, token=args.token, interval=interval)
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(args.url)
+    if not probe or not is_http(args.url) or parts.path not in ("", "/") or \
+            getattr(args, "sglang_log", None) or getattr(args, "pdmux_config", None):
+        return None
+    workers = probe_router(args.url, args.token)
+    if workers is None:
+        return None
+    return FleetSource([], router=args.url, token=args.token, interval=interval)

@@ -17,6 +17,11 @@ split: the start-up line gives the levels, each 'Adjusting stream groups' line (
 --log-level debug) the level in force. --pdmux-config FILE (the server's YAML; with --gpu when there
 is no log) gives the levels, and the level SGLang would pick for the scraped batch, shown as inferred.
 
+Several http:// URLs (or --prefill URL / --decode URL, as sglang_router takes them) watch a fleet:
+one row per server with its role, figures and address, the KV-transfer panel and the prefill:decode
+balance in words; Enter opens a server's own view, Escape returns. An SGLang Model Gateway's address
+gives its workers (its GET /workers listing).
+
 Examples:
   pdtop attach ws://127.0.0.1:8765 --token "$TOKEN"
   PDTOP_TOKEN=... pdtop attach ws://gpu-box:8765
@@ -26,6 +31,8 @@ Examples:
   pdtop attach http://gpu-box:30000 --sglang-log sglang.log
   python -m sglang.launch_server ... 2>&1 | pdtop attach http://127.0.0.1:30000 --sglang-log -
   pdtop attach http://gpu-box:30000 --pdmux-config pdmux.yaml --gpu H100
+  pdtop attach --prefill http://p1:30000 8998 --decode http://d1:30001 --decode http://d2:30001
+  pdtop attach http://router:30000
 """
 from __future__ import annotations
 
@@ -35,7 +42,15 @@ import sys
 from typing import TYPE_CHECKING
 
 from pdtop.commands._common import fail
-from pdtop.commands._scrape import add_scrape_arguments, check_scrape_arguments, is_http, make_split
+from pdtop.commands._scrape import (
+    add_fleet_arguments,
+    add_scrape_arguments,
+    check_scrape_arguments,
+    fleet_servers,
+    is_http,
+    make_fleet,
+    make_split,
+)
 from pdtop.ui.cli_args import DEFAULT_INTERVAL_S, add_ui_arguments
 
 if TYPE_CHECKING:
@@ -44,7 +59,10 @@ if TYPE_CHECKING:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("url", metavar="URL", help="ws://HOST:PORT (pdtop serve) or http://HOST:PORT (a /metrics page)")
+    parser.add_argument("url", metavar="URL", nargs="*",
+                        help="ws://HOST:PORT (pdtop serve) or http://HOST:PORT (a /metrics page); several http:// "
+                             "URLs, or an SGLang Model Gateway's address, watch a fleet")
+    add_fleet_arguments(parser)
     parser.add_argument("--token", default=os.environ.get("PDTOP_TOKEN"),
                         help="ws://: the server's control token; http://: sent as `Authorization: Bearer TOKEN` "
                              "(default: $PDTOP_TOKEN)")
@@ -63,9 +81,14 @@ def make_source(args: argparse.Namespace, log_fd: int | None = None) -> Source:
     from pdtop.telemetry.sources.live import LiveSource
     from pdtop.telemetry.sources.prometheus import PrometheusSource
 
+    servers = fleet_servers(args)
     problem = check_scrape_arguments(args)
     if problem:
         raise ValueError(problem)
+    fleet = make_fleet(args, servers, probe=log_fd is None)
+    if fleet is not None:
+        args.interval = DEFAULT_INTERVAL_S
+        return fleet
     if not is_http(args.url) and not args.url.startswith(("ws://", "wss://")):
         raise ValueError(f"not a ws:// or http:// URL: {args.url!r} (ws://HOST:PORT for pdtop serve, "
                          "http://HOST:PORT for a /metrics page)")
@@ -82,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
     from pdtop.ui.launch import run_dashboard
 
     try:
-        log_fd = _take_piped_log() if getattr(args, "sglang_log", None) == "-" and is_http(args.url) else None
+        piped = getattr(args, "sglang_log", None) == "-" and isinstance(args.url, list) and len(args.url) == 1
+        log_fd = _take_piped_log() if piped and is_http(args.url[0]) else None
         source = make_source(args, log_fd)
     except ValueError as exc:
         return fail("attach", exc)

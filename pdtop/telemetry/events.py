@@ -38,6 +38,15 @@ class ScrapeTarget:
 
 
 @dataclass
+class FleetTarget:
+    """`hello.fleet`: several `/metrics` pages watched together (`pdtop attach URL URL ...`)."""
+
+    interval_s: float  # seconds between reads of each page
+    window_s: float  # seconds the rates and percentiles cover
+    router: str | None  # the SGLang Model Gateway whose worker listing gave the servers
+
+
+@dataclass
 class Hello:
     """The first event on every connection, and the header of a recording. A pdtop server describes its
     engine; a scraped `/metrics` page has no engine description, and `scrape` says what is scraped."""
@@ -48,6 +57,7 @@ class Hello:
     engine: EngineDescription | None
     api: str | None = None  # the OpenAI-compatible API's base URL (http://HOST:PORT/v1), when the server runs one
     scrape: ScrapeTarget | None = None
+    fleet: FleetTarget | None = None
 
 
 @dataclass
@@ -156,6 +166,25 @@ class ScrapedSplit:
 
 
 @dataclass
+class Disagg:
+    """`metrics.disagg`: prefill/decode disaggregation figures (SGLang's PD metrics, vLLM's NIXL ones);
+    each null where the page lacks it. Latency, speed and size are p50 over the window (a histogram)
+    or the latest value (older SGLang's gauges); failures count the window's increase."""
+
+    prefill_bootstrap_queue: float | str | None = None  # requests (prefill server)
+    prefill_inflight_queue: float | str | None = None
+    decode_prealloc_queue: float | str | None = None  # requests (decode server)
+    decode_transfer_queue: float | str | None = None
+    kv_transfer_latency_ms: float | str | None = None
+    kv_transfer_speed_gb_s: float | str | None = None
+    kv_transfer_mb: float | str | None = None  # per transfer
+    bootstrap_failures: float | str | None = None
+    transfer_failures: float | str | None = None
+    prefill_retries: float | str | None = None
+    transfer_metrics: str | None = None  # "gauge", "histogram", "nixl": which kind the transfer figures are
+
+
+@dataclass
 class Metrics:
     """One scrape of a Prometheus `/metrics` page, as the panels show it. A figure the server does not
     expose is null and named in `not_exposed`; a rate is also null on the first scrape (nothing to compare
@@ -177,11 +206,40 @@ class Metrics:
     decode_units: float | str | None = None
     itl_read_p50_s: float | str | None = None  # ITL p50 of the gaps since the previous read alone
     split: ScrapedSplit | None = None  # SGLang with --sglang-log / --pdmux-config
+    role: str | None = None  # SGLang's `engine_type` label: "unified", "prefill" or "decode"
+    disagg: Disagg | None = None
 
 
-Event = Hello | RoundRecord | RequestRecord | ConfigEvent | Hw | Dropped | Reply | ErrorNotice | Batch | Seek | Metrics
+@dataclass
+class FleetServer:
+    """One server of a fleet: where it is, its role, whether it answers, and its latest read."""
+
+    url: str  # its /metrics page, without credentials
+    address: str  # host:port
+    role: str  # "unified" | "prefill" | "decode"
+    role_from: str  # "engine_type" (SGLang's label), "option" (--prefill/--decode), "router", "default"
+    state: str  # "connecting" | "live" | "stale" (it stopped answering; its last read is kept)
+    reason: str | None  # why it is not live, in one line
+    engine: str | None  # "vllm" | "sglang" | "pdtop" once read
+    model_name: str | None
+    reads: int  # good reads so far
+    last_read: float | None  # Unix time of the latest good read
+    metrics: Metrics | None  # the latest good read
+
+
+@dataclass
+class Fleet:
+    """Every server of a fleet, once per read interval (`hello.fleet` came first)."""
+
+    time: float  # Unix seconds
+    servers: list[FleetServer]
+
+
+Event = (Hello | RoundRecord | RequestRecord | ConfigEvent | Hw | Dropped | Reply | ErrorNotice | Batch | Seek | Metrics
+         | Fleet)
 
 EVENT_CLASSES: dict[str, type] = {
     "hello": Hello, "round": RoundRecord, "request": RequestRecord, "config": ConfigEvent, "hw": Hw,
     "dropped": Dropped, "reply": Reply, "error": ErrorNotice, "batch": Batch, "seek": Seek, "metrics": Metrics,
+    "fleet": Fleet,
 }

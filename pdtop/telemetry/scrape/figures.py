@@ -12,6 +12,8 @@ from typing import Any
 
 from prometheus_client.samples import Sample
 
+from pdtop.telemetry.scrape.disagg import counters as disagg_counters
+from pdtop.telemetry.scrape.disagg import disagg
 from pdtop.telemetry.scrape.names import ENGINES, FIELDS, HISTOGRAM, MEAN, RATE, SUM, Figure
 from pdtop.telemetry.scrape.page import Page
 from pdtop.telemetry.scrape.quantile import histogram_quantile
@@ -35,6 +37,7 @@ def figures(page: Page, model: str | None, window: Window, t: float) -> tuple[di
                 chosen.append((figure, samples))
                 break
     counters = {_key(s): s.value for figure, samples in chosen if figure.how in (RATE, HISTOGRAM) for s in samples}
+    counters |= disagg_counters(by_name, _key)
     resets = window.add(t, counters)
     span = window.span_s
     out: dict[str, Any] = {"time": t, "window_s": span}
@@ -50,6 +53,9 @@ def figures(page: Page, model: str | None, window: Window, t: float) -> tuple[di
             if figure.field == "itl":
                 out["itl_read_p50_s"] = quantiles(window, samples, last=True)["p50_s"]
     out["not_exposed"] = [f for f in FIELDS if f not in out]
+    out["role"] = next((s.labels["engine_type"] for s in page.samples if "engine_type" in s.labels
+                        and (model is None or s.labels.get("model_name") == model)), None)
+    out["disagg"] = disagg(by_name, window, _key, quantiles, finite)
     return out, resets
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from pdtop.telemetry.scrape.disagg import sample_names
 from pdtop.telemetry.scrape.names import ENGINES
 
 PREFIXES = {engine: engine + ":" for engine in ENGINES}  # vllm: sglang: pdtop:
@@ -69,7 +70,7 @@ def what_it_is(text: str, content_type: str) -> str:
 
 def _line_starts(engine: str) -> tuple[str, ...]:
     """The beginnings of the sample lines pdtop reads: `name{` and `name ` of every sample name."""
-    starts: list[str] = []
+    starts: list[str] = [name + end for name in sample_names() for end in ("{", " ")]
     for figure in ENGINES[engine]:
         for name in figure.names:
             for sample in figure.sample_names(name):
