@@ -101,7 +101,7 @@ def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
 def fleet_servers(args: argparse.Namespace) -> list[tuple[str, str | None]] | None:
     """The fleet's (URL, role) when several servers are given, else None (and `args.url` is the one URL).
     ValueError (one line) for a fleet that cannot be: a ws:// URL in it, a log or config option, none."""
-    urls = args.url if isinstance(args.url, list) else [args.url]
+    urls = ([args.url] if args.url else []) + list(getattr(args, "more_urls", None) or [])
     prefill = [p[0] for p in (getattr(args, "prefill", None) or [])]
     decode = list(getattr(args, "decode", None) or [])
     for p in getattr(args, "prefill", None) or []:

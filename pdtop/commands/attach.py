@@ -59,9 +59,10 @@ if TYPE_CHECKING:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("url", metavar="URL", nargs="*",
+    parser.add_argument("url", metavar="URL", nargs="?",
                         help="ws://HOST:PORT (pdtop serve) or http://HOST:PORT (a /metrics page); several http:// "
                              "URLs, or an SGLang Model Gateway's address, watch a fleet")
+    parser.add_argument("more_urls", metavar="URL ...", nargs="*", help="more http:// URLs: a fleet")
     add_fleet_arguments(parser)
     parser.add_argument("--token", default=os.environ.get("PDTOP_TOKEN"),
                         help="ws://: the server's control token; http://: sent as `Authorization: Bearer TOKEN` "
@@ -105,8 +106,8 @@ def run(args: argparse.Namespace) -> int:
     from pdtop.ui.launch import run_dashboard
 
     try:
-        piped = getattr(args, "sglang_log", None) == "-" and isinstance(args.url, list) and len(args.url) == 1
-        log_fd = _take_piped_log() if piped and is_http(args.url[0]) else None
+        piped = getattr(args, "sglang_log", None) == "-" and not args.more_urls and args.url
+        log_fd = _take_piped_log() if piped and is_http(args.url) else None
         source = make_source(args, log_fd)
     except ValueError as exc:
         return fail("attach", exc)
