@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -27,6 +27,7 @@ import httpx
 from pdtop.telemetry.encode import error_event, metrics_event, scrape_hello_event
 from pdtop.telemetry.events import Reply
 from pdtop.telemetry.scrape.figures import figures
+from pdtop.telemetry.scrape.http_get import ClosedMidAnswer, NotHttp, PlainHttp, TooBig
 from pdtop.telemetry.scrape.names import ENGINE_NAMES
 from pdtop.telemetry.scrape.page import Page, PageError, read_page
 from pdtop.telemetry.scrape.window import Window
@@ -40,6 +41,7 @@ MAX_PAGE_BYTES = 4 << 20  # a busy vLLM page is well under 1 MiB
 MAX_RETRY_S = 30.0
 DEFAULT_INTERVAL_S = 1.0
 DEFAULT_WINDOW_S = 30.0
+INLINE_PARSE_CHARS = 256 << 10  # a page this small is parsed on the loop (about 1 ms); larger ones in a thread
 LOG_POLL_S = 0.1  # how often a followed log is read between scrapes
 
 
@@ -83,6 +85,7 @@ class PrometheusSource:
         self.token, self.interval, self.want_model = token, interval, model_name
         self.window_s, self.max_bytes, self.timeout, self.clock = window_s, max_bytes, timeout, clock
         self.split = split
+        self._plain = _plain_http(self._fetch_url, token, max_bytes)
         self.state = "connecting"
         self.last_error: str | None = None
         self.retry_at: float | None = None
@@ -111,6 +114,8 @@ class PrometheusSource:
         self._wake.set()
         if self.split is not None:
             self.split.close()
+        if self._plain is not None:
+            await self._plain.close()
 
     async def events(self) -> AsyncIterator[dict[str, Any]]:
         headers = {"Accept-Encoding": "identity"}  # the byte cap counts what the server sends
@@ -122,7 +127,8 @@ class PrometheusSource:
                     started = time.monotonic()
                     try:
                         text, content_type = await self._fetch(client)
-                        page = await asyncio.to_thread(_read, text, content_type)
+                        page = _read(text, content_type) if len(text) <= INLINE_PARSE_CHARS else \
+                            await asyncio.to_thread(_read, text, content_type)
                         out = self._scraped(page, self.clock())
                     except ScrapeError as exc:
                         out = self._failed(str(exc))
@@ -144,10 +150,24 @@ class PrometheusSource:
 
     async def _read_body(self, client: httpx.AsyncClient) -> tuple[str, str]:
         too_big = f"the page is over {self.max_bytes / (1 << 20):g} MiB: pdtop reads at most that much of /metrics"
+        if self._plain is not None:
+            try:
+                answer = await self._plain.get()
+            except TooBig:
+                raise ScrapeError(too_big) from None
+            except ClosedMidAnswer:
+                raise ScrapeError("the server closed the connection in the middle of its answer") from None
+            except NotHttp as exc:
+                raise ScrapeError(f"not an HTTP server ({exc})") from None
+            except OSError as exc:
+                raise ScrapeError(why_unreachable(exc)) from None
+            if answer.status != 200:
+                raise ScrapeError(self._status(answer.status, answer.reason, answer.headers))
+            return answer.body.decode("utf-8", errors="replace"), answer.headers.get("content-type", "")
         try:
             async with client.stream("GET", self._fetch_url) as response:
                 if response.status_code != 200:
-                    raise ScrapeError(self._status(response))
+                    raise ScrapeError(self._status(response.status_code, response.reason_phrase, response.headers))
                 length = response.headers.get("content-length", "")
                 if length.isdigit() and int(length) > self.max_bytes:
                     raise ScrapeError(too_big)
@@ -165,14 +185,14 @@ class PrometheusSource:
         except httpx.HTTPError as exc:
             raise ScrapeError(why_unreachable(exc)) from None
 
-    def _status(self, response: httpx.Response) -> str:
-        code = f"HTTP {response.status_code} {response.reason_phrase}".strip()
-        if response.status_code in (401, 403):
+    def _status(self, status: int, reason: str, headers: Mapping[str, str]) -> str:
+        code = f"HTTP {status} {reason}".strip()
+        if status in (401, 403):
             return f"{code}: " + ("the token was refused" if self.token else "the server wants a token (--token)")
-        if response.status_code == 404:
+        if status == 404:
             return f"{code}: no /metrics at this address (SGLang serves it with --enable-metrics)"
-        if response.is_redirect:
-            return f"{code}: redirected to {shown_url(response.headers.get('location', '?'))} (a login page?)"
+        if status in (301, 302, 303, 307, 308) and "location" in headers:
+            return f"{code}: redirected to {shown_url(headers.get('location', '?'))} (a login page?)"
         return code
 
     def _scraped(self, page: Page, now: float) -> list[dict[str, Any]]:
@@ -233,6 +253,19 @@ class PrometheusSource:
             except asyncio.TimeoutError:
                 if self.split is not None:
                     self.split.poll()
+
+
+def _plain_http(url: str, token: str | None, max_bytes: int) -> PlainHttp | None:
+    """The plain-HTTP reader for an http:// URL pdtop can ask itself (no credentials in it, no IPv6
+    literal); None for the rest, which httpx reads."""
+    parts = urlsplit(url)
+    if parts.scheme != "http" or "@" in parts.netloc or parts.hostname is None or ":" in parts.hostname:
+        return None
+    headers = {"Accept-Encoding": "identity", "User-Agent": "pdtop", "Accept": "*/*"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return PlainHttp(parts.hostname, parts.port or 80, target, headers, max_bytes)
 
 
 def _read(text: str, content_type: str) -> Page:
