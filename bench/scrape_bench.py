@@ -126,7 +126,7 @@ def build_sglang(role: str):
 
 
 def serve_fleet(port_out, n: int) -> None:
-    """N SGLang pages, each on its own port, values changed twice a second."""
+    """N SGLang pages, each on its own port (HTTP/1.1 keep-alive), values changed twice a second."""
     import random
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -156,6 +156,8 @@ def serve_fleet(port_out, n: int) -> None:
     for registry, *_ in pages:
         def handler(registry=registry):
             class Handler(BaseHTTPRequestHandler):
+                protocol_version = "HTTP/1.1"  # keep-alive, as uvicorn (SGLang's, vLLM's server) does
+
                 def do_GET(self) -> None:
                     with lock:
                         body = generate_latest(registry)
