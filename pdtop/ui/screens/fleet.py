@@ -41,9 +41,9 @@ def queues(s: FleetServer) -> str:
     d = s.metrics.disagg if s.metrics is not None else None
     if d is None:
         return ""
-    if s.role == "prefill":
+    if s.role == "prefill" and (d.prefill_bootstrap_queue, d.prefill_inflight_queue) != (None, None):
         return f"boot {_n(d.prefill_bootstrap_queue)} · infl {_n(d.prefill_inflight_queue)}"
-    if s.role == "decode":
+    if s.role == "decode" and (d.decode_prealloc_queue, d.decode_transfer_queue) != (None, None):
         return f"prealloc {_n(d.decode_prealloc_queue)} · xfer {_n(d.decode_transfer_queue)}"
     return ""
 
@@ -131,7 +131,7 @@ class FleetScreen(Screen[None]):
             table.clear(columns=True)
             self._rows = []
             names = ["role", "address", "state", "run", "wait", "KV", "TTFT p99", "ITL p99", "out tok/s"]
-            table.add_columns(*([*names, "queues", "engine"] if wide else names))
+            table.add_columns(*([*names, "queues", "engine"] if wide else [*names[:6], "ITL p99", "tok/s"]))
         self._fill(table, fleet, wide)
         self.query_one("#fleet-head", Static).update(self._head(fleet))
         self.query_one("#fleet-kv", Static).update(Text("\n").join(transfer_lines(fleet.servers, self.size.width)))
@@ -163,6 +163,8 @@ class FleetScreen(Screen[None]):
             _p99(m, "ttft"), _p99(m, "itl"), _n(m.generation_tokens_per_s if m else None)]
         if wide:
             cells += [queues(s), s.engine or "?"]
+        else:  # 80 columns: no TTFT (the server's own view has it)
+            del cells[6]
         if s.state != "live":
             cells = [Text(c.plain if isinstance(c, Text) else c, "dim") for c in cells]
         return cells
