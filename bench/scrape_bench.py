@@ -161,11 +161,14 @@ def serve_fleet(port_out, n: int) -> None:
                 def do_GET(self) -> None:
                     with lock:
                         body = generate_latest(registry)
-                    self.send_response(200)
-                    self.send_header("Content-Type", CONTENT_TYPE_LATEST)
-                    self.send_header("Content-Length", str(len(body)))
-                    self.end_headers()
-                    self.wfile.write(body)
+                    try:
+                        self.send_response(200)
+                        self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+                        self.send_header("Content-Length", str(len(body)))
+                        self.end_headers()
+                        self.wfile.write(body)
+                    except (BrokenPipeError, ConnectionResetError):  # the dashboard went at the end
+                        self.close_connection = True
 
                 def log_message(self, *args) -> None:
                     pass

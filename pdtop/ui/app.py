@@ -191,8 +191,8 @@ class PdtopApp(ReplayActions):
     # ---- repaint ----------------------------------------------------------------------------
 
     def _tick(self) -> None:
-        if not self.screen_stack:  # a repaint queued as the app shuts down
-            return
+        if not self.screen_stack or isinstance(self.screen, FleetScreen):  # shutting down; or the main screen is
+            return  # under the fleet's table, which paints itself (popping it repaints: the key is forced below)
         main = self.screen_stack[0]  # the main screen, even under a modal one
         try:
             header, status = main.query_one(HeaderBar), main.query_one(StatusLine)
@@ -210,9 +210,8 @@ class PdtopApp(ReplayActions):
         self.repaints += 1
         view.itl_slo_s, view.recording = self.state.itl_slo_s, self.state.recording
         header.paint(view, self.connection, self.readonly, frozen=self.frozen is not None, address=self.source.url)
-        if not isinstance(self.screen, FleetScreen):  # under the fleet's table the panels are not seen
-            for panel in main.query(Panel):
-                panel.paint(view, force)
+        for panel in main.query(Panel):
+            panel.paint(view, force)
         self.state.shown_level = view.level
         if transport is not None:
             main.query_one(ReplayBar).paint(transport)
