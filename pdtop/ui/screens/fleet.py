@@ -9,15 +9,21 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.screen import Screen
-from textual.widgets import DataTable, Label, Static
+from textual.widgets import Label, Static
 
 from pdtop.telemetry.events import FleetServer, Metrics
 from pdtop.ui import format as fmt
 from pdtop.ui.fleet_view import FleetView, show_server
 from pdtop.ui.scrape_view import number
 from pdtop.ui.state import DashboardState
+from pdtop.ui.widgets.fleet_table import FleetTable
 
 WIDE = 120  # columns from which the table has every column
+# (name, width) of the table's columns; 80 columns drop TTFT (the server's own view has it), queues, engine
+COLUMNS = (("role", 8), ("address", 22), ("state", 42), ("run", 5), ("wait", 5), ("KV", 5), ("TTFT p99", 9),
+           ("ITL p99", 9), ("tok/s", 7), ("queues", 22), ("engine", 6))
+NARROW = {1: 21, 2: 14, 3: 4, 4: 4, 5: 4, 7: 8, 8: 6}  # the widths that differ at 80 columns
+NARROW_DROPPED = (6, 9, 10)
 ROLE_STYLE = {"prefill": "prefill", "decode": "decode"}
 
 
@@ -83,7 +89,8 @@ class FleetScreen(Screen[None]):
     DEFAULT_CSS = """
     FleetScreen { layout: vertical; }
     FleetScreen #fleet-head { height: 1; padding: 0 1; }
-    FleetScreen DataTable { height: 1fr; }
+    FleetScreen #fleet-columns { height: 1; padding: 0 1; }
+    FleetScreen FleetTable { padding: 0 1; }
     FleetScreen #fleet-kv { height: auto; max-height: 8; border: round $accent; padding: 0 1; }
     FleetScreen #fleet-balance { height: auto; padding: 0 1; }
     FleetScreen .hint { height: 1; padding: 0 1; color: $text-muted; }
@@ -93,9 +100,6 @@ class FleetScreen(Screen[None]):
         super().__init__()
         self._painted: tuple[object, ...] = ()
         self._wide: bool | None = None
-        self._rows: list[str] = []  # the servers the table's rows are, in order
-        self._rows_wide: bool | None = None
-        self._shown: dict[str, list[Text | str]] = {}
 
     @property
     def dashboard(self) -> DashboardState:
@@ -103,13 +107,15 @@ class FleetScreen(Screen[None]):
 
     def compose(self) -> ComposeResult:
         yield Static(id="fleet-head")
-        yield DataTable(id="fleet-table", cursor_type="row", zebra_stripes=True)
+        yield Static(id="fleet-columns")
+        yield FleetTable(id="fleet-table")
         yield Static(id="fleet-kv")
         yield Static(id="fleet-balance")
         yield Label("↑↓ choose · enter: that server's view (escape there: back here) · q: quit", classes="hint")
 
     def on_mount(self) -> None:
         self.query_one("#fleet-kv", Static).border_title = "KV transfer"
+        self.query_one(FleetTable).focus()
         self.set_interval(0.25, self.paint, name="pdtop-fleet")
         self.paint()
 
@@ -125,14 +131,11 @@ class FleetScreen(Screen[None]):
         if key == self._painted:
             return
         self._painted = key
-        table = self.query_one(DataTable)
         if wide != self._wide:
             self._wide = wide
-            table.clear(columns=True)
-            self._rows = []
-            names = ["role", "address", "state", "run", "wait", "KV", "TTFT p99", "ITL p99", "out tok/s"]
-            table.add_columns(*([*names, "queues", "engine"] if wide else [*names[:6], "ITL p99", "tok/s"]))
-        self._fill(table, fleet, wide)
+            self.query_one("#fleet-columns", Static).update(Text(self._line(
+                [name for name, _ in COLUMNS], wide), "bold dim"))
+        self.query_one(FleetTable).show([(s.url, self._row(s, wide)) for s in fleet.servers])
         self.query_one("#fleet-head", Static).update(self._head(fleet))
         self.query_one("#fleet-kv", Static).update(Text("\n").join(transfer_lines(fleet.servers, self.size.width)))
         severity, words = fleet.balance()
@@ -152,49 +155,36 @@ class FleetScreen(Screen[None]):
             head.append(f" · router {fleet.target.router}", "dim")
         return head
 
-    def _cells(self, s: FleetServer, wide: bool) -> list[Text | str]:
+    @staticmethod
+    def _line(cells: list[str], wide: bool) -> str:
+        out = []
+        for i, ((_, width), cell) in enumerate(zip(COLUMNS, cells, strict=False)):
+            if not wide and i in NARROW_DROPPED:
+                continue
+            width = width if wide else NARROW.get(i, width)
+            out.append(fmt.fit(cell, width).ljust(width))
+        return " ".join(out).rstrip()
+
+    def _row(self, s: FleetServer, wide: bool) -> Text:
+        """One server's line: stale or not yet read, dimmed; the role in its side's colour."""
         m = s.metrics
         state = s.state if s.reason is None else f"{s.state}: {s.reason}"
         kv = number(m.kv_usage) if m is not None else None
-        cells: list[Text | str] = [
-            Text(s.role, "bold"), s.address,
-            Text(fmt.fit(state, 40 if wide else 14), "bold" if s.state == "stale" else ""),
-            _n(m.running if m else None), _n(m.waiting if m else None), fmt.percent(kv),
-            _p99(m, "ttft"), _p99(m, "itl"), _n(m.generation_tokens_per_s if m else None)]
-        if wide:
-            cells += [queues(s), s.engine or "?"]
-        else:  # 80 columns: no TTFT (the server's own view has it)
-            del cells[6]
-        if s.state != "live":
-            cells = [Text(c.plain if isinstance(c, Text) else c, "dim") for c in cells]
-        return cells
+        cells = [s.role, s.address, state, _n(m.running if m else None), _n(m.waiting if m else None),
+                 fmt.percent(kv), _p99(m, "ttft"), _p99(m, "itl"), _n(m.generation_tokens_per_s if m else None),
+                 queues(s), s.engine or "?"]
+        line = Text(self._line(cells, wide), "dim" if s.state != "live" else "", no_wrap=True, overflow="crop")
+        colour = self.app.theme_variables.get(ROLE_STYLE.get(s.role, ""), "")
+        line.stylize(f"bold {colour}".strip(), 0, len(s.role))
+        if s.state == "stale":
+            start = 9 + (COLUMNS[1][1] if wide else NARROW[1]) + 1
+            line.stylize("bold", start, start + len(fmt.fit(state, COLUMNS[2][1] if wide else NARROW[2])))
+        return line
 
-    def _fill(self, table: DataTable[Text | str], fleet: FleetView, wide: bool) -> None:
-        """The rows, changed in place where the servers are the same (a 32-row table rebuilt every read
-        would cost the screen its keys' responsiveness)."""
-        urls = [s.url for s in fleet.servers]
-        rows = {s.url: self._cells(s, wide) for s in fleet.servers}
-        if urls != self._rows or wide != self._rows_wide:
-            cursor = table.cursor_row
-            table.clear()
-            for url in urls:
-                table.add_row(*rows[url], key=url)
-            self._rows, self._rows_wide, self._shown = urls, wide, rows
-            if urls:
-                table.move_cursor(row=min(max(0, cursor), len(urls) - 1))
-            return
-        columns = list(table.columns)
-        for url, cells in rows.items():
-            before = self._shown.get(url, [])
-            for i, cell in enumerate(cells):
-                if i >= len(before) or before[i] != cell:
-                    table.update_cell(url, columns[i], cell)
-        self._shown = rows
-
-    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+    def on_fleet_table_chosen(self, event: FleetTable.Chosen) -> None:
         fleet = self.dashboard.fleet
-        if fleet is None or event.row_key.value is None:
+        if fleet is None:
             return
-        show_server(self.dashboard, fleet.select(str(event.row_key.value)))
+        show_server(self.dashboard, fleet.select(event.key))
         self.app.pop_screen()
         self.app.repaint_soon()  # type: ignore[attr-defined]
