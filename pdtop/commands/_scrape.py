@@ -91,7 +91,7 @@ def make_split(args: argparse.Namespace, log_fd: int | None = None) -> SglangSpl
 
 def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
     """URL... (several: a fleet), and sglang_router's --prefill URL [BOOTSTRAP_PORT] / --decode URL."""
-    parser.add_argument("--prefill", nargs="+", action="append", metavar="URL",
+    parser.add_argument("--prefill", nargs="+", action="append", metavar=("URL", "BOOTSTRAP_PORT"),
                         help="http:// URLs: a prefill server of a disaggregated fleet, as sglang_router takes it "
                              "(URL [BOOTSTRAP_PORT]; the port is not needed here); repeat for each")
     parser.add_argument("--decode", action="append", metavar="URL",

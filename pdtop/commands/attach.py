@@ -62,7 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("url", metavar="URL", nargs="?",
                         help="ws://HOST:PORT (pdtop serve) or http://HOST:PORT (a /metrics page); several http:// "
                              "URLs, or an SGLang Model Gateway's address, watch a fleet")
-    parser.add_argument("more_urls", metavar="URL ...", nargs="*", help="more http:// URLs: a fleet")
+    parser.add_argument("more_urls", metavar="URL", nargs="*", help="more http:// URLs: a fleet")
     add_fleet_arguments(parser)
     parser.add_argument("--token", default=os.environ.get("PDTOP_TOKEN"),
                         help="ws://: the server's control token; http://: sent as `Authorization: Bearer TOKEN` "

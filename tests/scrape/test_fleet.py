@@ -222,3 +222,23 @@ def test_bad_fleet_options_are_one_line():
         with pytest.raises(ValueError, match=None) as refused:
             attach.make_source(_args(*argv))
         assert said in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_worker_listings_of_both_gateway_shapes_and_what_is_no_listing():
+    from pdtop.telemetry.sources.router import MAX_WORKERS, NotARouter, probe_router, workers_of
+
+    newer = {"workers": [{"url": "http://p:1", "worker_type": "prefill"}, {"url": "http://d:2", "worker_type": "decode"},
+                         {"url": "http://r:3", "worker_type": "regular"}, {"url": "grpc://g:4"}, {"no": "url"}, 7],
+             "total": 6}
+    assert workers_of(newer) == [("http://p:1", "prefill"), ("http://d:2", "decode"), ("http://r:3", "unified")]
+    assert workers_of({"urls": ["http://a:1", 5, "ftp://x"]}) == [("http://a:1", None)]
+    assert len(workers_of({"urls": [f"http://h:{i}" for i in range(10 * MAX_WORKERS)]})) == MAX_WORKERS
+    for not_one in ({"models": []}, [], "text", {"workers": "x"}):
+        with pytest.raises(NotARouter):
+            workers_of(not_one)
+    huge = PageServer()
+    huge.body = b'{"urls": ["' + b"x" * (3 << 20) + b'"]}'  # over the 1 MiB a listing may be: not read on
+    try:
+        assert probe_router(huge.url) is None
+    finally:
+        huge.close()

@@ -36,19 +36,31 @@ def workers_of(listing: Any) -> list[tuple[str, str | None]]:
     raise NotARouter("not a worker listing")
 
 
-def _listing(response: httpx.Response) -> list[tuple[str, str | None]] | None:
-    if response.status_code != 200 or len(response.content) > MAX_LISTING_BYTES:
+def _listing(status: int, body: bytes | None) -> list[tuple[str, str | None]] | None:
+    if status != 200 or body is None:
         return None
     try:
-        return workers_of(json.loads(response.content))
+        return workers_of(json.loads(body))
     except (ValueError, NotARouter):
         return None
+
+
+async def _read_capped(client: httpx.AsyncClient, url: str) -> tuple[int, bytes | None]:
+    """The status and body, None for a body over MAX_LISTING_BYTES (reading stops there)."""
+    async with client.stream("GET", url) as response:
+        chunks, size = [], 0
+        async for chunk in response.aiter_bytes():
+            size += len(chunk)
+            if size > MAX_LISTING_BYTES:
+                return response.status_code, None
+            chunks.append(chunk)
+        return response.status_code, b"".join(chunks)
 
 
 async def list_workers(client: httpx.AsyncClient, base: str) -> list[tuple[str, str | None]]:
     """The gateway's workers; NotARouter when `base` is no gateway, httpx.HTTPError when unreachable."""
     for path in LISTINGS:
-        workers = _listing(await client.get(base.rstrip("/") + path))
+        workers = _listing(*await _read_capped(client, base.rstrip("/") + path))
         if workers is not None:
             return workers
     raise NotARouter(f"{base} gives no worker listing (GET /workers or /list_workers)")
@@ -61,7 +73,14 @@ def probe_router(base: str, token: str | None = None, timeout: float = 1.5) -> l
     try:
         with httpx.Client(timeout=timeout, headers=headers, follow_redirects=False) as client:
             for path in LISTINGS:
-                workers = _listing(client.get(base.rstrip("/") + path))
+                with client.stream("GET", base.rstrip("/") + path) as response:
+                    body, size = [], 0
+                    for chunk in response.iter_bytes():
+                        size += len(chunk)
+                        if size > MAX_LISTING_BYTES:
+                            break
+                        body.append(chunk)
+                    workers = _listing(response.status_code, b"".join(body) if size <= MAX_LISTING_BYTES else None)
                 if workers is not None:
                     return workers
     except httpx.HTTPError:
