@@ -57,6 +57,9 @@ async def test_the_log_gives_the_split_in_the_engines_words_at_both_sizes(sglang
                 f.write(adjust(7))
             await until(pilot, lambda app=app: level_of(app) == 7, "level 7")
             assert "level 7/7  0/132 SMs" in shown(app, "SplitPanel")
+            timeline = shown(app, "TimelinePanel")  # the level band, a column per read, as for rounds
+            assert "split" in timeline and timeline.splitlines()[1].rstrip().endswith("7")
+            assert "4" in timeline.splitlines()[1]
             with log.open("a") as f:
                 f.write(start_up([(132, 0), (66, 66), (0, 132)]) + adjust(1, [(132, 0), (66, 66), (0, 132)]))
             await until(pilot, lambda app=app: level_of(app) == 1 and app.state.scrape.latest.split.starts == 2, "a restart")

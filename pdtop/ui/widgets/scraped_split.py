@@ -12,7 +12,7 @@ from rich.text import Text
 
 from pdtop.telemetry.events import ScrapedSplit
 from pdtop.ui import format as fmt
-from pdtop.ui.chart import split_bar
+from pdtop.ui.chart import split_band, split_bar
 from pdtop.ui.scrape_view import ScrapeView
 
 if TYPE_CHECKING:
@@ -113,3 +113,37 @@ def _table(panel: Panel, view: ScrapeView, split: ScrapedSplit, width: int, rows
         lines.append(cell)
     return lines
 
+
+
+LABEL = 8
+
+
+def timeline(panel: Panel, view: ScrapeView, width: int, height: int) -> Group | None:
+    """The timeline for an SGLang server with a split: the level band, one column per read (decode's
+    share of the SMs, as for the embedded engine's rounds), and the level number under it; None without
+    a split (the panel then says rounds are not exposed)."""
+    split = view.latest.split if view.latest is not None else None
+    if split is None or not split.levels:
+        return None
+    cols = max(4, width - LABEL)
+    points = list(view.splits)[-cols:]
+    n = len(split.levels)
+    shares: list[float | None] = []
+    for p in points:
+        if p.level is None or not 0 <= p.level < n:
+            shares.append(None)
+            continue
+        pre, dec = split.levels[p.level]
+        shares.append(dec / (pre + dec) if pre + dec else None)
+    pad = " " * (cols - len(points))
+    panel.border_title = "timeline · reads"
+    how = "inferred" if split.inferred else "from the log"
+    panel.border_subtitle = f"the level at each of the last {len(points)} reads ({how}) · newest on the right"
+    lines = [Text.assemble((f"{'split':<{LABEL}}", "dim"), pad,
+                           split_band(shares, panel.colour("prefill"), panel.colour("decode"), panel.colour("idle")))]
+    if height >= 2:
+        levels = "".join("·" if p.level is None else str(p.level)[-1] for p in points)
+        lines.append(Text.assemble((f"{'level':<{LABEL}}", "dim"), pad, (levels, "dim")))
+    if height >= 3:
+        lines.append(Text("decode's share of the SMs: a full block is all decode, blank all prefill", "dim"))
+    return Group(*lines[:max(1, height)])
