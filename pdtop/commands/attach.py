@@ -12,21 +12,45 @@ waiting requests, KV use, TTFT / ITL / E2E percentiles over the last 30 s and to
 panels; what the server does not publish says "not exposed by this engine". Nothing can be steered
 through /metrics: the dashboard is read-only. --token is sent as `Authorization: Bearer TOKEN`.
 
+With --sglang-log FILE (or - for standard input) an SGLang pdmux server's log is followed for its
+split: the start-up line gives the levels, each 'Adjusting stream groups' line (SGLang's
+--log-level debug) the level in force. --pdmux-config FILE (the server's YAML; with --gpu when there
+is no log) gives the levels, and the level SGLang would pick for the scraped batch, shown as inferred.
+
+Several http:// URLs (or --prefill URL / --decode URL, as sglang_router takes them) watch a fleet:
+one row per server with its role, figures and address, the KV-transfer panel and the prefill:decode
+balance in words; Enter opens a server's own view, Escape returns. An SGLang Model Gateway's address
+gives its workers (its GET /workers listing).
+
 Examples:
   pdtop attach ws://127.0.0.1:8765 --token "$TOKEN"
   PDTOP_TOKEN=... pdtop attach ws://gpu-box:8765
   pdtop attach ws://127.0.0.1:8765 --readonly --theme pdtop-light
   pdtop attach http://gpu-box:8000
   pdtop attach http://gpu-box:30000 --model-name meta-llama/Llama-3.1-8B-Instruct --interval 2
+  pdtop attach http://gpu-box:30000 --sglang-log sglang.log
+  python -m sglang.launch_server ... 2>&1 | pdtop attach http://127.0.0.1:30000 --sglang-log -
+  pdtop attach http://gpu-box:30000 --pdmux-config pdmux.yaml --gpu H100
+  pdtop attach --prefill http://p1:30000 8998 --decode http://d1:30001 --decode http://d2:30001
+  pdtop attach http://router:30000
 """
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 from typing import TYPE_CHECKING
 
 from pdtop.commands._common import fail
-from pdtop.commands._scrape import add_scrape_arguments, check_scrape_arguments, is_http
+from pdtop.commands._scrape import (
+    add_fleet_arguments,
+    add_scrape_arguments,
+    check_scrape_arguments,
+    fleet_servers,
+    is_http,
+    make_fleet,
+    make_split,
+)
 from pdtop.ui.cli_args import DEFAULT_INTERVAL_S, add_ui_arguments
 
 if TYPE_CHECKING:
@@ -35,7 +59,11 @@ if TYPE_CHECKING:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("url", metavar="URL", help="ws://HOST:PORT (pdtop serve) or http://HOST:PORT (a /metrics page)")
+    parser.add_argument("url", metavar="URL", nargs="?",
+                        help="ws://HOST:PORT (pdtop serve) or http://HOST:PORT (a /metrics page); several http:// "
+                             "URLs, or an SGLang Model Gateway's address, watch a fleet")
+    parser.add_argument("more_urls", metavar="URL", nargs="*", help="more http:// URLs: a fleet")
+    add_fleet_arguments(parser)
     parser.add_argument("--token", default=os.environ.get("PDTOP_TOKEN"),
                         help="ws://: the server's control token; http://: sent as `Authorization: Bearer TOKEN` "
                              "(default: $PDTOP_TOKEN)")
@@ -47,19 +75,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(interval=None)
 
 
-def make_source(args: argparse.Namespace) -> Source:
+def make_source(args: argparse.Namespace, log_fd: int | None = None) -> Source:
     """The source for the URL; `args.interval` becomes the screen's refresh (for http://, the --interval
     given is the read's, default 1 s, and the screen keeps its default: it repaints when a read changed
     something). ValueError for bad options or URL."""
     from pdtop.telemetry.sources.live import LiveSource
     from pdtop.telemetry.sources.prometheus import PrometheusSource
 
+    servers = fleet_servers(args)
     problem = check_scrape_arguments(args)
     if problem:
         raise ValueError(problem)
+    fleet = make_fleet(args, servers, probe=log_fd is None)
+    if fleet is not None:
+        args.interval = DEFAULT_INTERVAL_S
+        return fleet
+    if not is_http(args.url) and not args.url.startswith(("ws://", "wss://")):
+        raise ValueError(f"not a ws:// or http:// URL: {args.url!r} (ws://HOST:PORT for pdtop serve, "
+                         "http://HOST:PORT for a /metrics page)")
     if is_http(args.url):
         source: Source = PrometheusSource(args.url, token=args.token, interval=args.interval,
-                                          model_name=args.model_name)
+                                          model_name=args.model_name, split=make_split(args, log_fd))
         args.interval = DEFAULT_INTERVAL_S
         return source
     args.interval = DEFAULT_INTERVAL_S if args.interval is None else args.interval
@@ -70,7 +106,26 @@ def run(args: argparse.Namespace) -> int:
     from pdtop.ui.launch import run_dashboard
 
     try:
-        source = make_source(args)
+        piped = getattr(args, "sglang_log", None) == "-" and not args.more_urls and args.url
+        log_fd = _take_piped_log() if piped and is_http(args.url) else None
+        source = make_source(args, log_fd)
     except ValueError as exc:
         return fail("attach", exc)
     return run_dashboard(source, args, "attach")
+
+
+def _take_piped_log() -> int:
+    """`--sglang-log -`: the piped log moves to a descriptor of its own and the terminal becomes standard
+    input again, for the dashboard's keys. ValueError when stdin is no pipe or there is no terminal."""
+    if sys.stdin is None or sys.stdin.isatty():
+        raise ValueError("--sglang-log - reads the log from standard input: pipe the server's output in "
+                         "(... 2>&1 | pdtop attach URL --sglang-log -)")
+    try:
+        tty = os.open("/dev/tty", os.O_RDWR)
+    except OSError as exc:
+        raise ValueError(f"--sglang-log -: the dashboard needs a terminal for its keys (/dev/tty: "
+                         f"{exc.strerror or exc})") from None
+    log_fd = os.dup(0)
+    os.dup2(tty, 0)
+    os.close(tty)
+    return log_fd

@@ -10,12 +10,15 @@ written (a full disk), it says so in one line and exits 1; a token in the URL is
 
 An http:// URL is a server's Prometheus /metrics (vLLM, SGLang with --enable-metrics, or
 `pdtop serve --api-port`): it is polled every --interval seconds and each scrape recorded as a
-`metrics` event, so `pdtop replay` plays it like any other recording.
+`metrics` event, so `pdtop replay` plays it like any other recording. Several http:// URLs (or
+--prefill URL / --decode URL, or an SGLang Model Gateway's address) record a fleet: one `fleet` event
+per interval with every server's row; `pdtop replay` shows the fleet table.
 
 Examples:
   pdtop record ws://127.0.0.1:8765 -o run.ndjson.gz
   pdtop record ws://gpu-box:8765 -o run.ndjson --duration 60
   pdtop record http://gpu-box:8000 -o vllm.ndjson.gz --model-name meta-llama/Llama-3.1-8B-Instruct
+  pdtop record --prefill http://p1:30000 --decode http://d1:30001 -o pd.ndjson.gz --duration 600
 """
 from __future__ import annotations
 
@@ -24,16 +27,30 @@ import asyncio
 import json
 import signal
 import sys
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, quote, urlsplit
 
 from pdtop.commands._common import fail
-from pdtop.commands._scrape import add_scrape_arguments, check_scrape_arguments, is_http
+from pdtop.commands._scrape import (
+    add_fleet_arguments,
+    add_scrape_arguments,
+    check_scrape_arguments,
+    fleet_servers,
+    is_http,
+    make_fleet,
+    make_split,
+)
 
+if TYPE_CHECKING:
+    from pdtop.telemetry.sources.fleet import FleetSource
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("url", metavar="URL", help="the server: ws://HOST:PORT (pdtop serve) or http://HOST:PORT "
-                                                   "(a /metrics page)")
+    parser.add_argument("url", metavar="URL", nargs="?",
+                        help="the server: ws://HOST:PORT (pdtop serve) or http://HOST:PORT (a /metrics page); "
+                             "several http:// URLs, or an SGLang Model Gateway's address, record a fleet")
+    parser.add_argument("more_urls", metavar="URL", nargs="*", help="more http:// URLs: a fleet")
+    add_fleet_arguments(parser)
     parser.add_argument("-o", "--output", required=True, metavar="FILE", help="recording to write (.gz: gzip)")
     parser.add_argument("--token", help="ws://: the server's token (not needed: recording only watches); "
                                          "http://: sent as `Authorization: Bearer TOKEN`")
@@ -50,6 +67,10 @@ def redacted(text: str, url: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        servers = fleet_servers(args)
+    except ValueError as exc:
+        return fail("record", exc)
     if not args.url.startswith(("ws://", "wss://")) and not is_http(args.url):
         return fail("record", redacted(f"not a ws:// or http:// URL: {args.url!r}", args.url))
     if args.duration is not None and not args.duration > 0:
@@ -59,18 +80,25 @@ def run(args: argparse.Namespace) -> int:
         problem = "--interval is for http:// URLs (a /metrics page)"
     if problem:
         return fail("record", problem)
-    return asyncio.run(_record(args))
+    try:
+        fleet = make_fleet(args, servers)
+    except ValueError as exc:
+        return fail("record", exc)
+    return asyncio.run(_record(args, fleet))
 
 
-async def _record(args: argparse.Namespace) -> int:
+async def _record(args: argparse.Namespace, fleet: FleetSource | None = None) -> int:
     from pdtop.telemetry.recording.recorder import Recorder, RecordingError
     from pdtop.telemetry.sources.live import LiveSource
     from pdtop.telemetry.sources.prometheus import PrometheusSource
 
-    source: LiveSource | PrometheusSource
-    if is_http(args.url):
+    source: LiveSource | PrometheusSource | FleetSource
+    if fleet is not None:
+        source, shown = fleet, fleet.url
+    elif is_http(args.url):
         try:
-            source = PrometheusSource(args.url, token=args.token, interval=args.interval, model_name=args.model_name)
+            source = PrometheusSource(args.url, token=args.token, interval=args.interval, model_name=args.model_name,
+                                      split=make_split(args))
         except ValueError as exc:
             return fail("record", exc)
         shown = source.url

@@ -53,8 +53,9 @@ def decode_event(obj: Any) -> Event:
         event = check(obj)
     except _Invalid as exc:
         raise EventError(f"{kind}{''.join(reversed(exc.where))}: {exc.reason}") from None
-    if kind == "hello" and event.engine is None and event.scrape is None:
-        raise EventError("hello: 'engine' and 'scrape' are both null; one of them says what the events come from")
+    if kind == "hello" and event.engine is None and event.scrape is None and event.fleet is None:
+        raise EventError("hello: 'engine', 'scrape' and 'fleet' are all null; one of them says what the events "
+                         "come from")
     return event
 
 

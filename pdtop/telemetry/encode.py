@@ -132,6 +132,17 @@ def scrape_hello_event(url: str, engine: str, model_name: str | None, models: li
     return _event("hello", pdtop=__version__, client_id="scrape", readonly=True, engine=None, api=None, scrape=target)
 
 
+def fleet_hello_event(interval_s: float, window_s: float, router: str | None) -> dict[str, Any]:
+    """The hello of a fleet of `/metrics` pages: no engine, no single page; `fleet` describes the watch."""
+    return _event("hello", pdtop=__version__, client_id="fleet", readonly=True, engine=None, api=None,
+                  fleet={"interval_s": interval_s, "window_s": window_s, "router": router})
+
+
+def fleet_event(time: float, servers: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every server's row (`pdtop.telemetry.sources.fleet`)."""
+    return _event("fleet", time=time, servers=servers)
+
+
 def metrics_event(fields: dict[str, Any]) -> dict[str, Any]:
     """One scrape's figures (`pdtop.telemetry.scrape.figures`)."""
     return _event("metrics", **fields)

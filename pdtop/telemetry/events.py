@@ -38,6 +38,15 @@ class ScrapeTarget:
 
 
 @dataclass
+class FleetTarget:
+    """`hello.fleet`: several `/metrics` pages watched together (`pdtop attach URL URL ...`)."""
+
+    interval_s: float  # seconds between reads of each page
+    window_s: float  # seconds the rates and percentiles cover
+    router: str | None  # the SGLang Model Gateway whose worker listing gave the servers
+
+
+@dataclass
 class Hello:
     """The first event on every connection, and the header of a recording. A pdtop server describes its
     engine; a scraped `/metrics` page has no engine description, and `scrape` says what is scraped."""
@@ -48,6 +57,7 @@ class Hello:
     engine: EngineDescription | None
     api: str | None = None  # the OpenAI-compatible API's base URL (http://HOST:PORT/v1), when the server runs one
     scrape: ScrapeTarget | None = None
+    fleet: FleetTarget | None = None
 
 
 @dataclass
@@ -136,6 +146,42 @@ class Quantiles:
     p50_s: float | str | None
     p90_s: float | str | None
     p99_s: float | str | None
+    first_bound_s: float | None = None  # the lowest bucket's bound: a percentile at or below it is "< it"
+
+
+@dataclass
+class ScrapedSplit:
+    """`metrics.split`: an SGLang pdmux server's split, from its log (`--sglang-log`) or inferred from its
+    pdmux YAML (`--pdmux-config`) and the scraped batch; /metrics has none."""
+
+    source: str  # "log" | "config"
+    inferred: bool  # the level is what SGLang's rule would pick for the scraped batch, not read from the log
+    levels: list[tuple[int, int]]  # (prefill SMs, decode SMs); index = level; empty until known
+    level: int | None  # the level in force; null when neither the log nor the config tells
+    prefill_units: int | None  # SMs of the level in force
+    decode_units: int | None
+    level_time_s: list[float]  # seconds at each level since the server started (log only; else empty)
+    starts: int  # start-up lines read (more than one: the server restarted)
+    note: str | None = None  # why the log cannot be read now
+
+
+@dataclass
+class Disagg:
+    """`metrics.disagg`: prefill/decode disaggregation figures (SGLang's PD metrics, vLLM's NIXL ones);
+    each null where the page lacks it. Latency, speed and size are p50 over the window (a histogram)
+    or the latest value (older SGLang's gauges); failures count the window's increase."""
+
+    prefill_bootstrap_queue: float | str | None = None  # requests (prefill server)
+    prefill_inflight_queue: float | str | None = None
+    decode_prealloc_queue: float | str | None = None  # requests (decode server)
+    decode_transfer_queue: float | str | None = None
+    kv_transfer_latency_ms: float | str | None = None
+    kv_transfer_speed_gb_s: float | str | None = None
+    kv_transfer_mb: float | str | None = None  # per transfer
+    bootstrap_failures: float | str | None = None
+    transfer_failures: float | str | None = None
+    prefill_retries: float | str | None = None
+    transfer_metrics: str | None = None  # "gauge", "histogram", "nixl": which kind the transfer figures are
 
 
 @dataclass
@@ -158,13 +204,43 @@ class Metrics:
     split_level: float | str | None = None  # pdtop's own /metrics only
     prefill_units: float | str | None = None
     decode_units: float | str | None = None
+    itl_read_p50_s: float | str | None = None  # ITL p50 of the gaps since the previous read alone
+    split: ScrapedSplit | None = None  # SGLang with --sglang-log / --pdmux-config
+    role: str | None = None  # SGLang's `engine_type` label: "unified", "prefill" or "decode"
+    disagg: Disagg | None = None
+
+
+@dataclass
+class FleetServer:
+    """One server of a fleet: where it is, its role, whether it answers, and its latest read."""
+
+    url: str  # its /metrics page, without credentials
+    address: str  # host:port
+    role: str  # "unified" | "prefill" | "decode"
+    role_from: str  # "engine_type" (SGLang's label), "option" (--prefill/--decode), "router", "default"
+    state: str  # "connecting" | "live" | "stale" (it stopped answering; its last read is kept)
+    reason: str | None  # why it is not live, in one line
+    engine: str | None  # "vllm" | "sglang" | "pdtop" once read
+    model_name: str | None
+    reads: int  # good reads so far
+    last_read: float | None  # Unix time of the latest good read
+    metrics: Metrics | None  # the latest good read
+
+
+@dataclass
+class Fleet:
+    """Every server of a fleet, once per read interval (`hello.fleet` came first)."""
+
+    time: float  # Unix seconds
+    servers: list[FleetServer]
 
 
 Event = (Hello | RoundRecord | RequestRecord | ConfigEvent | Hw | Dropped | Reply | ErrorNotice | Batch | Seek | Metrics
-         | KvTransfer)
+         | KvTransfer | Fleet)
 
 EVENT_CLASSES: dict[str, type] = {
     "hello": Hello, "round": RoundRecord, "request": RequestRecord, "config": ConfigEvent, "hw": Hw,
     "dropped": Dropped, "reply": Reply, "error": ErrorNotice, "batch": Batch, "seek": Seek, "metrics": Metrics,
     "transfer": KvTransfer,
+    "fleet": Fleet,
 }

@@ -27,6 +27,7 @@ from pdtop.telemetry.events import Hello
 from pdtop.telemetry.sources.source import Source
 from pdtop.ui.notices import notice_for
 from pdtop.ui.replay_actions import ReplayActions
+from pdtop.ui.screens.fleet import FleetScreen
 from pdtop.ui.screens.tune import TuneScreen
 from pdtop.ui.state import DashboardState
 from pdtop.ui.status_text import Shown, status_text
@@ -162,6 +163,8 @@ class PdtopApp(ReplayActions):
                     listener(event)
                 if isinstance(event, Hello):
                     dropped_before = self.state.dropped
+                    if self.state.fleet is not None and not isinstance(self.screen, FleetScreen):
+                        self.action_show_fleet()
                     if self.readonly != was_readonly:
                         was_readonly = self.readonly
                         self.refresh_bindings()
@@ -190,8 +193,8 @@ class PdtopApp(ReplayActions):
     # ---- repaint ----------------------------------------------------------------------------
 
     def _tick(self) -> None:
-        if not self.screen_stack:  # a repaint queued as the app shuts down
-            return
+        if not self.screen_stack or isinstance(self.screen, FleetScreen):  # shutting down; or the main screen is
+            return  # under the fleet's table, which paints itself (popping it repaints: the key is forced below)
         main = self.screen_stack[0]  # the main screen, even under a modal one
         try:
             header, status = main.query_one(HeaderBar), main.query_one(StatusLine)
@@ -222,6 +225,18 @@ class PdtopApp(ReplayActions):
         yield from super().get_system_commands(screen)
         for name in sorted(self.pdtop_themes):
             yield SystemCommand(f"theme: {name}", "switch to this theme", partial(setattr, self, "theme", name))
+
+    def action_show_fleet(self) -> None:
+        """Show the fleet's table (over the main screen, which shows the server chosen there)."""
+        if self.state.fleet is not None and not isinstance(self.screen, FleetScreen):
+            self.push_screen(FleetScreen())
+
+    def on_key(self, event: events.Key) -> None:
+        """Escape on a fleet server's view goes back to the fleet (not a key of the command table: it is
+        the fleet screen's way back, as Enter there is the way in)."""
+        if event.key == "escape" and self.state.fleet is not None and self.screen is self.screen_stack[0]:
+            event.stop()
+            self.action_show_fleet()
 
     def action_toggle_freeze(self) -> None:
         """Freeze the screen on what it shows now (events are still taken), or follow the engine again."""

@@ -25,12 +25,24 @@ class LatencyPoint:
     e2e_p99_s: float | None
 
 
+@dataclass(slots=True)
+class SplitPoint:
+    """One read's split (an SGLang server with --sglang-log / --pdmux-config), for the level table."""
+
+    time: float
+    level: int | None
+    level_time_s: list[float]  # cumulative, from the log; empty when inferred
+    starts: int
+    itl_read_p50_s: float | None  # ITL p50 of the gaps since the previous read
+
+
 @dataclass
 class ScrapeView:
     target: ScrapeTarget
     latest: Metrics | None = None
     history: deque[LatencyPoint] = field(default_factory=lambda: deque(maxlen=4096))
     scrapes: int = 0
+    splits: deque[SplitPoint] = field(default_factory=lambda: deque(maxlen=4096))
 
     @property
     def engine_name(self) -> str:
@@ -56,12 +68,18 @@ class ScrapeView:
             self.history[-1] = point
         else:
             self.history.append(point)
+        if m.split is not None:
+            if self.splits and m.time < self.splits[-1].time:
+                self.splits.clear()
+            self.splits.append(SplitPoint(m.time, m.split.level, list(m.split.level_time_s), m.split.starts,
+                                          number(m.itl_read_p50_s)))
 
     def exposed(self, name: str) -> bool:
         return self.latest is not None and name not in self.latest.not_exposed
 
     def copy(self) -> ScrapeView:
-        return ScrapeView(self.target, self.latest, deque(self.history, maxlen=self.history.maxlen), self.scrapes)
+        return ScrapeView(self.target, self.latest, deque(self.history, maxlen=self.history.maxlen), self.scrapes,
+                          deque(self.splits, maxlen=self.splits.maxlen))
 
 
 def number(value: float | str | None) -> float | None:

@@ -31,12 +31,14 @@ from pdtop.telemetry.events import (
     EngineConfig,
     ErrorNotice,
     Event,
+    Fleet,
     Hello,
     Hw,
     Metrics,
     Seek,
 )
 from pdtop.ui.engine_info import EngineInfo
+from pdtop.ui.fleet_view import FleetView, on_fleet
 from pdtop.ui.prefill_view import PrefillView, prefill_views
 from pdtop.ui.scrape_view import ScrapeView
 from pdtop.ui.stats import summary
@@ -62,6 +64,7 @@ class DashboardState:
     recording: str | None = None  # path this dashboard asked the server to record to
     api: str | None = None  # the server's OpenAI-compatible API (hello.api)
     scrape: ScrapeView | None = None  # a scraped /metrics page (hello.scrape): the panels show it instead
+    fleet: FleetView | None = None  # several pages (hello.fleet): `scrape` is the selected server's
 
     # the latest round
     rounds_seen: int = 0
@@ -143,6 +146,11 @@ class DashboardState:
         self.readonly = hello.readonly
         self.server_version = hello.pdtop
         self.api = hello.api
+        self.fleet = FleetView(hello.fleet) if hello.fleet is not None else None
+        if hello.engine is None and hello.fleet is not None:
+            self.scrape, self.config, self.policy = None, None, "?"
+            self.info = EngineInfo(model="fleet", device="fleet")
+            return
         if hello.engine is None:  # a /metrics page: no engine description, no configuration, no rounds
             target = hello.scrape
             assert target is not None  # decode_event refuses a hello with neither
@@ -291,6 +299,7 @@ class DashboardState:
             setattr(twin, name, deque(buffer, maxlen=buffer.maxlen))
         twin.prefills = list(self.prefills)
         twin.scrape = self.scrape.copy() if self.scrape is not None else None
+        twin.fleet = self.fleet.copy() if self.fleet is not None else None
         twin._window_cache = (-1, [])
         return twin
 
@@ -368,6 +377,7 @@ class DashboardState:
 
 _HANDLERS: dict[type, Callable[[DashboardState, Any], None]] = {
     Hello: DashboardState._on_hello,
+    Fleet: on_fleet,
     RoundRecord: DashboardState._on_round,
     RequestRecord: DashboardState._on_request,
     KvTransfer: DashboardState._on_transfer,

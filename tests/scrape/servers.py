@@ -79,10 +79,10 @@ class SglangMetrics:
     labels `model_name`, `engine_type`, `tp_rank`, `pp_rank`) and the tokenizer manager's counters and
     histograms (`TokenizerMetricsCollector`, labels `model_name`, `engine_type`)."""
 
-    def __init__(self, model: str = LLAMA) -> None:
+    def __init__(self, model: str = LLAMA, engine_type: str = "unified") -> None:
         self.registry = r = CollectorRegistry()
-        self.labels = {"model_name": model, "engine_type": "unified", "tp_rank": "0", "pp_rank": "0"}
-        tokenizer_labels = {"model_name": model, "engine_type": "unified"}
+        self.labels = {"model_name": model, "engine_type": engine_type, "tp_rank": "0", "pp_rank": "0"}
+        tokenizer_labels = {"model_name": model, "engine_type": engine_type}
 
         def gauge(name: str, doc: str) -> Any:
             return Gauge(name, doc, list(self.labels), registry=r).labels(**self.labels)

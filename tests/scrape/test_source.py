@@ -374,7 +374,7 @@ def test_a_hello_with_neither_engine_nor_scrape_is_refused_and_the_dashboard_kee
 
     hello = scrape_hello_event("http://h/metrics", "vllm", LLAMA, [LLAMA], 1.0, 30.0)
     bad = {**hello, "scrape": None}
-    with pytest.raises(EventError, match="'engine' and 'scrape' are both null"):
+    with pytest.raises(EventError, match="'engine', 'scrape' and 'fleet' are all null"):
         decode_event(bad)
     state = DashboardState()
     assert state.ingest(bad) is None and state.invalid == 1 and not state.hello

@@ -113,9 +113,12 @@ def test_a_real_sim_engines_hello_config_and_seek_match_the_documented_tables(te
     tables = doc_tables(DOC.read_text())
     hello, config, seek = (json.loads(t) for t in texts)
     envelope = {"type", "v"}
-    # `scrape` (null from a pdtop server) was never written by one, and still is not: decoding fills None
-    assert "scrape" not in hello and decode_event(hello).scrape is None
-    _check_against_table(hello, {k: w for k, w in tables["hello"].items() if k != "scrape"}, "hello", envelope)
+    # `scrape` and `fleet` (null from a pdtop server) were never written by one, and still are not: decoding
+    # fills None
+    assert "scrape" not in hello and "fleet" not in hello and decode_event(hello).scrape is None
+    assert decode_event(hello).fleet is None
+    _check_against_table(hello, {k: w for k, w in tables["hello"].items() if k not in ("scrape", "fleet")}, "hello",
+                         envelope)
     engine = hello["engine"]
     _check_against_table(engine, tables["hello.engine"], "hello.engine")
     # the prose under the device table names the sim's own facts: cc, peak_flops, s_sat

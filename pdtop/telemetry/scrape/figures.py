@@ -12,6 +12,8 @@ from typing import Any
 
 from prometheus_client.samples import Sample
 
+from pdtop.telemetry.scrape.disagg import counters as disagg_counters
+from pdtop.telemetry.scrape.disagg import disagg
 from pdtop.telemetry.scrape.names import ENGINES, FIELDS, HISTOGRAM, MEAN, RATE, SUM, Figure
 from pdtop.telemetry.scrape.page import Page
 from pdtop.telemetry.scrape.quantile import histogram_quantile
@@ -35,6 +37,7 @@ def figures(page: Page, model: str | None, window: Window, t: float) -> tuple[di
                 chosen.append((figure, samples))
                 break
     counters = {_key(s): s.value for figure, samples in chosen if figure.how in (RATE, HISTOGRAM) for s in samples}
+    counters |= disagg_counters(by_name, _key)
     resets = window.add(t, counters)
     span = window.span_s
     out: dict[str, Any] = {"time": t, "window_s": span}
@@ -47,12 +50,19 @@ def figures(page: Page, model: str | None, window: Window, t: float) -> tuple[di
             out[figure.field] = finite(sum(window.increase(_key(s)) for s in samples) / span) if span > 0 else None
         else:
             out[figure.field] = quantiles(window, samples)
+            if figure.field == "itl":
+                out["itl_read_p50_s"] = quantiles(window, samples, last=True)["p50_s"]
     out["not_exposed"] = [f for f in FIELDS if f not in out]
+    out["role"] = next((s.labels["engine_type"] for s in page.samples if "engine_type" in s.labels
+                        and (model is None or s.labels.get("model_name") == model)), None)
+    out["disagg"] = disagg(by_name, window, _key, quantiles, finite)
     return out, resets
 
 
-def quantiles(window: Window, buckets: list[Sample]) -> dict[str, Any]:
-    """A histogram's `Quantiles` over the window, from the increase of each bucket summed by `le`."""
+def quantiles(window: Window, buckets: list[Sample], last: bool = False) -> dict[str, Any]:
+    """A histogram's `Quantiles` over the window, from the increase of each bucket summed by `le`
+    (`last`: over the time since the previous scrape alone)."""
+    increase = window.increase_last if last else window.increase
     by_bound: dict[float, float] = defaultdict(float)
     for s in buckets:
         try:
@@ -60,14 +70,16 @@ def quantiles(window: Window, buckets: list[Sample]) -> dict[str, Any]:
         except ValueError:
             continue
         if not math.isnan(bound):
-            by_bound[bound] += window.increase(_key(s))
+            by_bound[bound] += increase(_key(s))
     pairs = sorted(by_bound.items())
+    first = next((b for b, _ in pairs if 0 < b < math.inf), None)
     count = by_bound.get(math.inf, math.nan)
     if not all(math.isfinite(c) for _, c in pairs) or not math.isfinite(count):
-        return {"count": finite(count), **{name: "NaN" for name, _ in QUANTILES}}
+        return {"count": finite(count), **{name: "NaN" for name, _ in QUANTILES}, "first_bound_s": first}
     if count == 0:
-        return {"count": 0.0, **{name: None for name, _ in QUANTILES}}
-    return {"count": count, **{name: finite(histogram_quantile(q, pairs)) for name, q in QUANTILES}}
+        return {"count": 0.0, **{name: None for name, _ in QUANTILES}, "first_bound_s": first}
+    return {"count": count, **{name: finite(histogram_quantile(q, pairs)) for name, q in QUANTILES},
+            "first_bound_s": first}
 
 
 def finite(value: float) -> float | str:

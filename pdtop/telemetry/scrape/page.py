@@ -12,10 +12,13 @@ from dataclasses import dataclass
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from pdtop.telemetry.scrape.disagg import sample_names
 from pdtop.telemetry.scrape.names import ENGINES
 
 PREFIXES = {engine: engine + ":" for engine in ENGINES}  # vllm: sglang: pdtop:
 _SNIFF_CHARS = 1 << 16  # how much of an unknown page is parsed to say what it is
+MAX_SERIES_CACHED = 1 << 16  # parsed names and labels kept (bounded: a hostile page's new series each read)
+_SERIES: dict[str, tuple[str, dict[str, str]]] = {}
 
 
 class PageError(ValueError):
@@ -35,12 +38,57 @@ def read_page(text: str, content_type: str = "") -> Page:
         raise PageError(what_it_is(text, content_type))
     wanted = _line_starts(engine)
     lines = [line for line in text.splitlines() if line.startswith(wanted)]
-    try:
-        samples = [s for family in text_string_to_metric_families("\n".join(lines) + "\n") for s in family.samples]
-    except (ValueError, IndexError, KeyError, TypeError) as exc:  # what the parser raises on bad lines
-        raise PageError(f"not valid Prometheus text: {_one_line(exc)}") from None
+    samples = _parse(lines)
     models = list(dict.fromkeys(s.labels["model_name"] for s in samples if "model_name" in s.labels))
     return Page(engine, models, samples)
+
+
+def _parse(lines: list[str]) -> list[Sample]:
+    """The lines' samples, by prometheus_client's parser; a line whose name and labels were parsed before
+    (a server's series are the same every read) only has its value read, which is most of the cost."""
+    out: list[Sample | None] = []
+    fresh: list[tuple[int, str, str | None]] = []  # (index, line, its cache key)
+    for line in lines:
+        key, value = _split(line)
+        known = _SERIES.get(key) if key is not None else None
+        if known is not None:
+            try:
+                out.append(Sample(known[0], known[1], float(value)))
+                continue
+            except ValueError:
+                pass
+        fresh.append((len(out), line, key))
+        out.append(None)
+    if fresh:
+        try:
+            parsed = [s for family in text_string_to_metric_families("\n".join(line for _, line, _ in fresh) + "\n")
+                      for s in family.samples]
+        except (ValueError, IndexError, KeyError, TypeError) as exc:  # what the parser raises on bad lines
+            raise PageError(f"not valid Prometheus text: {_one_line(exc)}") from None
+        if len(parsed) != len(fresh):  # (never seen: a line is one sample) keep the parser's word for it
+            return parsed
+        if len(_SERIES) + len(fresh) > MAX_SERIES_CACHED:
+            _SERIES.clear()
+        for (i, _, key), sample in zip(fresh, parsed, strict=True):
+            out[i] = sample
+            if key is not None:
+                _SERIES[key] = (sample.name, sample.labels)
+    return [s for s in out if s is not None]
+
+
+def _split(line: str) -> tuple[str | None, str]:
+    """`name{labels}` and the value text of a sample line; no key where a `}` could be inside a label's
+    value (then the parser reads the whole line)."""
+    if "{" in line:
+        if line.count("}") != 1:
+            return None, ""
+        end = line.index("}") + 1
+    else:
+        end = line.find(" ")
+        if end < 0:
+            return None, ""
+    rest = line[end:].split()
+    return (line[:end], rest[0]) if rest else (None, "")
 
 
 def detect_engine(text: str) -> str | None:
@@ -69,7 +117,7 @@ def what_it_is(text: str, content_type: str) -> str:
 
 def _line_starts(engine: str) -> tuple[str, ...]:
     """The beginnings of the sample lines pdtop reads: `name{` and `name ` of every sample name."""
-    starts: list[str] = []
+    starts: list[str] = [name + end for name in sample_names() for end in ("{", " ")]
     for figure in ENGINES[engine]:
         for name in figure.names:
             for sample in figure.sample_names(name):

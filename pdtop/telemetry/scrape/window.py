@@ -60,3 +60,12 @@ class Window:
             if t >= since and key in values:
                 return latest[key] - values[key]
         return 0.0
+
+    def increase_last(self, key: Key) -> float:
+        """The series' increase since the previous scrape alone (0 after the first, or for a new series)."""
+        if len(self._scrapes) < 2:
+            return 0.0
+        (_, before), (t, latest) = self._scrapes[-2], self._scrapes[-1]
+        if key not in latest or key not in before or self._since[key] >= t:
+            return 0.0
+        return latest[key] - before[key]

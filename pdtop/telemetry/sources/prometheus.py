@@ -18,8 +18,8 @@ from __future__ import annotations
 import asyncio
 import errno
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -27,16 +27,22 @@ import httpx
 from pdtop.telemetry.encode import error_event, metrics_event, scrape_hello_event
 from pdtop.telemetry.events import Reply
 from pdtop.telemetry.scrape.figures import figures
+from pdtop.telemetry.scrape.http_get import ClosedMidAnswer, NotHttp, PlainHttp, TooBig
 from pdtop.telemetry.scrape.names import ENGINE_NAMES
 from pdtop.telemetry.scrape.page import Page, PageError, read_page
 from pdtop.telemetry.scrape.window import Window
 from pdtop.telemetry.server.commands import Command
 from pdtop.telemetry.sources.source import ControlRefused
 
+if TYPE_CHECKING:
+    from pdtop.telemetry.sources.sglang_split import SglangSplit
+
 MAX_PAGE_BYTES = 4 << 20  # a busy vLLM page is well under 1 MiB
 MAX_RETRY_S = 30.0
 DEFAULT_INTERVAL_S = 1.0
 DEFAULT_WINDOW_S = 30.0
+INLINE_PARSE_CHARS = 256 << 10  # a page this small is parsed on the loop (about 1 ms); larger ones in a thread
+LOG_POLL_S = 0.1  # how often a followed log is read between scrapes
 
 
 class ScrapeError(Exception):
@@ -69,14 +75,17 @@ class PrometheusSource:
     def __init__(self, url: str, *, token: str | None = None, interval: float = DEFAULT_INTERVAL_S,
                  model_name: str | None = None, window_s: float = DEFAULT_WINDOW_S,
                  max_bytes: int = MAX_PAGE_BYTES, timeout: float = 5.0,
-                 clock: Callable[[], float] = time.time) -> None:
-        """`clock`: the Unix time of a read (its `metrics` event's `time`, and what rates divide by)."""
+                 clock: Callable[[], float] = time.time, split: SglangSplit | None = None) -> None:
+        """`clock`: the Unix time of a read (its `metrics` event's `time`, and what rates divide by);
+        `split`: an SGLang server's split from its log or config, added to each `metrics` event."""
         if not interval > 0:
             raise ValueError(f"the interval must be positive, got {interval:g}")
         self._fetch_url = metrics_url(url)
         self.url = shown_url(self._fetch_url)
         self.token, self.interval, self.want_model = token, interval, model_name
         self.window_s, self.max_bytes, self.timeout, self.clock = window_s, max_bytes, timeout, clock
+        self.split = split
+        self._plain = _plain_http(self._fetch_url, token, max_bytes)
         self.state = "connecting"
         self.last_error: str | None = None
         self.retry_at: float | None = None
@@ -103,6 +112,10 @@ class PrometheusSource:
         self._closed = True
         self.state = "closed"
         self._wake.set()
+        if self.split is not None:
+            self.split.close()
+        if self._plain is not None:
+            await self._plain.close()
 
     async def events(self) -> AsyncIterator[dict[str, Any]]:
         headers = {"Accept-Encoding": "identity"}  # the byte cap counts what the server sends
@@ -114,7 +127,8 @@ class PrometheusSource:
                     started = time.monotonic()
                     try:
                         text, content_type = await self._fetch(client)
-                        page = await asyncio.to_thread(_read, text, content_type)
+                        page = _read(text, content_type) if len(text) <= INLINE_PARSE_CHARS else \
+                            await asyncio.to_thread(_read, text, content_type)
                         out = self._scraped(page, self.clock())
                     except ScrapeError as exc:
                         out = self._failed(str(exc))
@@ -136,10 +150,24 @@ class PrometheusSource:
 
     async def _read_body(self, client: httpx.AsyncClient) -> tuple[str, str]:
         too_big = f"the page is over {self.max_bytes / (1 << 20):g} MiB: pdtop reads at most that much of /metrics"
+        if self._plain is not None:
+            try:
+                answer = await self._plain.get()
+            except TooBig:
+                raise ScrapeError(too_big) from None
+            except ClosedMidAnswer:
+                raise ScrapeError("the server closed the connection in the middle of its answer") from None
+            except NotHttp as exc:
+                raise ScrapeError(f"not an HTTP server ({exc})") from None
+            except OSError as exc:
+                raise ScrapeError(why_unreachable(exc)) from None
+            if answer.status != 200:
+                raise ScrapeError(self._status(answer.status, answer.reason, answer.headers))
+            return answer.body.decode("utf-8", errors="replace"), answer.headers.get("content-type", "")
         try:
             async with client.stream("GET", self._fetch_url) as response:
                 if response.status_code != 200:
-                    raise ScrapeError(self._status(response))
+                    raise ScrapeError(self._status(response.status_code, response.reason_phrase, response.headers))
                 length = response.headers.get("content-length", "")
                 if length.isdigit() and int(length) > self.max_bytes:
                     raise ScrapeError(too_big)
@@ -157,14 +185,14 @@ class PrometheusSource:
         except httpx.HTTPError as exc:
             raise ScrapeError(why_unreachable(exc)) from None
 
-    def _status(self, response: httpx.Response) -> str:
-        code = f"HTTP {response.status_code} {response.reason_phrase}".strip()
-        if response.status_code in (401, 403):
+    def _status(self, status: int, reason: str, headers: Mapping[str, str]) -> str:
+        code = f"HTTP {status} {reason}".strip()
+        if status in (401, 403):
             return f"{code}: " + ("the token was refused" if self.token else "the server wants a token (--token)")
-        if response.status_code == 404:
+        if status == 404:
             return f"{code}: no /metrics at this address (SGLang serves it with --enable-metrics)"
-        if response.is_redirect:
-            return f"{code}: redirected to {shown_url(response.headers.get('location', '?'))} (a login page?)"
+        if status in (301, 302, 303, 307, 308) and "location" in headers:
+            return f"{code}: redirected to {shown_url(headers.get('location', '?'))} (a login page?)"
         return code
 
     def _scraped(self, page: Page, now: float) -> list[dict[str, Any]]:
@@ -183,6 +211,10 @@ class PrometheusSource:
         if resets:
             out.append(error_event("metrics", f"{resets} counters went back: the server restarted? Rates and "
                                               "percentiles count on across it, as Prometheus's do"))
+        if self.split is not None:
+            split = self.split.fields(body)
+            if split is not None:
+                body["split"] = split
         out.append(metrics_event(body))
         self.scrapes += 1
         return out
@@ -210,11 +242,30 @@ class PrometheusSource:
         return [error_event("metrics", f"{self.url}: {reason}")]
 
     async def _sleep_until(self, deadline: float) -> None:
+        """Wait for `deadline` (time.monotonic()) or `close()`, reading a followed log meanwhile."""
         self._wake.clear()
-        try:
-            await asyncio.wait_for(self._wake.wait(), max(0.0, deadline - time.monotonic()))
-        except asyncio.TimeoutError:
-            pass
+        while not self._wake.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            try:
+                await asyncio.wait_for(self._wake.wait(), min(left, LOG_POLL_S) if self.split else left)
+            except asyncio.TimeoutError:
+                if self.split is not None:
+                    self.split.poll()
+
+
+def _plain_http(url: str, token: str | None, max_bytes: int) -> PlainHttp | None:
+    """The plain-HTTP reader for an http:// URL pdtop can ask itself (no credentials in it, no IPv6
+    literal); None for the rest, which httpx reads."""
+    parts = urlsplit(url)
+    if parts.scheme != "http" or "@" in parts.netloc or parts.hostname is None or ":" in parts.hostname:
+        return None
+    headers = {"Accept-Encoding": "identity", "User-Agent": "pdtop", "Accept": "*/*"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return PlainHttp(parts.hostname, parts.port or 80, target, headers, max_bytes)
 
 
 def _read(text: str, content_type: str) -> Page:

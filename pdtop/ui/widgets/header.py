@@ -53,6 +53,9 @@ class HeaderBar(Static):
             return
         if state.scrape is not None:  # a /metrics page: its engine, the model shown, how often it is read
             view, width = state.scrape, max(20, self.content_size.width or 80)
+            if state.fleet is not None:  # one server of a fleet: which (Escape goes back to the fleet)
+                where = view.target.url.split("//", 1)[-1].split("/", 1)[0]
+                items.append(([("server ", "dim"), (where, "bold"), ("  esc: fleet", "dim")], [(where, "bold")]))
             items.append(([(view.engine_name, "bold"), (" /metrics", "dim")], [(view.engine_name, "bold")]))
             items.append(([("model ", "dim"), (view.model_line, "")], [(view.target.model_name or "?", "")]))
             every = f"{view.target.interval_s:g} s"

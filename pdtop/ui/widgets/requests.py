@@ -26,6 +26,8 @@ class RequestsPanel(Panel):
         if state.scrape is not None:
             return scraped.requests(self, state.scrape, self.inner_width, self.inner_height)
         width, height = self.inner_width, self.inner_height
+        if not state.hello:  # not connected yet: no counts to show as 0
+            return Group(Text.assemble(("requests, KV: ", "dim"), ("nothing known yet", "bold")))
         wide = width >= 46
         kv = state.kv_usage
         kv_colour = self.colour("error") if kv is not None and kv > 0.9 else self.colour("decode")
@@ -37,7 +39,8 @@ class RequestsPanel(Panel):
                                  (f"{state.waiting:<4}", "bold"), ("batch ", "dim"), str(state.decode_bs))
         kv_text = f" {fmt.percent(kv)} "
         kv_line = Text.assemble(("KV ", "dim"), fill_bar(kv, max(4, width - 20), kv_colour, self.colour("idle")),
-                                kv_text, (f"{fmt.count(state.kv_used)}/{fmt.count(state.kv_capacity)}", "dim"))
+                                kv_text, (f"{fmt.count(state.kv_used)}/{fmt.count(state.kv_capacity)}"
+                                          if state.kv_capacity else "not known yet", "dim"))
         ttft50, ttft99 = state.ttft_summary()
         itl50, itl99, _ = state.itl_summary()
         tpot50, tpot99 = state.tpot_summary()

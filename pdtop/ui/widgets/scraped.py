@@ -2,6 +2,7 @@
 function for it when `state.scrape` is set. What the server does not expose says so, never 0."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from rich.console import Group
@@ -11,6 +12,7 @@ from pdtop.telemetry.events import Quantiles
 from pdtop.ui import format as fmt
 from pdtop.ui.chart import block_chart, fill_bar, split_bar
 from pdtop.ui.scrape_view import NOT_EXPOSED, ScrapeView, number
+from pdtop.ui.widgets import scraped_split
 
 if TYPE_CHECKING:
     from pdtop.ui.widgets.base import Panel
@@ -21,6 +23,15 @@ def figure(value: float | str | None, shown: str) -> str:
     return value if isinstance(value, str) else shown
 
 
+def percentile(q: Quantiles, value: float | str | None, shown: Callable[[float | None], str]) -> str:
+    """A percentile as `shown` writes it; one in the lowest bucket as `< BOUND` (the histogram cannot tell
+    where below its first bound it is: interpolating from 0 would invent a figure)."""
+    number_ = number(value)
+    if number_ is not None and q.first_bound_s is not None and number_ <= q.first_bound_s:
+        return f"< {shown(q.first_bound_s)}"
+    return figure(value, shown(number_))
+
+
 def not_exposed(panel: Panel, what: str, view: ScrapeView) -> Group:
     """A panel whose figures no /metrics page has (rounds, prefill progress, bytes moved)."""
     panel.border_title, panel.border_subtitle = panel.TITLE, ""
@@ -28,8 +39,10 @@ def not_exposed(panel: Panel, what: str, view: ScrapeView) -> Group:
 
 
 def split(panel: Panel, view: ScrapeView, width: int) -> Group:
-    """pdtop's own page has its split; vLLM and SGLang have none."""
+    """pdtop's own page has its split; vLLM and SGLang have none (SGLang's comes from its log or config)."""
     m = view.latest
+    if m is not None and m.split is not None:
+        return scraped_split.render(panel, view, m.split, width, panel.inner_height)
     if view.target.engine != "pdtop" or m is None or not view.exposed("split_level"):
         panel.border_title = "split"
         return Group(Text.assemble(("SM split: ", "dim"), (NOT_EXPOSED, "bold")),
@@ -56,7 +69,7 @@ def _pair(label: str, q: Quantiles | None, exposed: bool, wide: bool) -> Text:
     for name, value in shown:
         if name == "p90" and not wide:
             continue
-        out.append_text(Text.assemble((f"{name} ", "dim"), f"{figure(value, fmt.duration(number(value)))}  "))
+        out.append_text(Text.assemble((f"{name} ", "dim"), f"{percentile(q, value, fmt.duration)}  "))
     out.append(f"n={figure(q.count, fmt.count(number(q.count)))}", "dim")
     return out
 
@@ -108,8 +121,8 @@ def latency_chart(panel: Panel, view: ScrapeView, slo: float | None, width: int,
     if not lanes:
         return not_exposed(panel, "latency histograms", view)
     itl = m.itl if m is not None else None
-    head = Text.assemble(("ITL p50 ", "dim"), figure(itl.p50_s, fmt.ms(number(itl.p50_s))) if itl else "–",
-                         ("  p99 ", "dim"), figure(itl.p99_s, fmt.ms(number(itl.p99_s))) if itl else "–")
+    head = Text.assemble(("ITL p50 ", "dim"), percentile(itl, itl.p50_s, fmt.ms) if itl else "–",
+                         ("  p99 ", "dim"), percentile(itl, itl.p99_s, fmt.ms) if itl else "–")
     if slo is not None:
         head.append_text(Text.assemble(("  SLO ", "dim"), (fmt.ms(slo), panel.colour("slo"))))
     axis = 9

@@ -35,6 +35,9 @@ class SplitPanel(Panel):
         unit = state.info.unit_name
         self.border_title = f"{unit} split"
         width, height = self.inner_width, self.inner_height
+        if not state.hello:  # not connected yet: no device, no levels (not "all 0 units")
+            return Group(Text.assemble(("split: ", "dim"), ("nothing known yet", "bold")),
+                         Text("the device and its levels come with the engine's first message", "dim"))
         n = len(state.levels)
         level = "–" if state.level is None else str(state.level)
         mode = Text("pinned", "bold " + self.colour("warning")) if state.pinned else \

@@ -10,7 +10,7 @@ from rich.text import Text
 from pdtop.ui import format as fmt
 from pdtop.ui.chart import block_chart, split_band
 from pdtop.ui.state import DashboardState
-from pdtop.ui.widgets import scraped
+from pdtop.ui.widgets import scraped, scraped_split
 from pdtop.ui.widgets.base import Panel
 from pdtop.ui.window_figures import RoundPoint
 
@@ -26,8 +26,9 @@ class TimelinePanel(Panel):
     LINE_API = True
 
     def render_state(self, state: DashboardState) -> Group:
-        if state.scrape is not None:
-            return scraped.not_exposed(self, "rounds", state.scrape)
+        if state.scrape is not None:  # an SGLang server's split (its log or config) has a level band
+            band = scraped_split.timeline(self, state.scrape, self.inner_width, self.inner_height)
+            return band if band is not None else scraped.not_exposed(self, "rounds", state.scrape)
         width = max(4, self.inner_width - LABEL)
         height = self.inner_height
         rounds = state.last_rounds(width)
