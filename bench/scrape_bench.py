@@ -132,6 +132,8 @@ def main() -> None:
     ap.add_argument("--interval", type=float, default=1.0)
     ap.add_argument("--models", type=int, default=16, help="models on the page (about 125 series each)")
     args = ap.parse_args()
+    from pdtop.engine.devices.host import machine_line
+    print(machine_line(), flush=True)  # the machine these figures come from
     ctx = multiprocessing.get_context("spawn")
     port_q = ctx.Queue()
     server = ctx.Process(target=serve, args=(port_q, args.models), daemon=True)

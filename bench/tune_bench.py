@@ -33,6 +33,8 @@ def main() -> int:
     parser.add_argument("--device", default="sim:H100")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    from pdtop.engine.devices.host import machine_line
+    print(machine_line(), file=sys.stderr if args.json else sys.stdout, flush=True)  # the machine of these figures
     sc = SCENARIOS["sim"]
 
     def make() -> Engine:

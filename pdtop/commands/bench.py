@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from pdtop.commands import _bench_url
 from pdtop.commands._common import INPUT_ERRORS, add_runtime_arguments, fail, runtime_options
+from pdtop.engine.devices.host import machine, machine_line
 from pdtop.engine.scheduling.policies import POLICIES
 from pdtop.telemetry.encode import encode
 
@@ -104,11 +105,12 @@ def run(args: argparse.Namespace) -> int:
         with open(args.trace, "w") as f:
             f.writelines(encode(row) + "\n" for row in rows)
     if args.json:
-        print(encode({"device": args.device, "scenario": asdict(sc), "loadavg": load, "results": results}))
+        print(encode({"device": args.device, "machine": machine(), "scenario": asdict(sc), "loadavg": load,
+                      "results": results}))
         return 0
     head = (f"pdtop bench on {args.device}: {sc.decode_bs} requests decoding ({sc.decode_prompt}-token prompts), "
             f"{sc.long_prompts} prompts of {sc.long_tokens} tokens one after another; "
-            f"load average {load['before'][0]:.2f} -> {load['after'][0]:.2f}")
+            f"load average {load['before'][0]:.2f} -> {load['after'][0]:.2f}\n{machine_line()}")
     print(_table(results, head))
     if args.trace:
         print(f"\nslow steps (trace: {args.trace})")

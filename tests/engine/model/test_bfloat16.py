@@ -166,5 +166,5 @@ def test_bfloat16_agrees_under_onednn_avx2(fp32, tmp_path):
     assert probe.stdout.strip() == "False", probe.stdout + probe.stderr[-2000:]
     root = Path(__file__).parents[3]
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__,
-                          "-k", "not avx2"], env=env, capture_output=True, text=True, timeout=600, cwd=root)
+                          "-k", "not avx2 and not hf"], env=env, capture_output=True, text=True, timeout=600, cwd=root)
     assert run.returncode == 0 and " passed" in run.stdout, run.stdout[-3000:] + run.stderr[-2000:]
