@@ -321,10 +321,10 @@ def load_model(source: str | os.PathLike | None = None, dtype: Any = "float32", 
     if source is not None and str(source).startswith("synthetic:"):
         return synthetic_model(str(source), dtype=dtype, device=device, num_layers=num_layers)
     dt, dev = parse_dtype(dtype), torch.device(device)
-    if dev.type == "cpu":
+    weights = load_gguf(default_model_path() if source is None else source, num_layers=num_layers)
+    if dev.type == "cpu":  # after the file checks out: a bad one is refused before anything is built
         from pdtop.engine.model import cpu_kernels
 
         cpu_kernels.prepare()  # a first build is said and done here, not inside the first forward pass
-    weights = load_gguf(default_model_path() if source is None else source, num_layers=num_layers)
     with torch.inference_mode():
         return LlamaModel(weights.config, _model_weights(weights, dt, dev), dt, dev)
