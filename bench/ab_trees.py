@@ -65,6 +65,9 @@ def main() -> int:
     ap.add_argument("bench", choices=sorted(BENCHES))
     ap.add_argument("args", nargs=argparse.REMAINDER, help="after --: the benchmark's own arguments")
     a = ap.parse_args()
+    sys.path.insert(0, str(HERE))  # this tree's pdtop (the runs set their own PYTHONPATH)
+    from pdtop.engine.devices.host import machine_line
+    print(machine_line(), flush=True)  # the machine these figures come from
     script, figures = BENCHES[a.bench]
     args = a.args[1:] if a.args[:1] == ["--"] else a.args
     trees = {"base": a.base.resolve(), "this": HERE}

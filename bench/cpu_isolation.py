@@ -31,6 +31,8 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=1024, help="tokens of the long prefill")
     ap.add_argument("--steps", type=int, default=30, help="decode steps per row")
     args = ap.parse_args()
+    from pdtop.engine.devices.host import machine_line
+    print(machine_line(), flush=True)  # the machine these figures come from
 
     table = SplitTable.for_cpu(len(usable_cores()), PdmuxConfig())
     device = CpuDevice(table.groups)

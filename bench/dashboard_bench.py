@@ -99,6 +99,8 @@ def main() -> None:
     ap.add_argument("--workload", type=float, default=12.0, help="requests/s of the recorded workload (default 12)")
     ap.add_argument("--repeats", type=int, default=1, help="measure this many times; the median is the figure")
     args = ap.parse_args()
+    from pdtop.engine.devices.host import machine_line
+    print(machine_line(), flush=True)  # the machine these figures come from
     size = tuple(int(x) for x in args.size.lower().split("x"))
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -168,6 +168,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3, help="turns per figure and engine (default 3)")
     ap.add_argument("--quantile", type=float, default=0.1, help="decode step-time quantile reported (default 0.1)")
     args = ap.parse_args()
+    from pdtop.engine.devices.host import machine_line
+    print(machine_line(), flush=True)  # the machine these figures come from
     figures = [f for f in FIGURES if f in args.only.split(",")]
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()

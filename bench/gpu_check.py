@@ -681,6 +681,8 @@ def main() -> int:
     ap.add_argument("--connections-probe", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--probe-split", default="80,52", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    from pdtop.engine.devices.host import machine_line
+    print(machine_line(), flush=True)  # the machine these figures come from
     if not args.smoke and not torch.cuda.is_available():
         print("gpu_check: no CUDA GPU visible to torch; use --smoke on a CPU", file=sys.stderr)
         return 2

@@ -31,6 +31,8 @@ def main() -> int:
     ap.add_argument("--rows", type=int, default=32, help="decode batch size (default 32)")
     ap.add_argument("--repeats", type=int, default=30)
     args = ap.parse_args()
+    from pdtop.engine.devices.host import machine_line
+    print(machine_line(), flush=True)  # the machine these figures come from
     torch.manual_seed(0)
     total = 0.0
     print(f"{'linear':8} {'in':>5} {'out':>6} {'ms':>8} {'GFLOP/s':>8} {'x':>3} {'ms/step':>8}")

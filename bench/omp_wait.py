@@ -94,6 +94,8 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma-separated words: run the settings whose label has one")
     ap.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    from pdtop.engine.devices.host import machine_line
+    print(machine_line(), flush=True)  # the machine these figures come from
     if args.worker is not None:
         worker(args.worker)
         return

@@ -246,6 +246,8 @@ def main() -> None:
     ap.add_argument("--models", type=int, default=16, help="models on the page (about 125 series each)")
     ap.add_argument("--fleet", type=int, metavar="N", help="watch N SGLang PD servers instead (pdtop attach URL ...)")
     args = ap.parse_args()
+    from pdtop.engine.devices.host import machine_line
+    print(machine_line(), flush=True)  # the machine these figures come from
     ctx = multiprocessing.get_context("spawn")
     if args.fleet:
         ports_q = ctx.Queue()

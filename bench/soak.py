@@ -258,6 +258,8 @@ def main() -> int:
     ap.add_argument("--keep", metavar="DIR", help="write the recording and the server's log here (default: a "
                     "temporary directory, removed at the end)")
     args = ap.parse_args()
+    from pdtop.engine.devices.host import machine_line
+    print(machine_line(), flush=True)  # the machine these figures come from
     if args.keep:
         Path(args.keep).mkdir(parents=True, exist_ok=True)
         return asyncio.run(soak(args, Path(args.keep).resolve()))

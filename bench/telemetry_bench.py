@@ -159,6 +159,8 @@ def main() -> None:
                         help="cores of the clients' process (default: the last)")
     parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    from pdtop.engine.devices.host import machine_line
+    print(machine_line(), flush=True)  # the machine these figures come from
     if args.worker:
         url, n, batch, client_cores = args.worker
         asyncio.run(worker(url, int(n), batch == "1", client_cores))

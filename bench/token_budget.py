@@ -25,6 +25,8 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=1024, help="tokens of the long prompt")
     ap.add_argument("--rounds", type=int, default=3, help="long prompts per budget")
     args = ap.parse_args()
+    from pdtop.engine.devices.host import machine_line
+    print(machine_line(), flush=True)  # the machine these figures come from
     budgets = [int(b) for b in args.budgets.split(",")]
 
     engine = build_engine("cpu", kv_capacity_tokens=32768)

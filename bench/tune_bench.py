@@ -112,6 +112,8 @@ def main() -> int:
     parser.add_argument("--scenario", choices=(*SCENARIO_NAMES, "all"), default="all")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    from pdtop.engine.devices.host import machine_line
+    print(machine_line(), file=sys.stderr if args.json else sys.stdout, flush=True)  # the machine of these figures
     names = SCENARIO_NAMES if args.scenario == "all" else (args.scenario,)
     results = [one(args.device, name) for name in names]
     if args.json:

@@ -37,6 +37,7 @@ from pdtop.commands._common import (
     runtime_options,
     with_level_rule,
 )
+from pdtop.engine.devices.host import machine, machine_line
 from pdtop.engine.scheduling.policies import POLICIES
 from pdtop.telemetry.encode import encode
 
@@ -159,11 +160,12 @@ def _report(args: argparse.Namespace, sc: Scenario, runs: dict[str, PolicyRun], 
         with open(args.trace, "w") as f:
             f.writelines(encode(row) + "\n" for row in rows)
     if args.json:
-        print(encode({"device": args.device, "scenario": asdict(sc), "loadavg": load, "results": results}))
+        print(encode({"device": args.device, "machine": machine(), "scenario": asdict(sc), "loadavg": load,
+                      "results": results}))
         return 0
     head = (f"pdtop bench on {args.device}: {sc.decode_bs} requests decoding ({sc.decode_prompt}-token prompts), "
             f"{sc.long_prompts} prompts of {sc.long_tokens} tokens one after another; "
-            f"load average {load['before'][0]:.2f} -> {load['after'][0]:.2f}")
+            f"load average {load['before'][0]:.2f} -> {load['after'][0]:.2f}\n{machine_line()}")
     print(_table(results, head, (sc.slo_itl_ms, sc.slo_ttft_ms)))
     if args.trace:
         print(f"\nslow steps (trace: {args.trace})")

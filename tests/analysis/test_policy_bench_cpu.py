@@ -34,6 +34,7 @@ def test_json_carries_the_scenario_and_load_average(bench):
     sc = doc["scenario"]
     assert (sc["decode_bs"], sc["long_tokens"], sc["long_prompts"], sc["decode_prompt"]) == (2, 96, 2, 64)
     assert len(doc["loadavg"]["before"]) == len(doc["loadavg"]["after"]) == 3
+    assert doc["machine"]["cpu"] and {"avx2", "avx512f", "amx_tile"} <= set(doc["machine"]["flags"])  # issue 27
     assert set(doc["results"]) == {"pdmux", "chunked", "prefill-first", "disagg"}
     assert {p: r["devices"] for p, r in doc["results"].items()} == {"pdmux": 1, "chunked": 1, "prefill-first": 1,
                                                                    "disagg": 2}

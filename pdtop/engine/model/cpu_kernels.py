@@ -6,23 +6,27 @@ layer); SwiGLU's `silu(gate) * up` (`csrc/silu_mul.c`), RMSNorm after the residu
 (`csrc/rms_norm.c`), and RoPE with the K/V cache write (`csrc/rope_kv.c`) in one pass each; and `pin_team`
 (`csrc/omp_team.c`), which pins a thread's OpenMP team to its cores.
 Building takes about half a second each (plain C, no torch headers) and the libraries are
-cached under `~/.cache/pdtop/kernels`, keyed by the source, the compiler and this CPU. They
-are compiled with `-march=native` and `-fopenmp`, linked to the OpenMP runtime torch already
+cached under `~/.cache/pdtop/kernels`, keyed by the source, the compiler and this CPU; the first
+build says so once on stderr (`prepare`, called when a model is loaded on the CPU). They are
+compiled with `-fopenmp` for an instruction set (`ISAS`; `PDTOP_KERNEL_ISA`, default `native`:
+`-march=native`, AVX-512 where the CPU has it), linked to the OpenMP runtime torch already
 loaded (libgomp), so a kernel's team is the calling thread's torch thread count. Each kernel is
 checked once against torch when it loads; anything missing or wrong (no compiler, another OpenMP
-runtime, a mismatch) means `None` (or False) and the torch path runs, as without the kernels.
-`PDTOP_NO_KERNELS=1` turns them off (for comparisons).
+runtime, a mismatch) means `None` (or False), one line on stderr says why, and the torch path
+runs, as without the kernels. `PDTOP_NO_KERNELS=1` turns them off (for comparisons). Every kernel
+function takes `isa=` so tests build and check each instruction set this CPU can run, not only
+the one it would pick.
 """
 from __future__ import annotations
 
 import ctypes
 import functools
 import hashlib
-import logging
 import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 from collections.abc import Callable
@@ -31,9 +35,12 @@ from typing import Any
 
 import torch
 
-log = logging.getLogger(__name__)
 CSRC = Path(__file__).with_name("csrc")
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
+FLAGS = ["-O3", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
+# instruction set -> compiler flags: what -march=native picks here; AVX2 with FMA (the C sources'
+# AVX2 paths, 16-float vectors as two registers); the compiler's baseline (no AVX: the portable paths)
+ISAS = {"native": ["-march=native"], "avx2": ["-mavx2", "-mfma"], "portable": []}
+_ISA_NEEDS = {"avx2": ("avx2", "fma")}  # /proc/cpuinfo flags a build needs to run here
 DecodeAttention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, float], torch.Tensor]
 _lock = threading.Lock()
 
@@ -56,20 +63,60 @@ def _cpu_id() -> str:
         return platform.processor()
 
 
-def _build(source: Path, gomp: str) -> Path:
-    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc") or "cc"
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
+def default_isa() -> str:
+    isa = os.environ.get("PDTOP_KERNEL_ISA", "native")
+    return isa if isa in ISAS else "native"
+
+
+def isa_runs_here(isa: str) -> bool:
+    """Whether code built for `isa` can run on this CPU (native and portable always can)."""
+    flags = set(_cpu_id().split())
+    return isa in ISAS and all(f in flags for f in _ISA_NEEDS.get(isa, ()))
+
+
+class KernelUnavailable(Exception):
+    """Why the kernels cannot be built or loaded here (one line)."""
+
+
+_said: set[str] = set()
+
+
+def _say_once(text: str) -> None:
+    """One line on stderr, once per process (the kernels are many; the reason is one)."""
+    if text not in _said:
+        _said.add(text)
+        print(f"pdtop: {text}", file=sys.stderr, flush=True)
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pdtop" / "kernels"
+
+
+def _build(source: Path, gomp: str, isa: str) -> Path:
+    cc = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        raise KernelUnavailable("no C compiler (install gcc, or set CC)")
+    try:
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise KernelUnavailable(f"the C compiler {cc!r} does not run ({exc})") from exc
+    flags = [*FLAGS, *ISAS[isa]]
     texts = [source.read_text(), *(h.read_text() for h in sorted(CSRC.glob("*.h")))]
-    key = hashlib.sha256("\0".join([*texts, *FLAGS, gomp, version, _cpu_id()]).encode()).hexdigest()[:16]
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pdtop" / "kernels"
-    out = cache / f"{source.stem}-{key}.so"
+    key = hashlib.sha256("\0".join([*texts, *flags, gomp, version, _cpu_id()]).encode()).hexdigest()[:16]
+    cache = _cache_dir()
+    out = cache / f"{source.stem}-{isa}-{key}.so"
     if not out.exists():
+        _say_once(f"compiling the CPU kernels with {Path(cc).name} (once for this CPU and compiler; "
+                  f"cached in {cache})")
         cache.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=cache) as tmp:  # built aside, then renamed: safe if two build at once
             part = Path(tmp) / out.name
             gomp_dir = str(Path(gomp).parent)
-            subprocess.run([cc, *FLAGS, str(source), "-o", str(part), gomp, f"-Wl,-rpath,{gomp_dir}"],
-                           capture_output=True, text=True, check=True)
+            done = subprocess.run([cc, *flags, str(source), "-o", str(part), gomp, f"-Wl,-rpath,{gomp_dir}"],
+                                  capture_output=True, text=True)
+            if done.returncode != 0:
+                first = next((x for x in done.stderr.splitlines() if "error" in x), done.stderr.strip()[:200])
+                raise KernelUnavailable(f"{Path(cc).name} failed on {source.name}: {first.strip()}")
             os.replace(part, out)
     return out
 
@@ -88,23 +135,29 @@ def _reference(q: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor, lens: 
 
 
 @functools.cache
-def _library(name: str) -> ctypes.CDLL | None:
-    """`csrc/{name}.c`, built (or found in the cache) and loaded; None when it cannot be."""
+def _library(name: str, isa: str | None = None) -> ctypes.CDLL | None:
+    """`csrc/{name}.c` built for `isa` (default `default_isa()`), or found in the cache, and loaded;
+    None when it cannot be (said once on stderr: the slower torch path runs)."""
     if os.environ.get("PDTOP_NO_KERNELS"):
+        return None
+    isa = isa or default_isa()
+    if not isa_runs_here(isa):
         return None
     with _lock:
         try:
             gomp = _torch_libgomp()
-            return ctypes.CDLL(str(_build(CSRC / f"{name}.c", gomp))) if gomp is not None else None
-        except (OSError, subprocess.CalledProcessError, StopIteration) as exc:
-            log.debug("CPU kernel %s unavailable: %s", name, exc)
+            if gomp is None:
+                raise KernelUnavailable("torch does not run on libgomp here, the OpenMP runtime they link to")
+            return ctypes.CDLL(str(_build(CSRC / f"{name}.c", gomp, isa)))
+        except (OSError, KernelUnavailable) as exc:
+            _say_once(f"CPU kernels unavailable: {exc}; the slower torch path runs")
             return None
 
 
-def _c_function(library: str, symbol: str, argtypes: list[Any]) -> Any:
+def _c_function(library: str, symbol: str, argtypes: list[Any], isa: str | None) -> Any:
     """`symbol` of `csrc/{library}.c`, a function returning nothing, with its argument types set; None
     when the library is unavailable."""
-    lib = _library(library)
+    lib = _library(library, isa)
     if lib is None:
         return None
     fn = getattr(lib, symbol)
@@ -114,12 +167,12 @@ def _c_function(library: str, symbol: str, argtypes: list[Any]) -> Any:
 
 
 @functools.cache
-def decode_attention() -> DecodeAttention | None:
+def decode_attention(isa: str | None = None) -> DecodeAttention | None:
     """`f(q [n, h, d] (rows may be strided), cache [2, kvh, S, d], slots [n, L] int64, lens [n] int64, scale)`
     -> `[n, h, d]`: each row's attention over its first `lens[i]` slots; None when the kernel is unavailable."""
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
     fn = _c_function("decode_attention", "pdtop_decode_attention_f32",
-                     [ptr, i64, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, ctypes.c_float])
+                     [ptr, i64, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, ctypes.c_float], isa)
     if fn is None:
         return None
 
@@ -138,17 +191,17 @@ def decode_attention() -> DecodeAttention | None:
     lens = torch.tensor([1, 17, 40, 16, 33])
     if not torch.allclose(attend(q, cache, slots, lens, 0.125), _reference(q, cache, slots, lens, 0.125),
                           atol=1e-5, rtol=1e-4):
-        log.warning("the CPU decode-attention kernel disagrees with torch here; using torch")
+        _say_once("the CPU decode-attention kernel disagrees with torch here; the slower torch path runs")
         return None
     return attend
 
 
 @functools.cache
-def silu_mul() -> Callable[[torch.Tensor], torch.Tensor] | None:
+def silu_mul(isa: str | None = None) -> Callable[[torch.Tensor], torch.Tensor] | None:
     """`f(x [n, 2f] float32, rows contiguous, f a multiple of 16)` -> `silu(x[:, :f]) * x[:, f:]`
     (`[n, f]`); None when the kernel is unavailable."""
     fn = _c_function("silu_mul", "pdtop_silu_mul_f32",
-                     [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64])
+                     [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64], isa)
     if fn is None:
         return None
 
@@ -160,7 +213,7 @@ def silu_mul() -> Callable[[torch.Tensor], torch.Tensor] | None:
 
     x = torch.randn(37, 96, generator=torch.Generator().manual_seed(0)) * 6
     if not torch.allclose(act(x), torch.nn.functional.silu(x[:, :48]) * x[:, 48:], atol=1e-5, rtol=1e-5):
-        log.warning("the CPU SwiGLU kernel disagrees with torch here; using torch")
+        _say_once("the CPU SwiGLU kernel disagrees with torch here; the slower torch path runs")
         return None
     return act
 
@@ -169,12 +222,12 @@ RopeKV = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, 
 
 
 @functools.cache
-def rope_kv() -> RopeKV | None:
+def rope_kv(isa: str | None = None) -> RopeKV | None:
     """`f(qkv [t, (h + 2 kvh) d], rot [t, 1, d/2] complex64, cache [2, kvh, S, d], slots [t] int64, h, kvh)`:
     RoPE on the q and k heads of `qkv` in place (adjacent pairs), then each row's k and v written to
     `cache` at its slot; float32, rows contiguous. None when the kernel is unavailable."""
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-    fn = _c_function("rope_kv", "pdtop_rope_kv_f32", [ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64, i64])
+    fn = _c_function("rope_kv", "pdtop_rope_kv_f32", [ptr, i64, ptr, ptr, ptr, i64, i64, i64, i64, i64], isa)
     if fn is None:
         return None
 
@@ -193,7 +246,7 @@ def rope_kv() -> RopeKV | None:
     want_cache.index_copy_(2, slots, want[:, h * d:].view(t, 2, kvh, d).permute(1, 2, 0, 3))
     apply(qkv, rot, cache, slots, h, kvh)
     if not (torch.allclose(qkv, want, atol=1e-5) and torch.allclose(cache, want_cache, atol=1e-5)):
-        log.warning("the CPU RoPE/KV-write kernel disagrees with torch here; using torch")
+        _say_once("the CPU RoPE/KV-write kernel disagrees with torch here; the slower torch path runs")
         return None
     return apply
 
@@ -203,11 +256,11 @@ AddRmsNorm = Callable[[torch.Tensor, "torch.Tensor | None", torch.Tensor, float]
 
 
 @functools.cache
-def add_rms_norm() -> AddRmsNorm | None:
+def add_rms_norm(isa: str | None = None) -> AddRmsNorm | None:
     """`f(x [n, dim], delta [n, dim] or None, w [dim], eps)` -> `(rmsnorm(s) * w, s)` with `s = x + delta`
     (`None` for s without delta); float32, rows contiguous, dim a multiple of 16. None when unavailable."""
     ptr, i64 = ctypes.c_void_p, ctypes.c_int64
-    fn = _c_function("rms_norm", "pdtop_add_rms_norm_f32", [ptr, ptr, ptr, ptr, ptr, i64, i64, ctypes.c_float])
+    fn = _c_function("rms_norm", "pdtop_add_rms_norm_f32", [ptr, ptr, ptr, ptr, ptr, i64, i64, ctypes.c_float], isa)
     if fn is None:
         return None
 
@@ -224,7 +277,7 @@ def add_rms_norm() -> AddRmsNorm | None:
     out, s = norm(x, d, w, 1e-5)
     want = torch.nn.functional.rms_norm(x + d, (48,), w, 1e-5)
     if s is None or not (torch.allclose(out, want, atol=1e-5) and torch.equal(s, x + d)):
-        log.warning("the CPU RMSNorm kernel disagrees with torch here; using torch")
+        _say_once("the CPU RMSNorm kernel disagrees with torch here; the slower torch path runs")
         return None
     return norm
 
@@ -260,3 +313,23 @@ def supports(q: torch.Tensor, cache: torch.Tensor) -> bool:
     return (q.dtype == torch.float32 and cache.dtype == torch.float32 and q.device.type == "cpu"
             and d % 16 == 0 and d <= 128 and h // cache.shape[1] <= 16 and q.stride(2) == 1 and q.stride(1) == d
             and cache.is_contiguous())
+
+
+def compiled_features(isa: str | None = None) -> set[str] | None:
+    """What the decode-attention build for `isa` compiled in ({"avx2", "avx512"} or fewer); None when
+    it is unavailable. Tests check with it that forcing an instruction set forced its paths."""
+    lib = _library("decode_attention", isa)
+    if lib is None:
+        return None
+    bits = int(lib.pdtop_decode_attention_isa())
+    return {name for bit, name in ((1, "avx2"), (2, "avx512")) if bits & bit}
+
+
+def prepare() -> bool:
+    """Build (or find) and check every kernel now, so a first build is said and done while a model
+    loads rather than inside its first forward pass; whether they all are ready."""
+    return all(k() is not None for k in (decode_attention, silu_mul, rope_kv, add_rms_norm))
+
+
+if __name__ == "__main__":  # `python -m pdtop.engine.model.cpu_kernels`: build them now (`make install` does)
+    print("CPU kernels ready" if prepare() else "CPU kernels unavailable: the torch path runs")

@@ -7,6 +7,13 @@ each row attends to. q/k/v and gate/up are fused into one matmul each; on CPU th
 weights are pre-packed for oneDNN (about twice as fast as `F.linear` for the
 small-batch shapes of decode; see `linear.py`).
 
+Precision in bfloat16 (what llama.cpp keeps in float32, and more than HF keeps): the weights,
+the matmuls' inputs and outputs, attention and the KV cache are bfloat16; the residual stream
+(embed -> every layer's sums -> the final norm), the RMSNorms (with float32 weights), RoPE,
+the softmax inside attention and the leading logits are float32. A bfloat16 residual stream and
+bfloat16 logits flipped near-tied greedy tokens ("What is the capital of France?" has its top two
+0.08 apart): `docs/architecture.md` has the measurements.
+
 `forward_layers(..., timer=)` tells a `PhaseTimer` when each layer's attention and MLP ran
 (`ModelRunner.layer_trace`, `pdtop bench --trace`); without one the layers run untimed.
 """
@@ -35,6 +42,7 @@ if TYPE_CHECKING:
 # seconds, on the thread that ran them (on a GPU: the time their kernels took to launch, not to run)
 PhaseTimer = Callable[[str, int, float, float], None]
 
+REFINE_TOP = 64  # bfloat16: the leading logits of each row `LlamaModel.logits` re-takes in float32
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 
 
@@ -89,9 +97,12 @@ class ForwardBatch:
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, weight: torch.Tensor, eps: float):
+    """RMSNorm computed in float32 (as HF and llama.cpp do), its output in `out_dtype` (default: the
+    weight's): the model dtype where a matmul reads it, float32 for the final norm (`LlamaModel.logits`)."""
+
+    def __init__(self, weight: torch.Tensor, eps: float, out_dtype: torch.dtype | None = None):
         super().__init__()
-        self.weight = weight
+        self.out_dtype = out_dtype or weight.dtype
         self.weight_f32 = weight.float()
         self.eps = eps
         self.shape = (weight.shape[0],)
@@ -102,21 +113,23 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if kernel := self._kernel(x):
-            return kernel(x, None, self.weight_f32, self.eps)[0]
-        if x.dtype != torch.float32 and x.shape[0] < 64:
-            return F.rms_norm(x, self.shape, self.weight, self.eps)
-        # Same arithmetic as F.rms_norm (float32 inside), which on CPU (torch 2.13) runs
-        # nine kernels and is several times slower for thousands of rows.
-        xf = x.float()
-        out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True).add_(self.eps)) * self.weight_f32
-        return out if out.dtype == x.dtype else out.to(x.dtype)
+            out = kernel(x, None, self.weight_f32, self.eps)[0]
+        elif not x.is_cpu or (x.dtype != torch.float32 and x.shape[0] < 64):
+            out = F.rms_norm(x.float(), self.shape, self.weight_f32, self.eps)  # one fused kernel on CUDA
+        else:
+            # Same arithmetic as F.rms_norm (float32 inside), which on CPU (torch 2.13) runs
+            # nine kernels and is several times slower for thousands of rows.
+            xf = x.float()
+            out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True).add_(self.eps)) * self.weight_f32
+        return out if out.dtype == self.out_dtype else out.to(self.out_dtype)
 
     def after_add(self, x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """`(x + delta, its norm)`, in one pass where the CPU kernel takes them."""
+        """`(x + delta, its norm)`, in one pass where the CPU kernel takes them. A float32 `x` (the
+        residual stream) stays float32 whatever `delta`'s dtype: the sum is not rounded to bfloat16."""
         if kernel := self._kernel(x, delta):
             out, s = kernel(x, delta, self.weight_f32, self.eps)
             if s is not None:
-                return s, out
+                return s, out if out.dtype == self.out_dtype else out.to(self.out_dtype)
         s = x + delta
         return s, self.forward(s)
 
@@ -298,16 +311,20 @@ class LlamaModel(nn.Module):
             p = f"{i}."
             qk_norm = None
             if cfg.qk_norm:
-                qk_norm = RMSNorm(w.pop(p + "q_norm"), cfg.rms_eps), RMSNorm(w.pop(p + "k_norm"), cfg.rms_eps)
+                qk_norm = (RMSNorm(w.pop(p + "q_norm"), cfg.rms_eps, dtype),
+                           RMSNorm(w.pop(p + "k_norm"), cfg.rms_eps, dtype))
             attn = Attention(cfg, i, Linear(w.pop(p + "qkv"), bias=w.pop(p + "qkv_bias", None)),
                              Linear(w.pop(p + "o"), bias=w.pop(p + "o_bias", None)), qk_norm)
             mlp = MLP(Linear(w.pop(p + "gate_up")), Linear(w.pop(p + "down")))
-            layers.append(DecoderLayer(attn, mlp, RMSNorm(w.pop(p + "attn_norm"), cfg.rms_eps),
-                                       RMSNorm(w.pop(p + "mlp_norm"), cfg.rms_eps)))
+            layers.append(DecoderLayer(attn, mlp, RMSNorm(w.pop(p + "attn_norm"), cfg.rms_eps, dtype),
+                                       RMSNorm(w.pop(p + "mlp_norm"), cfg.rms_eps, dtype)))
         self.layers = nn.ModuleList(layers)
         self.decoder_layers: list[DecoderLayer] = layers  # the same layers, typed (a ModuleList holds Modules)
-        self.norm = RMSNorm(w.pop("norm"), cfg.rms_eps)
-        self.lm_head = Linear(w["embed"] if cfg.tie_embeddings else w.pop("lm_head"))
+        self.norm = RMSNorm(w.pop("norm"), cfg.rms_eps, torch.float32)  # float32 out: `logits` refines with it
+        lm_head = w["embed"] if cfg.tie_embeddings else w.pop("lm_head")
+        self.lm_head = Linear(lm_head)
+        # the plain rows `logits` re-takes in float32 (the Linear may hold a oneDNN-packed copy instead)
+        self.lm_head_rows = lm_head if dtype != torch.float32 else None
         self.inv_freq = rope.inv_freq(cfg, w.pop("rope_freqs", None), device=device)
 
     @property
@@ -319,7 +336,9 @@ class LlamaModel(nn.Module):
         return torch.finfo(self.dtype).bits // 8
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(ids, self.embed_weight)
+        """The residual stream's first values: float32 whatever the model dtype (see `logits`)."""
+        h = F.embedding(ids, self.embed_weight)
+        return h if h.dtype == torch.float32 else h.float()
 
     def forward_layers(self, hidden: torch.Tensor, batch: ForwardBatch, start: int, end: int,
                        timer: PhaseTimer | None = None) -> torch.Tensor:
@@ -336,5 +355,16 @@ class LlamaModel(nn.Module):
         return hidden if delta is None else hidden + delta
 
     def logits(self, hidden_last: torch.Tensor) -> torch.Tensor:
-        """Final norm + LM head on the rows that need a next token; float32 `[n, vocab]`."""
-        return self.lm_head(self.norm(hidden_last)).float()
+        """Final norm + LM head on the rows that need a next token; float32 `[n, vocab]`.
+
+        In bfloat16 the LM head's outputs are rounded to 8 bits (steps of 1/8 for logits of 16-32,
+        while the top two of a greedy step are often closer than that), so the `REFINE_TOP` leading
+        logits of each row are taken again in float32 from the same bfloat16 weights: greedy and
+        top-k/top-p choices see float32 logits, the tail keeps bfloat16's."""
+        x = self.norm.forward(hidden_last)
+        if self.lm_head_rows is None:
+            return self.lm_head.forward(x)
+        out = self.lm_head.forward(x.to(self.dtype)).float()
+        top = out.topk(min(REFINE_TOP, out.shape[1]), dim=1).indices  # [n, k]
+        rows = self.lm_head_rows.index_select(0, top.flatten()).view(*top.shape, -1).float()  # [n, k, hidden]
+        return out.scatter_(1, top, torch.bmm(rows, x.unsqueeze(2)).squeeze(2))

@@ -275,12 +275,15 @@ def _model_weights(w: GGUFWeights, dtype: Any, device: Any) -> dict[str, Any]:
 
     cfg, t = w.config, w.tensors
 
-    def get(*names: str) -> torch.Tensor:
+    def get(*names: str, as_dtype: Any = dtype) -> torch.Tensor:
         arrs = [torch.from_numpy(t.pop(n)) for n in names]
         out = arrs[0] if len(arrs) == 1 else torch.cat(arrs, dim=0)
-        return out.to(device=device, dtype=dtype).contiguous()
+        return out.to(device=device, dtype=as_dtype).contiguous()
 
-    out: dict[str, torch.Tensor] = {"embed": get("token_embd.weight"), "norm": get("output_norm.weight")}
+    def norm(name: str) -> torch.Tensor:  # norm weights stay float32 (the model computes norms in float32)
+        return get(name, as_dtype=torch.float32)
+
+    out: dict[str, torch.Tensor] = {"embed": get("token_embd.weight"), "norm": norm("output_norm.weight")}
     if not cfg.tie_embeddings:
         out["lm_head"] = get("output.weight")
     if "rope_freqs.weight" in t:
@@ -291,14 +294,14 @@ def _model_weights(w: GGUFWeights, dtype: Any, device: Any) -> dict[str, Any]:
         out[p + "o"] = get(b + "attn_output.weight")
         out[p + "gate_up"] = get(b + "ffn_gate.weight", b + "ffn_up.weight")
         out[p + "down"] = get(b + "ffn_down.weight")
-        out[p + "attn_norm"] = get(b + "attn_norm.weight")
-        out[p + "mlp_norm"] = get(b + "ffn_norm.weight")
+        out[p + "attn_norm"] = norm(b + "attn_norm.weight")
+        out[p + "mlp_norm"] = norm(b + "ffn_norm.weight")
         if cfg.attn_bias:
             out[p + "qkv_bias"] = get(b + "attn_q.bias", b + "attn_k.bias", b + "attn_v.bias")
         if b + "attn_output.bias" in t:
             out[p + "o_bias"] = get(b + "attn_output.bias")
         if cfg.qk_norm:
-            out[p + "q_norm"], out[p + "k_norm"] = get(b + "attn_q_norm.weight"), get(b + "attn_k_norm.weight")
+            out[p + "q_norm"], out[p + "k_norm"] = norm(b + "attn_q_norm.weight"), norm(b + "attn_k_norm.weight")
     return out
 
 
@@ -319,5 +322,9 @@ def load_model(source: str | os.PathLike | None = None, dtype: Any = "float32", 
         return synthetic_model(str(source), dtype=dtype, device=device, num_layers=num_layers)
     dt, dev = parse_dtype(dtype), torch.device(device)
     weights = load_gguf(default_model_path() if source is None else source, num_layers=num_layers)
+    if dev.type == "cpu":  # after the file checks out: a bad one is refused before anything is built
+        from pdtop.engine.model import cpu_kernels
+
+        cpu_kernels.prepare()  # a first build is said and done here, not inside the first forward pass
     with torch.inference_mode():
         return LlamaModel(weights.config, _model_weights(weights, dt, dev), dt, dev)

@@ -34,10 +34,11 @@ class KvPlan:
 
 
 def activation_reserve(cfg: ModelConfig, dtype_bytes: int, prefill_tokens: int) -> int:
-    """Bytes kept free beside the cache: a `prefill_tokens` forward's live activations (hidden states,
-    q/k/v, the MLP's gate/up in the model dtype, float32 norms), one layer's gathered prefix K/V
-    at full context (the chunked baseline's), the graphs' pool and a safety margin."""
-    act = prefill_tokens * ((6 * cfg.hidden + 3 * cfg.ffn) * dtype_bytes + 2 * 4 * cfg.hidden)
+    """Bytes kept free beside the cache: a `prefill_tokens` forward's live activations (q/k/v, the
+    MLP's gate/up in the model dtype; the residual stream and its sum, and the norms' work, in float32
+    whatever the dtype: `model/llama.py`), one layer's gathered prefix K/V at full context (the
+    chunked baseline's), the graphs' pool and a safety margin."""
+    act = prefill_tokens * ((4 * cfg.hidden + 3 * cfg.ffn) * dtype_bytes + 4 * 4 * cfg.hidden)
     prefix = 2 * cfg.num_heads * cfg.max_context * cfg.head_dim * dtype_bytes
     return act + prefix + GRAPH_POOL_GUESS + SAFETY
 

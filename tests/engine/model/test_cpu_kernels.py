@@ -1,7 +1,13 @@
-"""The native CPU decode-attention kernel (pdtop/engine/model/csrc/decode_attention.c) against torch."""
+"""The native CPU kernels (pdtop/engine/model/csrc/*.c) against torch, built for every instruction set
+this CPU can run (`cpu_kernels.ISAS`: native, AVX2/FMA, portable) so the paths a CPU would not pick are
+checked too, at sizes on both sides of each kernel's dispatch thresholds (head_dim a multiple of 32 or
+not for decode attention's AVX2 task; PARALLEL_MIN for the team)."""
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -13,11 +19,30 @@ from pdtop.engine.scheduling.scheduler import append_token
 pytestmark = pytest.mark.skipif(not (shutil.which("gcc") or shutil.which("cc")), reason="no C compiler")
 
 
+ISAS = [isa for isa in cpu_kernels.ISAS if cpu_kernels.isa_runs_here(isa)]
+
+
+@pytest.fixture(scope="module", params=ISAS)
+def isa(request) -> str:
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def kernel():
-    k = cpu_kernels.decode_attention()
-    assert k is not None, "a C compiler is here, yet the kernel did not build or disagreed with torch"
+def kernel(isa):
+    k = cpu_kernels.decode_attention(isa)
+    assert k is not None, f"a C compiler is here, yet the {isa} kernel did not build or disagreed with torch"
     return k
+
+
+def test_each_instruction_set_builds_what_it_names(isa):
+    """Forcing an instruction set forces its paths: portable has no AVX2 task, avx2 no AVX-512
+    vectors, native what this CPU has."""
+    got = cpu_kernels.compiled_features(isa)
+    assert got is not None
+    flags = set(cpu_kernels._cpu_id().split())
+    want = {"portable": set(), "avx2": {"avx2"},
+            "native": {f for f, need in (("avx2", {"avx2", "fma"}), ("avx512", {"avx512f"})) if need <= flags}}
+    assert got == want[isa]
 
 
 def softmax_attention(q, cache, slots, lens, scale):
@@ -33,7 +58,10 @@ def softmax_attention(q, cache, slots, lens, scale):
     return out
 
 
-@pytest.mark.parametrize("h,kvh,d", [(9, 3, 64), (32, 8, 128), (4, 4, 16), (16, 1, 32)])
+# keys x heads x head_dim over the 6 rows (989 keys) against PARALLEL_MIN (262144): (9,3,64) 570k parallel, AVX2
+# task; (32,8,128) parallel, AVX2; (4,4,16) 63k serial, portable task (d not 32k); (16,1,32) parallel, AVX2;
+# (4,2,32) 127k serial, AVX2; (6,2,48) 285k parallel, portable task
+@pytest.mark.parametrize("h,kvh,d", [(9, 3, 64), (32, 8, 128), (4, 4, 16), (16, 1, 32), (4, 2, 32), (6, 2, 48)])
 def test_kernel_matches_softmax_attention(kernel, h, kvh, d):
     g = torch.Generator().manual_seed(h * d)
     S, n = 700, 6
@@ -56,9 +84,10 @@ def test_kernel_refuses_what_it_does_not_take():
     assert not cpu_kernels.supports(torch.zeros(1, 64, 64), cache)  # 32 query heads per KV head
 
 
-def test_model_decode_through_the_kernel_matches_prefill_of_the_same_tokens(kernel, runner, tokenizer):
+def test_model_decode_through_the_kernel_matches_prefill_of_the_same_tokens(runner, tokenizer):
     """Decode steps of the real model (attention by the kernel) give the logits a whole-sequence
     prefill (attention by torch's SDPA) gives at the same positions."""
+    assert cpu_kernels.decode_attention() is not None
     r = runner()
     texts = ["The capital of France is", "def fibonacci(n):\n    " * 6, "A" + " long story" * 40]
     reqs = [Request(i, tokenizer.encode(t), SamplingParams(max_tokens=8, ignore_eos=True)) for i, t in enumerate(texts)]
@@ -82,8 +111,8 @@ def test_model_decode_through_the_kernel_matches_prefill_of_the_same_tokens(kern
 
 
 @pytest.mark.parametrize("rows,f", [(1, 16), (32, 1536), (200, 1536)])  # the last: over the parallel threshold
-def test_swiglu_kernel_matches_torch(rows, f):
-    act = cpu_kernels.silu_mul()
+def test_swiglu_kernel_matches_torch(isa, rows, f):
+    act = cpu_kernels.silu_mul(isa)
     assert act is not None
     g = torch.Generator().manual_seed(rows)
     x = torch.randn(rows, 2 * f, generator=g) * 8
@@ -93,8 +122,8 @@ def test_swiglu_kernel_matches_torch(rows, f):
 
 
 @pytest.mark.parametrize("rows,dim", [(1, 16), (32, 576), (600, 576)])  # the last: over the parallel threshold
-def test_rms_norm_kernel_matches_torch_with_and_without_the_residual_add(rows, dim):
-    norm = cpu_kernels.add_rms_norm()
+def test_rms_norm_kernel_matches_torch_with_and_without_the_residual_add(isa, rows, dim):
+    norm = cpu_kernels.add_rms_norm(isa)
     assert norm is not None
     g = torch.Generator().manual_seed(rows)
     x, d, w = torch.randn(rows, dim, generator=g) * 5, torch.randn(rows, dim, generator=g), torch.rand(dim, generator=g)
@@ -108,10 +137,10 @@ def test_rms_norm_kernel_matches_torch_with_and_without_the_residual_add(rows, d
 
 
 @pytest.mark.parametrize("rows,h,kvh,d", [(1, 9, 3, 64), (32, 9, 3, 64), (700, 8, 2, 128)])  # the last: parallel
-def test_rope_kv_kernel_matches_torch_rope_and_cache_write(rows, h, kvh, d):
+def test_rope_kv_kernel_matches_torch_rope_and_cache_write(isa, rows, h, kvh, d):
     """RoPE on the q and k heads in place and k/v written to each row's slot: what `rope_` and
     `index_copy_` do, on qkv rows with a stride (a view of a wider matrix), leaving other slots alone."""
-    rope_kv = cpu_kernels.rope_kv()
+    rope_kv = cpu_kernels.rope_kv(isa)
     assert rope_kv is not None
     g = torch.Generator().manual_seed(rows)
     S, width = 1024, (h + 2 * kvh) * d
@@ -141,3 +170,68 @@ def test_rope_kv_refuses_what_it_does_not_take():
     assert not cpu_kernels.fits_rope_kv(qkv, rot[:2], cache, slots)  # not one rotation per row
     assert not cpu_kernels.fits_rope_kv(qkv, rot, cache.transpose(2, 3), slots)
     assert not cpu_kernels.fits_rope_kv(qkv, rot, cache, slots.int())
+
+
+KERNELS = (cpu_kernels.decode_attention, cpu_kernels.silu_mul, cpu_kernels.rope_kv, cpu_kernels.add_rms_norm)
+
+
+def decode_logits(r, tokenizer) -> torch.Tensor:
+    """Next-token logits after a prefill and three decode steps of two prompts."""
+    reqs = [Request(i, tokenizer.encode(t), SamplingParams(max_tokens=8, ignore_eos=True))
+            for i, t in enumerate(["The capital of France is", "def fibonacci(n):\n    " * 4])]
+    for q in reqs:
+        r.admit(q)
+    for q, t in zip(reqs, r.prefill(reqs), strict=True):
+        append_token(q, t, 0.0, [])
+    for _ in range(3):
+        for q, t in zip(reqs, r.decode(reqs), strict=True):
+            append_token(q, t, 0.0, [])
+    return r.next_logits(reqs)
+
+
+def test_no_kernels_runs_the_torch_path_and_answers_the_same(monkeypatch, runner, tokenizer):
+    """PDTOP_NO_KERNELS=1 turns every kernel off; the model then runs torch's RMSNorm, RoPE with
+    index_copy_, SwiGLU and SDPA decode, and gives the kernels' logits."""
+    assert all(k() is not None for k in KERNELS)
+    with_kernels = decode_logits(runner(), tokenizer)
+    monkeypatch.setenv("PDTOP_NO_KERNELS", "1")
+    try:
+        for k in (cpu_kernels._library, *KERNELS):
+            k.cache_clear()
+        assert all(k() is None for k in KERNELS) and not cpu_kernels.prepare()
+        without = decode_logits(runner(), tokenizer)
+    finally:
+        monkeypatch.undo()
+        for k in (cpu_kernels._library, *KERNELS):
+            k.cache_clear()
+    assert (with_kernels - without).abs().max() < 1e-3
+    assert torch.equal(with_kernels.argmax(1), without.argmax(1))
+
+
+def prepare_in_subprocess(env: dict[str, str]) -> subprocess.CompletedProcess:
+    code = "from pdtop.engine.model import cpu_kernels as k; print(k.prepare(), k.prepare())"
+    return subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_a_first_build_is_said_once_and_a_cached_one_not_at_all(tmp_path):
+    """Issue 25 item 17: the first build says so on stderr, once; later processes find the cache."""
+    env = {"XDG_CACHE_HOME": str(tmp_path), "PDTOP_KERNEL_ISA": "native"}
+    first = prepare_in_subprocess(env)
+    assert first.stdout.split() == ["True", "True"], first.stderr
+    lines = first.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("pdtop: compiling the CPU kernels with"), lines
+    again = prepare_in_subprocess(env)
+    assert again.stdout.split() == ["True", "True"] and again.stderr == ""
+
+
+def test_without_a_compiler_one_line_says_why_and_the_torch_path_runs(tmp_path):
+    env = {"XDG_CACHE_HOME": str(tmp_path), "PATH": str(tmp_path), "CC": ""}
+    done = prepare_in_subprocess(env)
+    assert done.stdout.split() == ["False", "False"], done.stderr
+    assert done.stderr.splitlines() == [
+        "pdtop: CPU kernels unavailable: no C compiler (install gcc, or set CC); the slower torch path runs"]
+    broken = prepare_in_subprocess({"XDG_CACHE_HOME": str(tmp_path), "CC": str(tmp_path / "no-such-cc")})
+    assert broken.stdout.split() == ["False", "False"]
+    lines = broken.stderr.splitlines()
+    assert len(lines) == 1 and "does not run" in lines[0] and "the slower torch path runs" in lines[0], lines

@@ -229,6 +229,19 @@ static void task_avx2(const Args* A, int64_t t, float* p) {
 }
 #endif
 
+/* What this build compiled in, for the tests that build each instruction set: 1 = the AVX2/FMA task,
+   2 = AVX-512 (16-float vectors in one register). */
+int pdtop_decode_attention_isa(void) {
+    int isa = 0;
+#ifdef HAVE_AVX2
+    isa |= 1;
+#endif
+#ifdef __AVX512F__
+    isa |= 2;
+#endif
+    return isa;
+}
+
 void pdtop_decode_attention_f32(const float* q, int64_t q_stride, const float* cache, const int64_t* slots,
                                 const int64_t* lens, float* out, int64_t n, int64_t h, int64_t kvh, int64_t d,
                                 int64_t S, int64_t L, float scale) {
