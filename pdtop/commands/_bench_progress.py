@@ -30,8 +30,10 @@ class BenchProgress:
         self._bar.stop()
 
     def starting(self, policy: str) -> None:
-        """An engine is being built (the first loads the model): said at once, not after it."""
-        self._say(f"{policy}: starting the engine")
+        """An engine is being built (the first loads the model): said at once on the bar (not in the
+        plain lines, where an error about the engine is then the only line)."""
+        if self.live:
+            self._bar.update(self._task, description=f"{policy}: starting the engine")
 
     def __call__(self, message: str) -> None:
         self._bar.advance(self._task)

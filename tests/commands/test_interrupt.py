@@ -37,9 +37,11 @@ def test_ctrl_c_in_the_policy_bench_prints_the_policies_that_finished():
     rc, out, err = interrupt([*PDTOP, "bench", "--device", "sim:H100", "--long-prompts", "400", "--long-tokens",
                               "256", "--decode-bs", "1"], second_policy_running)
     assert rc == 130
-    rows = [line.split()[0] for line in out.splitlines()[2:-1]]
+    lines = out.splitlines()
+    table = lines[next(i for i, line in enumerate(lines) if line.startswith("policy")) + 1:]
+    rows = [line.split()[0] for line in table if line and not line.startswith(("ms unless", "/device"))]
     assert rows == ["pdmux"]
-    assert err.strip().splitlines()[-1] == "pdtop bench: interrupted: 1 of 3 policies finished; the figures above " \
+    assert err.strip().splitlines()[-1] == "pdtop bench: interrupted: 1 of 4 policies finished; the figures above " \
                                            "are theirs"
 
 

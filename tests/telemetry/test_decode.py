@@ -8,6 +8,7 @@ import json
 import pytest
 from conftest import make_engine
 
+from pdtop.engine.description import IF_SET
 from pdtop.engine.records import ConfigChange, RequestRecord, RoundRecord
 from pdtop.engine.scheduling import pdmux_config
 from pdtop.engine.scheduling.commands import Inject, Set
@@ -82,8 +83,11 @@ def test_the_classes_hold_what_the_engine_describes(stream):
     describe, config, _ = stream
     engine = wire(encode.hello_event("c3", True, describe))["engine"]
     assert {f.name for f in dataclasses.fields(EngineDescription)} == set(engine)
-    assert {f.name for f in dataclasses.fields(EngineConfig)} == set(engine["config"]) == set(encode.plain(config))
-    assert set(pdmux_config.FIELDS) <= set(engine["config"])  # a knob added to PdmuxConfig is in the configuration
+    unset = {f.name for f in dataclasses.fields(EngineConfig)  # a key only when set: absent from the default
+             if f.metadata == IF_SET and getattr(config, f.name) is None}
+    assert {f.name for f in dataclasses.fields(EngineConfig)} - unset == set(engine["config"]) == set(
+        encode.plain(config))
+    assert set(pdmux_config.FIELDS) - unset <= set(engine["config"])  # a knob added to PdmuxConfig is in it
     named = {f.name for f in dataclasses.fields(DeviceDescription)} - {"extra"}
     assert set(engine["device"]) == named | set(describe.device.extra)
 

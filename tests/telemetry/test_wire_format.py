@@ -204,6 +204,7 @@ async def test_a_recording_written_before_the_records_replays_and_seeks(tmp_path
     rec.close()
     src = ReplaySource(path)
     src.pause()
+    src.lookback_s = 0.0  # the seek's own event, not the window before it
     events = Pump(src)
     assert await events.get() == json.loads(HELLO_BEFORE)
     src.seek(0.5)  # before the change: the hello's configuration

@@ -143,7 +143,9 @@ async def test_every_candidate_is_measured_the_baseline_first(served, until):
         await until(pilot, lambda: not screen.running, "the tune to finish", timeout=90)
         trials = screen.tuner.trials
         assert trials[0].config == screen.tuner.reference
-        assert all(t.result.itl_p99_s > 0 and t.result.ttft_p99_s > 0 for t in trials), trials
+        assert all(t.result.itl_p99_s > 0 for t in trials), trials  # every window has decode rounds
+        # a first token in the window gives a TTFT (a split starving prefill may see none in 1 s)
+        assert trials[0].result.ttft_p99_s > 0 and sum(t.result.ttft_p99_s > 0 for t in trials) >= len(trials) / 2
         status = str(screen.query_one("#tune-status").render())
         assert status.startswith("done") and "candidate" not in status, status  # not "candidate 3: done"
         await pilot.press("r")
