@@ -39,6 +39,7 @@ class EngineConfig:
     # SGLang's newer knobs, on the wire only when on (absent: 0 / false, as in recordings made before them)
     max_split_forward_layers: int | None = field(default=None, metadata=IF_SET)  # the slice cap while decode runs
     overlap_decode_full_sm: bool | None = field(default=None, metadata=IF_SET)  # decode on the whole device
+    chunked_prefill_size: int | None = field(default=None, metadata=IF_SET)  # pdmux prefills longer prompts in chunks
 
 
 @dataclass

@@ -34,25 +34,13 @@ from pdtop.engine.runtime.executor import Executor, S
 from pdtop.engine.runtime.kv_link import CopyLink, VirtualLink
 from pdtop.engine.scheduling.disagg import DisaggPair, check_disagg
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
+from pdtop.engine.scheduling.pdmux_prefill import PrefillBatch, begin, between_chunks
 from pdtop.engine.scheduling.policies import check_policy
-from pdtop.engine.scheduling.splits import SplitTable, prefill_layers_per_step, slice_layers
+from pdtop.engine.scheduling.splits import SplitTable, slice_layers
 from pdtop.engine.scheduling.tokens import append_token as append_token
 from pdtop.engine.scheduling.tokens import generate as generate
 
 MAX_PREFILL_TOKENS = 8192  # prompt tokens a pdmux / prefill-first batch may gather
-
-
-@dataclass
-class PrefillBatch(Generic[S]):
-    reqs: list[Request]
-    state: S  # what the executor's `prefill_begin` made; only the executor reads it
-    tokens: int
-    layers_per_round: int  # the current slice's: `budget_layers`, capped while decode runs
-    budget_layers: int = 0  # min(L, max(1, budget // tokens)), set when the batch starts
-    layers_done: int = 0
-    submitted_end: int = 0  # layers submitted so far (>= layers_done while slices are in flight)
-    in_flight: deque[tuple[int, Work]] = field(default_factory=deque)  # (end layer, work) of each unfinished slice
-    charged: float = 0.0  # the fraction of the oldest slice in flight charged to rounds so far
 
 
 @dataclass
@@ -83,6 +71,7 @@ class Scheduler(Generic[S]):
         self.running: list[Request] = []
         self.prefill: PrefillBatch[S] | None = None
         self.chunk_req: Request | None = None
+        self.pdmux_chunk: Request | None = None  # a prompt pdmux prefills chunk by chunk (`pdmux_prefill.py`)
         self.round_index = 0
         self.rejected: list[Request] = []  # reported as "finish" records by the next step
         self.waiting_tokens = 0  # prompt tokens in `waiting` (the engine's admission cap reads it)
@@ -108,6 +97,8 @@ class Scheduler(Generic[S]):
             return None
         if req is self.chunk_req:
             self.chunk_req = None
+        elif req is self.pdmux_chunk:  # between two of its chunks
+            self.pdmux_chunk = None
         elif req in self.running:
             self.running.remove(req)
         elif req in self.waiting:
@@ -132,7 +123,8 @@ class Scheduler(Generic[S]):
 
     @property
     def prefill_in_flight(self) -> bool:
-        return self.prefill is not None or self.chunk_req is not None or (self.pair is not None and self.pair.busy())
+        return (self.prefill is not None or self.chunk_req is not None or self.pdmux_chunk is not None
+                or (self.pair is not None and self.pair.busy()))
 
     def idle(self) -> bool:
         return not (self.waiting or self.running or self.prefill_in_flight)
@@ -232,16 +224,24 @@ class Scheduler(Generic[S]):
             pf.charged = 0.0
         if pf.layers_done == self.num_layers:
             self.prefill = None
-            self._join_decode(pf.reqs, self.executor.finish_prefill(pf.state), stats)
+            tokens = self.executor.finish_prefill(pf.state)
+            if tokens or not pf.reqs:
+                self.pdmux_chunk = None
+                self._join_decode(pf.reqs, tokens, stats)
+            elif (reason := self._ending.pop(pf.reqs[0].id, None)) is not None:  # aborted during a chunk
+                self.pdmux_chunk = None
+                stats.requests.append(self._end(pf.reqs[0], reason, self.device.now()))
 
     def _step_pdmux(self, stats: RoundStats) -> None:
         self._collect_prefill(stats)  # a real device's chunk may have finished between rounds
-        if self.prefill is None and self.waiting:
-            reqs = self._admit(self.max_prefill_tokens)
+        size = self.config.chunked_prefill_size
+        if self.prefill is None and (self.pdmux_chunk is not None or self.waiting):
+            # a chunked prompt's next chunk first (SGLang: its chunked request), else new prompts
+            reqs = [self.pdmux_chunk] if self.pdmux_chunk else self._admit(min(self.max_prefill_tokens, size or
+                                                                              self.max_prefill_tokens))
             if reqs:
-                tokens = sum(r.prompt_len for r in reqs)
-                k = prefill_layers_per_step(tokens, self.num_layers, self.config.token_budget)
-                self.prefill = PrefillBatch(reqs, self.executor.prefill_begin(reqs), tokens, k, k)
+                self.prefill = begin(self.executor, reqs, self.num_layers, self.config.token_budget, size)
+                self.pdmux_chunk = reqs[0] if self.prefill.span is not None else None
         if not self.device.prefill_busy():
             level = self.pinned if self.pinned is not None else self.table.choose(
                 len(self.running), self.prefill is not None, self.config)
@@ -253,7 +253,7 @@ class Scheduler(Generic[S]):
                 not self.device.prefill_busy() or len(pf.in_flight) < self.device.max_prefill_in_flight):
             pf.layers_per_round = slice_layers(pf.budget_layers, self.config.max_split_forward_layers, self.running)
             end = min(self.num_layers, pf.submitted_end + pf.layers_per_round)
-            work = self.executor.prefill(pf.state, pf.reqs, pf.submitted_end, end)
+            work = self.executor.prefill(pf.state, pf.reqs, pf.submitted_end, end, pf.span)
             self.device.submit_prefill(work)
             pf.submitted_end = end
             pf.in_flight.append((end, work))
@@ -358,8 +358,9 @@ class Scheduler(Generic[S]):
             return self.pair.progress()
         L = self.num_layers
         if self.prefill is not None:
-            pf = self.prefill
-            return [PrefillProgress([r.id for r in pf.reqs], pf.tokens, pf.layers_done, L, pf.layers_per_round)]
+            return [self.prefill.progress(L)]
+        if self.pdmux_chunk is not None:
+            return [between_chunks(self.pdmux_chunk, L, self.config.chunked_prefill_size, self.config.token_budget)]
         if self.chunk_req is not None:
             r = self.chunk_req
             return [PrefillProgress([r.id], r.prompt_len, L * r.num_cached // r.prompt_len, L, 0, r.num_cached)]
