@@ -128,3 +128,36 @@ def test_set_live_takes_effect_for_the_next_prompt():
     while not req.output_ids:  # nothing decodes: each chunk's one slice (36 layers) ends in its round
         seen.append([p.tokens_done for p in engine.step().prefills])
     assert seen == [[1024], [2048], []]
+
+
+def test_an_abort_during_a_chunk_ends_it_at_the_chunks_end_and_frees_its_kv():
+    engine = build_engine("sim:H100", config=PdmuxConfig(chunked_prefill_size=2048))
+    decoding = engine.submit(engine.prompts.make(100), 200, ignore_eos=True)
+    engine.step()
+    req = engine.submit(engine.prompts.make(8192), 10, ignore_eos=True)
+    after = engine.submit(engine.prompts.make(300), 5, ignore_eos=True)
+    while engine.scheduler.prefill is None or engine.scheduler.prefill.span != (2048, 2048):
+        engine.step()
+    engine.abort(req)  # in flight: its second chunk
+    engine.step()
+    assert not req.finished  # the chunk's layers still write its KV
+    engine.run_until_idle(max_rounds=400)
+    assert (req.finish_reason, req.output_ids, req.num_cached) == ("abort", [], 4096)  # no later chunk ran
+    assert (after.finish_reason, len(after.output_ids)) == ("length", 5) and len(decoding.output_ids) == 200
+    assert engine.executor.pool.used_tokens == 0 and engine.executor.pool.committed_blocks == 0
+    assert not engine.scheduler.prefill_in_flight
+
+
+def test_an_abort_between_two_chunks_ends_it_at_once():
+    engine = build_engine("sim:H100", config=PdmuxConfig(chunked_prefill_size=2048))
+    engine.submit(engine.prompts.make(100), 200, ignore_eos=True)
+    engine.step()
+    req = engine.submit(engine.prompts.make(8192), 10, ignore_eos=True)
+    sched = engine.scheduler
+    while not (sched.prefill is None and sched.pdmux_chunk is req):  # its first chunk done, the next not begun
+        engine.step()
+    assert req.num_cached == 2048
+    engine.abort(req)
+    engine.step()
+    assert (req.finish_reason, req.num_cached) == ("abort", 2048) and sched.pdmux_chunk is None
+    assert sched.prefill is None or req not in sched.prefill.reqs
