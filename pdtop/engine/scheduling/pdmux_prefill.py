@@ -21,7 +21,7 @@ from pdtop.engine.devices.base import Work
 from pdtop.engine.records import PrefillProgress
 from pdtop.engine.request import Request
 from pdtop.engine.runtime.executor import Executor, S
-from pdtop.engine.scheduling.splits import prefill_layers_per_step
+from pdtop.engine.scheduling.splits import prefill_layers_per_step, slice_layers
 
 Span = tuple[int, int]  # a chunk: (its first prompt token, its tokens)
 
@@ -47,6 +47,15 @@ class PrefillBatch(Generic[S]):
                                    self.layers_per_round)
         r = self.reqs[0]
         return PrefillProgress([r.id], r.prompt_len, self.layers_done, num_layers, self.layers_per_round, self.span[0])
+
+
+def next_slice(pf: PrefillBatch[S], num_layers: int, cap: int, decoding: bool, whole_alone: bool) -> int:
+    """Layers of `pf`'s next slice: the budget's, capped at `cap` while decode runs (`slice_layers`).
+    With nothing decoding and `whole_alone`, all the layers left in one slice (newer SGLang: splitting
+    only helps decode run between slices); the CPU device keeps slicing, so a lone prompt's progress shows."""
+    if whole_alone and not decoding:
+        return num_layers - pf.submitted_end
+    return slice_layers(pf.budget_layers, cap, decoding)
 
 
 def chunk_tokens(req: Request, chunk_size: int) -> int | None:

@@ -2,7 +2,9 @@
 
 - `pdmux`: one decode step on the decode side while the in-flight prefill batch
   advances `k = min(L, max(1, budget // tokens))` layers on the prefill side, at most
-  `max_split_forward_layers` while decode runs; the round waits for decode only. Finished
+  `max_split_forward_layers` while decode runs (all layers left when nothing decodes, but on
+  the CPU); the round waits for decode only. A prompt longer than `chunked_prefill_size`
+  is prefilled chunk by chunk, each chunk so (`pdmux_prefill.py`). Finished
   prefills join the decode batch. The level is chosen again only while the prefill side
   is idle (a level change syncs both sides, so SGLang changes it at prefill boundaries).
 - `chunked`: each step runs the decode batch plus one `chunk_size` piece of one
@@ -34,9 +36,9 @@ from pdtop.engine.runtime.executor import Executor, S
 from pdtop.engine.runtime.kv_link import CopyLink, VirtualLink
 from pdtop.engine.scheduling.disagg import DisaggPair, check_disagg
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
-from pdtop.engine.scheduling.pdmux_prefill import PrefillBatch, begin, between_chunks
+from pdtop.engine.scheduling.pdmux_prefill import PrefillBatch, begin, between_chunks, next_slice
 from pdtop.engine.scheduling.policies import check_policy
-from pdtop.engine.scheduling.splits import SplitTable, slice_layers
+from pdtop.engine.scheduling.splits import SplitTable
 from pdtop.engine.scheduling.tokens import append_token as append_token
 from pdtop.engine.scheduling.tokens import generate as generate
 
@@ -251,7 +253,8 @@ class Scheduler(Generic[S]):
         # CUDA queues up to two, so the prefill SMs never wait for the next round to get work).
         if pf is not None and pf.submitted_end < self.num_layers and (
                 not self.device.prefill_busy() or len(pf.in_flight) < self.device.max_prefill_in_flight):
-            pf.layers_per_round = slice_layers(pf.budget_layers, self.config.max_split_forward_layers, self.running)
+            pf.layers_per_round = next_slice(pf, self.num_layers, self.config.max_split_forward_layers,
+                                             bool(self.running), whole_alone=self.device.kind != "cpu")
             end = min(self.num_layers, pf.submitted_end + pf.layers_per_round)
             work = self.executor.prefill(pf.state, pf.reqs, pf.submitted_end, end, pf.span)
             self.device.submit_prefill(work)

@@ -161,3 +161,20 @@ def test_an_abort_between_two_chunks_ends_it_at_once():
     engine.step()
     assert (req.finish_reason, req.num_cached) == ("abort", 2048) and sched.pdmux_chunk is None
     assert sched.prefill is None or req not in sched.prefill.reqs
+
+
+def test_once_nothing_decodes_the_layers_left_go_in_one_slice_on_a_gpu():
+    """Newer SGLang's `_get_split_forward_count`: the budget's slices while decode runs, then, the decode
+    batch empty, every layer left at once. (The CPU keeps slicing: test_scheduler_model.py.)"""
+    engine = build_engine("sim:H100")
+    short = engine.submit(engine.prompts.make(100), 4, ignore_eos=True)
+    engine.step()
+    req = engine.submit(engine.prompts.make(8192), 2, ignore_eos=True)
+    rounds = []
+    while not req.output_ids:
+        rounds.append(engine.step())
+    assert short.finished and short.token_times[-1] < req.token_times[0]
+    assert {p.layers_per_round for r in rounds for p in r.prefills} == {8}  # slices of 8 beside decode
+    alone = [r for r in rounds if not r.decode_bs]
+    # then one round: the slice in flight (to 16) collected, the 20 layers left in one slice (not 3 of 8)
+    assert rounds[-2].prefills[0].layers_done == 8 and len(alone) == 1 and alone[0] is rounds[-1]
