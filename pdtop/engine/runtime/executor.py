@@ -99,14 +99,17 @@ class Executor(ABC, Generic[S]):
     def prefill(self, state: S, reqs: list[Request], start: int, end: int,
                 span: tuple[int, int] | None = None) -> Work[None]:
         """Layers [start, end) of a prefill batch; the last slice is also charged the LM head. `span`:
-        a chunk's (first prompt token, tokens), attending to the cached tokens before it; only the
-        chunk that ends its prompt runs the head (over its own tokens)."""
+        a chunk's (first prompt token, tokens), attending to the cached tokens before it. Each chunk's
+        last slice is charged the head's FLOPs over its tokens (the seed's convention, as the chunked
+        policy prices its chunks: a chunked prompt costs the whole prompt's FLOPs), and the head's
+        weights only when the chunk ends its prompt (only that one runs it)."""
         layers = end - start
         spans = [span] if span is not None else [(0, r.prompt_len) for r in reqs]
-        finish = end == self.cfg.num_layers and (span is None or sum(span) == reqs[0].prompt_len)
+        last = end == self.cfg.num_layers
+        head = last and (span is None or sum(span) == reqs[0].prompt_len)
         flops = sum(cost.prefill_layer_flops(self.cfg, n, first, layers) for first, n in spans)
-        nbytes = cost.prefill_bytes(self.cfg, sum(n for _, n in spans), layers, self.dtype_bytes, head=finish)
-        if finish:
+        nbytes = cost.prefill_bytes(self.cfg, sum(n for _, n in spans), layers, self.dtype_bytes, head=head)
+        if last:
             flops += sum(cost.prefill_head_flops(self.cfg, n) for _, n in spans)
         return Work("prefill", flops, nbytes, lambda: self._run_prefill(state, start, end))
 

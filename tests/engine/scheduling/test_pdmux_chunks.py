@@ -85,7 +85,7 @@ def test_sim_ttft_and_itl_are_the_rooflines():
     for start in range(0, 8192, size):
         for first, last in ((0, k), (k, 36)):
             flops = cost.prefill_layer_flops(engine_cfg, size, start, last - first)
-            if last == 36 and start + size == 8192:
+            if last == 36:  # each chunk's head FLOPs, as the chunked policy's (the seed's convention)
                 flops += cost.prefill_head_flops(engine_cfg, size)
             predicted_rounds += max(1, -(-cost.prefill_time(spec, flops, p_sms) // alone))
     assert len(rounds) == predicted_rounds == 22
@@ -94,6 +94,9 @@ def test_sim_ttft_and_itl_are_the_rooflines():
     assert len(itls) == len(rounds) and max(itls) == pytest.approx(alone, rel=0.01)  # decode undisturbed
     shown = _chunk_rounds(rounds, req.id)
     assert sorted({p.tokens_done for p in shown}) == [0, 2048, 4096, 6144]
+    prefill_flops = sum(r.flops for r in rounds) - sum(cost.decode_flops(engine_cfg, [269 + i] * 8)
+                                                       for i in range(len(rounds)))
+    assert prefill_flops == pytest.approx(cost.prefill_flops(engine_cfg, 8192), rel=1e-3)  # the whole prompt's
 
 
 def test_off_by_default_and_sglangs_minus_one_is_off():
