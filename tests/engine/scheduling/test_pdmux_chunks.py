@@ -181,3 +181,32 @@ def test_once_nothing_decodes_the_layers_left_go_in_one_slice_on_a_gpu():
     alone = [r for r in rounds if not r.decode_bs]
     # then one round: the slice in flight (to 16) collected, the 20 layers left in one slice (not 3 of 8)
     assert rounds[-2].prefills[0].layers_done == 8 and len(alone) == 1 and alone[0] is rounds[-1]
+
+
+@pytest.mark.parametrize("value", ["-5", "1.5", "true", "'2048'"])
+def test_a_bad_size_in_a_file_is_one_line_and_exit_2(value, tmp_path, capsys):
+    from pdtop.cli import main
+
+    path = tmp_path / "pdmux.yaml"
+    path.write_text(f"chunked_prefill_size: {value}\n")
+    code = main(["levels", "--config", str(path)])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "chunked_prefill_size" in err and "Traceback" not in err
+
+
+def test_the_runner_refuses_a_chunk_that_is_not_one_requests_next_tokens(runner):
+    r = runner()
+    a, b = (Request(i, list(range(1, 65)), SamplingParams(max_tokens=2)) for i in (1, 2))
+    for req in (a, b):
+        r.admit(req)
+    with pytest.raises(ValueError, match="one request"):
+        r.prefill_begin([a, b], 16)
+    with pytest.raises(ValueError, match="no chunk of 65 tokens"):
+        r.prefill_begin([a], 65)
+    state = r.prefill_begin([a], 48)
+    r.prefill_layers(state, 0, r.config.num_layers)
+    assert r.prefill_finish(state) == [] and a.num_cached == 48  # no token before the prompt's end
+    state = r.prefill_begin([a], 16)
+    r.prefill_layers(state, 0, r.config.num_layers)
+    (first,) = r.prefill_finish(state)
+    assert a.num_cached == 64 and first == r.prefill([b])[0]  # the same first token as the whole prompt
