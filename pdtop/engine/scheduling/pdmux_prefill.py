@@ -9,7 +9,8 @@ the last chunk. pdtop reads the size from the pdmux config's `chunked_prefill_si
 default: whole prompts, as before); its `chunk_size` stays the chunked policy's.
 
 pdtop's one difference: a chunked prompt is prefilled alone (SGLang's adder may pack whole short
-prompts before it in the same chunk's budget); prompts that fit the size are batched as before.
+prompts before it in the same chunk's budget); prompts that fit the size are batched whole, at
+most the size's tokens a batch.
 """
 from __future__ import annotations
 
