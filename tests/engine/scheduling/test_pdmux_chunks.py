@@ -210,3 +210,14 @@ def test_the_runner_refuses_a_chunk_that_is_not_one_requests_next_tokens(runner)
     r.prefill_layers(state, 0, r.config.num_layers)
     (first,) = r.prefill_finish(state)
     assert a.num_cached == 64 and first == r.prefill([b])[0]  # the same first token as the whole prompt
+
+
+def test_prompts_that_fit_are_batched_whole_up_to_the_size():
+    engine = build_engine("sim:H100", config=PdmuxConfig(chunked_prefill_size=1024))
+    a, b, c = (engine.submit(engine.prompts.make(400), 2, ignore_eos=True) for _ in range(3))
+    engine.run_until_idle(max_rounds=20)
+    assert a.token_times[0] == b.token_times[0] < c.token_times[0]  # 800 of 1024 tokens, then 400
+    unchunked = build_engine("sim:H100")
+    a, b, c = (unchunked.submit(unchunked.prompts.make(400), 2, ignore_eos=True) for _ in range(3))
+    unchunked.run_until_idle(max_rounds=20)
+    assert a.token_times[0] == b.token_times[0] == c.token_times[0]  # up to 8,192 tokens a batch
