@@ -41,6 +41,7 @@ class EngineConfig:
     overlap_decode_full_sm: bool | None = field(default=None, metadata=IF_SET)  # decode on the whole device
     level_rule: str | None = None  # "sglang" | "slo" (null in recordings made before it existed)
     slo_itl_ms: float | None = None  # the ITL SLO of level_rule slo
+    chunked_prefill_size: int | None = field(default=None, metadata=IF_SET)  # pdmux prefills longer prompts in chunks
 
 
 @dataclass

@@ -128,7 +128,8 @@ class Engine(Generic[S]):
             decode_bs_divisor=c.decode_bs_divisor, chunk_size=c.chunk_size, policy=s.policy, pinned_level=s.pinned,
             levels=[(p, d) for p, d in s.table.groups], workload_rate=w.spec.rate if w else 0.0,
             workload_paused=w.spec.paused if w else True, max_split_forward_layers=c.max_split_forward_layers or None,
-            overlap_decode_full_sm=c.overlap_decode_full_sm or None, level_rule=c.level_rule, slo_itl_ms=c.slo_itl_ms)
+            overlap_decode_full_sm=c.overlap_decode_full_sm or None, level_rule=c.level_rule, slo_itl_ms=c.slo_itl_ms,
+            chunked_prefill_size=c.chunked_prefill_size or None)
 
     def describe(self) -> EngineDescription:
         cfg, dev = self.executor.cfg, self.device

@@ -12,14 +12,17 @@ from typing import Any
 
 @dataclass
 class PrefillProgress:
-    """One in-flight prefill batch (pdmux) or chunked prefill request."""
+    """One in-flight prefill batch (pdmux; or one chunk of a prompt under `chunked_prefill_size`) or chunked
+    prefill request."""
 
     request_ids: list[int]
     tokens: int  # prompt tokens in this prefill
     layers_done: int  # layers (pdmux) or, for chunked, tokens done expressed as layers*tokens_done/tokens
     layers_total: int
     layers_per_round: int  # k = min(L, max(1, budget // tokens)); 0 for chunked/prefill-first
-    tokens_done: int | None = None  # chunked: prompt tokens prefilled so far; None where layers tell progress
+    # chunked: prompt tokens prefilled so far; a pdmux chunk: those cached before it (its layers: layers_done);
+    # None where layers tell the whole progress
+    tokens_done: int | None = None
 
 
 @dataclass

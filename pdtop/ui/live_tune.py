@@ -57,7 +57,8 @@ def pdmux_of(config: EngineConfig) -> PdmuxConfig:
                        split_forward_token_budget=config.split_forward_token_budget,
                        decode_bs_divisor=config.decode_bs_divisor, chunk_size=config.chunk_size,
                        max_split_forward_layers=config.max_split_forward_layers or 0,
-                       overlap_decode_full_sm=bool(config.overlap_decode_full_sm))
+                       overlap_decode_full_sm=bool(config.overlap_decode_full_sm),
+                       chunked_prefill_size=config.chunked_prefill_size or 0)
 
 
 def live_space(config: EngineConfig) -> SearchSpace:

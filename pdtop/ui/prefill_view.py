@@ -23,9 +23,10 @@ class PrefillView:
 
 
 def prefill_views(progress: list[PrefillProgress], t: float, first_seen: FirstSeen, mean_round: float | None,
-                  chunk_size: int | None) -> tuple[list[PrefillView], FirstSeen]:
-    """The views after a round at `t`, and when each was first seen. The ETA: k layers a round (pdmux),
-    a chunk of tokens a round (chunked), else the pace since it was first seen."""
+                  chunk_size: int | None, pdmux_chunk: int = 0) -> tuple[list[PrefillView], FirstSeen]:
+    """The views after a round at `t`, and when each was first seen. The ETA: k layers a round (pdmux;
+    with `pdmux_chunk`, `chunked_prefill_size`, the chunks after this one too, at its k), a chunk of
+    tokens a round (chunked), else the pace since it was first seen."""
     seen: FirstSeen = {}
     views: list[PrefillView] = []
     for p in progress:
@@ -38,7 +39,10 @@ def prefill_views(progress: list[PrefillProgress], t: float, first_seen: FirstSe
         if remaining == 0:
             eta = 0.0
         elif k > 0 and mean_round is not None:
-            eta = math.ceil(remaining / k) * mean_round
+            later = 0  # a pdmux chunk's prompt: the whole chunks after this one
+            if p.tokens_done is not None and pdmux_chunk > 0:
+                later = math.ceil(max(0, p.tokens - p.tokens_done - pdmux_chunk) / pdmux_chunk)
+            eta = (math.ceil(remaining / k) + later * math.ceil(total / k)) * mean_round
         elif p.tokens_done is not None and chunk_size is not None and mean_round is not None:
             eta = math.ceil((p.tokens - p.tokens_done) / max(1, chunk_size)) * mean_round
         elif t > first[0] and done > first[1]:

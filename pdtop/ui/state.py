@@ -229,8 +229,9 @@ class DashboardState:
     def _update_prefills(self, progress: list[PrefillProgress], t: float) -> None:
         """The prefill views after this round, with their ETAs."""
         chunk = self.config.chunk_size if self.config is not None else None
+        pdmux_chunk = (self.config.chunked_prefill_size or 0) if self.config is not None else 0
         self.prefills, self._prefill_first_seen = prefill_views(progress, t, self._prefill_first_seen,
-                                                                self.mean_round_s(), chunk)
+                                                                self.mean_round_s(), chunk, pdmux_chunk)
 
     def _on_request(self, r: RequestRecord) -> None:
         if r.kind == "arrival":

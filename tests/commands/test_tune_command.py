@@ -64,7 +64,7 @@ def test_written_yaml_loaded_by_pdtop_meets_the_slo(tuned):
     assert tuple(yaml.safe_load(out.read_text())) == SGLANG_KEYS  # SGLang's keys only (scheduling/test_pdmux_dump.py)
     config = load_pdmux_config(str(out))
     assert {k: v for k, v in config.to_dict().items() if k in SGLANG_KEYS} == json.loads(proc.stdout)["chosen"][
-        "config"]
+        "config"]  # pdtop's own keys (chunk_size, chunked_prefill_size) are not in SGLang's file
     slo = Slo(SLO_ITL_MS / 1e3)
     for cfg, meets in ((config, True), (PdmuxConfig(), False)):
         engine = build_engine("sim:H100", None, cfg)

@@ -134,7 +134,7 @@ def test_a_real_sim_engines_hello_config_and_seek_match_the_documented_tables(te
     _check_against_table(seek["config"], tables["hello.engine.config"], "seek.config")
 
 
-WHEN_ON = {"max_split_forward_layers": 3, "overlap_decode_full_sm": True}
+WHEN_ON = {"max_split_forward_layers": 3, "overlap_decode_full_sm": True, "chunked_prefill_size": 2048}
 
 
 def test_config_writes_sglangs_newer_knobs_only_when_on():
@@ -142,7 +142,7 @@ def test_config_writes_sglangs_newer_knobs_only_when_on():
     from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
 
     config = PdmuxConfig(sm_group_num=3, manual_divisions=[[104, 0, 1]], max_split_forward_layers=3,
-                         overlap_decode_full_sm=True)
+                         overlap_decode_full_sm=True, chunked_prefill_size=2048)
     for cfg, want in ((config, WHEN_ON), (PdmuxConfig(), {})):
         engine = build_engine("sim:H100", config=cfg)
         try:
@@ -153,8 +153,9 @@ def test_config_writes_sglangs_newer_knobs_only_when_on():
         assert {k: written[k] for k in WHEN_ON if k in written} == want
         back = decode_event({**json.loads(CONFIG_EVENT_BEFORE), "config": written})
         assert back.config == record
-        assert (back.config.max_split_forward_layers or 0, bool(back.config.overlap_decode_full_sm)) == \
-            (cfg.max_split_forward_layers, cfg.overlap_decode_full_sm)
+        assert (back.config.max_split_forward_layers or 0, bool(back.config.overlap_decode_full_sm),
+                back.config.chunked_prefill_size or 0) == \
+            (cfg.max_split_forward_layers, cfg.overlap_decode_full_sm, cfg.chunked_prefill_size)
 
 
 def test_a_device_writes_its_own_facts_flat_and_no_peak_bw_it_does_not_know():

@@ -104,7 +104,8 @@ async def test_keep_leaves_the_best_in_force(served, until):
         await pilot.press("k")
         told = await _told(pilot, until, "kept")
         want = {k: v for k, v in best.config.to_dict().items() if k != "chunk_size"}
-        off = {"max_split_forward_layers": 0, "overlap_decode_full_sm": False}  # keys on the wire only when on
+        off = {"max_split_forward_layers": 0, "overlap_decode_full_sm": False,  # keys on the wire only when on
+               "chunked_prefill_size": 0}
         assert {k: told.get(k, off.get(k)) for k in want} == want  # in force before the operator is told
         assert engine.config_record().pinned_level is None  # the automatic choice the candidates ran with
         await until(pilot, lambda: not isinstance(app.screen, TuneScreen), "the panel closed")

@@ -1,6 +1,8 @@
 """The dashboard state model, fed events as the server sends them (docs/protocol.md)."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from pdtop.telemetry.events import ErrorNotice, Hello
@@ -87,6 +89,20 @@ def test_prefill_eta_from_layers_per_round_and_from_progress(ev):
     assert s.prefills[0].eta_s is None
     s.ingest(ev.round(5, 0.06, prefills=[ev.prefill([9], 18, k=0)]))
     assert s.prefills[0].eta_s == pytest.approx(0.02)
+
+
+def test_a_pdmux_chunks_eta_counts_the_chunks_after_it(ev):
+    """pdmux with chunked_prefill_size 2048: an 8192-token prompt's second chunk, 8 of 36 layers done at 8
+    a round: 4 rounds left of it (36 = 4 x 8 + 4), then 2 chunks of 5 rounds each, at 10 ms a round."""
+    s = DashboardState()
+    ev.hello["engine"]["config"]["chunked_prefill_size"] = 2048  # on the wire only when set
+    s.ingest(ev.hello)
+    chunk = dataclasses.replace(ev.prefill([7], 8), tokens_done=2048)
+    for i in range(3):
+        s.ingest(ev.round(i, (i + 1) * 0.01, prefills=[chunk]))
+    assert s.prefills[0].tokens_done == 2048 and s.prefills[0].eta_s == pytest.approx((4 + 2 * 5) * 0.01)
+    s.ingest(ev.round(3, 0.04, prefills=[dataclasses.replace(chunk, tokens_done=6144)]))  # the last chunk
+    assert s.prefills[0].eta_s == pytest.approx(4 * 0.01)
 
 
 def test_requests_give_ttft_itl_and_tpot(ev):

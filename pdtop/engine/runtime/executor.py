@@ -7,11 +7,12 @@ is the one owner of KV reservation. `Work.run` returns the sampled tokens, which
 scheduler appends; on the simulator the tokens are placeholders and requests finish by length.
 
 `Executor[S]`: S is what `prefill_begin` makes and the prefill slices carry (the runner's
-`PrefillState`; the simulator's list of requests). Only the executor looks inside it.
+`PrefillState`; the simulator's `SimPrefill`). Only the executor looks inside it.
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from pdtop.engine.devices.base import Work
@@ -71,7 +72,8 @@ class Executor(ABC, Generic[S]):
     def _run_decode(self, reqs: list[Request]) -> list[int]: ...
 
     @abstractmethod
-    def prefill_begin(self, reqs: list[Request]) -> S: ...
+    def prefill_begin(self, reqs: list[Request], tokens: int | None = None) -> S:
+        """A prefill of whole prompts, or with `tokens` one request's next chunk of that many tokens."""
 
     @abstractmethod
     def _run_prefill(self, state: S, start: int, end: int) -> None: ...
@@ -79,7 +81,7 @@ class Executor(ABC, Generic[S]):
     @abstractmethod
     def finish_prefill(self, state: S) -> list[int]:
         """The first tokens, sampled from the logits the last prefill slice made (the final norm and
-        LM head run inside that slice, on the prefill side).
+        LM head run inside that slice, on the prefill side); `[]` after a chunk that does not end its prompt.
 
         Run by the scheduler thread after the last layers are done, not inside the
         prefill work: on CUDA, sampling syncs, so it must not sit in the launched work.
@@ -94,14 +96,21 @@ class Executor(ABC, Generic[S]):
         return Work("decode", cost.decode_flops(self.cfg, lens), cost.decode_bytes(self.cfg, lens, self.dtype_bytes),
                     lambda: self._run_decode(reqs))
 
-    def prefill(self, state: S, reqs: list[Request], start: int, end: int) -> Work[None]:
-        """Layers [start, end) of a prefill batch; the last chunk is also charged the LM head."""
-        finish = end == self.cfg.num_layers
+    def prefill(self, state: S, reqs: list[Request], start: int, end: int,
+                span: tuple[int, int] | None = None) -> Work[None]:
+        """Layers [start, end) of a prefill batch; the last slice is also charged the LM head. `span`:
+        a chunk's (first prompt token, tokens), attending to the cached tokens before it. Each chunk's
+        last slice is charged the head's FLOPs over its tokens (the seed's convention, as the chunked
+        policy prices its chunks: a chunked prompt costs the whole prompt's FLOPs), and the head's
+        weights only when the chunk ends its prompt (only that one runs it)."""
         layers = end - start
-        flops = sum(cost.prefill_layer_flops(self.cfg, r.prompt_len, 0, layers) for r in reqs)
-        nbytes = cost.prefill_bytes(self.cfg, sum(r.prompt_len for r in reqs), layers, self.dtype_bytes, head=finish)
-        if finish:
-            flops += sum(cost.prefill_head_flops(self.cfg, r.prompt_len) for r in reqs)
+        spans = [span] if span is not None else [(0, r.prompt_len) for r in reqs]
+        last = end == self.cfg.num_layers
+        head = last and (span is None or sum(span) == reqs[0].prompt_len)
+        flops = sum(cost.prefill_layer_flops(self.cfg, n, first, layers) for first, n in spans)
+        nbytes = cost.prefill_bytes(self.cfg, sum(n for _, n in spans), layers, self.dtype_bytes, head=head)
+        if last:
+            flops += sum(cost.prefill_head_flops(self.cfg, n) for _, n in spans)
         return Work("prefill", flops, nbytes, lambda: self._run_prefill(state, start, end))
 
     def chunk(self, decode: list[Request], req: Request | None, n: int) -> Work[ChunkTokens]:
@@ -162,8 +171,8 @@ class ModelExecutor(Executor["PrefillState"]):
     def _run_decode(self, reqs: list[Request]) -> list[int]:
         return self.runner.decode(reqs)
 
-    def prefill_begin(self, reqs: list[Request]) -> PrefillState:
-        return self.runner.prefill_begin(reqs)
+    def prefill_begin(self, reqs: list[Request], tokens: int | None = None) -> PrefillState:
+        return self.runner.prefill_begin(reqs, tokens)
 
     def _run_prefill(self, state: PrefillState, start: int, end: int) -> None:
         self.runner.prefill_layers(state, start, end)
@@ -175,7 +184,15 @@ class ModelExecutor(Executor["PrefillState"]):
         return self.runner.chunk_step(decode, req, n)
 
 
-class SimExecutor(Executor[list[Request]]):
+@dataclass
+class SimPrefill:
+    """The simulator's in-flight prefill: its requests, and a chunk's (first prompt token, tokens)."""
+
+    reqs: list[Request]
+    span: tuple[int, int] | None = None
+
+
+class SimExecutor(Executor[SimPrefill]):
     """No weights: the runner's KV bookkeeping on a `BlockPool` and placeholder tokens; time comes
     from the simulated device."""
 
@@ -199,7 +216,7 @@ class SimExecutor(Executor[list[Request]]):
     def admit_prompt(self, req: Request) -> None:
         self.pool.admit(req.table, req.prompt_len, 0, f"request {req.id}")
 
-    def copy_kv_from(self, src: Executor[list[Request]], src_table: BlockTable, dst_table: BlockTable,
+    def copy_kv_from(self, src: Executor[SimPrefill], src_table: BlockTable, dst_table: BlockTable,
                      tokens: int) -> None:
         """Nothing to copy: simulated pools hold no K/V, only their count."""
 
@@ -212,16 +229,19 @@ class SimExecutor(Executor[list[Request]]):
         self._grow(reqs)
         return [self.PLACEHOLDER] * len(reqs)
 
-    def prefill_begin(self, reqs: list[Request]) -> list[Request]:
-        return list(reqs)
+    def prefill_begin(self, reqs: list[Request], tokens: int | None = None) -> SimPrefill:
+        return SimPrefill(list(reqs), None if tokens is None else (reqs[0].num_cached, tokens))
 
-    def _run_prefill(self, state: list[Request], start: int, end: int) -> None:
+    def _run_prefill(self, state: SimPrefill, start: int, end: int) -> None:
         return None
 
-    def finish_prefill(self, state: list[Request]) -> list[int]:
-        for r in state:
+    def finish_prefill(self, state: SimPrefill) -> list[int]:
+        if state.span is not None and sum(state.span) < state.reqs[0].prompt_len:
+            state.reqs[0].num_cached = sum(state.span)
+            return []
+        for r in state.reqs:
             r.num_cached = r.prompt_len
-        return [self.PLACEHOLDER] * len(state)
+        return [self.PLACEHOLDER] * len(state.reqs)
 
     def _run_chunk(self, decode: list[Request], req: Request | None, n: int) -> ChunkTokens:
         self._grow(decode)

@@ -58,6 +58,12 @@ class PrefillState:
     next_layer: int = 0
     logits: torch.Tensor | None = None  # [n, vocab] float32, set with the last layers
     greedy: torch.Tensor | None = None  # [n] their argmax, taken there too
+    span: tuple[int, int] | None = None  # a chunk: (first prompt token, tokens) of its one request; None: whole
+
+    @property
+    def ends_prompt(self) -> bool:
+        """Whether the last layers make first tokens: whole prompts, or a chunk that ends its prompt."""
+        return self.span is None or sum(self.span) == self.reqs[0].prompt_len
 
     @property
     def tokens(self) -> int:
@@ -164,10 +170,15 @@ class ModelRunner:
     # --- layer-split prefill ------------------------------------------------
 
     @torch.inference_mode()
-    def prefill_begin(self, reqs: list[Request]) -> PrefillState:
-        """Embed whole prompts, packed; no layer has run yet. The prefill is in flight until `prefill_finish`."""
+    def prefill_begin(self, reqs: list[Request], tokens: int | None = None) -> PrefillState:
+        """Embed whole prompts, packed; no layer has run yet. The prefill is in flight until `prefill_finish`.
+
+        With `tokens`, one request's next chunk: its prompt tokens `[num_cached, num_cached + tokens)`,
+        attending to the K/V of the chunks before it, which are cached (pdmux's chunked prefill)."""
         if not reqs:
             raise ValueError("prefill_begin needs at least one request")
+        if tokens is not None:
+            return self._chunk_begin(reqs, tokens)
         for r in reqs:
             if r.status not in _PREFILLABLE or r.num_cached or not r.table.blocks:
                 raise ValueError(f"request {r.id} is not admitted and waiting for prefill")
@@ -183,11 +194,37 @@ class ModelRunner:
             last.append(offset - 1)
         batch = ForwardBatch(kv=self.kv, positions=self._tensor(np.concatenate(pos)),
                              slots=self._tensor(np.concatenate(slots)), segments=segs)
-        hidden = self.model.embed(self._tensor(ids))
-        state = PrefillState(list(reqs), hidden, batch, self._tensor(last))
+        return self._in_flight_state(PrefillState(list(reqs), self.model.embed(self._tensor(ids)), batch,
+                                                  self._tensor(last)))
+
+    def _segment(self, table: BlockTable, offset: int, start: int, n: int) -> Segment:
+        """Prompt tokens [start, start + n) at row `offset`, attending to the cached [0, start) too, causally."""
+        seg = Segment(offset=offset, length=n, prefix=start)
+        if start:
+            seg.gather = self._tensor(self.kv.slots(table, 0, start + n))
+            if self.cuda is None:  # on CUDA the causal rule needs no mask (`prefix_attention`)
+                causal = np.arange(start + n)[None, :] <= (start + np.arange(n))[:, None]
+                seg.mask = torch.as_tensor(causal, device=self.model.device)
+        return seg
+
+    def _in_flight_state(self, state: PrefillState) -> PrefillState:
         with self._lock:
             self._in_flight.append(state)
         return state
+
+    def _chunk_begin(self, reqs: list[Request], tokens: int) -> PrefillState:
+        if len(reqs) != 1:
+            raise ValueError(f"a prefill chunk is one request's, got {len(reqs)}")
+        r = reqs[0]
+        start = r.num_cached
+        if r.status not in _PREFILLABLE or not r.table.blocks or not 1 <= tokens <= r.prompt_len - start:
+            raise ValueError(f"request {r.id}: no chunk of {tokens} tokens left to prefill after {start}")
+        seg = self._segment(r.table, 0, start, tokens)
+        batch = ForwardBatch(kv=self.kv, positions=self._tensor(np.arange(start, start + tokens)),
+                             slots=self._tensor(self.kv.slots(r.table, start, start + tokens)), segments=[seg])
+        hidden = self.model.embed(self._tensor(r.prompt_ids[start:start + tokens]))
+        return self._in_flight_state(PrefillState([r], hidden, batch, self._tensor([tokens - 1]),
+                                                  span=(start, tokens)))
 
     @torch.inference_mode()
     def prefill_layers(self, state: PrefillState, start: int, end: int) -> None:
@@ -202,7 +239,9 @@ class ModelRunner:
                 t.record_stream(stream)
         hidden = self.model.forward_layers(hidden, state.batch, start, end, self._timer("prefill"))
         state.next_layer = end
-        if end == self.config.num_layers:  # final norm, LM head and argmax here, on the prefill side's units
+        if end == self.config.num_layers and not state.ends_prompt:  # a chunk: its K/V is all it leaves
+            state.hidden = None
+        elif end == self.config.num_layers:  # final norm, LM head and argmax here, on the prefill side's units
             state.logits = self.model.logits(hidden.index_select(0, state.last_rows))
             state.greedy = greedy_tokens(state.logits)
             state.hidden = None
@@ -212,13 +251,17 @@ class ModelRunner:
     @torch.inference_mode()
     def prefill_finish(self, state: PrefillState) -> list[int]:
         """Each request's first token (not appended), from the logits and argmax the last layers made:
-        only reading them back (and sampling rows that are not greedy) happens here."""
+        only reading them back (and sampling rows that are not greedy) happens here. A chunk that does
+        not end its prompt makes none: `[]`, its tokens counted cached."""
         if state.next_layer != self.config.num_layers:
             raise ValueError(f"prefill_finish after {state.next_layer} of {self.config.num_layers} layers")
         with self._lock:
             if state not in self._in_flight:
                 raise ValueError(f"the prefill of requests {[r.id for r in state.reqs]} is already finished")
             self._in_flight.remove(state)
+        if not state.ends_prompt and state.span is not None:
+            state.reqs[0].num_cached = sum(state.span)
+            return []
         assert state.logits is not None
         tokens = sample(state.logits, [r.params for r in state.reqs], [r.generator for r in state.reqs], state.greedy)
         for r in state.reqs:
@@ -227,8 +270,7 @@ class ModelRunner:
 
     def prefill(self, reqs: list[Request]) -> list[int]:
         """Whole prefill in one call."""
-        state = self.prefill_begin(reqs)
-        self.prefill_layers(state, 0, self.config.num_layers)
+        self.prefill_layers(state := self.prefill_begin(reqs), 0, self.config.num_layers)
         return self.prefill_finish(state)
 
     # --- decode and chunked steps ---------------------------------------------
@@ -335,13 +377,7 @@ class ModelRunner:
             ids += chunk_req.prompt_ids[start:start + n]
             pos.append(np.arange(start, start + n))
             slots.append(self.kv.slots(chunk_req.table, start, start + n))
-            seg = Segment(offset=len(decode_reqs), length=n, prefix=start)
-            if start:
-                seg.gather = self._tensor(self.kv.slots(chunk_req.table, 0, start + n))
-                if self.cuda is None:  # on CUDA the causal rule needs no mask (`prefix_attention`)
-                    causal = np.arange(start + n)[None, :] <= (start + np.arange(n))[:, None]
-                    seg.mask = torch.as_tensor(causal, device=self.model.device)
-            segments.append(seg)
+            segments.append(self._segment(chunk_req.table, len(decode_reqs), start, n))
         batch = ForwardBatch(kv=self.kv, positions=self._tensor(np.concatenate(pos)),
                              slots=self._tensor(np.concatenate(slots)), num_decode=len(decode_reqs),
                              decode_groups=groups, segments=segments, paged=paged)

@@ -3,10 +3,12 @@
 SGLang's fields, in its order: `sm_group_num`, `manual_divisions` (a list of
 `[prefill_sm, decode_sm, decode_bs_threshold]`), `split_forward_token_budget`,
 `max_split_forward_layers`, `decode_bs_divisor`, `overlap_decode_full_sm`. pdtop adds
-`chunk_size` for its chunked-prefill policy, and `level_rule` (`sglang`, or `slo`: the fewest
-decode units that meet `slo_itl_ms`, `level_rule.py`). Every value passes `validate`, whether it
-comes from a file, the constructor, or a live override through `PdmuxConfig.replace`, and the
-fields together pass SGLang's loader checks (`_check_together`); docs/levels.md names the
+`chunk_size` for its chunked-prefill policy, `chunked_prefill_size`, SGLang's server flag
+`--chunked-prefill-size` (which pdmux follows in newer SGLang: `pdmux_prefill.py`), and
+`level_rule` (`sglang`, or `slo`: the fewest decode units that meet `slo_itl_ms`,
+`level_rule.py`). Every value passes `validate`, whether it comes from a file, the constructor,
+or a live override through `PdmuxConfig.replace`, and the fields together pass SGLang's loader
+checks (`_check_together`); docs/levels.md names the
 SGLang source they follow.
 """
 from __future__ import annotations
@@ -88,6 +90,7 @@ _VALIDATORS = {
     "chunk_size": lambda v: check_int("chunk_size", v, 1),
     "level_rule": _level_rule,
     "slo_itl_ms": _slo_itl_ms,
+    "chunked_prefill_size": lambda v: max(0, check_int("chunked_prefill_size", v, -1)),  # SGLang's -1: off
 }
 FIELDS: tuple[str, ...] = tuple(_VALIDATORS)
 
@@ -114,6 +117,9 @@ class PdmuxConfig:
     chunk_size: int = 512  # pdtop's own: tokens per chunk under the chunked policy
     level_rule: str = "sglang"  # pdtop's own: "slo" meets slo_itl_ms with the fewest decode units
     slo_itl_ms: float | None = None  # pdtop's own: the ITL SLO of level_rule slo
+    # pdmux prefills a longer prompt in chunks of this many tokens, each layer-sliced (SGLang's server flag
+    # --chunked-prefill-size; 0 or -1: off, whole prompts)
+    chunked_prefill_size: int = 0
     # the file it was read from, named by errors found later (manual divisions that do not fit a device)
     source: str | None = field(default=None, compare=False, repr=False)
 
@@ -214,7 +220,8 @@ def dump_pdmux_config(config: PdmuxConfig, comment: str = "") -> str:
     last two read past them), `manual_divisions` as
     a list of `[prefill_sm, decode_sm, decode_bs_threshold]` with `sm_group_num` = their count + 2
     (SGLang requires the key and that count); an unset `split_forward_token_budget` as SGLang's
-    default, which is what SGLang would use; pdtop's `chunk_size` only when it is not the default.
+    default, which is what SGLang would use; pdtop's `chunk_size` and `chunked_prefill_size` only when
+    they are not the default (the latter is SGLang's server flag, not a key of its file).
     `comment` goes first as `#` lines.
     """
     import yaml

@@ -1,25 +1,23 @@
 """The scheduler round: continuous batching under one of four policies.
 
-- `pdmux`: one decode step on the decode side while the in-flight prefill batch
-  advances `k = min(L, max(1, budget // tokens))` layers on the prefill side, at most
-  `max_split_forward_layers` while decode runs; the round waits for decode only. Finished
-  prefills join the decode batch. The level is chosen again (`level_rule.SloRule`: SGLang's
-  rule, or `level_rule: slo`) only while the prefill side is idle (a level change syncs both
-  sides, so SGLang changes it at prefill boundaries).
-- `chunked`: each step runs the decode batch plus one `chunk_size` piece of one
-  prompt in a single forward on every unit.
-- `prefill-first`: waiting prompts are prefilled whole, on every unit, before
-  decode continues.
-- `disagg`: a prefill instance and a decode instance with their own KV pools; KV
-  moves between them over a link (`disagg.py`).
+- `pdmux`: one decode step on the decode side while the in-flight prefill batch advances
+  `k = min(L, max(1, budget // tokens))` layers on the prefill side, at most
+  `max_split_forward_layers` while decode runs (all layers left when nothing decodes, but on the
+  CPU); the round waits for decode only. A prompt longer than `chunked_prefill_size` is
+  prefilled chunk by chunk, each chunk so (`pdmux_prefill.py`). Finished prefills join the decode
+  batch. The level is chosen again (`level_rule.SloRule`: SGLang's rule, or `level_rule: slo`)
+  only while the prefill side is idle (a level change syncs both sides, as SGLang's does).
+- `chunked`: each step runs the decode batch plus one `chunk_size` piece of one prompt in a
+  single forward on every unit.
+- `prefill-first`: waiting prompts are prefilled whole, on every unit, before decode continues.
+- `disagg`: a prefill and a decode instance with their own KV pools; KV moves over a link (`disagg.py`).
 
 With greedy sampling the policies give the same tokens: only timing differs.
 
 The scheduler is the one owner of what a token means: `append_token` (`tokens.py`) appends
 it, moves the request's status along and decides "finished"; the executor only returns tokens.
 `abort` ends a request early (its client left, or a stop string matched) and frees its KV; a
-prefill whose requests were all aborted stops at the next round boundary with no slice of it
-running.
+prefill whose requests were all aborted stops at the next round boundary with no slice running.
 """
 from __future__ import annotations
 
@@ -37,25 +35,13 @@ from pdtop.engine.runtime.kv_link import CopyLink, VirtualLink
 from pdtop.engine.scheduling.disagg import DisaggPair, check_disagg
 from pdtop.engine.scheduling.level_rule import DecodeStepModel, SloRule
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
+from pdtop.engine.scheduling.pdmux_prefill import PrefillBatch, begin, between_chunks, next_slice
 from pdtop.engine.scheduling.policies import check_policy
-from pdtop.engine.scheduling.splits import SplitTable, prefill_layers_per_step, slice_layers
+from pdtop.engine.scheduling.splits import SplitTable
 from pdtop.engine.scheduling.tokens import append_token as append_token
 from pdtop.engine.scheduling.tokens import generate as generate
 
 MAX_PREFILL_TOKENS = 8192  # prompt tokens a pdmux / prefill-first batch may gather
-
-
-@dataclass
-class PrefillBatch(Generic[S]):
-    reqs: list[Request]
-    state: S  # what the executor's `prefill_begin` made; only the executor reads it
-    tokens: int
-    layers_per_round: int  # the current slice's: `budget_layers`, capped while decode runs
-    budget_layers: int = 0  # min(L, max(1, budget // tokens)), set when the batch starts
-    layers_done: int = 0
-    submitted_end: int = 0  # layers submitted so far (>= layers_done while slices are in flight)
-    in_flight: deque[tuple[int, Work]] = field(default_factory=deque)  # (end layer, work) of each unfinished slice
-    charged: float = 0.0  # the fraction of the oldest slice in flight charged to rounds so far
 
 
 @dataclass
@@ -87,6 +73,7 @@ class Scheduler(Generic[S]):
         self.running: list[Request] = []
         self.prefill: PrefillBatch[S] | None = None
         self.chunk_req: Request | None = None
+        self.pdmux_chunk: Request | None = None  # a prompt pdmux prefills chunk by chunk (`pdmux_prefill.py`)
         self.round_index = 0
         self.rejected: list[Request] = []  # reported as "finish" records by the next step
         self.waiting_tokens = 0  # prompt tokens in `waiting` (the engine's admission cap reads it)
@@ -112,6 +99,8 @@ class Scheduler(Generic[S]):
             return None
         if req is self.chunk_req:
             self.chunk_req = None
+        elif req is self.pdmux_chunk:  # between two of its chunks
+            self.pdmux_chunk = None
         elif req in self.running:
             self.running.remove(req)
         elif req in self.waiting:
@@ -136,7 +125,8 @@ class Scheduler(Generic[S]):
 
     @property
     def prefill_in_flight(self) -> bool:
-        return self.prefill is not None or self.chunk_req is not None or (self.pair is not None and self.pair.busy())
+        return (self.prefill is not None or self.chunk_req is not None or self.pdmux_chunk is not None
+                or (self.pair is not None and self.pair.busy()))
 
     def idle(self) -> bool:
         return not (self.waiting or self.running or self.prefill_in_flight)
@@ -236,19 +226,27 @@ class Scheduler(Generic[S]):
             pf.charged = 0.0
         if pf.layers_done == self.num_layers:
             self.prefill = None
-            self._join_decode(pf.reqs, self.executor.finish_prefill(pf.state), stats)
+            tokens = self.executor.finish_prefill(pf.state)
+            if tokens or not pf.reqs:
+                self.pdmux_chunk = None
+                self._join_decode(pf.reqs, tokens, stats)
+            elif (reason := self._ending.pop(pf.reqs[0].id, None)) is not None:  # aborted during a chunk
+                self.pdmux_chunk = None
+                stats.requests.append(self._end(pf.reqs[0], reason, self.device.now()))
         elif not pf.in_flight and all(r.id in self._ending for r in pf.reqs):  # all its clients left:
-            self.prefill, now = None, self.device.now()  # no more of its slices run, its KV is freed now
+            self.prefill, self.pdmux_chunk, now = None, None, self.device.now()  # no more of it runs, KV freed
             stats.requests += [self._end(r, self._ending.pop(r.id), now) for r in pf.reqs]
 
     def _step_pdmux(self, stats: RoundStats) -> None:
         self._collect_prefill(stats)  # a real device's chunk may have finished between rounds
-        if self.prefill is None and self.waiting:
-            reqs = self._admit(self.max_prefill_tokens)
+        size = self.config.chunked_prefill_size
+        if self.prefill is None and (self.pdmux_chunk is not None or self.waiting):
+            # a chunked prompt's next chunk first (SGLang: its chunked request), else new prompts
+            reqs = [self.pdmux_chunk] if self.pdmux_chunk else self._admit(min(self.max_prefill_tokens, size or
+                                                                              self.max_prefill_tokens))
             if reqs:
-                tokens = sum(r.prompt_len for r in reqs)
-                k = prefill_layers_per_step(tokens, self.num_layers, self.config.token_budget)
-                self.prefill = PrefillBatch(reqs, self.executor.prefill_begin(reqs), tokens, k, k)
+                self.prefill = begin(self.executor, reqs, self.num_layers, self.config.token_budget, size)
+                self.pdmux_chunk = reqs[0] if self.prefill.span is not None else None
         if not self.device.prefill_busy():
             level = self.pinned if self.pinned is not None else self.levels.choose(
                 self.table, len(self.running), self.prefill is not None, self.config, self.executor.kv_usage()[0])
@@ -258,9 +256,10 @@ class Scheduler(Generic[S]):
         # CUDA queues up to two, so the prefill SMs never wait for the next round to get work).
         if pf is not None and pf.submitted_end < self.num_layers and (
                 not self.device.prefill_busy() or len(pf.in_flight) < self.device.max_prefill_in_flight):
-            pf.layers_per_round = slice_layers(pf.budget_layers, self.config.max_split_forward_layers, self.running)
+            pf.layers_per_round = next_slice(pf, self.num_layers, self.config.max_split_forward_layers,
+                                             bool(self.running), whole_alone=self.device.kind != "cpu")
             end = min(self.num_layers, pf.submitted_end + pf.layers_per_round)
-            work = self.executor.prefill(pf.state, pf.reqs, pf.submitted_end, end)
+            work = self.executor.prefill(pf.state, pf.reqs, pf.submitted_end, end, pf.span)
             self.device.submit_prefill(work)
             pf.submitted_end = end
             pf.in_flight.append((end, work))
@@ -365,8 +364,9 @@ class Scheduler(Generic[S]):
             return self.pair.progress()
         L = self.num_layers
         if self.prefill is not None:
-            pf = self.prefill
-            return [PrefillProgress([r.id for r in pf.reqs], pf.tokens, pf.layers_done, L, pf.layers_per_round)]
+            return [self.prefill.progress(L)]
+        if self.pdmux_chunk is not None:
+            return [between_chunks(self.pdmux_chunk, L, self.config.chunked_prefill_size, self.config.token_budget)]
         if self.chunk_req is not None:
             r = self.chunk_req
             return [PrefillProgress([r.id], r.prompt_len, L * r.num_cached // r.prompt_len, L, 0, r.num_cached)]

@@ -46,7 +46,7 @@ decode_bs_divisor: 24
     assert c.to_dict() == {"sm_group_num": 5, "manual_divisions": [[112, 20, 1], [96, 36, 16], [72, 56, 32]],
                            "split_forward_token_budget": 32768, "max_split_forward_layers": 0,
                            "decode_bs_divisor": 24, "overlap_decode_full_sm": False, "chunk_size": 512,
-                           "level_rule": "sglang", "slo_itl_ms": None}
+                           "level_rule": "sglang", "slo_itl_ms": None, "chunked_prefill_size": 0}
     assert PdmuxConfig(**c.to_dict()) == c
 
 

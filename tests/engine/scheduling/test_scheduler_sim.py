@@ -147,6 +147,8 @@ def test_bad_control_is_rejected_and_changes_nothing(msg, field):
 
 def test_policy_switch_waits_for_in_flight_prefill():
     engine = build_engine("sim:H100", policy="pdmux")
+    engine.submit(engine.prompts.make(100), 30, ignore_eos=True)  # decoding: the prefill is sliced
+    engine.step()
     engine.submit(engine.prompts.make(8192), 3, ignore_eos=True)
     engine.step()
     assert engine.scheduler.prefill is not None
