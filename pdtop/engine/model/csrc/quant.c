@@ -1,0 +1,198 @@
+/* Matmuls on a GGUF's quantized blocks, as stored in the file: y[n, out] = x[n, in] @ W^T for W of
+   type Q4_0, Q4_1 or Q8_0 (rows of in/32 blocks), and dequantizing chosen rows (the embedding).
+
+   Batch-1 decode is memory-bound: reading the 20-byte Q4_1 blocks instead of 128 bytes of float32
+   per 32 weights is most of the speed. As llama.cpp's vec_dot does, each activation row is first
+   quantized per block of 32 to int8 (scale d = amax / 127, and s = d * sum(q) for the types with an
+   offset), then every weight block meets it in an integer dot product:
+     Q8_0: d_w * d_x * sum(qw * qx)
+     Q4_1: d_w * d_x * sum(nib * qx) + m_w * s_x          (w = d * nib + m)
+     Q4_0: the same with m_w = -8 d_w                      (w = d * (nib - 8))
+   Each dot has an AVX2 path (`maddubs`: unsigned x signed bytes to int16 pairs, `madd` to int32,
+   one FMA per block) and a portable one; `portable` forces the latter (tests, comparisons).
+
+   Work is split over the calling thread's OpenMP team by tiles of TILE weight rows, so each block
+   is read once for all n activation rows; a small matmul runs on the calling thread alone (waking
+   the team costs more). Built and checked by pdtop/engine/model/quant_kernels.py. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define HAVE_AVX2 1
+#endif
+
+enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 }; /* GGMLQuantizationType values */
+#define QK 32
+#define TILE 16
+#define PARALLEL_MIN (1 << 13) /* block dots below which one thread does it all */
+
+typedef struct {
+    float d, s;      /* scale, d * sum(q) */
+    int8_t q[QK];
+} XBlock;
+
+static inline float half_to_float(uint16_t h) {
+#ifdef HAVE_AVX2
+    return _cvtsh_ss(h);
+#else
+    const uint32_t sign = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 0x1f, m = h & 0x3ff;
+    if (e == 0) return (sign ? -1.f : 1.f) * ldexpf((float)m, -24);
+    uint32_t bits = sign | (e == 31 ? 0x7f800000u | (m << 13) : ((e + 112) << 23) | (m << 13));
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+#endif
+}
+
+static inline uint16_t read_u16(const uint8_t* p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+int64_t pdtop_quant_block_bytes(int32_t type) {
+    return type == Q8_0 ? 34 : type == Q4_1 ? 20 : type == Q4_0 ? 18 : 0;
+}
+
+int32_t pdtop_quant_has_avx2(void) {
+#ifdef HAVE_AVX2
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+static void quantize_row(const float* x, int64_t nb, XBlock* out) {
+    for (int64_t b = 0; b < nb; ++b) {
+        const float* v = x + b * QK;
+        float amax = 0.f;
+        for (int j = 0; j < QK; ++j) amax = fmaxf(amax, fabsf(v[j]));
+        const float d = amax / 127.f, id = d > 0.f ? 1.f / d : 0.f;
+        int sum = 0;
+        for (int j = 0; j < QK; ++j) {
+            const int q = (int)nearbyintf(v[j] * id);
+            out[b].q[j] = (int8_t)q;
+            sum += q;
+        }
+        out[b].d = d;
+        out[b].s = d * (float)sum;
+    }
+}
+
+/* One weight row against one quantized activation row (nb blocks), portable. */
+static float dot_portable(int32_t type, const uint8_t* w, const XBlock* x, int64_t nb) {
+    float acc = 0.f;
+    if (type == Q8_0) {
+        for (int64_t b = 0; b < nb; ++b, w += 34) {
+            const int8_t* q = (const int8_t*)(w + 2);
+            int sum = 0;
+            for (int j = 0; j < QK; ++j) sum += q[j] * x[b].q[j];
+            acc += half_to_float(read_u16(w)) * x[b].d * (float)sum;
+        }
+        return acc;
+    }
+    const int64_t size = pdtop_quant_block_bytes(type), qoff = type == Q4_1 ? 4 : 2;
+    for (int64_t b = 0; b < nb; ++b, w += size) {
+        const float d = half_to_float(read_u16(w));
+        const float m = type == Q4_1 ? half_to_float(read_u16(w + 2)) : -8.f * d;
+        const uint8_t* q = w + qoff;
+        int sum = 0;
+        for (int j = 0; j < QK / 2; ++j) sum += (q[j] & 15) * x[b].q[j] + (q[j] >> 4) * x[b].q[j + QK / 2];
+        acc += d * x[b].d * (float)sum + m * x[b].s;
+    }
+    return acc;
+}
+
+#ifdef HAVE_AVX2
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static float dot_avx2(int32_t type, const uint8_t* w, const XBlock* x, int64_t nb) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc = _mm256_setzero_ps();
+    if (type == Q8_0) {
+        for (int64_t b = 0; b < nb; ++b, w += 34) {
+            const __m256i qw = _mm256_loadu_si256((const __m256i*)(w + 2));
+            const __m256i qx = _mm256_loadu_si256((const __m256i*)x[b].q);
+            /* |w| (unsigned) times x with w's sign: maddubs' operand types */
+            const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(qw, qw), _mm256_sign_epi8(qx, qw));
+            const __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
+            acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(read_u16(w)) * x[b].d), s, acc);
+        }
+        return hsum8(acc);
+    }
+    const __m256i low4 = _mm256_set1_epi8(15);
+    const int64_t size = pdtop_quant_block_bytes(type), qoff = type == Q4_1 ? 4 : 2;
+    float offset = 0.f;
+    for (int64_t b = 0; b < nb; ++b, w += size) {
+        const float d = _cvtsh_ss(read_u16(w));
+        const float m = type == Q4_1 ? _cvtsh_ss(read_u16(w + 2)) : -8.f * d;
+        const __m128i q = _mm_loadu_si128((const __m128i*)(w + qoff));
+        const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), low4);
+        const __m256i qx = _mm256_loadu_si256((const __m256i*)x[b].q);
+        const __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(nib, qx), ones));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * x[b].d), s, acc);
+        offset += m * x[b].s;
+    }
+    return hsum8(acc) + offset;
+}
+#endif
+
+/* y[i * out_f + r] = row r of w . x[i * in_f ...] for i < n, r < out_f; x rows contiguous, in_f a
+   multiple of 32. Returns 0, or -1 for an unknown type or no memory. */
+int32_t pdtop_quant_matmul(int32_t type, const uint8_t* w, int64_t out_f, int64_t in_f, const float* x, int64_t n,
+                           float* y, int32_t portable) {
+    const int64_t size = pdtop_quant_block_bytes(type), nb = in_f / QK, row_bytes = nb * size;
+    if (!size || in_f % QK) return -1;
+    XBlock* xq = malloc(sizeof(XBlock) * (size_t)(n * nb));
+    if (!xq) return -1;
+    float (*dot)(int32_t, const uint8_t*, const XBlock*, int64_t) = dot_portable;
+#ifdef HAVE_AVX2
+    if (!portable) dot = dot_avx2;
+#endif
+    const int parallel = out_f * nb * n >= PARALLEL_MIN;
+#pragma omp parallel if (parallel)
+    {
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < n; ++i) quantize_row(x + i * in_f, nb, xq + i * nb);
+#pragma omp for schedule(static)
+        for (int64_t t = 0; t < out_f; t += TILE) {
+            const int64_t end = t + TILE < out_f ? t + TILE : out_f;
+            for (int64_t i = 0; i < n; ++i)
+                for (int64_t r = t; r < end; ++r) y[i * out_f + r] = dot(type, w + r * row_bytes, xq + i * nb, nb);
+        }
+    }
+    free(xq);
+    return 0;
+}
+
+/* out[k, :] = row ids[k] of w, dequantized (in_f floats each). Returns 0, or -1 for an unknown type. */
+int32_t pdtop_quant_rows(int32_t type, const uint8_t* w, int64_t in_f, const int64_t* ids, int64_t n, float* out) {
+    const int64_t size = pdtop_quant_block_bytes(type), nb = in_f / QK;
+    if (!size || in_f % QK) return -1;
+    for (int64_t k = 0; k < n; ++k) {
+        const uint8_t* blk = w + ids[k] * nb * size;
+        float* o = out + k * in_f;
+        for (int64_t b = 0; b < nb; ++b, blk += size, o += QK) {
+            const float d = half_to_float(read_u16(blk));
+            if (type == Q8_0) {
+                for (int j = 0; j < QK; ++j) o[j] = d * (float)((const int8_t*)(blk + 2))[j];
+                continue;
+            }
+            const float m = type == Q4_1 ? half_to_float(read_u16(blk + 2)) : -8.f * d;
+            const uint8_t* q = blk + (type == Q4_1 ? 4 : 2);
+            for (int j = 0; j < QK / 2; ++j) {
+                o[j] = d * (float)(q[j] & 15) + m;
+                o[j + QK / 2] = d * (float)(q[j] >> 4) + m;
+            }
+        }
+    }
+    return 0;
+}
