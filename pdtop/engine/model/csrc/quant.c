@@ -143,6 +143,48 @@ static float dot_avx2(int32_t type, const uint8_t* w, const XBlock* x, int64_t n
     }
     return hsum8(acc) + offset;
 }
+
+/* int32 sums of the 8 lanes' byte products u8 (w) x s8 (x): one VNNI instruction where the CPU has it */
+static inline __m256 dot_bytes(__m256i u, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s));
+#else
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+#endif
+}
+
+/* One weight row against XR activation rows (x, x + nb, ...): each weight block is unpacked once. */
+#define XR 4
+static void dot_avx2_rows(int32_t type, const uint8_t* w, const XBlock* x, int64_t nb, float* out) {
+    __m256 acc[XR];
+    float offset[XR] = {0};
+    for (int c = 0; c < XR; ++c) acc[c] = _mm256_setzero_ps();
+    const __m256i low4 = _mm256_set1_epi8(15);
+    const int64_t size = pdtop_quant_block_bytes(type), qoff = type == Q4_1 ? 4 : 2;
+    for (int64_t b = 0; b < nb; ++b, w += size) {
+        const float d = _cvtsh_ss(read_u16(w));
+        if (type == Q8_0) {
+            const __m256i qw = _mm256_loadu_si256((const __m256i*)(w + 2));
+            const __m256i aw = _mm256_sign_epi8(qw, qw);
+            for (int c = 0; c < XR; ++c) {
+                const XBlock* xb = x + c * nb + b;
+                const __m256i qx = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i*)xb->q), qw);
+                acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb->d), dot_bytes(aw, qx), acc[c]);
+            }
+            continue;
+        }
+        const float m = type == Q4_1 ? _cvtsh_ss(read_u16(w + 2)) : -8.f * d;
+        const __m128i q = _mm_loadu_si128((const __m128i*)(w + qoff));
+        const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), low4);
+        for (int c = 0; c < XR; ++c) {
+            const XBlock* xb = x + c * nb + b;
+            const __m256i qx = _mm256_loadu_si256((const __m256i*)xb->q);
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb->d), dot_bytes(nib, qx), acc[c]);
+            offset[c] += m * xb->s;
+        }
+    }
+    for (int c = 0; c < XR; ++c) out[c] = hsum8(acc[c]) + offset[c];
+}
 #endif
 
 /* y[i * out_f + r] = row r of w . x[i * in_f ...] for i < n, r < out_f; x rows contiguous, in_f a
@@ -165,7 +207,17 @@ int32_t pdtop_quant_matmul(int32_t type, const uint8_t* w, int64_t out_f, int64_
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < out_f; t += TILE) {
             const int64_t end = t + TILE < out_f ? t + TILE : out_f;
-            for (int64_t i = 0; i < n; ++i)
+            int64_t i = 0;
+#ifdef HAVE_AVX2
+            if (!portable)
+                for (; i + XR <= n; i += XR)
+                    for (int64_t r = t; r < end; ++r) {
+                        float o[XR];
+                        dot_avx2_rows(type, w + r * row_bytes, xq + i * nb, nb, o);
+                        for (int c = 0; c < XR; ++c) y[(i + c) * out_f + r] = o[c];
+                    }
+#endif
+            for (; i < n; ++i)
                 for (int64_t r = t; r < end; ++r) y[i * out_f + r] = dot(type, w + r * row_bytes, xq + i * nb, nb);
         }
     }
@@ -177,6 +229,7 @@ int32_t pdtop_quant_matmul(int32_t type, const uint8_t* w, int64_t out_f, int64_
 int32_t pdtop_quant_rows(int32_t type, const uint8_t* w, int64_t in_f, const int64_t* ids, int64_t n, float* out) {
     const int64_t size = pdtop_quant_block_bytes(type), nb = in_f / QK;
     if (!size || in_f % QK) return -1;
+#pragma omp parallel for schedule(static) if (n * in_f >= (1 << 18))
     for (int64_t k = 0; k < n; ++k) {
         const uint8_t* blk = w + ids[k] * nb * size;
         float* o = out + k * in_f;
