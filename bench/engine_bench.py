@@ -2,7 +2,7 @@
 side by side with HF transformers on the same GGUF when transformers is installed
 (`pip install '.[peers]'`; the GGUF is read offline).
 
-    .venv/bin/python bench/engine_bench.py [--threads 2] [--dtypes float32,bfloat16] [--engines pdtop,hf]
+    .venv/bin/python bench/engine_bench.py [--threads 2] [--dtypes float32,bfloat16,gguf] [--engines pdtop,hf]
 
 Both engines are loaded first and then measured in turns (pdtop, hf, pdtop, hf, ...),
 so load from other processes hits both alike. Decode figures exclude the prefill:
@@ -12,7 +12,8 @@ batch size / the 10th percentile of the step times of all --repeats turns (a
 machine shared with other work only ever makes a step slower; the median is shown
 beside it). The prefill figure is the best of --repeats times to the first token of
 one --prefill-tokens prompt (logits of the last position only, for both engines).
-Prints a table; asserts nothing.
+`gguf` is pdtop's `--dtype gguf` (matmuls on the file's quantized blocks); each pdtop row notes the
+weights it holds (float32 copies, or the blocks). Prints a table; asserts nothing.
 """
 from __future__ import annotations
 
@@ -56,6 +57,19 @@ def prompt_ids(n: int, vocab: int, seed: int) -> list[int]:
     return torch.randint(100, min(vocab, 40000), (n,), generator=g).tolist()
 
 
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the tensors the model's modules hold (float weights, or the blocks of `--dtype gguf`)."""
+    from pdtop.engine.model.quant_linear import QuantWeight
+
+    held: dict[int, int] = {}
+    for m in model.modules():
+        for t in vars(m).values():
+            t = t.blocks if isinstance(t, QuantWeight) else t
+            if isinstance(t, torch.Tensor):
+                held[id(t)] = t.numel() * t.element_size()  # oneDNN's packed copies have no storage to share
+    return sum(held.values())
+
+
 def pdtop_engine(dtype: str, args: argparse.Namespace) -> Engine:
     from pdtop.engine.model.loader import load_model
     from pdtop.engine.request import Request, SamplingParams
@@ -97,10 +111,13 @@ def pdtop_engine(dtype: str, args: argparse.Namespace) -> Engine:
         runner.free(req)
         return dt
 
-    return Engine("pdtop", dtype, decode_steps, prefill_time)
+    note = f"weights {model.weights}, {weight_bytes(model) / 2**20:.0f} MiB held"
+    return Engine("pdtop", dtype, decode_steps, prefill_time, note=note)
 
 
 def hf_engine(dtype: str, args: argparse.Namespace) -> Engine:
+    if dtype == "gguf":
+        raise ValueError("no gguf dtype in transformers (it dequantizes the file); compare the float32 row")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import transformers
     from transformers import AutoModelForCausalLM
