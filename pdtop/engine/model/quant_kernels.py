@@ -34,7 +34,11 @@ ROUNDING_TOL = 0.02  # vs dequantize(W) @ x, relative to the result's norm (int8
 @dataclass(frozen=True)
 class QuantKernels:
     lib: ctypes.CDLL
-    avx2: bool  # whether the fast path is built here (else only the portable one runs)
+    fast: int  # the fast path built here: 0 none (only the portable one runs), 1 AVX2, 2 AVX-512 VNNI
+
+    @property
+    def avx2(self) -> bool:
+        return self.fast > 0
 
     def matmul(self, qtype: int, w: torch.Tensor, in_f: int, x: torch.Tensor, portable: bool = False) -> torch.Tensor:
         """`x [n, in_f] float32` @ W^T -> `[n, out]`, W the uint8 `[out, row_bytes]` blocks of `qtype`."""
@@ -99,19 +103,19 @@ def kernels() -> QuantKernels | None:
     lib.pdtop_quant_matmul.argtypes = [i32, ptr, i64, i64, ptr, i64, ptr, i32]
     lib.pdtop_quant_rows.restype = i32
     lib.pdtop_quant_rows.argtypes = [i32, ptr, i64, ptr, i64, ptr]
-    lib.pdtop_quant_has_avx2.restype = i32
-    k = QuantKernels(lib, bool(lib.pdtop_quant_has_avx2()))
+    lib.pdtop_quant_fast_path.restype = i32
+    k = QuantKernels(lib, int(lib.pdtop_quant_fast_path()))
     for qtype, name in QUANT_TYPES.items():
         for portable in (True, False) if k.avx2 else (True,):
             for out_f, in_f, n in ((37, 96, 1), (19, 160, 5)):  # odd shapes, rows that are not a tile
                 problem = check(k, qtype, out_f, in_f, n, portable)
                 if problem:
                     log.warning("the %s kernel (%s) is %s; loading float32", name,
-                                "portable" if portable else "avx2", problem)
+                                "portable" if portable else path_name(k), problem)
                     return None
     return k
 
 
 def path_name(k: QuantKernels) -> str:
     """Which dot-product path runs, for describe() and the header."""
-    return "avx2" if k.avx2 else "portable"
+    return {0: "portable", 1: "avx2", 2: "avx512-vnni"}.get(k.fast, "portable")

@@ -91,14 +91,33 @@ def chat_ids(tokenizer, text: str) -> list[int]:
     return tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": text}]))
 
 
-def test_gguf_model_reference_answer_and_describe(model_gguf, tokenizer):
-    runner = ModelRunner(model_gguf, kv_capacity_tokens=512)
-    out = list(generate(runner, Request(0, chat_ids(tokenizer, "What is the capital of France?"),
-                                        SamplingParams(max_tokens=32))))
-    assert out[-1] in model_gguf.config.eos_ids
-    assert tokenizer.decode(out[:-1]) == "The capital of France is Paris."
-    weights = runner.describe()["weights"]
-    assert weights.startswith("gguf Q4_1+Q8_0 (") and weights.endswith(("avx2)", "portable)"))
+# Greedy decoding on int8 activations (llama.cpp's arithmetic for these files) follows float32 except
+# where float32's own choice is a near-tie: the reference prompt's first token is one ("The" 25.33,
+# "L" 25.24). So the answers must agree up to the first position where float32's top logit leads the
+# token taken by less than NEAR_TIE; past it they are different texts.
+NEAR_TIE = 0.5
+
+
+def greedy(model, ids: list[int], n: int) -> list[int]:
+    return list(generate(ModelRunner(model, kv_capacity_tokens=512), Request(0, ids, SamplingParams(max_tokens=n))))
+
+
+@pytest.mark.parametrize("prompt", ["What is the capital of France?", "Name three colours of the rainbow."])
+def test_gguf_greedy_answer_matches_float32_up_to_a_near_tie(model_gguf, model_fp32, tokenizer, prompt):
+    ids = chat_ids(tokenizer, prompt)
+    q, f = greedy(model_gguf, ids, 24), greedy(model_fp32, ids, 24)
+    k = next((i for i, (a, b) in enumerate(zip(q, f, strict=False)) if a != b), None)
+    if k is None:
+        assert q == f
+        return
+    logits = prompt_logits(model_fp32, ids + f[:k], [])
+    gap = float(logits[f[k]] - logits[q[k]])
+    assert 0 <= gap < NEAR_TIE, (k, tokenizer.decode(f[:k + 1]), tokenizer.decode(q[:k + 1]), gap)
+
+
+def test_gguf_describe_says_what_runs(model_gguf):
+    weights = ModelRunner(model_gguf, kv_capacity_tokens=64).describe()["weights"]
+    assert weights.startswith("gguf Q4_1+Q8_0 (") and weights.endswith(("avx2)", "avx512-vnni)", "portable)"))
 
 
 def prompt_logits(model, ids: list[int], cuts: list[int]) -> torch.Tensor:

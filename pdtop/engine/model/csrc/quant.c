@@ -22,6 +22,9 @@
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define HAVE_AVX2 1
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define HAVE_VNNI512 1 /* two blocks per dpbusd on 512-bit registers */
+#endif
 #endif
 
 enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 }; /* GGMLQuantizationType values */
@@ -57,8 +60,11 @@ int64_t pdtop_quant_block_bytes(int32_t type) {
     return type == Q8_0 ? 34 : type == Q4_1 ? 20 : type == Q4_0 ? 18 : 0;
 }
 
-int32_t pdtop_quant_has_avx2(void) {
-#ifdef HAVE_AVX2
+/* the fast path built here: 0 none (portable only), 1 AVX2, 2 AVX-512 VNNI */
+int32_t pdtop_quant_fast_path(void) {
+#if defined(HAVE_VNNI512)
+    return 2;
+#elif defined(HAVE_AVX2)
     return 1;
 #else
     return 0;
@@ -187,6 +193,85 @@ static void dot_avx2_rows(int32_t type, const uint8_t* w, const XBlock* x, int64
 }
 #endif
 
+#ifdef HAVE_VNNI512
+/* Two weight blocks (b, b + 1) as 64 unsigned bytes in element order, and their scale pair and
+   offsets: Q4 nibbles 0..15 | 16..31 per block, or Q8_0's |w| (its signs go onto x, `signs`). */
+typedef struct {
+    __m512i u;
+    __mmask64 signs;
+    float d0, d1, m0, m1;
+} WPair;
+
+static inline WPair wpair(int32_t type, const uint8_t* w, int64_t size, int64_t qoff) {
+    WPair p;
+    p.d0 = _cvtsh_ss(read_u16(w));
+    p.d1 = _cvtsh_ss(read_u16(w + size));
+    p.signs = 0;
+    p.m0 = p.m1 = 0.f;
+    if (type == Q8_0) {
+        const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)(w + 2))),
+                                             _mm256_loadu_si256((const __m256i*)(w + size + 2)), 1);
+        p.signs = _mm512_movepi8_mask(q);
+        p.u = _mm512_abs_epi8(q);
+        return p;
+    }
+    p.m0 = type == Q4_1 ? _cvtsh_ss(read_u16(w + 2)) : -8.f * p.d0;
+    p.m1 = type == Q4_1 ? _cvtsh_ss(read_u16(w + size + 2)) : -8.f * p.d1;
+    const __m256i q = _mm256_set_m128i(_mm_loadu_si128((const __m128i*)(w + size + qoff)),
+                                       _mm_loadu_si128((const __m128i*)(w + qoff)));
+    const __m256i low4 = _mm256_set1_epi8(15);
+    const __m256i lo = _mm256_and_si256(q, low4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+    /* [lo0, lo1, hi0, hi1] -> [lo0, hi0, lo1, hi1] */
+    const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    p.u = _mm512_shuffle_i64x2(v, v, _MM_SHUFFLE(3, 1, 2, 0));
+    return p;
+}
+
+/* An activation row's blocks b, b + 1 as one 512-bit load each: values, d per lane, s / 8 per lane
+   (so the 8 lanes of a block add up to the offset term m * s). */
+typedef struct {
+    int8_t q[2 * QK];
+    float d[16], s[16];
+} XPair;
+
+static void pair_row(const XBlock* xb, int64_t nb, XPair* out) {
+    for (int64_t b = 0; b + 2 <= nb; b += 2, ++out) {
+        memcpy(out->q, xb[b].q, QK);
+        memcpy(out->q + QK, xb[b + 1].q, QK);
+        for (int j = 0; j < 8; ++j) {
+            out->d[j] = xb[b].d, out->d[8 + j] = xb[b + 1].d;
+            out->s[j] = xb[b].s / 8.f, out->s[8 + j] = xb[b + 1].s / 8.f;
+        }
+    }
+}
+
+/* One weight row against nx <= XR activation rows (pairs x + c * np, blocks xb + c * nb for an odd
+   last block), two blocks per dpbusd. */
+static void dot_vnni_rows(int32_t type, const uint8_t* w, const XPair* x, const XBlock* xb, int64_t nb, int nx,
+                          float* out) {
+    const int64_t size = pdtop_quant_block_bytes(type), qoff = type == Q4_1 ? 4 : 2, np = nb / 2;
+    __m512 acc[XR];
+    for (int c = 0; c < XR; ++c) acc[c] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < np; ++p) {
+        const WPair wp = wpair(type, w + 2 * p * size, size, qoff);
+        const __m512 wd = _mm512_insertf32x8(_mm512_set1_ps(wp.d0), _mm256_set1_ps(wp.d1), 1);
+        const __m512 wm = _mm512_insertf32x8(_mm512_set1_ps(wp.m0), _mm256_set1_ps(wp.m1), 1);
+        for (int c = 0; c < nx; ++c) {
+            const XPair* xp = x + c * np + p;
+            __m512i xv = _mm512_loadu_si512(xp->q);
+            if (type == Q8_0) xv = _mm512_mask_sub_epi8(xv, wp.signs, _mm512_setzero_si512(), xv);
+            const __m512 sv = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), wp.u, xv));
+            acc[c] = _mm512_fmadd_ps(_mm512_mul_ps(sv, _mm512_loadu_ps(xp->d)), wd, acc[c]);
+            if (type != Q8_0) acc[c] = _mm512_fmadd_ps(wm, _mm512_loadu_ps(xp->s), acc[c]);
+        }
+    }
+    for (int c = 0; c < nx; ++c) {
+        out[c] = _mm512_reduce_add_ps(acc[c]);
+        if (nb & 1) out[c] += dot_avx2(type, w + (nb - 1) * size, xb + c * nb + nb - 1, 1); /* an odd last block */
+    }
+}
+#endif
+
 /* y[i * out_f + r] = row r of w . x[i * in_f ...] for i < n, r < out_f; x rows contiguous, in_f a
    multiple of 32. Returns 0, or -1 for an unknown type or no memory. */
 int32_t pdtop_quant_matmul(int32_t type, const uint8_t* w, int64_t out_f, int64_t in_f, const float* x, int64_t n,
@@ -199,15 +284,39 @@ int32_t pdtop_quant_matmul(int32_t type, const uint8_t* w, int64_t out_f, int64_
 #ifdef HAVE_AVX2
     if (!portable) dot = dot_avx2;
 #endif
+    XPair* xp = NULL;
+#ifdef HAVE_VNNI512
+    const int64_t np = nb / 2;
+    if (!portable && np && !(xp = malloc(sizeof(XPair) * (size_t)(n * np)))) {
+        free(xq);
+        return -1;
+    }
+#endif
     const int parallel = out_f * nb * n >= PARALLEL_MIN;
 #pragma omp parallel if (parallel)
     {
 #pragma omp for schedule(static)
-        for (int64_t i = 0; i < n; ++i) quantize_row(x + i * in_f, nb, xq + i * nb);
+        for (int64_t i = 0; i < n; ++i) {
+            quantize_row(x + i * in_f, nb, xq + i * nb);
+#ifdef HAVE_VNNI512
+            if (xp) pair_row(xq + i * nb, nb, xp + i * np);
+#endif
+        }
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < out_f; t += TILE) {
             const int64_t end = t + TILE < out_f ? t + TILE : out_f;
             int64_t i = 0;
+#ifdef HAVE_VNNI512
+            if (xp)
+                for (; i < n; i += XR) {
+                    const int nx = n - i < XR ? (int)(n - i) : XR;
+                    for (int64_t r = t; r < end; ++r) {
+                        float o[XR];
+                        dot_vnni_rows(type, w + r * row_bytes, xp + i * np, xq + i * nb, nb, nx, o);
+                        for (int c = 0; c < nx; ++c) y[(i + c) * out_f + r] = o[c];
+                    }
+                }
+#endif
 #ifdef HAVE_AVX2
             if (!portable)
                 for (; i + XR <= n; i += XR)
@@ -221,6 +330,7 @@ int32_t pdtop_quant_matmul(int32_t type, const uint8_t* w, int64_t out_f, int64_
                 for (int64_t r = t; r < end; ++r) y[i * out_f + r] = dot(type, w + r * row_bytes, xq + i * nb, nb);
         }
     }
+    free(xp);
     free(xq);
     return 0;
 }
