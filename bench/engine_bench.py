@@ -184,20 +184,24 @@ def main() -> int:
     ap.add_argument("--prefill-tokens", type=int, default=2048, help="default 2048")
     ap.add_argument("--repeats", type=int, default=3, help="turns per figure and engine (default 3)")
     ap.add_argument("--quantile", type=float, default=0.1, help="decode step-time quantile reported (default 0.1)")
+    ap.add_argument("--in-turns", action="store_true",
+                    help="load every dtype's engines at once and measure all of them in turns (more memory)")
     args = ap.parse_args()
     figures = [f for f in FIGURES if f in args.only.split(",")]
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()
     table: list[Engine] = []
-    for dtype in args.dtypes.split(","):
+    groups = [args.dtypes.split(",")] if args.in_turns else [[d] for d in args.dtypes.split(",")]
+    for dtypes in groups:
         engines: list[Engine] = []
-        for name in args.engines.split(","):
-            try:
-                engines.append((pdtop_engine if name == "pdtop" else hf_engine)(dtype, args))
-            except ImportError as e:
-                table.append(Engine(name, dtype, note=f"not installed ({e.name}); pip install '.[peers]'"))
-            except Exception as e:  # a peer that cannot load is reported, not fatal
-                table.append(Engine(name, dtype, note=f"failed: {type(e).__name__}: {e}"[:100]))
+        for dtype in dtypes:
+            for name in args.engines.split(","):
+                try:
+                    engines.append((pdtop_engine if name == "pdtop" else hf_engine)(dtype, args))
+                except ImportError as e:
+                    table.append(Engine(name, dtype, note=f"not installed ({e.name}); pip install '.[peers]'"))
+                except Exception as e:  # a peer that cannot load is reported, not fatal
+                    table.append(Engine(name, dtype, note=f"failed: {type(e).__name__}: {e}"[:100]))
         for fig in figures:
             for e in engines:  # warm-up turn, not counted
                 run_turn(e, fig)
@@ -205,7 +209,7 @@ def main() -> int:
             for _ in range(args.repeats):
                 for e in engines:
                     run_turn(e, fig)
-            print(f"  {dtype} {fig}: " + "; ".join(progress(e, fig, args.quantile) for e in engines),
+            print(f"  {fig}: " + "; ".join(f"{e.dtype} {progress(e, fig, args.quantile)}" for e in engines),
                   file=sys.stderr, flush=True)
         table.extend(engines)
         del engines
