@@ -2,7 +2,7 @@
 side by side with HF transformers on the same GGUF when transformers is installed
 (`pip install '.[peers]'`; the GGUF is read offline).
 
-    .venv/bin/python bench/engine_bench.py [--threads 2] [--dtypes float32,bfloat16] [--engines pdtop,hf]
+    .venv/bin/python bench/engine_bench.py [--threads 2] [--dtypes float32,bfloat16,gguf] [--engines pdtop,hf]
 
 Both engines are loaded first and then measured in turns (pdtop, hf, pdtop, hf, ...),
 so load from other processes hits both alike. Decode figures exclude the prefill:
@@ -12,7 +12,8 @@ batch size / the 10th percentile of the step times of all --repeats turns (a
 machine shared with other work only ever makes a step slower; the median is shown
 beside it). The prefill figure is the best of --repeats times to the first token of
 one --prefill-tokens prompt (logits of the last position only, for both engines).
-Prints a table; asserts nothing.
+`gguf` is pdtop's `--dtype gguf` (matmuls on the file's quantized blocks); each pdtop row notes the
+weights it holds (float32 copies, or the blocks). Prints a table; asserts nothing.
 """
 from __future__ import annotations
 
@@ -56,6 +57,19 @@ def prompt_ids(n: int, vocab: int, seed: int) -> list[int]:
     return torch.randint(100, min(vocab, 40000), (n,), generator=g).tolist()
 
 
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the tensors the model's modules hold (float weights, or the blocks of `--dtype gguf`)."""
+    from pdtop.engine.model.quant_linear import QuantWeight
+
+    held: dict[int, int] = {}
+    for m in model.modules():
+        for t in vars(m).values():
+            t = t.blocks if isinstance(t, QuantWeight) else t
+            if isinstance(t, torch.Tensor):
+                held[id(t)] = t.numel() * t.element_size()  # oneDNN's packed copies have no storage to share
+    return sum(held.values())
+
+
 def pdtop_engine(dtype: str, args: argparse.Namespace) -> Engine:
     from pdtop.engine.model.loader import load_model
     from pdtop.engine.request import Request, SamplingParams
@@ -97,10 +111,13 @@ def pdtop_engine(dtype: str, args: argparse.Namespace) -> Engine:
         runner.free(req)
         return dt
 
-    return Engine("pdtop", dtype, decode_steps, prefill_time)
+    note = f"weights {model.weights}, {weight_bytes(model) / 2**20:.0f} MiB held"
+    return Engine("pdtop", dtype, decode_steps, prefill_time, note=note)
 
 
 def hf_engine(dtype: str, args: argparse.Namespace) -> Engine:
+    if dtype == "gguf":
+        raise ValueError("no gguf dtype in transformers (it dequantizes the file); compare the float32 row")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import transformers
     from transformers import AutoModelForCausalLM
@@ -167,6 +184,8 @@ def main() -> int:
     ap.add_argument("--prefill-tokens", type=int, default=2048, help="default 2048")
     ap.add_argument("--repeats", type=int, default=3, help="turns per figure and engine (default 3)")
     ap.add_argument("--quantile", type=float, default=0.1, help="decode step-time quantile reported (default 0.1)")
+    ap.add_argument("--in-turns", action="store_true",
+                    help="load every dtype's engines at once and measure all of them in turns (more memory)")
     args = ap.parse_args()
     from pdtop.engine.devices.host import machine_line
     print(machine_line(), flush=True)  # the machine these figures come from
@@ -174,15 +193,17 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()
     table: list[Engine] = []
-    for dtype in args.dtypes.split(","):
+    groups = [args.dtypes.split(",")] if args.in_turns else [[d] for d in args.dtypes.split(",")]
+    for dtypes in groups:
         engines: list[Engine] = []
-        for name in args.engines.split(","):
-            try:
-                engines.append((pdtop_engine if name == "pdtop" else hf_engine)(dtype, args))
-            except ImportError as e:
-                table.append(Engine(name, dtype, note=f"not installed ({e.name}); pip install '.[peers]'"))
-            except Exception as e:  # a peer that cannot load is reported, not fatal
-                table.append(Engine(name, dtype, note=f"failed: {type(e).__name__}: {e}"[:100]))
+        for dtype in dtypes:
+            for name in args.engines.split(","):
+                try:
+                    engines.append((pdtop_engine if name == "pdtop" else hf_engine)(dtype, args))
+                except ImportError as e:
+                    table.append(Engine(name, dtype, note=f"not installed ({e.name}); pip install '.[peers]'"))
+                except Exception as e:  # a peer that cannot load is reported, not fatal
+                    table.append(Engine(name, dtype, note=f"failed: {type(e).__name__}: {e}"[:100]))
         for fig in figures:
             for e in engines:  # warm-up turn, not counted
                 run_turn(e, fig)
@@ -190,7 +211,7 @@ def main() -> int:
             for _ in range(args.repeats):
                 for e in engines:
                     run_turn(e, fig)
-            print(f"  {dtype} {fig}: " + "; ".join(progress(e, fig, args.quantile) for e in engines),
+            print(f"  {fig}: " + "; ".join(f"{e.dtype} {progress(e, fig, args.quantile)}" for e in engines),
                   file=sys.stderr, flush=True)
         table.extend(engines)
         del engines

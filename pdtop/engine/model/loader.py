@@ -18,6 +18,7 @@ None (the default model) and returns a `LlamaModel`.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import re
 from dataclasses import dataclass, replace
@@ -28,6 +29,7 @@ import numpy as np
 
 from pdtop.engine.errors import EngineError, ModelFileError, UnsupportedModelError
 from pdtop.engine.model.config import ModelConfig, RopeScaling
+from pdtop.engine.model.gguf_blocks import RawBlocks, kept
 from pdtop.engine.model.gguf_file import GGUFFile, TensorInfo, read_gguf
 
 if TYPE_CHECKING:
@@ -60,7 +62,8 @@ def default_model_path() -> Path:
 class GGUFWeights:
     path: Path
     config: ModelConfig
-    tensors: dict[str, np.ndarray]  # GGUF tensor names -> float32 arrays, [out, in], Q/K in adjacent-pair order
+    # GGUF tensor names -> float32 arrays, [out, in], Q/K in adjacent-pair order (or `RawBlocks`, with keep_blocks)
+    tensors: dict[str, np.ndarray | RawBlocks]
 
 
 _QUANT_TAG = re.compile(r"[.-](?:I?Q\d\w*|B?F16|F32)$", re.IGNORECASE)
@@ -156,9 +159,10 @@ def read_config(path: str | os.PathLike) -> ModelConfig:
     return _config(read_gguf(path))
 
 
-def load_gguf(path: str | os.PathLike, num_layers: int | None = None) -> GGUFWeights:
+def load_gguf(path: str | os.PathLike, num_layers: int | None = None, keep_blocks: bool = False) -> GGUFWeights:
     """Read and dequantize every tensor a model needs (of the first `num_layers` layers);
-    one-line errors for bad files."""
+    one-line errors for bad files. With `keep_blocks`, the matmul weights the quantized kernels
+    take stay as their blocks (`gguf_blocks.kept`)."""
     f = read_gguf(path)
     cfg = _config(f)
     if num_layers is not None:
@@ -173,12 +177,12 @@ def load_gguf(path: str | os.PathLike, num_layers: int | None = None) -> GGUFWei
     for i in range(cfg.num_layers):
         wanted += [f"blk.{i}.{n}.weight" for n in LAYER_TENSORS]
         wanted += [f"blk.{i}.{n}" for n in OPTIONAL_LAYER_TENSORS if f"blk.{i}.{n}" in f.tensors]
-    tensors: dict[str, np.ndarray] = {}
+    tensors: dict[str, np.ndarray | RawBlocks] = {}
     for name in wanted:
         info = f.tensors.get(name)
         if info is None:
             raise ModelFileError(f"{f.path}: GGUF lacks tensor {name}")
-        tensors[name] = _dequantize(f, info)
+        tensors[name] = (keep_blocks and kept(f, info)) or _dequantize(f, info)
     _check_shapes(cfg, tensors, f.path)
     if ROTATE_HALF_QK[cfg.arch]:
         from pdtop.engine.model import rope  # torch: only loading weights needs it, not `read_config`
@@ -187,7 +191,10 @@ def load_gguf(path: str | os.PathLike, num_layers: int | None = None) -> GGUFWei
         for name, arr in tensors.items():  # blk.{i}.{attn_q|attn_k|...}.{weight|bias}
             part = name.split(".")[2] if name.startswith("blk.") else ""
             if part in heads:
-                tensors[name] = rope.adjacent_pairs(arr, heads[part])
+                if isinstance(arr, RawBlocks):  # a permutation of rows: the same on blocks
+                    arr.raw = rope.adjacent_pairs(arr.raw, heads[part])
+                else:
+                    tensors[name] = rope.adjacent_pairs(arr, heads[part])
     return GGUFWeights(path=f.path, config=cfg, tensors=tensors)
 
 
@@ -242,7 +249,7 @@ def supported_types() -> list[str]:
     return names
 
 
-def _check_shapes(cfg: ModelConfig, t: dict[str, np.ndarray], path: Path) -> None:
+def _check_shapes(cfg: ModelConfig, t: dict[str, np.ndarray | RawBlocks], path: Path) -> None:
     h, d = cfg.hidden, cfg.head_dim
     nq, nk = cfg.num_heads * d, cfg.num_kv_heads * d
     expect = {"token_embd.weight": (cfg.vocab, h), "output_norm.weight": (h,),
@@ -273,9 +280,13 @@ def _model_weights(w: GGUFWeights, dtype: Any, device: Any) -> dict[str, Any]:
     """GGUF tensors -> the model's fused weights (`LlamaModel` docstring), in `dtype` on `device`."""
     import torch
 
+    from pdtop.engine.model.quant_linear import fused_blocks
+
     cfg, t = w.config, w.tensors
 
-    def get(*names: str, as_dtype: Any = dtype) -> torch.Tensor:
+    def get(*names: str, as_dtype: Any = dtype) -> Any:
+        if any(isinstance(t[n], RawBlocks) for n in names):  # --dtype gguf: one `QuantWeight` (or floats)
+            return fused_blocks([t.pop(n) for n in names], dtype, device)
         arrs = [torch.from_numpy(t.pop(n)) for n in names]
         out = arrs[0] if len(arrs) == 1 else torch.cat(arrs, dim=0)
         return out.to(device=device, dtype=as_dtype).contiguous()
@@ -320,11 +331,26 @@ def load_model(source: str | os.PathLike | None = None, dtype: Any = "float32", 
 
     if source is not None and str(source).startswith("synthetic:"):
         return synthetic_model(str(source), dtype=dtype, device=device, num_layers=num_layers)
-    dt, dev = parse_dtype(dtype), torch.device(device)
-    weights = load_gguf(default_model_path() if source is None else source, num_layers=num_layers)
+    keep_blocks = dtype == "gguf" and _blocks_here(torch.device(device))
+    dt, dev = torch.float32 if dtype == "gguf" else parse_dtype(dtype), torch.device(device)
+    weights = load_gguf(default_model_path() if source is None else source, num_layers=num_layers,
+                        keep_blocks=keep_blocks)
     if dev.type == "cpu":  # after the file checks out: a bad one is refused before anything is built
         from pdtop.engine.model import cpu_kernels
 
         cpu_kernels.prepare()  # a first build is said and done here, not inside the first forward pass
     with torch.inference_mode():
         return LlamaModel(weights.config, _model_weights(weights, dt, dev), dt, dev)
+
+
+def _blocks_here(device: Any) -> bool:
+    """Whether `--dtype gguf` can keep the blocks: on the CPU, with the quantized kernels built and
+    checked; elsewhere a one-line error, and without the kernels float32 (with a warning)."""
+    from pdtop.engine.model import quant_kernels
+
+    if device.type != "cpu":
+        raise EngineError(f"dtype gguf (compute on the file's quantized blocks) runs on the CPU, not {device.type}")
+    if quant_kernels.kernels() is None:
+        logging.getLogger(__name__).warning("the quantized kernels are unavailable here; loading float32")
+        return False
+    return True

@@ -127,6 +127,7 @@ class ModelRunner:
         """The dtype, the KV cache's size, and on CUDA how decode runs (attention kernel, graphs)."""
         kv = KvPlan(self.kv.pool.capacity_tokens, self.kv.bytes, self.kv_how)
         out: dict[str, Any] = {"dtype": str(self.model.dtype).removeprefix("torch."),
+                               "weights": getattr(self.model, "weights", ""),  # "gguf Q4_1+Q8_0 (avx2)"
                                "kv_cache": {**kv.to_dict(), "line": kv.line()}}
         return {**out, **self.cuda.describe()} if self.cuda is not None else out
 

@@ -1,0 +1,121 @@
+"""The quantized-block kernels (`csrc/quant.c`): matmuls on a GGUF's Q4_0 / Q4_1 / Q8_0 blocks as
+stored, and dequantizing chosen rows (the embedding); built and loaded as `cpu_kernels` builds
+the others.
+
+Each activation row is quantized per block of 32 to int8 (llama.cpp's Q8_0/Q8_1), so a result
+differs from `dequantize(W) @ x` by that rounding (about 0.3% of a row's norm). `kernels()` checks
+both paths (AVX2 and portable), for every type and for odd shapes, once when it loads: against
+`gguf.quants.dequantize` times the int8-rounded activations (the kernel's own arithmetic: equal
+up to float summation order) and against the exact float matmul (within the rounding above).
+Anything missing or wrong means None and the model loads as float32.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize, quantize
+
+from pdtop.engine.model import cpu_kernels
+
+log = logging.getLogger(__name__)
+QUANT_TYPES = {int(GGMLQuantizationType.Q4_0): "Q4_0", int(GGMLQuantizationType.Q4_1): "Q4_1",
+               int(GGMLQuantizationType.Q8_0): "Q8_0"}
+BLOCK = 32
+EXACT_TOL = 1e-4  # vs dequantize(W) @ int8-rounded x: only float summation order differs
+ROUNDING_TOL = 0.02  # vs dequantize(W) @ x, relative to the result's norm (int8 activations)
+
+
+@dataclass(frozen=True)
+class QuantKernels:
+    lib: ctypes.CDLL
+    fast: int  # the fast path built here: 0 none (only the portable one runs), 1 AVX2, 2 AVX-512 VNNI
+
+    @property
+    def avx2(self) -> bool:
+        return self.fast > 0
+
+    def matmul(self, qtype: int, w: torch.Tensor, in_f: int, x: torch.Tensor, portable: bool = False) -> torch.Tensor:
+        """`x [n, in_f] float32` @ W^T -> `[n, out]`, W the uint8 `[out, row_bytes]` blocks of `qtype`."""
+        x = x.contiguous()
+        y = torch.empty(x.shape[0], w.shape[0], dtype=torch.float32)
+        rc = self.lib.pdtop_quant_matmul(qtype, w.data_ptr(), w.shape[0], in_f, x.data_ptr(), x.shape[0],
+                                         y.data_ptr(), int(portable))
+        if rc:
+            raise MemoryError(f"quantized matmul failed ({QUANT_TYPES.get(qtype, qtype)}, {tuple(x.shape)})")
+        return y
+
+    def rows(self, qtype: int, w: torch.Tensor, in_f: int, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` of W dequantized: `[len(ids), in_f] float32` (ids must be in range)."""
+        ids = ids.to(torch.int64).contiguous()
+        out = torch.empty(ids.numel(), in_f, dtype=torch.float32)
+        self.lib.pdtop_quant_rows(qtype, w.data_ptr(), in_f, ids.data_ptr(), ids.numel(), out.data_ptr())
+        return out
+
+
+def round_activations(x: torch.Tensor) -> torch.Tensor:
+    """x as the kernel sees it: each block of 32 rounded to int8 steps of amax / 127."""
+    b = x.reshape(*x.shape[:-1], -1, BLOCK)
+    d = b.abs().amax(-1, keepdim=True) / 127
+    inv = torch.where(d > 0, 1 / d, torch.zeros_like(d))
+    return (torch.round(b * inv) * d).reshape(x.shape)
+
+
+def random_blocks(qtype: int, out_f: int, in_f: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(raw uint8 blocks, their float32 dequantization) of a random `[out_f, in_f]` weight of `qtype`."""
+    w = np.random.default_rng(seed).standard_normal((out_f, in_f)).astype(np.float32)
+    raw = quantize(w, GGMLQuantizationType(qtype))
+    return raw, np.asarray(dequantize(raw, GGMLQuantizationType(qtype)), dtype=np.float32)
+
+
+def check(k: QuantKernels, qtype: int, out_f: int, in_f: int, n: int, portable: bool, seed: int = 0) -> str | None:
+    """None when the kernel matches the references on a random weight of this shape, else what differs."""
+    raw, dense = random_blocks(qtype, out_f, in_f, seed)
+    x = torch.randn(n, in_f, generator=torch.Generator().manual_seed(seed)) * 3
+    y = k.matmul(qtype, torch.from_numpy(raw), in_f, x, portable)
+    w = torch.from_numpy(dense)
+    exact, near = round_activations(x) @ w.T, x @ w.T
+    scale = float(exact.abs().max()) or 1.0
+    if not torch.allclose(y, exact, atol=EXACT_TOL * scale, rtol=EXACT_TOL):
+        return f"off the int8 reference by {float((y - exact).abs().max()):.3g}"
+    err = float((y - near).norm() / (near.norm() + 1e-12))
+    if err > ROUNDING_TOL:
+        return f"off the float matmul by {err:.3g} relative"
+    rows = k.rows(qtype, torch.from_numpy(raw), in_f, torch.tensor([0, out_f - 1]))
+    if not torch.equal(rows, w[[0, out_f - 1]]):
+        return "row dequantization differs from gguf.quants.dequantize"
+    return None
+
+
+@functools.cache
+def kernels() -> QuantKernels | None:
+    """The checked kernels, or None when they cannot be built here or disagree with the references."""
+    lib = cpu_kernels._library("quant")
+    if lib is None:
+        return None
+    ptr, i32, i64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
+    lib.pdtop_quant_matmul.restype = i32
+    lib.pdtop_quant_matmul.argtypes = [i32, ptr, i64, i64, ptr, i64, ptr, i32]
+    lib.pdtop_quant_rows.restype = i32
+    lib.pdtop_quant_rows.argtypes = [i32, ptr, i64, ptr, i64, ptr]
+    lib.pdtop_quant_fast_path.restype = i32
+    k = QuantKernels(lib, int(lib.pdtop_quant_fast_path()))
+    for qtype, name in QUANT_TYPES.items():
+        for portable in (True, False) if k.avx2 else (True,):
+            for out_f, in_f, n in ((37, 96, 1), (19, 160, 5)):  # odd shapes, rows that are not a tile
+                problem = check(k, qtype, out_f, in_f, n, portable)
+                if problem:
+                    log.warning("the %s kernel (%s) is %s; loading float32", name,
+                                "portable" if portable else path_name(k), problem)
+                    return None
+    return k
+
+
+def path_name(k: QuantKernels) -> str:
+    """Which dot-product path runs, for describe() and the header."""
+    return {0: "portable", 1: "avx2", 2: "avx512-vnni"}.get(k.fast, "portable")

@@ -1,0 +1,128 @@
+"""Weights kept as the GGUF's quantized blocks (`--dtype gguf`), and the layers that compute on them.
+
+`QuantWeight` is one `[out, in]` weight as the file stores it (uint8 `[out, row_bytes]` blocks of
+one type); `QuantLinear` multiplies by it with `quant_kernels` (int8 activations, integer dots);
+`linear` makes a `QuantLinear` for a `QuantWeight` and the float `Linear` for a tensor, so the
+model builds its layers the same way either way.
+
+The int8 dots win while the matmul is memory-bound (decode: about 3x the float32 tok/s here). From
+DENSE_ROWS rows on (prefill, big batches) it is compute-bound and oneDNN's float32 matmul is faster
+than these AVX2 dots, so the weight is dequantized a slice of DENSE_SLICE weights at a time (the
+transient float copy stays a few MiB) and multiplied in float32.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize
+from torch import nn
+
+from pdtop.engine.model import quant_kernels
+from pdtop.engine.model.linear import Linear
+
+
+@dataclass
+class QuantWeight:
+    blocks: torch.Tensor  # uint8 [out, row_bytes]
+    qtype: int            # a `quant_kernels.QUANT_TYPES` key
+    in_features: int
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.blocks.shape[0], self.in_features
+
+    @property
+    def type_name(self) -> str:
+        return quant_kernels.QUANT_TYPES[self.qtype]
+
+    def dequantize(self) -> torch.Tensor:
+        """float32 `[out, in]` (gguf's reference dequantization)."""
+        return torch.from_numpy(dequantize(self.blocks.numpy(), GGMLQuantizationType(self.qtype)).copy())
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` dequantized (the embedding lookup), float32 `[*ids.shape, in]`."""
+        k = quant_kernels.kernels()
+        if k is None:  # not built here: gguf's numpy dequantization of just those rows
+            flat = ids.reshape(-1)
+            return torch.from_numpy(dequantize(self.blocks[flat].numpy(), GGMLQuantizationType(self.qtype)).copy()
+                                    ).view(*ids.shape, self.in_features)
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.blocks.shape[0]):
+            raise IndexError(f"token id out of range 0..{self.blocks.shape[0] - 1}")
+        return k.rows(self.qtype, self.blocks, self.in_features, ids.reshape(-1)).view(*ids.shape, self.in_features)
+
+
+DENSE_ROWS = 48  # measured crossover on an AVX-512 EPYC: 32 rows ~even, 8 rows the dots 3x faster
+DENSE_SLICE = 1 << 20  # weights dequantized at once on the dense path (4 MiB of float32)
+
+
+class QuantLinear(nn.Module):
+    """`y = x @ W.T (+ bias)` on W's quantized blocks; float32 in and out, CPU only."""
+
+    def __init__(self, weight: QuantWeight, bias: torch.Tensor | None = None):
+        super().__init__()
+        self.weight, self.bias = weight, bias
+        self.out_features, self.in_features = weight.shape
+        kernels = quant_kernels.kernels()
+        if kernels is None:
+            raise RuntimeError("the quantized kernels are unavailable here")
+        self.kernels = kernels
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weight
+        if x.dim() != 2:
+            return self.forward(x.reshape(-1, x.shape[-1])).view(*x.shape[:-1], self.out_features)
+        x = x if x.dtype == torch.float32 else x.float()
+        if x.shape[0] >= DENSE_ROWS:
+            return self._dense(x)
+        y = self.kernels.matmul(w.qtype, w.blocks, w.in_features, x)
+        return y if self.bias is None else y.add_(self.bias)
+
+    def _dense(self, x: torch.Tensor) -> torch.Tensor:
+        """x @ W.T in float32, W dequantized a slice of rows at a time."""
+        w, step = self.weight, max(1, DENSE_SLICE // self.in_features)
+        parts = []
+        for start in range(0, self.out_features, step):
+            ids = torch.arange(start, min(start + step, self.out_features))
+            rows = self.kernels.rows(w.qtype, w.blocks, w.in_features, ids)
+            bias = None if self.bias is None else self.bias[start:start + step]
+            parts.append(F.linear(x, rows, bias))
+        return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+
+    def extra_repr(self) -> str:
+        return (f"in={self.in_features}, out={self.out_features}, bias={self.bias is not None}, "
+                f"type={self.weight.type_name}")
+
+
+def linear(weight: torch.Tensor | QuantWeight, bias: torch.Tensor | None = None) -> Linear | QuantLinear:
+    """The layer for this weight: on its quantized blocks, or the float `Linear`."""
+    return QuantLinear(weight, bias) if isinstance(weight, QuantWeight) else Linear(weight, bias)
+
+
+def embedding(ids: torch.Tensor, weight: torch.Tensor | QuantWeight) -> torch.Tensor:
+    """`F.embedding`, or the rows dequantized from the blocks."""
+    return weight.rows(ids) if isinstance(weight, QuantWeight) else F.embedding(ids, weight)
+
+
+def weights_line(weights: list[QuantWeight]) -> str:
+    """`gguf Q4_1+Q8_0 (avx2)`: the kept block types and the dot-product path, for describe()."""
+    k = quant_kernels.kernels()
+    types = "+".join(sorted({w.type_name for w in weights}))
+    return f"gguf {types} ({quant_kernels.path_name(k) if k else 'unavailable'})"
+
+
+def fused_blocks(parts: list[Any], dtype: torch.dtype, device: torch.device) -> torch.Tensor | QuantWeight:
+    """Weights to be fused along their rows (q|k|v, gate|up): one `QuantWeight` when all are blocks of
+    one type, else float tensors (dequantized where they are blocks) concatenated."""
+    from pdtop.engine.model.gguf_blocks import RawBlocks
+
+    if all(isinstance(p, RawBlocks) for p in parts) and len({p.qtype for p in parts}) == 1:
+        raw = parts[0].raw if len(parts) == 1 else np.concatenate([p.raw for p in parts])
+        return QuantWeight(torch.from_numpy(raw), parts[0].qtype, parts[0].shape[1])
+    floats = [torch.from_numpy(np.asarray(dequantize(p.raw, GGMLQuantizationType(p.qtype)), dtype=np.float32))
+              if isinstance(p, RawBlocks) else torch.from_numpy(p) for p in parts]
+    return torch.cat(floats).to(device=device, dtype=dtype).contiguous()

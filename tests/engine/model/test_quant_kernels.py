@@ -1,0 +1,180 @@
+"""The quantized-block kernels (csrc/quant.c) and `--dtype gguf` on the real SmolLM2 file: every type and
+both paths against `gguf.quants.dequantize` + matmul on odd shapes, the embedding rows, and the model's
+greedy answer, logits, layer splits and weight bytes."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize
+
+from pdtop.engine.model import quant_kernels
+from pdtop.engine.model.gguf_blocks import RawBlocks
+from pdtop.engine.model.llama import ForwardBatch, Segment
+from pdtop.engine.model.loader import load_model
+from pdtop.engine.model.quant_linear import QuantLinear, QuantWeight, fused_blocks
+from pdtop.engine.request import Request, SamplingParams
+from pdtop.engine.runtime.runner import ModelRunner
+from pdtop.engine.scheduling.scheduler import generate
+
+TYPES = sorted(quant_kernels.QUANT_TYPES)
+
+
+@pytest.fixture(scope="module")
+def kernels() -> quant_kernels.QuantKernels:
+    k = quant_kernels.kernels()
+    if k is None:
+        pytest.skip("no C compiler / OpenMP runtime for the CPU kernels here")
+    return k
+
+
+def paths(k: quant_kernels.QuantKernels) -> list[bool]:
+    """`portable` values to test: the portable path always, the AVX2 one where this CPU has it."""
+    return [True, False] if k.avx2 else [True]
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=[quant_kernels.QUANT_TYPES[t] for t in TYPES])
+def test_matmul_matches_dequantize_on_odd_shapes(kernels, qtype):
+    shapes = [(1, 32, 1), (37, 96, 1), (17, 608, 3), (130, 160, 17), (5, 64, 70)]  # out, in, rows
+    for portable, (out_f, in_f, n) in itertools.product(paths(kernels), shapes):
+        assert quant_kernels.check(kernels, qtype, out_f, in_f, n, portable, seed=out_f) is None, (portable, out_f)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=[quant_kernels.QUANT_TYPES[t] for t in TYPES])
+def test_paths_agree_and_rows_do_not_depend_on_the_batch(kernels, qtype):
+    raw, _ = quant_kernels.random_blocks(qtype, 45, 256, seed=1)
+    w = torch.from_numpy(raw)
+    x = torch.randn(9, 256, generator=torch.Generator().manual_seed(1))
+    ys = [kernels.matmul(qtype, w, 256, x, portable) for portable in paths(kernels)]
+    for y in ys[1:]:
+        assert torch.allclose(y, ys[0], atol=1e-4 * float(ys[0].abs().max()))
+    lone = torch.cat([kernels.matmul(qtype, w, 256, x[i:i + 1]) for i in range(9)])
+    assert torch.equal(lone, kernels.matmul(qtype, w, 256, x))  # each row's dots alone: batching changes nothing
+
+
+def test_the_check_sees_a_wrong_result(kernels):
+    raw, dense = quant_kernels.random_blocks(GGMLQuantizationType.Q4_1, 33, 96, seed=2)
+    x = torch.randn(2, 96, generator=torch.Generator().manual_seed(2))
+    as_q4_0 = kernels.matmul(int(GGMLQuantizationType.Q4_0), torch.from_numpy(raw[:, :18 * 3].copy()), 96, x)
+    assert not torch.allclose(as_q4_0, x @ torch.from_numpy(dense).T, atol=0.05, rtol=0.05)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=[quant_kernels.QUANT_TYPES[t] for t in TYPES])
+def test_embedding_rows_are_gguf_dequantize(kernels, qtype):
+    raw, dense = quant_kernels.random_blocks(qtype, 50, 96, seed=3)
+    weight = QuantWeight(torch.from_numpy(raw), qtype, 96)
+    ids = torch.tensor([[49, 0, 7], [7, 3, 0]])
+    assert torch.equal(weight.rows(ids), torch.from_numpy(dense)[ids])
+    with pytest.raises(IndexError):
+        weight.rows(torch.tensor([50]))
+
+
+def test_mixed_types_fuse_as_floats():
+    raw, dense = quant_kernels.random_blocks(GGMLQuantizationType.Q8_0, 6, 64, seed=4)
+    other = np.random.default_rng(4).standard_normal((3, 64)).astype(np.float32)
+    fused = fused_blocks([RawBlocks(raw, int(GGMLQuantizationType.Q8_0), (6, 64)), other],
+                         torch.float32, torch.device("cpu"))
+    assert isinstance(fused, torch.Tensor) and torch.equal(fused, torch.from_numpy(np.concatenate([dense, other])))
+    same = fused_blocks([RawBlocks(raw, 8, (6, 64)), RawBlocks(raw, 8, (6, 64))], torch.float32, torch.device("cpu"))
+    assert isinstance(same, QuantWeight) and same.shape == (12, 64)
+
+
+@pytest.fixture(scope="module")
+def model_gguf(gguf_path, kernels):
+    return load_model(gguf_path, dtype="gguf")
+
+
+def chat_ids(tokenizer, text: str) -> list[int]:
+    return tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": text}]))
+
+
+# Greedy decoding on int8 activations (llama.cpp's arithmetic for these files) follows float32 except
+# where float32's own choice is a near-tie: the reference prompt's first token is one ("The" 25.33,
+# "L" 25.24). So the answers must agree up to the first position where float32's top logit leads the
+# token taken by less than NEAR_TIE; past it they are different texts.
+NEAR_TIE = 0.5
+
+
+def greedy(model, ids: list[int], n: int) -> list[int]:
+    return list(generate(ModelRunner(model, kv_capacity_tokens=512), Request(0, ids, SamplingParams(max_tokens=n))))
+
+
+@pytest.mark.parametrize("prompt", ["What is the capital of France?", "Name three colours of the rainbow."])
+def test_gguf_greedy_answer_matches_float32_up_to_a_near_tie(model_gguf, model_fp32, tokenizer, prompt):
+    ids = chat_ids(tokenizer, prompt)
+    q, f = greedy(model_gguf, ids, 24), greedy(model_fp32, ids, 24)
+    k = next((i for i, (a, b) in enumerate(zip(q, f, strict=False)) if a != b), None)
+    if k is None:
+        assert q == f
+        return
+    logits = prompt_logits(model_fp32, ids + f[:k], [])
+    gap = float(logits[f[k]] - logits[q[k]])
+    assert 0 <= gap < NEAR_TIE, (k, tokenizer.decode(f[:k + 1]), tokenizer.decode(q[:k + 1]), gap)
+
+
+def test_gguf_describe_says_what_runs(model_gguf):
+    weights = ModelRunner(model_gguf, kv_capacity_tokens=64).describe()["weights"]
+    assert weights.startswith("gguf Q4_1+Q8_0 (") and weights.endswith(("avx2)", "avx512-vnni)", "portable)"))
+
+
+def prompt_logits(model, ids: list[int], cuts: list[int]) -> torch.Tensor:
+    runner = ModelRunner(model, kv_capacity_tokens=256)
+    seq = Request(0, ids)
+    runner.admit(seq)
+    slots = torch.as_tensor(runner.kv.slots(seq.table, 0, len(ids)))
+    batch = ForwardBatch(kv=runner.kv, positions=torch.arange(len(ids)), slots=slots,
+                         segments=[Segment(offset=0, length=len(ids), prefix=0)])
+    with torch.inference_mode():
+        h = model.embed(torch.tensor(ids))
+        for a, b in itertools.pairwise([0, *cuts, model.num_layers]):
+            h = model.forward_layers(h, batch, a, b)
+        return model.logits(h[-1:])[0]
+
+
+def test_gguf_logits_near_float32_and_layer_splits_compose(model_gguf, model_fp32, tokenizer):
+    ids = chat_ids(tokenizer, "Name three colours of the rainbow.")
+    q = prompt_logits(model_gguf, ids, [])
+    f = prompt_logits(model_fp32, ids, [])
+    assert q.argmax() == f.argmax()
+    # int8 activations (llama.cpp's arithmetic on these files): the leading logits within 5% of the spread
+    spread = float(f.max() - f.median())
+    top = f.topk(5).indices
+    assert float((q[top] - f[top]).abs().max()) < 0.05 * spread
+    assert torch.equal(prompt_logits(model_gguf, ids, [7, 19]), q)
+
+
+def test_gguf_weights_stay_the_size_of_the_file(model_gguf, gguf_path):
+    quant = [m for m in model_gguf.modules() if isinstance(m, QuantLinear)]
+    assert len(quant) == 4 * model_gguf.num_layers + 1  # qkv, o, gate_up, down, and the tied LM head
+    held = {id(m.weight.blocks): m.weight.blocks.nbytes for m in quant}
+    held[id(model_gguf.embed_weight.blocks)] = model_gguf.embed_weight.blocks.nbytes
+    floats = sum(p.nbytes for p in model_gguf.state_dict().values() if isinstance(p, torch.Tensor))
+    assert sum(held.values()) + floats < 1.05 * gguf_path.stat().st_size
+    assert not isinstance(model_gguf.embed_weight, torch.Tensor)  # no float32 copy of the 49152-row table
+
+
+def test_gguf_blocks_are_gguf_dequantize(model_gguf, gguf_path):
+    from pdtop.engine.model.gguf_file import read_gguf
+
+    f = read_gguf(gguf_path)
+    info = f.tensors["blk.3.ffn_down.weight"]
+    want = dequantize(f.raw(info), GGMLQuantizationType(info.qtype))
+    assert torch.equal(model_gguf.decoder_layers[3].mlp.down.weight.dequantize(), torch.from_numpy(want))
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=[quant_kernels.QUANT_TYPES[t] for t in TYPES])
+def test_dense_path_for_many_rows_matches_dequantize(kernels, qtype, monkeypatch):
+    from pdtop.engine.model import quant_linear
+
+    monkeypatch.setattr(quant_linear, "DENSE_SLICE", 96 * 7)  # several slices, the last one short
+    raw, dense = quant_kernels.random_blocks(qtype, 30, 96, seed=5)
+    bias = torch.randn(30, generator=torch.Generator().manual_seed(5))
+    layer = QuantLinear(QuantWeight(torch.from_numpy(raw), qtype, 96), bias)
+    x = torch.randn(quant_linear.DENSE_ROWS + 3, 96, generator=torch.Generator().manual_seed(6))
+    want = torch.nn.functional.linear(x, torch.from_numpy(dense), bias)
+    assert torch.allclose(layer.forward(x), want, atol=1e-5, rtol=1e-5)
+    few = layer.forward(x[:3])  # the int8 dots: within their rounding of the float matmul
+    assert float((few - want[:3]).norm() / want[:3].norm()) < quant_kernels.ROUNDING_TOL
