@@ -123,6 +123,7 @@ class LiveTune:
         self.in_force = self.reference
         self.pinned_level = config.pinned_level  # in force on the engine
         self.now = 0.0  # engine clock of the latest round
+        self.rounds = 0  # rounds seen (the clock is known once one came in)
         self.status = "starting"
         self._window: _Window | None = None
         self._applied: float | None = None
@@ -132,7 +133,7 @@ class LiveTune:
 
     def on_event(self, event: Any) -> None:
         if isinstance(event, RoundRecord):
-            self.now = event.time
+            self.now, self.rounds = event.time, self.rounds + 1
             if self._window is not None:
                 self._window.take_round(event)
             self._changed.set()
@@ -184,6 +185,8 @@ class LiveTune:
             await self.send(Set(changes))
             await self._until(lambda: self._applied is not None, "configuration change")
         else:
+            seen = self.rounds  # nothing to apply: the window starts at the next round, on the engine's clock
+            await self._until(lambda: self.rounds > seen, "rounds")
             self._applied = self.now
         assert self._applied is not None
         window = _Window(self._applied + self.settle_s, self._applied + self.settle_s + self.dwell_s)

