@@ -36,11 +36,9 @@ def shared_side(state: DashboardState, level: int) -> str | None:
     p, d = levels[level]
     unit = state.info.unit_name
     if d == 0:
-        return (f"decode has no {unit} of its own: while a prefill runs it time-shares prefill's "
-                f"{units(p, unit)}, both slower, not isolated (a: automatic)")
+        return f"decode has no {unit} of its own: it time-shares prefill's {units(p, unit)}, both slower (a: automatic)"
     if p == 0:
-        return (f"prefill has no {unit} of its own: it time-shares decode's {units(d, unit)}, "
-                f"both slower, not isolated (a: automatic)")
+        return f"prefill has no {unit} of its own: it time-shares decode's {units(d, unit)}, both slower (a: automatic)"
     return None
 
 

@@ -102,7 +102,7 @@ def test_units_have_the_right_number():
 
 
 @pytest.mark.parametrize(("running", "waiting", "level", "why"), [
-    (3, 0, 0, "decode has no cores of its own: while a prefill runs it time-shares prefill's 2 cores"),
+    (3, 0, 0, "decode has no cores of its own: it time-shares prefill's 2 cores, both slower"),
     (0, 0, 0, "decode has no cores of its own"),
     (3, 2, 2, "prefill has no cores of its own: it time-shares decode's 2 cores"),
     (3, 2, 1, None),
