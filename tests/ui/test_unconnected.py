@@ -22,6 +22,9 @@ async def test_nothing_known_before_the_first_message():
             split, requests = _shown(app, "SplitPanel"), _shown(app, "RequestsPanel")
             assert "nothing known yet" in split and "0 units" not in split and "one step" not in split
             assert "0/0" not in requests and "KV" in requests and "nothing known yet" in requests
+            for name in ("SplitPanel", "RequestsPanel"):  # nothing cut at 80x24
+                panel = app.query_one(name)
+                assert all(t.cell_len <= panel.content_size.width for t in panel._last_texts), _shown(app, name)
         app = PdtopApp(LiveSource("ws://127.0.0.1:9"), interval_s=0.05)
 
 

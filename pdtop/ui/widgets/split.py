@@ -37,7 +37,8 @@ class SplitPanel(Panel):
         width, height = self.inner_width, self.inner_height
         if not state.hello:  # not connected yet: no device, no levels (not "all 0 units")
             return Group(Text.assemble(("split: ", "dim"), ("nothing known yet", "bold")),
-                         Text("the device and its levels come with the engine's first message", "dim"))
+                         Text("the device and its levels come with the engine's first message"
+                              if width >= 62 else "levels come with the first message", "dim"))
         n = len(state.levels)
         level = "–" if state.level is None else str(state.level)
         mode = Text("pinned", "bold " + self.colour("warning")) if state.pinned else \
