@@ -18,14 +18,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType
-from gguf.quants import dequantize, quantize
 
 from pdtop.engine.model import cpu_kernels
 
 log = logging.getLogger(__name__)
-QUANT_TYPES = {int(GGMLQuantizationType.Q4_0): "Q4_0", int(GGMLQuantizationType.Q4_1): "Q4_1",
-               int(GGMLQuantizationType.Q8_0): "Q8_0"}
+QUANT_TYPES = {2: "Q4_0", 3: "Q4_1", 8: "Q8_0"}  # gguf's GGMLQuantizationType values (read in tests)
 BLOCK = 32
 EXACT_TOL = 1e-4  # vs dequantize(W) @ int8-rounded x: only float summation order differs
 ROUNDING_TOL = 0.02  # vs dequantize(W) @ x, relative to the result's norm (int8 activations)
@@ -69,6 +66,9 @@ def round_activations(x: torch.Tensor) -> torch.Tensor:
 def random_blocks(qtype: int, out_f: int, in_f: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """(raw uint8 blocks, their float32 dequantization) of a random `[out_f, in_f]` weight of `qtype`."""
     w = np.random.default_rng(seed).standard_normal((out_f, in_f)).astype(np.float32)
+    from gguf import GGMLQuantizationType  # imported when used: the model imports without gguf
+    from gguf.quants import dequantize, quantize
+
     raw = quantize(w, GGMLQuantizationType(qtype))
     return raw, np.asarray(dequantize(raw, GGMLQuantizationType(qtype)), dtype=np.float32)
 

@@ -18,12 +18,19 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from gguf import GGMLQuantizationType
-from gguf.quants import dequantize
 from torch import nn
 
 from pdtop.engine.model import quant_kernels
 from pdtop.engine.model.linear import Linear
+
+
+def _dequantize(raw: np.ndarray, qtype: int) -> np.ndarray:
+    """gguf's dequantize, imported when first used: the model imports without gguf (a GPU machine
+    running `bench/gpu_check.py` may not have it)."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    return dequantize(raw, GGMLQuantizationType(qtype))
 
 
 @dataclass
@@ -42,14 +49,14 @@ class QuantWeight:
 
     def dequantize(self) -> torch.Tensor:
         """float32 `[out, in]` (gguf's reference dequantization)."""
-        return torch.from_numpy(dequantize(self.blocks.numpy(), GGMLQuantizationType(self.qtype)).copy())
+        return torch.from_numpy(_dequantize(self.blocks.numpy(), self.qtype).copy())
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows `ids` dequantized (the embedding lookup), float32 `[*ids.shape, in]`."""
         k = quant_kernels.kernels()
         if k is None:  # not built here: gguf's numpy dequantization of just those rows
             flat = ids.reshape(-1)
-            return torch.from_numpy(dequantize(self.blocks[flat].numpy(), GGMLQuantizationType(self.qtype)).copy()
+            return torch.from_numpy(_dequantize(self.blocks[flat].numpy(), self.qtype).copy()
                                     ).view(*ids.shape, self.in_features)
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.blocks.shape[0]):
             raise IndexError(f"token id out of range 0..{self.blocks.shape[0] - 1}")
@@ -123,6 +130,6 @@ def fused_blocks(parts: list[Any], dtype: torch.dtype, device: torch.device) -> 
     if all(isinstance(p, RawBlocks) for p in parts) and len({p.qtype for p in parts}) == 1:
         raw = parts[0].raw if len(parts) == 1 else np.concatenate([p.raw for p in parts])
         return QuantWeight(torch.from_numpy(raw), parts[0].qtype, parts[0].shape[1])
-    floats = [torch.from_numpy(np.asarray(dequantize(p.raw, GGMLQuantizationType(p.qtype)), dtype=np.float32))
+    floats = [torch.from_numpy(np.asarray(_dequantize(p.raw, p.qtype), dtype=np.float32))
               if isinstance(p, RawBlocks) else torch.from_numpy(p) for p in parts]
     return torch.cat(floats).to(device=device, dtype=dtype).contiguous()

@@ -178,3 +178,12 @@ def test_dense_path_for_many_rows_matches_dequantize(kernels, qtype, monkeypatch
     assert torch.allclose(layer.forward(x), want, atol=1e-5, rtol=1e-5)
     few = layer.forward(x[:3])  # the int8 dots: within their rounding of the float matmul
     assert float((few - want[:3]).norm() / want[:3].norm()) < quant_kernels.ROUNDING_TOL
+
+
+def test_the_type_numbers_are_ggufs():
+    """`QUANT_TYPES` spells gguf's enum values (the module imports without gguf)."""
+    from gguf import GGMLQuantizationType as Q
+
+    from pdtop.engine.model.quant_kernels import QUANT_TYPES
+
+    assert QUANT_TYPES == {int(Q.Q4_0): "Q4_0", int(Q.Q4_1): "Q4_1", int(Q.Q8_0): "Q8_0"}
