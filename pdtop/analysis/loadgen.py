@@ -132,16 +132,24 @@ def arrival_offsets(n: int, request_rate: float, burstiness: float = 1.0, seed: 
 
 
 async def _one(client: httpx.AsyncClient, spec: LoadSpec, model: str, prompt: Prompt) -> RequestResult:
-    text, max_tokens = prompt[0], prompt[1]
+    return await stream_completion(client, spec.url, model, prompt[0], prompt[1], spec.ignore_eos,
+                                   prompt[2] if len(prompt) > 2 else 0)
+
+
+async def stream_completion(client: httpx.AsyncClient, url: str, model: str, text: str, max_tokens: int,
+                            ignore_eos: bool, prompt_tokens: int = 0,
+                            on_first: Callable[[], None] | None = None) -> RequestResult:
+    """One greedy streaming `/v1/completions` request (usage included), measured: TTFT, each token gap,
+    latency, the text; `on_first()` is called at its first token. Errors are in the result, not raised."""
     body: dict[str, Any] = {"model": model, "prompt": text, "max_tokens": max_tokens, "temperature": 0.0,
                             "stream": True, "stream_options": {"include_usage": True}}
-    if spec.ignore_eos:
+    if ignore_eos:
         body["ignore_eos"] = True
-    res = RequestResult(ok=False, prompt_tokens=prompt[2] if len(prompt) > 2 else 0)
+    res = RequestResult(ok=False, prompt_tokens=prompt_tokens)
     chunks, pieces = 0, []
     sent = last = res.start_time = time.perf_counter()
     try:
-        async with client.stream("POST", f"{spec.url}/completions", json=body) as r:
+        async with client.stream("POST", f"{url}/completions", json=body) as r:
             if r.status_code != 200:
                 res.error = f"HTTP {r.status_code}: {(await r.aread()).decode(errors='replace')[:200]}"
                 return res
@@ -159,6 +167,8 @@ async def _one(client: httpx.AsyncClient, spec: LoadSpec, model: str, prompt: Pr
                 if data.get("choices"):
                     if chunks == 0:
                         res.ttft = now - sent
+                        if on_first is not None:
+                            on_first()
                     else:
                         res.itls.append(now - last)
                     chunks, last = chunks + 1, now

@@ -3,7 +3,7 @@
 
 The prompts are the load generator's (`loadgen.make_prompts`: seeded windows of pdtop's corpus,
 sent as text), each request is sent and measured as the load generator does, with a hook at the
-first token (`stream_one`; `loadgen` itself is not changed, so `pdtop bench --url` keeps its own).
+first token (`stream_one`, on `loadgen.stream_completion`, the request `pdtop bench --url` sends).
 
 The traffic is `pdtop bench`'s scenario (`Scenario`) as HTTP requests: `decode_bs` streaming
 requests decode all along (a closed loop: each that ends, after `decode_tokens` tokens, is
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import math
 import time
 from collections.abc import Callable
@@ -33,7 +32,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from pdtop.analysis.loadgen import LoadSpec, RequestResult, make_prompts, served_model
+from pdtop.analysis.loadgen import LoadSpec, RequestResult, make_prompts, served_model, stream_completion
 from pdtop.analysis.metrics import percentile
 from pdtop.analysis.policy_bench import SCENARIOS, Scenario
 from pdtop.analysis.tune import Measurement, Slo, covered_s
@@ -100,42 +99,9 @@ def score_http(run: HttpRun, slo: Slo) -> Measurement:
 
 async def stream_one(client: httpx.AsyncClient, url: str, model: str, text: str, max_tokens: int,
                      on_first: Callable[[], None] | None = None) -> RequestResult:
-    """One streaming `/v1/completions` request as the load generator sends it (greedy, ignore_eos,
-    usage included), measured the same way, and `on_first()` called at its first token: the long
-    prompts wait for every decode request to be streaming."""
-    body = {"model": model, "prompt": text, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
-            "stream_options": {"include_usage": True}, "ignore_eos": True}
-    res, chunks = RequestResult(ok=False), 0
-    sent = last = time.perf_counter()
-    try:
-        async with client.stream("POST", f"{url}/completions", json=body) as r:
-            if r.status_code != 200:
-                res.error = f"HTTP {r.status_code}: {(await r.aread()).decode(errors='replace')[:200]}"
-                return res
-            async for line in r.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                now, data = time.perf_counter(), json.loads(line[6:])
-                if "error" in data:
-                    res.error = str(data["error"].get("message", data["error"]))[:200]
-                    return res
-                if data.get("usage"):
-                    res.prompt_tokens, res.output_tokens = data["usage"]["prompt_tokens"], data["usage"][
-                        "completion_tokens"]
-                if data.get("choices"):
-                    if chunks == 0:
-                        res.ttft = now - sent
-                        if on_first is not None:
-                            on_first()
-                    else:
-                        res.itls.append(now - last)
-                    chunks, last = chunks + 1, now
-        res.latency, res.output_tokens = last - sent, res.output_tokens or chunks
-        res.ok = chunks > 0
-        res.error = "" if res.ok else "no tokens streamed"
-    except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        res.error = f"{type(exc).__name__}: {exc}"[:200]
-    return res
+    """One request as the load generator sends it (greedy, ignore_eos), `on_first()` at its first token:
+    the long prompts wait for every decode request to be streaming."""
+    return await stream_completion(client, url, model, text, max_tokens, True, on_first=on_first)
 
 
 def text_prompts(sc: Scenario, seed: int, token_ids: list[int], decode: Any) -> tuple[list[str], list[str]]:

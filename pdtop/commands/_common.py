@@ -107,6 +107,20 @@ def number_list(name: str, text: str, kind: Callable[[str], N]) -> list[N]:
     return values
 
 
+def positive_number(flag: str, text: str | None, allow_inf: bool = False) -> float | None:
+    """A number > 0 (finite unless `allow_inf`), None for None, or ValueError with the flag in its
+    one-line message."""
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (value > 0 and (allow_inf or math.isfinite(value))):
+        raise ValueError(f"{flag} must be a positive number, got {text!r}")
+    return value
+
+
 def positive_int(name: str, text: str) -> int:
     """An integer >= 1; ValueError naming the option."""
     try:

@@ -8,7 +8,7 @@ import sys
 import tempfile
 from typing import TYPE_CHECKING
 
-from pdtop.commands._common import INPUT_ERRORS, fail
+from pdtop.commands._common import INPUT_ERRORS, fail, positive_number
 from pdtop.telemetry.encode import encode
 
 if TYPE_CHECKING:
@@ -52,18 +52,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "another)")
 
 
-def _number(flag: str, text: str | None) -> float | None:
-    if text is None:
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not value > 0:
-        raise ValueError(f"{flag} must be a positive number, got {text!r}")
-    return value
-
-
 def run(args: argparse.Namespace, slo: Slo, budget_s: float | None) -> int:
     from pdtop.analysis.launch import check_template, signals_as_exit
     from pdtop.analysis.tune_http import launch_scenario, text_prompts
@@ -77,8 +65,8 @@ def run(args: argparse.Namespace, slo: Slo, budget_s: float | None) -> int:
 
     try:
         check_template(args.launch)
-        startup = _number("--startup-timeout", args.startup_timeout)
-        rate = _number("--request-rate", args.request_rate) or math.inf
+        startup = positive_number("--startup-timeout", args.startup_timeout, allow_inf=True)
+        rate = positive_number("--request-rate", args.request_rate, allow_inf=True) or math.inf
         if args.max_candidates is not None and args.max_candidates < 1:
             raise ValueError(f"--max-candidates must be >= 1, got {args.max_candidates}")
         kind = parse_device(args.device).kind

@@ -24,14 +24,13 @@ Examples:
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import time
 from typing import TYPE_CHECKING
 
 from pdtop.commands import _tune_launch
-from pdtop.commands._common import INPUT_ERRORS, cuda_missing, fail
+from pdtop.commands._common import INPUT_ERRORS, cuda_missing, fail, positive_number
 from pdtop.engine.errors import DeviceError
 from pdtop.telemetry.encode import encode
 
@@ -71,19 +70,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.epilog = _tune_launch.LAUNCH_HELP
 
 
-def _positive(flag: str, text: str | None) -> float | None:
-    """A finite number > 0, or ValueError with the flag in its one-line message."""
-    if text is None:
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{flag} must be a positive number, got {text!r}")
-    return value
-
-
 def run(args: argparse.Namespace) -> int:
     started = time.monotonic()  # importing torch and loading the model count against the budget
     from pdtop.analysis.policy_bench import SCENARIOS
@@ -92,8 +78,9 @@ def run(args: argparse.Namespace) -> int:
     from pdtop.engine.build import parse_device
 
     try:
-        itl_ms, ttft_ms = _positive("--slo-itl-ms", args.slo_itl_ms), _positive("--slo-ttft-ms", args.slo_ttft_ms)
-        budget = _positive("--budget-s", args.budget_s)
+        itl_ms = positive_number("--slo-itl-ms", args.slo_itl_ms)
+        ttft_ms = positive_number("--slo-ttft-ms", args.slo_ttft_ms)
+        budget = positive_number("--budget-s", args.budget_s)
         if args.kv_tokens is not None and args.kv_tokens < 1:
             raise ValueError(f"--kv-tokens must be >= 1, got {args.kv_tokens}")
         if args.out and not os.access(os.path.dirname(os.path.abspath(args.out)), os.W_OK):
