@@ -4,7 +4,8 @@ the others.
 
 Each activation row is quantized per block of 32 to int8 (llama.cpp's Q8_0/Q8_1), so a result
 differs from `dequantize(W) @ x` by that rounding (about 0.3% of a row's norm). `kernels()` checks
-both paths (AVX2 and portable), for every type and for odd shapes, once when it loads: against
+every path built here (portable, AVX2, AVX-512 VNNI; the last two with per-row and panel loops), for
+every type and for odd shapes, once when it loads: against
 `gguf.quants.dequantize` times the int8-rounded activations (the kernel's own arithmetic: equal
 up to float summation order) and against the exact float matmul (within the rounding above).
 Anything missing or wrong means None and the model loads as float32.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import itertools
 import logging
 from dataclasses import dataclass
 
@@ -23,6 +25,7 @@ from pdtop.engine.model import cpu_kernels
 
 log = logging.getLogger(__name__)
 QUANT_TYPES = {2: "Q4_0", 3: "Q4_1", 8: "Q8_0"}  # gguf's GGMLQuantizationType values (read in tests)
+PATHS = {0: "portable", 1: "avx2", 2: "avx512-vnni"}  # csrc/quant.c's `path` values
 BLOCK = 32
 EXACT_TOL = 1e-4  # vs dequantize(W) @ int8-rounded x: only float summation order differs
 ROUNDING_TOL = 0.02  # vs dequantize(W) @ x, relative to the result's norm (int8 activations)
@@ -37,12 +40,21 @@ class QuantKernels:
     def avx2(self) -> bool:
         return self.fast > 0
 
-    def matmul(self, qtype: int, w: torch.Tensor, in_f: int, x: torch.Tensor, portable: bool = False) -> torch.Tensor:
-        """`x [n, in_f] float32` @ W^T -> `[n, out]`, W the uint8 `[out, row_bytes]` blocks of `qtype`."""
+    @property
+    def paths(self) -> list[int]:
+        """The paths that run here, portable first: `PATHS` keys up to `fast`."""
+        return list(range(self.fast + 1))
+
+    def matmul(self, qtype: int, w: torch.Tensor, in_f: int, x: torch.Tensor, path: int | None = None,
+               tiled: bool | None = None) -> torch.Tensor:
+        """`x [n, in_f] float32` @ W^T -> `[n, out]`, W the uint8 `[out, row_bytes]` blocks of `qtype`.
+        `path` forces a `PATHS` key (default the fastest built), `tiled` the panel (True) or per-row
+        (False) loops (default: panels from a few rows on); the portable path has per-row loops only."""
         x = x.contiguous()
         y = torch.empty(x.shape[0], w.shape[0], dtype=torch.float32)
         rc = self.lib.pdtop_quant_matmul(qtype, w.data_ptr(), w.shape[0], in_f, x.data_ptr(), x.shape[0],
-                                         y.data_ptr(), int(portable))
+                                         y.data_ptr(), self.fast if path is None else path,
+                                         -1 if tiled is None else int(tiled))
         if rc:
             raise MemoryError(f"quantized matmul failed ({QUANT_TYPES.get(qtype, qtype)}, {tuple(x.shape)})")
         return y
@@ -73,11 +85,13 @@ def random_blocks(qtype: int, out_f: int, in_f: int, seed: int) -> tuple[np.ndar
     return raw, np.asarray(dequantize(raw, GGMLQuantizationType(qtype)), dtype=np.float32)
 
 
-def check(k: QuantKernels, qtype: int, out_f: int, in_f: int, n: int, portable: bool, seed: int = 0) -> str | None:
-    """None when the kernel matches the references on a random weight of this shape, else what differs."""
+def check(k: QuantKernels, qtype: int, out_f: int, in_f: int, n: int, path: int, tiled: bool | None = None,
+          seed: int = 0) -> str | None:
+    """None when the kernel (`path`, `tiled` forced) matches the references on a random weight of this
+    shape, else what differs."""
     raw, dense = random_blocks(qtype, out_f, in_f, seed)
     x = torch.randn(n, in_f, generator=torch.Generator().manual_seed(seed)) * 3
-    y = k.matmul(qtype, torch.from_numpy(raw), in_f, x, portable)
+    y = k.matmul(qtype, torch.from_numpy(raw), in_f, x, path, tiled)
     w = torch.from_numpy(dense)
     exact, near = round_activations(x) @ w.T, x @ w.T
     scale = float(exact.abs().max()) or 1.0
@@ -100,22 +114,23 @@ def kernels() -> QuantKernels | None:
         return None
     ptr, i32, i64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
     lib.pdtop_quant_matmul.restype = i32
-    lib.pdtop_quant_matmul.argtypes = [i32, ptr, i64, i64, ptr, i64, ptr, i32]
+    lib.pdtop_quant_matmul.argtypes = [i32, ptr, i64, i64, ptr, i64, ptr, i32, i32]
     lib.pdtop_quant_rows.restype = i32
     lib.pdtop_quant_rows.argtypes = [i32, ptr, i64, ptr, i64, ptr]
     lib.pdtop_quant_fast_path.restype = i32
     k = QuantKernels(lib, int(lib.pdtop_quant_fast_path()))
+    # odd shapes: rows and columns that are not a register tile or a panel, an odd number of blocks
     for qtype, name in QUANT_TYPES.items():
-        for portable in (True, False) if k.avx2 else (True,):
-            for out_f, in_f, n in ((37, 96, 1), (19, 160, 5)):  # odd shapes, rows that are not a tile
-                problem = check(k, qtype, out_f, in_f, n, portable)
+        for path, tiled in itertools.product(k.paths, (False, True)):
+            for out_f, in_f, n in ((37, 96, 1), (19, 160, 5), (21, 96, 11)):
+                problem = check(k, qtype, out_f, in_f, n, path, tiled)
                 if problem:
-                    log.warning("the %s kernel (%s) is %s; loading float32", name,
-                                "portable" if portable else path_name(k), problem)
+                    log.warning("the %s kernel (%s%s) is %s; loading float32", name, PATHS[path],
+                                ", panels" if tiled and path else "", problem)
                     return None
     return k
 
 
 def path_name(k: QuantKernels) -> str:
     """Which dot-product path runs, for describe() and the header."""
-    return {0: "portable", 1: "avx2", 2: "avx512-vnni"}.get(k.fast, "portable")
+    return PATHS.get(k.fast, "portable")

@@ -31,16 +31,34 @@ def kernels() -> quant_kernels.QuantKernels:
     return k
 
 
-def paths(k: quant_kernels.QuantKernels) -> list[bool]:
-    """`portable` values to test: the portable path always, the AVX2 one where this CPU has it."""
-    return [True, False] if k.avx2 else [True]
+def ways(k: quant_kernels.QuantKernels) -> list[tuple[int, bool]]:
+    """(path, tiled) pairs to force: the portable path's per-row dots always, and per-row dots and
+    panels on each faster path built here."""
+    return [(0, False)] + [(path, tiled) for path in k.paths[1:] for tiled in (False, True)]
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=[quant_kernels.QUANT_TYPES[t] for t in TYPES])
 def test_matmul_matches_dequantize_on_odd_shapes(kernels, qtype):
     shapes = [(1, 32, 1), (37, 96, 1), (17, 608, 3), (130, 160, 17), (5, 64, 70)]  # out, in, rows
-    for portable, (out_f, in_f, n) in itertools.product(paths(kernels), shapes):
-        assert quant_kernels.check(kernels, qtype, out_f, in_f, n, portable, seed=out_f) is None, (portable, out_f)
+    for (path, tiled), (out_f, in_f, n) in itertools.product(ways(kernels), shapes):
+        problem = quant_kernels.check(kernels, qtype, out_f, in_f, n, path, tiled, seed=out_f)
+        assert problem is None, (path, tiled, out_f, problem)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=[quant_kernels.QUANT_TYPES[t] for t in TYPES])
+def test_every_row_count_and_odd_column_count_on_every_path(kernels, qtype):
+    """1..70 rows (every remainder of the 8- and 4-row register tiles) x column counts around the
+    16- and 8-column panels, each (path, tiled) forced, against dequantize @ the int8-rounded rows."""
+    raw, dense = quant_kernels.random_blocks(qtype, 37, 96, seed=7)  # 3 blocks: odd for the VNNI pairs
+    x = torch.randn(70, 96, generator=torch.Generator().manual_seed(7)) * 3
+    want = quant_kernels.round_activations(x) @ torch.from_numpy(dense).T
+    for (path, tiled), out_f in itertools.product(ways(kernels), (1, 7, 8, 9, 16, 17, 37)):
+        w = torch.from_numpy(raw[:out_f].copy())
+        for n in range(1, 71):
+            y = kernels.matmul(qtype, w, 96, x[:n], path, tiled)
+            close = torch.allclose(y, want[:n, :out_f], atol=quant_kernels.EXACT_TOL * float(want.abs().max()),
+                                   rtol=quant_kernels.EXACT_TOL)
+            assert close, (path, tiled, out_f, n)
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=[quant_kernels.QUANT_TYPES[t] for t in TYPES])
@@ -48,11 +66,24 @@ def test_paths_agree_and_rows_do_not_depend_on_the_batch(kernels, qtype):
     raw, _ = quant_kernels.random_blocks(qtype, 45, 256, seed=1)
     w = torch.from_numpy(raw)
     x = torch.randn(9, 256, generator=torch.Generator().manual_seed(1))
-    ys = [kernels.matmul(qtype, w, 256, x, portable) for portable in paths(kernels)]
+    ys = [kernels.matmul(qtype, w, 256, x, path, tiled) for path, tiled in ways(kernels)]
     for y in ys[1:]:
         assert torch.allclose(y, ys[0], atol=1e-4 * float(ys[0].abs().max()))
-    lone = torch.cat([kernels.matmul(qtype, w, 256, x[i:i + 1]) for i in range(9)])
-    assert torch.equal(lone, kernels.matmul(qtype, w, 256, x))  # each row's dots alone: batching changes nothing
+    # each row's arithmetic alone: batching changes nothing within the panels and within the
+    # portable and AVX2 per-row dots (the VNNI per-row dots pair blocks from 2 rows on, one row runs
+    # the AVX2 dot; and automatic choice switches loops with the row count, as oneDNN does)
+    for path, tiled in [(0, False)] + [(p, t) for p in kernels.paths[1:] for t in (True, False) if t or p == 1]:
+        lone = torch.cat([kernels.matmul(qtype, w, 256, x[i:i + 1], path, tiled) for i in range(9)])
+        assert torch.equal(lone, kernels.matmul(qtype, w, 256, x, path, tiled)), (path, tiled)
+
+
+def test_a_forced_path_is_lowered_to_what_was_built(kernels):
+    raw, _ = quant_kernels.random_blocks(GGMLQuantizationType.Q4_1, 20, 64, seed=8)
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(8))
+    w = torch.from_numpy(raw)
+    best = kernels.matmul(3, w, 64, x, kernels.fast, True)
+    assert torch.equal(kernels.matmul(3, w, 64, x, 7, True), best)
+    assert torch.equal(kernels.matmul(3, w, 64, x, -1, True), kernels.matmul(3, w, 64, x, 0, False))
 
 
 def test_the_check_sees_a_wrong_result(kernels):
@@ -173,7 +204,8 @@ def test_dense_path_for_many_rows_matches_dequantize(kernels, qtype, monkeypatch
     raw, dense = quant_kernels.random_blocks(qtype, 30, 96, seed=5)
     bias = torch.randn(30, generator=torch.Generator().manual_seed(5))
     layer = QuantLinear(QuantWeight(torch.from_numpy(raw), qtype, 96), bias)
-    x = torch.randn(quant_linear.DENSE_ROWS + 3, 96, generator=torch.Generator().manual_seed(6))
+    layer.dense_rows = 4  # the portable path's choice (DENSE_ROWS), on whatever path runs here
+    x = torch.randn(7, 96, generator=torch.Generator().manual_seed(6))
     want = torch.nn.functional.linear(x, torch.from_numpy(dense), bias)
     assert torch.allclose(layer.forward(x), want, atol=1e-5, rtol=1e-5)
     few = layer.forward(x[:3])  # the int8 dots: within their rounding of the float matmul
