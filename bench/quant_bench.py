@@ -13,6 +13,7 @@ Prints a table; asserts nothing.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import time
@@ -83,7 +84,7 @@ def main() -> int:
             for name, (q, dense) in weights.items():
                 x = torch.randn(rows, q.in_features)
                 for way, fn in ways.items():
-                    totals[way] += best_ms(lambda: fn(q, dense, x), args.repeats, clock) * SHAPES[name][3]
+                    totals[way] += best_ms(functools.partial(fn, q, dense, x), args.repeats, clock) * SHAPES[name][3]
             best = min(totals.values())
             print(f"{rows:>5} " + " ".join(f"{t:>17.2f}{'*' if t == best else ' '}" for t in totals.values()),
                   flush=True)

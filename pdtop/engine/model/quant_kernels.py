@@ -107,9 +107,10 @@ def check(k: QuantKernels, qtype: int, out_f: int, in_f: int, n: int, path: int,
 
 
 @functools.cache
-def kernels() -> QuantKernels | None:
-    """The checked kernels, or None when they cannot be built here or disagree with the references."""
-    lib = cpu_kernels._library("quant")
+def kernels(isa: str | None = None) -> QuantKernels | None:
+    """The checked kernels built for `isa` (a `cpu_kernels.ISAS` key, default `PDTOP_KERNEL_ISA` or
+    native), or None when they cannot be built here or disagree with the references."""
+    lib = cpu_kernels._library("quant", isa)
     if lib is None:
         return None
     ptr, i32, i64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64

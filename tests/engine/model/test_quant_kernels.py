@@ -11,7 +11,7 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
-from pdtop.engine.model import quant_kernels
+from pdtop.engine.model import cpu_kernels, quant_kernels
 from pdtop.engine.model.gguf_blocks import RawBlocks
 from pdtop.engine.model.llama import ForwardBatch, Segment
 from pdtop.engine.model.loader import load_model
@@ -39,7 +39,7 @@ def ways(k: quant_kernels.QuantKernels) -> list[tuple[int, bool]]:
 
 @pytest.mark.parametrize("qtype", TYPES, ids=[quant_kernels.QUANT_TYPES[t] for t in TYPES])
 def test_matmul_matches_dequantize_on_odd_shapes(kernels, qtype):
-    shapes = [(1, 32, 1), (37, 96, 1), (17, 608, 3), (130, 160, 17), (5, 64, 70)]  # out, in, rows
+    shapes = [(1, 32, 1), (37, 96, 1), (17, 608, 3), (130, 160, 17), (5, 64, 70), (19, 64, 300)]  # out, in, rows
     for (path, tiled), (out_f, in_f, n) in itertools.product(ways(kernels), shapes):
         problem = quant_kernels.check(kernels, qtype, out_f, in_f, n, path, tiled, seed=out_f)
         assert problem is None, (path, tiled, out_f, problem)
@@ -75,6 +75,21 @@ def test_paths_agree_and_rows_do_not_depend_on_the_batch(kernels, qtype):
     for path, tiled in [(0, False)] + [(p, t) for p in kernels.paths[1:] for t in (True, False) if t or p == 1]:
         lone = torch.cat([kernels.matmul(qtype, w, 256, x[i:i + 1], path, tiled) for i in range(9)])
         assert torch.equal(lone, kernels.matmul(qtype, w, 256, x, path, tiled)), (path, tiled)
+
+
+@pytest.mark.parametrize("isa", ["portable", "avx2"])
+def test_each_instruction_set_builds_its_path_and_passes_the_load_check(kernels, isa):
+    """The AVX2 build (no AVX-512, no VNNI anywhere) and the portable one, as a CPU without them would
+    run them; `kernels()` returns None where its load-time check fails."""
+    if not cpu_kernels.isa_runs_here(isa):
+        pytest.skip(f"this CPU cannot run {isa} code")
+    k = quant_kernels.kernels(isa)
+    assert k is not None and k.fast == {"portable": 0, "avx2": 1}[isa]
+    raw, dense = quant_kernels.random_blocks(GGMLQuantizationType.Q4_1, 50, 160, seed=9)
+    x = torch.randn(33, 160, generator=torch.Generator().manual_seed(9))
+    want = quant_kernels.round_activations(x) @ torch.from_numpy(dense).T
+    got = k.matmul(3, torch.from_numpy(raw), 160, x)  # its default: AVX2 panels, or the portable dots
+    assert torch.allclose(got, want, atol=quant_kernels.EXACT_TOL * float(want.abs().max()), rtol=1e-4)
 
 
 def test_a_forced_path_is_lowered_to_what_was_built(kernels):

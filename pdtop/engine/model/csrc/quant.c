@@ -8,12 +8,17 @@
      Q8_0: d_w * d_x * sum(qw * qx)
      Q4_1: d_w * d_x * sum(nib * qx) + m_w * s_x          (w = d * nib + m)
      Q4_0: the same with m_w = -8 d_w                      (w = d * (nib - 8))
-   Each dot has an AVX2 path (`maddubs`: unsigned x signed bytes to int16 pairs, `madd` to int32,
-   one FMA per block) and a portable one; `portable` forces the latter (tests, comparisons).
+   Three paths, chosen per call (`path`, lowered to what was built): portable C; AVX2 (`maddubs`:
+   unsigned x signed bytes to int16 pairs, `madd` to int32); AVX-512 VNNI (`dpbusd`). Two loop
+   shapes: per-row dots (one or a few activation rows: memory-bound, each weight row streamed once)
+   and, from TILED_MIN rows on, panels ("Panels" below: compute-bound, each weight block unpacked once
+   per call and used by every row). Rounding the activations is the same on every path; the sums
+   differ in float order only.
 
-   Work is split over the calling thread's OpenMP team by tiles of TILE weight rows, so each block
-   is read once for all n activation rows; a small matmul runs on the calling thread alone (waking
-   the team costs more). Built and checked by pdtop/engine/model/quant_kernels.py. */
+   Work is split over the calling thread's OpenMP team (pdmux gives prefill and decode threads
+   their own cores, and each its own team) by output columns, so each block is read by one thread;
+   a small matmul runs on the calling thread alone (waking the team costs more). Built and checked
+   by pdtop/engine/model/quant_kernels.py; bench/quant_bench.py times each path and loop shape. */
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
@@ -32,6 +37,8 @@ enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 }; /* GGMLQuantizationType values */
 #define QK 32
 #define TILE 16
 #define PARALLEL_MIN (1 << 13) /* block dots below which one thread does it all */
+#define QUANTIZE_PARALLEL_MIN (1 << 16) /* activations below which one thread rounds them */
+#define ROW_CHUNK 256 /* activation rows per sweep of the panels */
 #define TILED_MIN 3 /* activation rows from which the panels beat the per-row dots (bench/quant_bench.py) */
 
 typedef struct {
@@ -546,6 +553,16 @@ static void panel8(int32_t type, const Pack8* pk, const XBlock* xq, int64_t nb, 
 }
 #endif
 
+/* Row i of x to int8 blocks (and, for the VNNI row dots, block pairs). */
+static void round_row(const float* x, int64_t in_f, int64_t nb, int64_t i, XBlock* xq, void* xp, int32_t path) {
+    quantize_row(x + i * in_f, nb, xq + i * nb, path);
+#ifdef HAVE_VNNI512
+    if (xp) pair_row(xq + i * nb, nb, (XPair*)xp + i * (nb / 2));
+#else
+    (void)xp;
+#endif
+}
+
 /* Which loops run: `path` (0 portable, 1 AVX2, 2 AVX-512 VNNI, lowered to what was built) and `tiled`
    (1 the panels, 0 the per-row dots, -1 panels from TILED_MIN rows on, where they are faster). */
 static int tiled_for(int32_t path, int32_t tiled, int64_t n) {
@@ -556,7 +573,7 @@ static int tiled_for(int32_t path, int32_t tiled, int64_t n) {
 static void rows_loop(int32_t type, int32_t path, const uint8_t* w, int64_t t, int64_t end, int64_t row_bytes,
                       const XBlock* xq, const void* xpairs, int64_t nb, int64_t n, float* y, int64_t out_f) {
     int64_t i = 0;
-    (void)xpairs;
+    (void)xpairs, (void)path;
 #ifdef HAVE_VNNI512
     const XPair* xp = xpairs;
     if (path == 2 && xp)
@@ -595,14 +612,13 @@ int32_t pdtop_quant_matmul(int32_t type, const uint8_t* w, int64_t out_f, int64_
     const int parallel = out_f * nb * n >= PARALLEL_MIN;
     const int threads = parallel ? omp_get_max_threads() : 1;
     const int64_t panel = path == 2 ? 16 : 8, pack_bytes = path == 2 ? 640 : 576; /* sizeof Pack16 / Pack8 */
+    const size_t pack_per = (size_t)((nb * pack_bytes + PANEL_ALIGN - 1) / PANEL_ALIGN * PANEL_ALIGN);
+    (void)panel;
     XBlock* xq = malloc(sizeof(XBlock) * (size_t)(n * nb));
     void* xp = NULL;
     uint8_t* packs = NULL;
     int failed = !xq;
-    if (!failed && tiled) {
-        const size_t per = (size_t)((nb * pack_bytes + PANEL_ALIGN - 1) / PANEL_ALIGN * PANEL_ALIGN);
-        failed = !(packs = aligned_alloc(PANEL_ALIGN, per * (size_t)threads));
-    }
+    if (!failed && tiled) failed = !(packs = aligned_alloc(PANEL_ALIGN, pack_per * (size_t)threads));
 #ifdef HAVE_VNNI512
     /* paired blocks for the VNNI row dots; one row runs dot_avx2 instead (faster: no pairing) */
     if (!failed && path == 2 && !tiled && nb / 2 && n > 1) failed = !(xp = malloc(sizeof(XPair) * (size_t)(n * (nb / 2))));
@@ -613,35 +629,40 @@ int32_t pdtop_quant_matmul(int32_t type, const uint8_t* w, int64_t out_f, int64_
         free(packs);
         return -1;
     }
+    /* a few rows are rounded before the team wakes: one barrier fewer per matmul (on a busy machine
+       a barrier can wait out a time slice) */
+    const int serial_rounding = n * in_f < QUANTIZE_PARALLEL_MIN;
+    for (int64_t i = 0; serial_rounding && i < n; ++i) round_row(x, in_f, nb, i, xq, xp, path);
 #pragma omp parallel num_threads(threads) if (parallel)
     {
+        if (!serial_rounding) { /* the same for every thread: the construct (and its barrier) or not */
 #pragma omp for schedule(static)
-        for (int64_t i = 0; i < n; ++i) {
-            quantize_row(x + i * in_f, nb, xq + i * nb, path);
-#ifdef HAVE_VNNI512
-            if (xp) pair_row(xq + i * nb, nb, (XPair*)xp + i * (nb / 2));
-#endif
+            for (int64_t i = 0; i < n; ++i) round_row(x, in_f, nb, i, xq, xp, path);
         }
-        if (tiled) {
-            void* pk = packs + (size_t)omp_get_thread_num() * (size_t)((nb * pack_bytes + PANEL_ALIGN - 1) /
-                                                                        PANEL_ALIGN * PANEL_ALIGN);
-            (void)pk;
-#pragma omp for schedule(static)
-            for (int64_t c = 0; c < out_f; c += panel) {
-                const int ncols = (int)(out_f - c < panel ? out_f - c : panel);
-#ifdef HAVE_VNNI512
-                if (path == 2) {
-                    pack16(type, w + c * row_bytes, row_bytes, nb, ncols, pk);
-                    panel16(pk, xq, nb, n, y + c, out_f, ncols);
-                    continue;
-                }
-#endif
 #ifdef HAVE_AVX2
-                pack8(type, w + c * row_bytes, row_bytes, nb, ncols, pk);
-                panel8(type, pk, xq, nb, n, y + c, out_f, ncols);
+        if (tiled) { /* never without AVX2 (tiled_for) */
+            void* pk = packs + (size_t)omp_get_thread_num() * pack_per;
+            /* rows by chunks whose int8 copy stays in L2; each thread keeps its panels (static
+               schedule, the same bounds), so no barrier between chunks */
+            for (int64_t i0 = 0; i0 < n; i0 += ROW_CHUNK) {
+                const int64_t rows = n - i0 < ROW_CHUNK ? n - i0 : ROW_CHUNK;
+#pragma omp for schedule(static) nowait
+                for (int64_t c = 0; c < out_f; c += panel) {
+                    const int ncols = (int)(out_f - c < panel ? out_f - c : panel);
+#ifdef HAVE_VNNI512
+                    if (path == 2) {
+                        pack16(type, w + c * row_bytes, row_bytes, nb, ncols, pk);
+                        panel16(pk, xq + i0 * nb, nb, rows, y + i0 * out_f + c, out_f, ncols);
+                        continue;
+                    }
 #endif
+                    pack8(type, w + c * row_bytes, row_bytes, nb, ncols, pk);
+                    panel8(type, pk, xq + i0 * nb, nb, rows, y + i0 * out_f + c, out_f, ncols);
+                }
             }
-        } else {
+        } else
+#endif
+        {
 #pragma omp for schedule(static)
             for (int64_t t = 0; t < out_f; t += TILE)
                 rows_loop(type, path, w, t, t + TILE < out_f ? t + TILE : out_f, row_bytes, xq, xp, nb, n, y, out_f);
