@@ -37,10 +37,6 @@ class QuantKernels:
     fast: int  # the fast path built here: 0 none (only the portable one runs), 1 AVX2, 2 AVX-512 VNNI
 
     @property
-    def avx2(self) -> bool:
-        return self.fast > 0
-
-    @property
     def paths(self) -> list[int]:
         """The paths that run here, portable first: `PATHS` keys up to `fast`."""
         return list(range(self.fast + 1))
