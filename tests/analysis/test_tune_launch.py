@@ -340,3 +340,19 @@ def test_dataset_options_without_launch_are_refused(capsys):
     assert main(["tune", "--slo-itl-ms", "10", "--dataset-name", "custom", "--dataset-path", "x.jsonl"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--launch's traffic" in err
+
+
+def test_dataset_traffic_through_pdtop_serve(tmp_path, monkeypatch):
+    """A custom JSONL's requests through real `pdtop serve` processes on a simulated H100: every
+    request streams its own output_len (ignore_eos), prompt tokens as the server counts them."""
+    path, rows = dataset(tmp_path, rows=4)
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    command = (f"{sys.executable} -m pdtop serve --device sim:H100 --workload none --port 0 "
+               "--config {config} --api-port {port}")
+    rc, out = tune_on(tmp_path, command, "--dataset-name", "custom", "--dataset-path", str(path), "--num-prompts", "4",
+                      "--request-rate", "50", "--max-candidates", "2", "--device", "sim:H100")
+    assert rc == 0, out
+    for r in records(tmp_path):
+        assert r["ok"] and sorted(s["output_tokens"] for s in r["samples"]) == [o for _, o in rows]
+        assert all(s["prompt_tokens"] > 0 for s in r["samples"])  # the chat template's, from the server's usage
+    assert not processes_naming(str(tmp_path))
