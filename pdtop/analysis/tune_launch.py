@@ -55,6 +55,7 @@ class LaunchPlan:
     results: str | None = None
     seed: int = 0
     dataset: DatasetTraffic | None = None  # --dataset-path traffic instead of the scenario (request_rate: all requests)
+    tokenizer: str | None = None  # --tokenizer's file name; None: SmolLM2's (results files before it have none)
 
     def header(self) -> dict[str, Any]:
         """What a results file must match to be reused (the SLOs may change: samples are re-scored)."""
@@ -62,6 +63,8 @@ class LaunchPlan:
                                                       "decode_tokens", "long_max_tokens")}
         if self.dataset is not None:
             wl = self.dataset.identity()
+        if self.tokenizer is not None:  # other token counts: another workload
+            wl = {**wl, "tokenizer": self.tokenizer}
         rate = "inf" if self.request_rate == math.inf else self.request_rate
         return {"pdtop_tune_launch": RESULTS_VERSION, "command": self.command, "workload": wl,
                 "request_rate": rate, "seed": self.seed}

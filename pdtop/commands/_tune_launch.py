@@ -56,6 +56,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="where each candidate's YAML and server log go (default FILE.logs beside --results, "
                    "else a new temporary directory)")
     g.add_argument("--max-candidates", type=int, metavar="N", help="launch at most N servers")
+    g.add_argument("--tokenizer", metavar="GGUF", help="a GGUF with the launched model's tokenizer: it cuts the "
+                   "prompts to their token counts and applies the chat template (default SmolLM2's)")
     g.add_argument("--request-rate", metavar="R", help="long prompts per second, Poisson (default: one after "
                    "another); with --dataset-path, its requests per second (default inf: all at once)")
     add_dataset_arguments(g, num_prompts=None)
@@ -95,7 +97,7 @@ def run(args: argparse.Namespace, slo: Slo, budget_s: float | None) -> int:
         sc = launch_scenario(kind)
         if args.workload:
             sc = parse_workload(args.workload, sc)
-        tok = Tokenizer.from_gguf(default_model_path())
+        tok = Tokenizer.from_gguf(args.tokenizer or default_model_path())
         dataset = _dataset(args, tok)
         space, kind = launch_space_for(args.device, args.model, sc if dataset is None else dataset_space_scenario(
             sc, dataset))
@@ -104,7 +106,7 @@ def run(args: argparse.Namespace, slo: Slo, budget_s: float | None) -> int:
         default = device_default(kind)
         plan = LaunchPlan(args.launch, sc, rate, slo, default, startup or 600.0, budget_s=budget_s or math.inf,
                           max_candidates=args.max_candidates, log_dir=log_dir, results=args.results, seed=args.seed,
-                          dataset=dataset)
+                          dataset=dataset, tokenizer=os.path.basename(args.tokenizer) if args.tokenizer else None)
         prompts = ([], []) if dataset else text_prompts(sc, args.seed, tok.encode(corpus_text()), tok.decode)
         tuner = LaunchTuner(plan, space, prompts, kind)
     except (EngineError, OSError, ValueError) as exc:

@@ -326,6 +326,7 @@ def test_a_resume_with_another_dataset_is_refused_and_the_same_one_is_reused(tmp
     (["--num-prompts", "5"], "--num-prompts counts --dataset-path's requests"),
     (["--dataset-name", "custom", "--dataset-path", "{tmp}/bad.jsonl", "--num-prompts", "0"],
      "--num-prompts must be >= 1, got 0"),
+    (["--tokenizer", "{tmp}/bad.jsonl"], "bad.jsonl"),
 ])
 def test_bad_dataset_options_are_one_line_and_launch_nothing(tmp_path, capsys, extra, line):
     (tmp_path / "bad.jsonl").write_text("not json\n")
@@ -334,6 +335,22 @@ def test_bad_dataset_options_are_one_line_and_launch_nothing(tmp_path, capsys, e
     err = capsys.readouterr().err
     assert (rc, out) == (2, {}) and err.count("\n") == 1 and line in err, err
     assert not pids(tmp_path) and not (tmp_path / "runs.jsonl").exists()
+
+
+def test_another_tokenizer_is_another_workload(tmp_path, capsys):
+    """--tokenizer (the launched model's) cuts the prompts: its name is in the results' workload, so a
+    resume with SGLang's default tokenizer instead does not mix the two."""
+    from pdtop.engine.model.loader import default_model_path
+
+    other = tmp_path / "their-model.gguf"
+    other.symlink_to(default_model_path())
+    path, _ = dataset(tmp_path)
+    assert dataset_tune(tmp_path, path, "--max-candidates", "1", "--tokenizer", str(other))[0] == 0
+    header = json.loads((tmp_path / "runs.jsonl").read_text().splitlines()[0])
+    assert header["workload"]["tokenizer"] == "their-model.gguf"
+    capsys.readouterr()
+    assert dataset_tune(tmp_path, path, "--max-candidates", "1") == (2, {})
+    assert "another command, workload or seed" in capsys.readouterr().err
 
 
 def test_dataset_options_without_launch_are_refused(capsys):
