@@ -173,8 +173,23 @@ def kernels() -> QuantKernels | None:
     return QuantKernels(lib, k.fast, lib_k, k.fast_k, k.types - bad) if bad else k
 
 
+def kernels_for_isa(isa: str) -> QuantKernels | None:
+    """Both files built for `isa` (a `cpu_kernels.ISAS` key), unchecked: for tests and benchmarks
+    that run every path this CPU can; None when they cannot be built or run here."""
+    lib, lib_k = cpu_kernels._library("quant", isa), cpu_kernels._library("quant_k", isa)
+    if lib is None or lib_k is None:
+        return None
+    _bind(lib, "pdtop_quant")
+    _bind(lib_k, "pdtop_quant_k")
+    return QuantKernels(lib, int(lib.pdtop_quant_fast_path()), lib_k, int(lib_k.pdtop_quant_k_fast_path()),
+                        frozenset(QUANT_TYPES))
+
+
 def path_name(k: QuantKernels, qtype: int | None = None) -> str:
-    """Which dot-product path runs (quant.c's, or that of `qtype`'s file), for describe() and the header."""
+    """Which dot-product path runs (quant.c's, or that of `qtype`'s file), for describe() and the header.
+    quant_k.c's VNNI build speeds only the Q5 dots (one dpbusd); its K dots are AVX2 either way."""
     if qtype in MORE_TYPES:
-        return {0: "portable", 1: "avx2", 2: "avx2-vnni"}.get(k.fast_k, "portable")
+        if k.fast_k == 0:
+            return "portable"
+        return "avx2-vnni" if k.fast_k == 2 and qtype not in K_TYPES else "avx2"
     return {0: "portable", 1: "avx2", 2: "avx512-vnni"}.get(k.fast, "portable")
