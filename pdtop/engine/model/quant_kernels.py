@@ -65,6 +65,9 @@ class QuantKernels:
 
     def matmul(self, qtype: int, w: torch.Tensor, in_f: int, x: torch.Tensor, portable: bool = False) -> torch.Tensor:
         """`x [n, in_f] float32` @ W^T -> `[n, out]`, W the uint8 `[out, row_bytes]` blocks of `qtype`."""
+        if in_f % block_len(qtype):
+            raise ValueError(f"{QUANT_TYPES.get(qtype, qtype)} rows need in_features a multiple of "
+                             f"{block_len(qtype)}, not {in_f}")
         x = x.contiguous()
         y = torch.empty(x.shape[0], w.shape[0], dtype=torch.float32)
         rc = self._entry(qtype, "matmul")(qtype, w.data_ptr(), w.shape[0], in_f, x.data_ptr(), x.shape[0],
@@ -174,15 +177,14 @@ def kernels() -> QuantKernels | None:
 
 
 def kernels_for_isa(isa: str) -> QuantKernels | None:
-    """Both files built for `isa` (a `cpu_kernels.ISAS` key), unchecked: for tests and benchmarks
-    that run every path this CPU can; None when they cannot be built or run here."""
-    lib, lib_k = cpu_kernels._library("quant", isa), cpu_kernels._library("quant_k", isa)
-    if lib is None or lib_k is None:
+    """The kernels with quant_k.c built for `isa` (a `cpu_kernels.ISAS` key), unchecked, quant.c's
+    types on the checked default build: for tests and benchmarks that run every path this CPU can;
+    None when they cannot be built or run here."""
+    base, lib_k = kernels(), cpu_kernels._library("quant_k", isa)
+    if base is None or lib_k is None:
         return None
-    _bind(lib, "pdtop_quant")
     _bind(lib_k, "pdtop_quant_k")
-    return QuantKernels(lib, int(lib.pdtop_quant_fast_path()), lib_k, int(lib_k.pdtop_quant_k_fast_path()),
-                        frozenset(QUANT_TYPES))
+    return QuantKernels(base.lib, base.fast, lib_k, int(lib_k.pdtop_quant_k_fast_path()), frozenset(QUANT_TYPES))
 
 
 def path_name(k: QuantKernels, qtype: int | None = None) -> str:
