@@ -57,15 +57,15 @@ def main() -> int:
     weights = {(q, s): torch.from_numpy(quant_kernels.random_blocks(q, *SHAPES[s], seed=q)[0])
                for q in ORDER if q in k.types for s in SHAPES}
     print(f"{'type':5} {'path':12} {'shape':5} {'rows':>4} {'us':>9} {'x Q4_1':>7} {'GB/s':>6}")
-    for shape, (out_f, in_f) in SHAPES.items():
+    for shape, (_, in_f) in SHAPES.items():
         for n in rows:
             x = torch.randn(n, in_f)
             for portable in (False, True):
                 types = [q for q in ORDER if (q, shape) in weights]
                 best = {q: float("inf") for q in types}
                 for _ in range(2):  # in turns: every type, then every type again; the better of the two
-                    for qtype in types:
-                        best[qtype] = min(best[qtype], timed(k, qtype, weights[qtype, shape], x, portable, args.repeats))
+                    for q in types:
+                        best[q] = min(best[q], timed(k, q, weights[q, shape], x, portable, args.repeats))
                 base = best[types[0]]
                 for qtype in types:
                     w, t = weights[qtype, shape], best[qtype]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,7 +57,8 @@ class QuantKernels:
         """Whether `qtype` has a fast (non-portable) path here, beside the portable one."""
         return (self.fast_k if qtype in MORE_TYPES else self.fast) > 0
 
-    def _entry(self, qtype: int, what: str):  # type: ignore[no-untyped-def]
+    def _entry(self, qtype: int, what: str) -> Callable[..., int]:
+        """The C function `what` (matmul, rows) of the file that computes on `qtype`."""
         if qtype in MORE_TYPES and self.lib_k is not None:
             return getattr(self.lib_k, f"pdtop_quant_k_{what}")
         if qtype in BASE_TYPES:
@@ -143,7 +145,8 @@ def _problem(k: QuantKernels, qtype: int) -> str | None:
         for out_f, in_f, n in shapes:
             problem = check(k, qtype, out_f, in_f, n, portable)
             if problem:
-                return f"the {QUANT_TYPES[qtype]} kernel ({'portable' if portable else path_name(k, qtype)}) is {problem}"
+                path = "portable" if portable else path_name(k, qtype)
+                return f"the {QUANT_TYPES[qtype]} kernel ({path}) is {problem}"
     return None
 
 

@@ -23,7 +23,7 @@ def _div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def quantize_k(w: np.ndarray, qtype: int) -> np.ndarray:
     """uint8 `[out, in / 256 * bytes]` blocks of `w` (float32 `[out, in]`, in a multiple of 256)."""
-    out_f, in_f = w.shape
+    out_f = w.shape[0]
     x = w.astype(np.float32).reshape(-1, 256)
     if qtype == Q.Q6_K:
         return _q6_k(x).reshape(out_f, -1)

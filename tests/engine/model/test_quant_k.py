@@ -74,7 +74,8 @@ def test_the_activation_rounding_is_llama_cpps(qtype):
     block, in_f = quant_kernels.block_len(qtype), 512
     raw, dense = quant_kernels.random_blocks(qtype, 40, in_f, seed=7)
     # rows whose 32-blocks differ wildly in size: per-32 and per-256 rounding differ clearly
-    x = torch.randn(3, in_f, generator=torch.Generator().manual_seed(7)) * torch.logspace(-2, 1, 16).repeat_interleave(32)
+    sizes = torch.logspace(-2, 1, 16).repeat_interleave(32)
+    x = torch.randn(3, in_f, generator=torch.Generator().manual_seed(7)) * sizes
     y = k.matmul(qtype, torch.from_numpy(raw), in_f, x)
     w = torch.from_numpy(dense)
     mine, other = (quant_kernels.round_activations(x, b) @ w.T for b in (block, 288 - block))

@@ -12,8 +12,8 @@ from gguf import GGMLQuantizationType as Q
 from requant import requantize
 from test_quant_kernels import NEAR_TIE, chat_ids, greedy, prompt_logits
 
-from pdtop.engine.model.linear import Linear
 from pdtop.engine.model import quant_kernels
+from pdtop.engine.model.linear import Linear
 from pdtop.engine.model.loader import load_model
 from pdtop.engine.model.quant_linear import QuantLinear
 from pdtop.engine.runtime.runner import ModelRunner
