@@ -102,18 +102,21 @@ int32_t pdtop_quant_k_fast_path(void) {
 #endif
 }
 
-/* Q4_K / Q5_K's packed 6-bit scales and mins (gguf's Q4_K.get_scale_min) */
-static inline void scale_min(const uint8_t* s, int j, int* sc, int* mn) {
-    if (j < 4) {
-        *sc = s[j] & 63, *mn = s[j + 4] & 63;
-    } else {
-        *sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
-        *mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-    }
+/* Q4_K / Q5_K's 12 bytes of packed 6-bit scales and mins (gguf's Q4_K.get_scale_min) as 8 scale bytes
+   then 8 min bytes. Bytes 0-3: scales 0-3 (low 6 bits), 4-7: mins 0-3, 8-11: the low nibbles of scales
+   4-7 and, high, of mins 4-7; the top 2 bits of bytes 0-3 and 4-7 are those of scales and mins 4-7. */
+static inline void scales_mins(const uint8_t* s, uint8_t out[16]) {
+    uint32_t a, b, c;
+    memcpy(&a, s, 4), memcpy(&b, s + 4, 4), memcpy(&c, s + 8, 4);
+    const uint32_t six = 0x3f3f3f3fu, nib = 0x0f0f0f0fu, two = 0x03030303u;
+    const uint32_t w[4] = {a & six, (c & nib) | (((a >> 6) & two) << 4), b & six, ((c >> 4) & nib) | (((b >> 6) & two) << 4)};
+    memcpy(out, w, 16);
 }
 
+#define INLINE static inline __attribute__((always_inline)) /* instantiated per constant type and row count */
+
 /* The scales of a block into w (all types); the quants too unless `scales_only`. */
-static void unpack(int32_t type, const uint8_t* b, WBlock* w, int scales_only) {
+INLINE void unpack(int32_t type, const uint8_t* b, WBlock* w, int scales_only) {
     if (!is_k(type)) {
         const int q5_1 = type == Q5_1;
         w->d = half_to_float(read_u16(b));
@@ -145,11 +148,11 @@ static void unpack(int32_t type, const uint8_t* b, WBlock* w, int scales_only) {
     }
     w->d = half_to_float(read_u16(b));
     w->m = half_to_float(read_u16(b + 2));
+    uint8_t sm[16];
+    scales_mins(b + 4, sm);
     for (int s = 0; s < 8; ++s) {
-        int sc, mn;
-        scale_min(b + 4, s, &sc, &mn);
-        w->sc[2 * s] = w->sc[2 * s + 1] = (int16_t)sc;
-        w->mn[2 * s] = w->mn[2 * s + 1] = (int16_t)mn;
+        w->sc[2 * s] = w->sc[2 * s + 1] = sm[s];
+        w->mn[2 * s] = w->mn[2 * s + 1] = sm[8 + s];
     }
     if (scales_only) return;
     const uint8_t *qh = b + 16, *qs = type == Q5_K ? b + 48 : b + 16;
@@ -267,14 +270,18 @@ static inline __m256i unpack_q5(const uint8_t* qh_p, const uint8_t* qs) {
    the per-16 scales or mins that meet the activation's per-16 sums. */
 typedef struct {
     __m256i u[8], sc[8], off16;
+    float d, dmin;
 } KRegs;
 
-static inline void unpack_k(int32_t type, const uint8_t* b, const WBlock* s, KRegs* r) {
+INLINE void unpack_k(const int32_t type, const uint8_t* b, KRegs* r) {
     const __m256i low4 = _mm256_set1_epi8(15);
-    for (int k = 0; k < 8; ++k)
-        r->sc[k] = _mm256_set_m128i(_mm_set1_epi16(s->sc[2 * k + 1]), _mm_set1_epi16(s->sc[2 * k]));
     if (type == Q6_K) {
-        r->off16 = _mm256_slli_epi16(_mm256_loadu_si256((const __m256i*)s->sc), 5); /* 32 * sc */
+        r->d = half_to_float(read_u16(b + 208)), r->dmin = 0.f;
+        const __m128i s8 = _mm_loadu_si128((const __m128i*)(b + 192));
+        for (int k = 0; k < 8; ++k) /* int16 scales: 8 lanes of sc[2k], 8 of sc[2k + 1] */
+            r->sc[k] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(s8, _mm_set_epi64x(0x0101010101010101LL * (2 * k + 1),
+                                                                                0x0101010101010101LL * (2 * k))));
+        r->off16 = _mm256_slli_epi16(_mm256_cvtepi8_epi16(s8), 5); /* 32 * sc */
         const __m256i three = _mm256_set1_epi8(3);
         for (int h = 0; h < 2; ++h) {
             const __m256i l0 = _mm256_loadu_si256((const __m256i*)(b + 64 * h));
@@ -289,7 +296,12 @@ static inline void unpack_k(int32_t type, const uint8_t* b, const WBlock* s, KRe
         }
         return;
     }
-    r->off16 = _mm256_loadu_si256((const __m256i*)s->mn);
+    r->d = half_to_float(read_u16(b)), r->dmin = half_to_float(read_u16(b + 2));
+    uint8_t sm[16];
+    scales_mins(b + 4, sm);
+    for (int k = 0; k < 8; ++k) r->sc[k] = _mm256_set1_epi16(sm[k]);
+    const __m128i mn = _mm_loadl_epi64((const __m128i*)(sm + 8));
+    r->off16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn, mn)); /* each 32's min for both its 16s */
     const uint8_t* qs = type == Q5_K ? b + 48 : b + 16;
     const __m256i qh = _mm256_loadu_si256((const __m256i*)(b + 16)), sixteen = _mm256_set1_epi8(16);
     for (int c = 0; c < 4; ++c) {
@@ -305,16 +317,15 @@ static inline void unpack_k(int32_t type, const uint8_t* b, const WBlock* s, KRe
     }
 }
 
-static void rows_avx2(int32_t type, const uint8_t* w, const void* x, int64_t nb, int nx, float* out) {
+INLINE void rows_avx2_t(const int32_t type, const uint8_t* w, const void* x, int64_t nb, const int nx, float* out) {
     const int64_t size = pdtop_quant_k_block_bytes(type);
     __m256 acc[XR];
     float offset[XR] = {0};
     for (int c = 0; c < XR; ++c) acc[c] = _mm256_setzero_ps();
-    WBlock s;
-    KRegs r;
     for (int64_t b = 0; b < nb; ++b, w += size) {
-        unpack(type, w, &s, 1);
         if (!is_k(type)) {
+            WBlock s;
+            unpack(type, w, &s, 1);
             const int q5_1 = type == Q5_1;
             const __m256i u = unpack_q5(w + 2 + 2 * q5_1, w + 6 + 2 * q5_1);
             for (int c = 0; c < nx; ++c) {
@@ -325,7 +336,8 @@ static void rows_avx2(int32_t type, const uint8_t* w, const void* x, int64_t nb,
             }
             continue;
         }
-        unpack_k(type, w, &s, &r);
+        KRegs r;
+        unpack_k(type, w, &r);
         for (int c = 0; c < nx; ++c) {
             const X256* xb = (const X256*)x + c * nb + b;
             __m256i isum = _mm256_setzero_si256();
@@ -335,15 +347,34 @@ static void rows_avx2(int32_t type, const uint8_t* w, const void* x, int64_t nb,
             }
             const __m256i off = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i*)xb->bsum), r.off16);
             if (type == Q6_K) {
-                acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(s.d * xb->d), _mm256_cvtepi32_ps(_mm256_sub_epi32(isum, off)),
+                acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(r.d * xb->d), _mm256_cvtepi32_ps(_mm256_sub_epi32(isum, off)),
                                          acc[c]);
             } else {
-                acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(s.d * xb->d), _mm256_cvtepi32_ps(isum), acc[c]);
-                acc[c] = _mm256_fnmadd_ps(_mm256_set1_ps(s.m * xb->d), _mm256_cvtepi32_ps(off), acc[c]);
+                acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(r.d * xb->d), _mm256_cvtepi32_ps(isum), acc[c]);
+                acc[c] = _mm256_fnmadd_ps(_mm256_set1_ps(r.dmin * xb->d), _mm256_cvtepi32_ps(off), acc[c]);
             }
         }
     }
     for (int c = 0; c < nx; ++c) out[c] = hsum8(acc[c]) + offset[c];
+}
+
+/* rows_avx2_t for each type and row count as constants (its loops unrolled, accumulators in registers) */
+static void rows_avx2(int32_t type, const uint8_t* w, const void* x, int64_t nb, int nx, float* out) {
+#define ROWS(T)                                                              \
+    switch (nx) {                                                            \
+        case 1: rows_avx2_t(T, w, x, nb, 1, out); return;                   \
+        case 2: rows_avx2_t(T, w, x, nb, 2, out); return;                   \
+        case 3: rows_avx2_t(T, w, x, nb, 3, out); return;                   \
+        default: rows_avx2_t(T, w, x, nb, XR, out); return;                 \
+    }
+    switch (type) {
+        case Q5_0: ROWS(Q5_0)
+        case Q5_1: ROWS(Q5_1)
+        case Q4_K: ROWS(Q4_K)
+        case Q5_K: ROWS(Q5_K)
+        default: ROWS(Q6_K)
+    }
+#undef ROWS
 }
 #endif
 
