@@ -4,7 +4,7 @@ types fit) and one of its gate_up (out 3072, in 1536 here, a weight that no long
 alone with the median of the repeats, in turns (type by type, then again), with the fast and the
 forced-portable paths.
 
-    .venv/bin/python bench/quant_k_bench.py [--rows 1,32] [--repeats 50] [--threads 2]
+    .venv/bin/python bench/quant_k_bench.py [--rows 1,32] [--repeats 50] [--threads 2] [--isa avx2]
 
 Prints a table; asserts nothing.
 """
@@ -42,12 +42,13 @@ def main() -> int:
     ap.add_argument("--rows", default="1,32", help="activation rows, comma-separated (default 1,32)")
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--threads", type=int, default=0, help="OpenMP threads (default: torch's)")
+    ap.add_argument("--isa", default="native", help="quant_k.c built for: native (default), avx2, portable")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    k = quant_kernels.kernels()
+    k = quant_kernels.kernels() if args.isa == "native" else quant_kernels.kernels_for_isa(args.isa)
     if k is None:
-        print("the quantized kernels are unavailable here", file=sys.stderr)
+        print(f"the quantized kernels ({args.isa}) are unavailable here", file=sys.stderr)
         return 1
     from pdtop.engine.devices.host import machine_line
 

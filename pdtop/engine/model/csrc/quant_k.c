@@ -17,7 +17,9 @@
    s = d * sum(q): Q8_0 / Q8_1), per 256 for the K types with int16 sums per 16 (Q8_K), so a K
    super-block is one integer dot: sum over 16-groups of sc * sum(q_w * q_x), the mins (or Q6_K's -32)
    from the per-16 sums. Each type has an AVX2 path (weights unpacked to unsigned bytes in registers,
-   `maddubs` + `madd` by the scales) and a portable one (`portable` forces it); each weight block is
+   `maddubs` + `madd` by the scales), an AVX-512 VNNI one where the CPU has it (K: 64 bytes per
+   `maddubs`, the scales by `dpwssd`; Q5: one 256-bit `dpbusd` per block) and a portable one
+   (`portable` forces it; an AVX2-only build runs the AVX2 path on any AVX-512 CPU); each weight block is
    unpacked once for up to XR activation rows, and work is split over the OpenMP team by tiles of
    TILE weight rows. Built and checked by pdtop/engine/model/quant_kernels.py. */
 #include <math.h>
@@ -30,8 +32,9 @@
 #endif
 #if defined(__AVX2__) && defined(__FMA__)
 #define HAVE_AVX2 1
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
 #define HAVE_VNNI256 1 /* the Q5 dots in one dpbusd on 256-bit registers */
+#define HAVE_VNNI512 1 /* the K dots 64 bytes at a time, the scales by dpwssd */
 #endif
 #endif
 
@@ -91,7 +94,8 @@ int64_t pdtop_quant_k_block_bytes(int32_t type) {
 static inline int is_k(int32_t type) { return type >= Q4_K; }
 static inline int64_t block_len(int32_t type) { return is_k(type) ? 256 : 32; }
 
-/* the fast path built here: 0 none (portable only), 1 AVX2, 2 AVX2 with 256-bit VNNI for the Q5 dots */
+/* the fast path built here: 0 none (portable only), 1 AVX2, 2 AVX-512 VNNI (the K dots on 512-bit
+   registers, the Q5 dots by 256-bit dpbusd) */
 int32_t pdtop_quant_k_fast_path(void) {
 #if defined(HAVE_VNNI256)
     return 2;
@@ -269,19 +273,71 @@ static inline __m256i unpack_q5(const uint8_t* qh_p, const uint8_t* qs) {
 /* A K super-block in registers: 8 x 32 unsigned quants, the int16 scale of each 16 per 32-chunk, and
    the per-16 scales or mins that meet the activation's per-16 sums. */
 typedef struct {
-    __m256i u[8], sc[8], off16;
+#ifdef HAVE_VNNI512
+    __m512i u[4], sc[4]; /* 4 x 64 quants and their int16 scales */
+#else
+    __m256i u[8], sc[8];
+#endif
+    __m256i off16;
     float d, dmin;
 } KRegs;
 
+#ifdef HAVE_VNNI512
+static inline __m512i join(__m256i lo, __m256i hi) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+/* the quants and scales of unpack_k, 64 elements per register */
+INLINE void unpack_k512(const int32_t type, const uint8_t* b, const uint8_t* sm, KRegs* r) {
+    const __m512i low4 = _mm512_set1_epi8(15);
+    if (type == Q6_K) {
+        const __m256i s2 = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i*)(b + 192)));
+        const long long rep = 0x0101010101010101LL;
+        for (int k = 0; k < 4; ++k) /* groups 4k .. 4k + 3 of 16, 8 int16 lanes each */
+            r->sc[k] = _mm512_cvtepi8_epi16(_mm256_shuffle_epi8(
+                s2, _mm256_set_epi64x(rep * (4 * k + 3), rep * (4 * k + 2), rep * (4 * k + 1), rep * (4 * k))));
+        const __m512i three = _mm512_set1_epi8(3);
+        for (int h = 0; h < 2; ++h) {
+            const __m512i l = _mm512_loadu_si512(b + 64 * h);
+            const __m256i qh = _mm256_loadu_si256((const __m256i*)(b + 128 + 32 * h));
+            const __m512i h01 = join(qh, _mm256_srli_epi16(qh, 2));
+            const __m512i h23 = join(_mm256_srli_epi16(qh, 4), _mm256_srli_epi16(qh, 6));
+            r->u[2 * h] = _mm512_or_si512(_mm512_and_si512(l, low4), _mm512_slli_epi16(_mm512_and_si512(h01, three), 4));
+            r->u[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), low4),
+                                              _mm512_slli_epi16(_mm512_and_si512(h23, three), 4));
+        }
+        return;
+    }
+    const uint8_t* qs = type == Q5_K ? b + 48 : b + 16;
+    const __m256i qh = _mm256_loadu_si256((const __m256i*)(b + 16));
+    for (int c = 0; c < 4; ++c) {
+        const __m256i q = _mm256_loadu_si256((const __m256i*)(qs + 32 * c));
+        __m512i v = _mm512_and_si512(join(q, _mm256_srli_epi16(q, 4)), low4);
+        if (type == Q5_K) {
+            const __m512i hv = join(_mm256_srli_epi16(qh, 2 * c), _mm256_srli_epi16(qh, 2 * c + 1));
+            v = _mm512_or_si512(v, _mm512_slli_epi16(_mm512_and_si512(hv, _mm512_set1_epi8(1)), 4));
+        }
+        r->u[c] = v;
+        r->sc[c] = join(_mm256_set1_epi16(sm[2 * c]), _mm256_set1_epi16(sm[2 * c + 1]));
+    }
+}
+#endif
+
+/* A K super-block's quants, scales and d / dmin into registers (64 or 32 quants per register). */
 INLINE void unpack_k(const int32_t type, const uint8_t* b, KRegs* r) {
+#ifndef HAVE_VNNI512
     const __m256i low4 = _mm256_set1_epi8(15);
+#endif
     if (type == Q6_K) {
         r->d = half_to_float(read_u16(b + 208)), r->dmin = 0.f;
         const __m128i s8 = _mm_loadu_si128((const __m128i*)(b + 192));
+        r->off16 = _mm256_slli_epi16(_mm256_cvtepi8_epi16(s8), 5); /* 32 * sc */
+#ifdef HAVE_VNNI512
+        unpack_k512(type, b, NULL, r);
+#else
         for (int k = 0; k < 8; ++k) /* int16 scales: 8 lanes of sc[2k], 8 of sc[2k + 1] */
             r->sc[k] = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(s8, _mm_set_epi64x(0x0101010101010101LL * (2 * k + 1),
                                                                                 0x0101010101010101LL * (2 * k))));
-        r->off16 = _mm256_slli_epi16(_mm256_cvtepi8_epi16(s8), 5); /* 32 * sc */
         const __m256i three = _mm256_set1_epi8(3);
         for (int h = 0; h < 2; ++h) {
             const __m256i l0 = _mm256_loadu_si256((const __m256i*)(b + 64 * h));
@@ -294,14 +350,18 @@ INLINE void unpack_k(const int32_t type, const uint8_t* b, KRegs* r) {
             r->u[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low4), HI2(3));
 #undef HI2
         }
+#endif
         return;
     }
     r->d = half_to_float(read_u16(b)), r->dmin = half_to_float(read_u16(b + 2));
     uint8_t sm[16];
     scales_mins(b + 4, sm);
-    for (int k = 0; k < 8; ++k) r->sc[k] = _mm256_set1_epi16(sm[k]);
     const __m128i mn = _mm_loadl_epi64((const __m128i*)(sm + 8));
     r->off16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn, mn)); /* each 32's min for both its 16s */
+#ifdef HAVE_VNNI512
+    unpack_k512(type, b, sm, r);
+#else
+    for (int k = 0; k < 8; ++k) r->sc[k] = _mm256_set1_epi16(sm[k]);
     const uint8_t* qs = type == Q5_K ? b + 48 : b + 16;
     const __m256i qh = _mm256_loadu_si256((const __m256i*)(b + 16)), sixteen = _mm256_set1_epi8(16);
     for (int c = 0; c < 4; ++c) {
@@ -315,6 +375,7 @@ INLINE void unpack_k(const int32_t type, const uint8_t* b, KRegs* r) {
                 r->u[2 * c + k] = _mm256_or_si256(r->u[2 * c + k], _mm256_and_si256(set, sixteen));
             }
     }
+#endif
 }
 
 INLINE void rows_avx2_t(const int32_t type, const uint8_t* w, const void* x, int64_t nb, const int nx, float* out) {
@@ -340,11 +401,18 @@ INLINE void rows_avx2_t(const int32_t type, const uint8_t* w, const void* x, int
         unpack_k(type, w, &r);
         for (int c = 0; c < nx; ++c) {
             const X256* xb = (const X256*)x + c * nb + b;
+#ifdef HAVE_VNNI512
+            __m512i acc5 = _mm512_setzero_si512();
+            for (int k = 0; k < 4; ++k)
+                acc5 = _mm512_dpwssd_epi32(acc5, _mm512_maddubs_epi16(r.u[k], _mm512_loadu_si512(xb->q + 64 * k)), r.sc[k]);
+            const __m256i isum = _mm256_add_epi32(_mm512_castsi512_si256(acc5), _mm512_extracti64x4_epi64(acc5, 1));
+#else
             __m256i isum = _mm256_setzero_si256();
             for (int k = 0; k < 8; ++k) {
                 const __m256i p = _mm256_maddubs_epi16(r.u[k], _mm256_loadu_si256((const __m256i*)(xb->q + 32 * k)));
                 isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, r.sc[k]));
             }
+#endif
             const __m256i off = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i*)xb->bsum), r.off16);
             if (type == Q6_K) {
                 acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(r.d * xb->d), _mm256_cvtepi32_ps(_mm256_sub_epi32(isum, off)),
