@@ -46,7 +46,7 @@ class QuantKernels:
     lib: ctypes.CDLL
     fast: int  # quant.c's fast path built here: 0 none (only the portable one runs), 1 AVX2, 2 AVX-512 VNNI
     lib_k: ctypes.CDLL | None = None  # quant_k.c, None when it could not be built
-    fast_k: int = 0  # its fast path: 0 none, 1 AVX2, 2 AVX-512 VNNI (K dots on 512 bits, Q5 on 256)
+    fast_k: int = 0  # its fast path: 0 none (only the portable one runs), 1 AVX2, 2 AVX-512 VNNI
     types: frozenset[int] = frozenset(BASE_TYPES)  # the types whose kernels passed the check
 
     @property
@@ -191,12 +191,7 @@ def kernels_for_isa(isa: str) -> QuantKernels | None:
 
 
 def path_name(k: QuantKernels, qtype: int | None = None) -> str:
-    """Which dot-product path runs (quant.c's, or that of `qtype`'s file), for describe() and the header.
-    quant_k.c's VNNI build runs the K dots on 512-bit registers and the Q5 dots by a 256-bit dpbusd."""
+    """Which dot-product path runs (quant.c's, or that of `qtype`'s file), for describe() and the header."""
     if qtype in MORE_TYPES:
-        if k.fast_k == 0:
-            return "portable"
-        if k.fast_k == 2:
-            return "avx512-vnni" if qtype in K_TYPES else "avx2-vnni"
-        return "avx2"
+        return {0: "portable", 1: "avx2", 2: "avx512-vnni"}.get(k.fast_k, "portable")
     return {0: "portable", 1: "avx2", 2: "avx512-vnni"}.get(k.fast, "portable")

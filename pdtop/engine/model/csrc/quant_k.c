@@ -18,7 +18,7 @@
    super-block is one integer dot: sum over 16-groups of sc * sum(q_w * q_x), the mins (or Q6_K's -32)
    from the per-16 sums. Each type has an AVX2 path (weights unpacked to unsigned bytes in registers,
    `maddubs` + `madd` by the scales), an AVX-512 VNNI one where the CPU has it (K: 64 bytes per
-   `maddubs`, the scales by `dpwssd`; Q5: one 256-bit `dpbusd` per block) and a portable one
+   `maddubs`, the scales by `dpwssd`; Q5: two blocks per `dpbusd`) and a portable one
    (`portable` forces it; an AVX2-only build runs the AVX2 path on any AVX-512 CPU); each weight block is
    unpacked once for up to XR activation rows, and work is split over the OpenMP team by tiles of
    TILE weight rows. Built and checked by pdtop/engine/model/quant_kernels.py. */
@@ -33,8 +33,8 @@
 #if defined(__AVX2__) && defined(__FMA__)
 #define HAVE_AVX2 1
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__) && defined(__AVX512BW__)
-#define HAVE_VNNI256 1 /* the Q5 dots in one dpbusd on 256-bit registers */
-#define HAVE_VNNI512 1 /* the K dots 64 bytes at a time, the scales by dpwssd */
+#define HAVE_VNNI256 1 /* a Q5 block's dot in one 256-bit dpbusd (an odd last block) */
+#define HAVE_VNNI512 1 /* Q5: two blocks per 512-bit dpbusd; K: 64 bytes per maddubs, the scales by dpwssd */
 #endif
 #endif
 
@@ -94,10 +94,9 @@ int64_t pdtop_quant_k_block_bytes(int32_t type) {
 static inline int is_k(int32_t type) { return type >= Q4_K; }
 static inline int64_t block_len(int32_t type) { return is_k(type) ? 256 : 32; }
 
-/* the fast path built here: 0 none (portable only), 1 AVX2, 2 AVX-512 VNNI (the K dots on 512-bit
-   registers, the Q5 dots by 256-bit dpbusd) */
+/* the fast path built here: 0 none (portable only), 1 AVX2, 2 AVX-512 VNNI */
 int32_t pdtop_quant_k_fast_path(void) {
-#if defined(HAVE_VNNI256)
+#if defined(HAVE_VNNI512)
     return 2;
 #elif defined(HAVE_AVX2)
     return 1;
@@ -446,6 +445,78 @@ static void rows_avx2(int32_t type, const uint8_t* w, const void* x, int64_t nb,
 }
 #endif
 
+#ifdef HAVE_VNNI512
+/* An activation row's Q5 blocks b, b + 1 as one 512-bit load each: values, d per lane, s / 8 per lane
+   (the 8 lanes of a block add up to the offset term m * s). */
+typedef struct {
+    int8_t q[64];
+    float d[16], s[16];
+} XPair;
+
+static void pair_row(const X32* xb, int64_t nb, XPair* out) {
+    for (int64_t b = 0; b + 2 <= nb; b += 2, ++out) {
+        memcpy(out->q, xb[b].q, 32);
+        memcpy(out->q + 32, xb[b + 1].q, 32);
+        for (int j = 0; j < 8; ++j) {
+            out->d[j] = xb[b].d, out->d[8 + j] = xb[b + 1].d;
+            out->s[j] = xb[b].s / 8.f, out->s[8 + j] = xb[b + 1].s / 8.f;
+        }
+    }
+}
+
+static inline __m512 join_ps(float lo, float hi) {
+    return _mm512_castsi512_ps(join(_mm256_castps_si256(_mm256_set1_ps(lo)), _mm256_castps_si256(_mm256_set1_ps(hi))));
+}
+
+/* A Q5 weight row against nx activation rows, two blocks per 512-bit dpbusd (pairs xp + c * np), an odd
+   last block on 256 bits (x + c * nb). */
+INLINE void rows_q5_512_t(const int32_t type, const uint8_t* w, const XPair* xp, const X32* x, int64_t nb, const int nx,
+                          float* out) {
+    const int q5_1 = type == Q5_1;
+    const int64_t size = q5_1 ? 24 : 22, np = nb / 2;
+    __m512 acc[XR];
+    for (int c = 0; c < XR; ++c) acc[c] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < np; ++p) {
+        const uint8_t *b0 = w + 2 * p * size, *b1 = b0 + size;
+        const __m512i u = join(unpack_q5(b0 + 2 + 2 * q5_1, b0 + 6 + 2 * q5_1), unpack_q5(b1 + 2 + 2 * q5_1, b1 + 6 + 2 * q5_1));
+        const float d0 = half_to_float(read_u16(b0)), d1 = half_to_float(read_u16(b1));
+        const __m512 wd = join_ps(d0, d1);
+        const __m512 wm = q5_1 ? join_ps(half_to_float(read_u16(b0 + 2)), half_to_float(read_u16(b1 + 2)))
+                               : join_ps(-16.f * d0, -16.f * d1);
+        for (int c = 0; c < nx; ++c) {
+            const XPair* xq = xp + c * np + p;
+            const __m512 sv = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u, _mm512_loadu_si512(xq->q)));
+            acc[c] = _mm512_fmadd_ps(_mm512_mul_ps(sv, _mm512_loadu_ps(xq->d)), wd, acc[c]);
+            acc[c] = _mm512_fmadd_ps(wm, _mm512_loadu_ps(xq->s), acc[c]);
+        }
+    }
+    for (int c = 0; c < nx; ++c) out[c] = _mm512_reduce_add_ps(acc[c]);
+    if (nb & 1) {
+        const uint8_t* b = w + (nb - 1) * size;
+        WBlock s;
+        unpack(type, b, &s, 1);
+        const __m256i u = unpack_q5(b + 2 + 2 * q5_1, b + 6 + 2 * q5_1);
+        for (int c = 0; c < nx; ++c) {
+            const X32* xb = x + c * nb + nb - 1;
+            out[c] += s.d * xb->d * hsum8(dot_bytes(u, _mm256_loadu_si256((const __m256i*)xb->q))) + s.m * xb->s;
+        }
+    }
+}
+
+static void rows_q5_512(int32_t type, const uint8_t* w, const XPair* xp, const X32* x, int64_t nb, int nx, float* out) {
+#define ROWS(T)                                                                  \
+    switch (nx) {                                                                \
+        case 1: rows_q5_512_t(T, w, xp, x, nb, 1, out); return;                 \
+        case 2: rows_q5_512_t(T, w, xp, x, nb, 2, out); return;                 \
+        case 3: rows_q5_512_t(T, w, xp, x, nb, 3, out); return;                 \
+        default: rows_q5_512_t(T, w, xp, x, nb, XR, out); return;               \
+    }
+    if (type == Q5_0) ROWS(Q5_0)
+    ROWS(Q5_1)
+#undef ROWS
+}
+#endif
+
 /* y[i * out_f + r] = row r of w . x[i * in_f ...] for i < n, r < out_f; x rows contiguous, in_f a
    multiple of the type's block (32 or 256). Returns 0, or -1 for an unknown type, a bad in_f or no memory. */
 int32_t pdtop_quant_k_matmul(int32_t type, const uint8_t* w, int64_t out_f, int64_t in_f, const float* x,
@@ -461,6 +532,14 @@ int32_t pdtop_quant_k_matmul(int32_t type, const uint8_t* w, int64_t out_f, int6
 #else
     (void)portable;
 #endif
+#ifdef HAVE_VNNI512
+    const int64_t np = nb / 2;
+    XPair* xp = NULL; /* the Q5 pairs, where the 512-bit path runs */
+    if (!portable && !is_k(type) && np && !(xp = malloc(sizeof(XPair) * (size_t)(n * np)))) {
+        free(xq);
+        return -1;
+    }
+#endif
     const int64_t row_bytes = nb * size;
     const int parallel = out_f * (in_f / 32) * n >= PARALLEL_MIN;
 #pragma omp parallel if (parallel)
@@ -471,6 +550,9 @@ int32_t pdtop_quant_k_matmul(int32_t type, const uint8_t* w, int64_t out_f, int6
                 quantize_256(x + i * in_f, nb, (X256*)xq + i * nb);
             else
                 quantize_32(x + i * in_f, nb, (X32*)xq + i * nb);
+#ifdef HAVE_VNNI512
+            if (xp) pair_row((X32*)xq + i * nb, nb, xp + i * np);
+#endif
         }
 #pragma omp for schedule(static)
         for (int64_t t = 0; t < out_f; t += TILE) {
@@ -480,12 +562,22 @@ int32_t pdtop_quant_k_matmul(int32_t type, const uint8_t* w, int64_t out_f, int6
                 const void* xi = xq + (size_t)(i * nb) * xsize;
                 for (int64_t r = t; r < end; ++r) {
                     float o[XR];
+#ifdef HAVE_VNNI512
+                    if (xp) {
+                        rows_q5_512(type, w + r * row_bytes, xp + i * np, (const X32*)xi, nb, nx, o);
+                        for (int c = 0; c < nx; ++c) y[(i + c) * out_f + r] = o[c];
+                        continue;
+                    }
+#endif
                     rows(type, w + r * row_bytes, xi, nb, nx, o);
                     for (int c = 0; c < nx; ++c) y[(i + c) * out_f + r] = o[c];
                 }
             }
         }
     }
+#ifdef HAVE_VNNI512
+    free(xp);
+#endif
     free(xq);
     return 0;
 }
