@@ -116,10 +116,17 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor | QuantWeight) -> torch.Te
 
 
 def weights_line(weights: list[QuantWeight]) -> str:
-    """`gguf Q4_1+Q8_0 (avx2)`: the kept block types and the dot-product path, for describe()."""
+    """`gguf Q4_1+Q8_0 (avx2)`: the kept block types and the dot-product path, for describe(); where
+    the types' paths differ, each type's (`gguf Q4_K+Q6_K+Q8_0 (Q4_K avx2, Q6_K avx2, Q8_0 avx512-vnni)`)."""
     k = quant_kernels.kernels()
-    types = "+".join(sorted({w.type_name for w in weights}))
-    return f"gguf {types} ({quant_kernels.path_name(k) if k else 'unavailable'})"
+    qtypes = sorted({w.qtype for w in weights}, key=quant_kernels.QUANT_TYPES.__getitem__)
+    types = "+".join(quant_kernels.QUANT_TYPES[t] for t in qtypes)
+    if k is None:
+        return f"gguf {types} (unavailable)"
+    paths = {t: quant_kernels.path_name(k, t) for t in qtypes}
+    if len(set(paths.values())) == 1:
+        return f"gguf {types} ({paths[qtypes[0]]})"
+    return f"gguf {types} ({', '.join(f'{quant_kernels.QUANT_TYPES[t]} {p}' for t, p in paths.items())})"
 
 
 def fused_blocks(parts: list[Any], dtype: torch.dtype, device: torch.device) -> torch.Tensor | QuantWeight:
