@@ -2,7 +2,8 @@
 shipped model (SmolLM2-135M Q4_1, its tied LM head Q8_0) on random blocks of its type, at several
 row counts, timed alone with its weight hot in cache. Columns: milliseconds per step (every linear
 of a forward pass: 30 layers, one LM head) for oneDNN float32 on the dequantized weight, the dense
-path (dequantize 1 Mi-weight slices + oneDNN, what `QuantLinear` runs from `DENSE_ROWS` rows on),
+path (dequantize 1 Mi-weight slices + oneDNN: what `QuantLinear` runs from `DENSE_ROWS` rows on,
+on the portable path only),
 and csrc/quant.c's per-row dots and panels on each path built here. The fastest column per row
 count is how `quant_linear.DENSE_ROWS` and quant.c's `TILED_MIN` were chosen.
 
@@ -66,11 +67,14 @@ def main() -> int:
         "fp32": lambda q, dense, x: F.linear(x, dense),
         "dense": lambda q, dense, x: QuantLinear(q)._dense(x),
     }
+    def run(path: int, tiled: bool) -> Callable[[QuantWeight, torch.Tensor, torch.Tensor], object]:
+        return lambda q, dense, x: k.matmul(q.qtype, q.blocks, q.in_features, x, path=path, tiled=tiled)
+
     for path in k.paths[1:] or k.paths:
         name = quant_kernels.PATHS[path]
-        ways[f"{name}-rows"] = lambda q, dense, x, p=path: k.matmul(q.qtype, q.blocks, q.in_features, x, p, False)
+        ways[f"{name}-rows"] = run(path, False)
         if path:
-            ways[f"{name}-panels"] = lambda q, dense, x, p=path: k.matmul(q.qtype, q.blocks, q.in_features, x, p, True)
+            ways[f"{name}-panels"] = run(path, True)
     weights = {}
     for name in args.shapes.split(","):
         n_in, n_out, qtype, _ = SHAPES[name]

@@ -8,7 +8,8 @@ model builds its layers the same way either way.
 The int8 dots win at every batch size where the CPU has AVX2 or AVX-512 VNNI: per-row dots while
 the matmul is memory-bound (decode), panels (csrc/quant.c: each weight block unpacked once for many
 rows) once it is compute-bound (big batches, prefill). Only the portable path is slower than
-oneDNN's float32 from a few rows on, so there (`DENSE_ROWS`) the weight is dequantized a slice of
+oneDNN's float32 from a few rows on, so there (`DENSE_ROWS`; for quant_k.c's types, which have
+per-row dots only, from 48 rows: `MORE_DENSE_ROWS`) the weight is dequantized a slice of
 DENSE_SLICE weights at a time (the transient float copy stays a few MiB) and multiplied in float32.
 """
 from __future__ import annotations
@@ -68,6 +69,9 @@ class QuantWeight:
 # measured with bench/quant_bench.py on an AVX-512 EPYC: the panels are 3-5x oneDNN from 3 rows to
 # 512 (the AVX2 ones 2-3x), the portable dots 2x slower than dequantize + oneDNN from 2 rows on
 DENSE_ROWS: dict[int, int | None] = {0: 2, 1: None, 2: None}
+# quant_k.c's types (Q5, K-quants) have per-row dots only: dequantize + oneDNN from 48 rows there
+# (quant.c's crossover before its panels), from 2 on their portable path
+MORE_DENSE_ROWS: dict[int, int | None] = {0: 2, 1: 48, 2: 48}
 DENSE_SLICE = 1 << 20  # weights dequantized at once on the dense path (4 MiB of float32)
 
 
@@ -82,7 +86,8 @@ class QuantLinear(nn.Module):
         if kernels is None:
             raise RuntimeError("the quantized kernels are unavailable here")
         self.kernels = kernels
-        self.dense_rows = DENSE_ROWS.get(kernels.fast)
+        more = weight.qtype in quant_kernels.MORE_TYPES
+        self.dense_rows = (MORE_DENSE_ROWS if more else DENSE_ROWS).get(kernels.fast_k if more else kernels.fast)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
@@ -121,10 +126,17 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor | QuantWeight) -> torch.Te
 
 
 def weights_line(weights: list[QuantWeight]) -> str:
-    """`gguf Q4_1+Q8_0 (avx2)`: the kept block types and the dot-product path, for describe()."""
+    """`gguf Q4_1+Q8_0 (avx2)`: the kept block types and the dot-product path, for describe(); where
+    the types' paths differ, each type's (`gguf Q4_K+Q6_K+Q8_0 (Q4_K avx2, Q6_K avx2, Q8_0 avx512-vnni)`)."""
     k = quant_kernels.kernels()
-    types = "+".join(sorted({w.type_name for w in weights}))
-    return f"gguf {types} ({quant_kernels.path_name(k) if k else 'unavailable'})"
+    qtypes = sorted({w.qtype for w in weights}, key=quant_kernels.QUANT_TYPES.__getitem__)
+    types = "+".join(quant_kernels.QUANT_TYPES[t] for t in qtypes)
+    if k is None:
+        return f"gguf {types} (unavailable)"
+    paths = {t: quant_kernels.path_name(k, t) for t in qtypes}
+    if len(set(paths.values())) == 1:
+        return f"gguf {types} ({paths[qtypes[0]]})"
+    return f"gguf {types} ({', '.join(f'{quant_kernels.QUANT_TYPES[t]} {p}' for t, p in paths.items())})"
 
 
 def fused_blocks(parts: list[Any], dtype: torch.dtype, device: torch.device) -> torch.Tensor | QuantWeight:
