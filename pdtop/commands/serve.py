@@ -197,6 +197,12 @@ def run(args: argparse.Namespace) -> int:
     # waiting thread every switch interval, so 1 ms (default 5) lets the loop in sooner. Measured
     # (bench/soak.py's probe, sim:H100 at 50 req/s, 600 slowloris sockets): /health p99 109 -> 48 ms.
     sys.setswitchinterval(0.001)
+    # Before the ports open, not in the engine thread's start (`Engine.run` freezes again, by then a
+    # small heap): the first full collection over start-up's objects stalled every thread for 166 ms
+    # under load, which was the soak's worst /health in its first 10 s.
+    from pdtop.engine.runtime.heap import freeze_startup_heap
+
+    freeze_startup_heap()
     try:
         return asyncio.run(_serve(engine, args))
     finally:
