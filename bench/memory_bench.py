@@ -32,7 +32,7 @@ def status_kib(key: str) -> int:
 def measure(dtype: str, kv_tokens: int, prompt_tokens: int, fill_kv: bool) -> dict[str, object]:
     """In this (fresh) process: the baseline, then load, prefill and decode; the figures as a dict."""
     sys.path.insert(0, ROOT)
-    import pdtop  # noqa: F401 (before torch, as the CLI imports it)
+    import pdtop  # noqa: F401, I001 (before torch, as the CLI imports it)
     import torch
 
     from pdtop.engine.build import load_for
