@@ -81,7 +81,7 @@ def quiet() -> None:
     import llama_cpp as lc
 
     if not _LOG_SINK:
-        _LOG_SINK.append(lc.ggml_log_callback(lambda level, text, data: None))
+        _LOG_SINK.append(lc.llama_log_callback(lambda level, text, data: None))
         lc.llama_log_set(_LOG_SINK[0], ctypes.c_void_p())
 
 
