@@ -28,7 +28,7 @@ run: $(STAMP)
 	$(BIN)/pdtop $(ARGS)
 
 test: $(STAMP)
-	$(BIN)/ruff check pdtop
+	$(BIN)/ruff check pdtop tests bench
 	$(BIN)/mypy pdtop
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 

@@ -3,8 +3,10 @@ measured on a server started for it (`launch.Server`), loaded over HTTP (`tune_h
 
 - Each candidate's YAML (`dump_pdmux_config`, what SGLang reads) and server log are kept in the
   log directory as `candidate-NNN.yaml` / `.log`.
+- The workload is the scenario (`tune_http`) or a dataset's requests (`tune_dataset`).
 - Every measurement is appended to `--results` (JSON lines, per-request samples, so a new SLO
-  re-scores them); a later run with the same command and workload reuses them and goes on.
+  re-scores them); a later run with the same command and workload (the scenario's keys, or the
+  dataset file's digest and options), request rate and seed reuses them and goes on.
 - A candidate that fails to start, crashes or never gets healthy is recorded with the reason and
   its log's tail, and the search goes on (it counts as missing every SLO); when the first
   `FIRST_FAILURES` launches all fail, the command is broken and the search stops (one line).
@@ -15,6 +17,7 @@ measured on a server started for it (`launch.Server`), loaded over HTTP (`tune_h
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -26,6 +29,7 @@ from typing import Any
 from pdtop.analysis.launch import LaunchError, Server, free_port, substitute
 from pdtop.analysis.policy_bench import Scenario
 from pdtop.analysis.tune import Measurement, ParetoSearch, SearchRun, SearchSpace, Slo, closest_trials
+from pdtop.analysis.tune_dataset import DatasetTraffic, run_dataset
 from pdtop.analysis.tune_http import HttpRun, Sample, run_http, score_http
 from pdtop.analysis.tune_workload import TuneReport
 from pdtop.engine.errors import ConfigError, DeviceError, EngineError, FieldError
@@ -50,11 +54,17 @@ class LaunchPlan:
     log_dir: str = "."
     results: str | None = None
     seed: int = 0
+    dataset: DatasetTraffic | None = None  # --dataset-path traffic instead of the scenario (request_rate: all requests)
+    tokenizer: str | None = None  # --tokenizer's file name; None: SmolLM2's (results files before it have none)
 
     def header(self) -> dict[str, Any]:
         """What a results file must match to be reused (the SLOs may change: samples are re-scored)."""
         wl = {k: getattr(self.scenario, k) for k in ("decode_bs", "decode_prompt", "long_tokens", "long_prompts",
                                                       "decode_tokens", "long_max_tokens")}
+        if self.dataset is not None:
+            wl = self.dataset.identity()
+        if self.tokenizer is not None:  # other token counts: another workload
+            wl = {**wl, "tokenizer": self.tokenizer}
         rate = "inf" if self.request_rate == math.inf else self.request_rate
         return {"pdtop_tune_launch": RESULTS_VERSION, "command": self.command, "workload": wl,
                 "request_rate": rate, "seed": self.seed}
@@ -165,8 +175,10 @@ class LaunchTuner:
         try:
             server.start()
             server.wait_ready(self.plan.startup_timeout_s)
-            run = run_http(server.url, self.plan.scenario, self.plan.request_rate, self.prompts, self.plan.seed,
-                           self.plan.run_timeout_s)
+            plan = self.plan
+            run = (run_http(server.url, plan.scenario, plan.request_rate, self.prompts, plan.seed, plan.run_timeout_s)
+                   if plan.dataset is None else
+                   run_dataset(server.url, plan.dataset, plan.request_rate, plan.seed, plan.run_timeout_s))
             status = server.exited()
             if status is not None:
                 raise server.fail(f"the server exited with status {status} during the run")
@@ -256,6 +268,13 @@ def tune_launch(tuner: LaunchTuner, progress: Progress | None = None, coarse: in
 def _spread(values: list[float]) -> float:
     finite = [v for v in values if not math.isnan(v)]
     return max(finite) - min(finite) if len(finite) > 1 else 0.0
+
+
+def dataset_space_scenario(sc: Scenario, dataset: DatasetTraffic) -> Scenario:
+    """The scenario a dataset's search space is built for: budgets in layers of its longest prompt, and
+    decode batches of 1 up to its requests (at most `sc.decode_bs + sc.long_prompts`, the scenario's most)."""
+    most = max(1, min(len(dataset.prompts), sc.decode_bs + sc.long_prompts))
+    return dataclasses.replace(sc, decode_bs=1, long_prompts=most - 1, long_tokens=dataset.longest_prompt)
 
 
 def launch_space_for(device: str, model: str | None, sc: Scenario) -> tuple[SearchSpace, str]:

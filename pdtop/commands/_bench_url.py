@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from pdtop.analysis.serve_result import DEFAULT_PERCENTILE_METRICS, PERCENTILE_METRICS
 from pdtop.commands._common import INPUT_ERRORS, fail
+from pdtop.commands._datasets import add_dataset_arguments, dataset_problem, dataset_prompts
 from pdtop.telemetry.encode import encode
 
 if TYPE_CHECKING:
@@ -25,7 +26,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--url", metavar="http://HOST:PORT/v1",
                    help="send the load to this OpenAI-compatible server instead of comparing policies; "
                         "--model then names the served model (default: the first it lists)")
-    g.add_argument("--num-prompts", type=int, default=1000, help="requests to send (default 1000)")
     g.add_argument("--request-rate", type=float, default=math.inf,
                    help="requests per second; inf sends all at once (default inf)")
     g.add_argument("--burstiness", type=float, default=1.0,
@@ -34,16 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-concurrency", type=int, default=None, help="most requests in flight (default: no limit)")
     g.add_argument("--no-warmup", dest="warmup", action="store_false",
                    help="do not send the first prompt once, uncounted, before the clock starts")
-    g.add_argument("--dataset-name", choices=("random", "sharegpt", "custom"), default="random",
-                   help="random: windows of pdtop's text; sharegpt: ShareGPT's JSON; custom: a JSONL of "
-                        '{"prompt", "output_len"} (default random)')
-    g.add_argument("--dataset-path", metavar="FILE", help="the sharegpt or custom dataset file")
-    g.add_argument("--sharegpt-output-len", type=int, default=None,
-                   help="max_tokens of every ShareGPT request (default: the token length of its gpt turn)")
-    g.add_argument("--custom-output-len", type=int, default=None,
-                   help="max_tokens of every custom request (default: its line's output_len, else 256)")
-    g.add_argument("--skip-chat-template", action="store_true",
-                   help="custom: send each prompt as written, not through the tokenizer's chat template")
+    add_dataset_arguments(g)
     g.add_argument("--random-input-len", type=int, default=1024, help="prompt tokens per request (default 1024)")
     g.add_argument("--random-output-len", type=int, default=128, help="max_tokens per request (default 128)")
     g.add_argument("--random-range-ratio", type=float, default=0.0,
@@ -71,8 +62,7 @@ def _check(args: argparse.Namespace) -> str | None:
 
     if not args.url.startswith(("http://", "https://")):
         return f"--url must be http://HOST:PORT/v1, got {args.url!r}"
-    for name in ("num_prompts", "random_input_len", "random_output_len", "max_concurrency",
-                 "sharegpt_output_len", "custom_output_len"):
+    for name in ("random_input_len", "random_output_len", "max_concurrency"):
         value = getattr(args, name)
         if value is not None and value < 1:
             return f"--{name.replace('_', '-')} must be >= 1, got {value}"
@@ -82,10 +72,9 @@ def _check(args: argparse.Namespace) -> str | None:
         return f"--burstiness must be > 0, got {args.burstiness}"
     if not 0 <= args.random_range_ratio < 1:
         return f"--random-range-ratio must be in [0, 1), got {args.random_range_ratio}"
-    if args.dataset_name == "random" and args.dataset_path:
-        return "--dataset-path needs --dataset-name sharegpt or custom (random makes its own prompts)"
-    if args.dataset_name != "random" and not args.dataset_path:
-        return f"--dataset-name {args.dataset_name} needs --dataset-path FILE"
+    problem = dataset_problem(args)
+    if problem:
+        return problem
     metrics = args.percentile_metrics.split(",")
     if not all(m in PERCENTILE_METRICS for m in metrics):
         return f"--percentile-metrics takes names from {','.join(PERCENTILE_METRICS)}, got {args.percentile_metrics!r}"
@@ -118,21 +107,11 @@ def _spec(args: argparse.Namespace) -> LoadSpec:
 
 
 def _prompts(args: argparse.Namespace, spec: LoadSpec, tokenizer: Tokenizer) -> list[Prompt]:
-    from pdtop.analysis.bench_datasets import custom_prompts, sharegpt_prompts
     from pdtop.analysis.loadgen import make_prompts
     from pdtop.engine.scheduling.workload import corpus_text
 
-    if args.dataset_name == "sharegpt":
-        return list(sharegpt_prompts(args.dataset_path, tokenizer.encode, spec.num_prompts, spec.seed,
-                                     args.sharegpt_output_len))
-    if args.dataset_name == "custom":
-        def chat(text: str) -> str:
-            return tokenizer.apply_chat_template([{"role": "user", "content": text}])
-        if not args.skip_chat_template and tokenizer.chat_template is None:
-            raise ValueError(f"{tokenizer.source}: no chat template for the custom prompts; "
-                             "pass --skip-chat-template to send them as written")
-        return list(custom_prompts(args.dataset_path, tokenizer.encode, spec.num_prompts, spec.seed,
-                                   args.custom_output_len, None if args.skip_chat_template else chat))
+    if args.dataset_name != "random":
+        return list(dataset_prompts(args, tokenizer, spec.num_prompts, spec.seed))
     return list(make_prompts(spec, tokenizer.encode(corpus_text()), tokenizer.decode))
 
 

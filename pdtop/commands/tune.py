@@ -93,6 +93,10 @@ def run(args: argparse.Namespace) -> int:
         return fail("tune", "--link applies to disagg: compare the ways with --policies pdmux,chunked,disagg")
     if args.policies and args.launch is not None:
         return fail("tune", "--policies compares the ways on pdtop's own engine; it does not go with --launch")
+    if args.launch is None and (args.dataset_path or args.dataset_name != "random" or args.num_prompts is not None
+                                or args.tokenizer):
+        return fail("tune", "--dataset-path, --dataset-name, --num-prompts and --tokenizer are --launch's traffic "
+                    "(a server's OpenAI API); pdtop's own engine runs --workload's scenario")
     if args.policies:
         from pdtop.commands._tune_policies import run_policies
 

@@ -242,3 +242,134 @@ def test_a_cuda_space_without_a_gpu_is_one_line(capsys):
     assert main(["tune", "--launch", "x {port}", "--device", "cuda", "--slo-itl-ms", "5"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("pdtop tune: error: cuda device unavailable: ")
+
+
+WORDS = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta")
+
+
+def dataset(tmp: Path, rows: int = 5, name: str = "d.jsonl") -> tuple[Path, list[tuple[int, int]]]:
+    """A custom JSONL written here: row i has i + 3 words and output_len i + 2 (the stand-in reports
+    a prompt's words as its prompt tokens), so each request sent can be told apart."""
+    path = tmp / name
+    lines = [{"prompt": " ".join(WORDS[: i + 3]), "output_len": i + 2} for i in range(rows)]
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return path, [(i + 3, i + 2) for i in range(rows)]
+
+
+def dataset_tune(tmp: Path, path: Path, *extra: str) -> tuple[int, dict]:
+    args = ["--dataset-name", "custom", "--dataset-path", str(path), "--skip-chat-template", *extra]
+    return tune_on(tmp, standin(tmp), *args)
+
+
+def tune_on(tmp: Path, command: str, *extra: str) -> tuple[int, dict]:
+    """`tune()` without the scenario's --workload."""
+    out = tmp / "out.json"
+    argv = ["tune", "--launch", command, "--device", "cpu", "--slo-itl-ms", "50", "--results",
+            str(tmp / "runs.jsonl"), "--json", *extra]
+    with open(out, "w") as f:
+        old, sys.stdout = sys.stdout, f
+        try:
+            rc = main(argv)
+        finally:
+            sys.stdout = old
+    text = out.read_text()
+    return rc, json.loads(text) if text.strip() else {}
+
+
+def test_dataset_traffic_sends_the_datasets_requests_to_each_candidate(tmp_path):
+    path, rows = dataset(tmp_path)
+    rc, out = dataset_tune(tmp_path, path, "--max-candidates", "2", "--num-prompts", str(len(rows)))
+    assert rc == 0
+    recs = records(tmp_path)
+    assert len(recs) == 2 and all(r["ok"] for r in recs)
+    for r in recs:  # every row once (the warm-up is not counted), each with its own length
+        assert sorted((s["prompt_tokens"], s["output_tokens"]) for s in r["samples"]) == rows
+        assert all(s["long"] for s in r["samples"])
+    header = json.loads((tmp_path / "runs.jsonl").read_text().splitlines()[0])
+    assert header["workload"]["dataset"] == "custom" and header["workload"]["num_prompts"] == len(rows)
+    assert len(header["workload"]["sha256"]) == 64
+    assert out["launch"]["dataset"] == header["workload"] and out["chosen"]["requests"] == len(rows)
+    assert not [p for p in pids(tmp_path) if alive(p)]
+
+
+def test_num_prompts_and_request_rate_shape_the_dataset_traffic(tmp_path):
+    path, rows = dataset(tmp_path)
+    dataset_tune(tmp_path, path, "--max-candidates", "1", "--num-prompts", "8", "--request-rate", "20")
+    (rec,) = records(tmp_path)
+    assert len(rec["samples"]) == 8  # 5 rows, topped up by seeded choice as vLLM oversamples
+    assert {(s["prompt_tokens"], s["output_tokens"]) for s in rec["samples"]} <= set(rows)
+    sent = sorted(s["sent_s"] for s in rec["samples"])
+    assert sent[-1] > 0.1  # Poisson arrivals at 20/s: the last is sent about 8 / 20 s after the first
+    assert json.loads((tmp_path / "runs.jsonl").read_text().splitlines()[0])["request_rate"] == 20
+
+
+def test_a_resume_with_another_dataset_is_refused_and_the_same_one_is_reused(tmp_path, capsys):
+    path, _ = dataset(tmp_path)
+    dataset_tune(tmp_path, path, "--max-candidates", "1", "--num-prompts", "5")
+    _, out = dataset_tune(tmp_path, path, "--max-candidates", "1", "--num-prompts", "5")
+    assert out["launch"]["reused"] == 1
+    capsys.readouterr()
+    path.write_text(path.read_text().replace("alpha", "omega"))  # the same name, other prompts
+    assert dataset_tune(tmp_path, path, "--max-candidates", "1", "--num-prompts", "5") == (2, {})
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "another command, workload or seed" in err
+    scenario = ["--workload", SMALL, "--max-candidates", "1"]  # nor does the scenario take a dataset's results
+    assert tune_on(tmp_path, standin(tmp_path), *scenario) == (2, {})
+    assert len(records(tmp_path)) == 2 and len(pids(tmp_path)) == 2
+
+
+@pytest.mark.parametrize(("extra", "line"), [
+    (["--dataset-name", "custom", "--dataset-path", "{tmp}/missing.jsonl"], "missing.jsonl: No such file"),
+    (["--dataset-name", "custom", "--dataset-path", "{tmp}/bad.jsonl"], "bad.jsonl:1: not a JSON object"),
+    (["--dataset-path", "{tmp}/bad.jsonl"], "--dataset-path needs --dataset-name sharegpt or custom"),
+    (["--dataset-name", "sharegpt"], "--dataset-name sharegpt needs --dataset-path FILE"),
+    (["--num-prompts", "5"], "--num-prompts counts --dataset-path's requests"),
+    (["--dataset-name", "custom", "--dataset-path", "{tmp}/bad.jsonl", "--num-prompts", "0"],
+     "--num-prompts must be >= 1, got 0"),
+    (["--tokenizer", "{tmp}/bad.jsonl"], "bad.jsonl"),
+])
+def test_bad_dataset_options_are_one_line_and_launch_nothing(tmp_path, capsys, extra, line):
+    (tmp_path / "bad.jsonl").write_text("not json\n")
+    extra = [x.replace("{tmp}", str(tmp_path)) for x in extra]
+    rc, out = tune_on(tmp_path, standin(tmp_path), *extra)
+    err = capsys.readouterr().err
+    assert (rc, out) == (2, {}) and err.count("\n") == 1 and line in err, err
+    assert not pids(tmp_path) and not (tmp_path / "runs.jsonl").exists()
+
+
+def test_another_tokenizer_is_another_workload(tmp_path, capsys):
+    """--tokenizer (the launched model's) cuts the prompts: its name is in the results' workload, so a
+    resume with SGLang's default tokenizer instead does not mix the two."""
+    from pdtop.engine.model.loader import default_model_path
+
+    other = tmp_path / "their-model.gguf"
+    other.symlink_to(default_model_path())
+    path, _ = dataset(tmp_path)
+    assert dataset_tune(tmp_path, path, "--max-candidates", "1", "--tokenizer", str(other))[0] == 0
+    header = json.loads((tmp_path / "runs.jsonl").read_text().splitlines()[0])
+    assert header["workload"]["tokenizer"] == "their-model.gguf"
+    capsys.readouterr()
+    assert dataset_tune(tmp_path, path, "--max-candidates", "1") == (2, {})
+    assert "another command, workload or seed" in capsys.readouterr().err
+
+
+def test_dataset_options_without_launch_are_refused(capsys):
+    assert main(["tune", "--slo-itl-ms", "10", "--dataset-name", "custom", "--dataset-path", "x.jsonl"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--launch's traffic" in err
+
+
+def test_dataset_traffic_through_pdtop_serve(tmp_path, monkeypatch):
+    """A custom JSONL's requests through real `pdtop serve` processes on a simulated H100: every
+    request streams its own output_len (ignore_eos), prompt tokens as the server counts them."""
+    path, rows = dataset(tmp_path, rows=4)
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    command = (f"{sys.executable} -m pdtop serve --device sim:H100 --workload none --port 0 "
+               "--config {config} --api-port {port}")
+    rc, out = tune_on(tmp_path, command, "--dataset-name", "custom", "--dataset-path", str(path), "--num-prompts", "4",
+                      "--request-rate", "50", "--max-candidates", "2", "--device", "sim:H100")
+    assert rc == 0, out
+    for r in records(tmp_path):
+        assert r["ok"] and sorted(s["output_tokens"] for s in r["samples"]) == [o for _, o in rows]
+        assert all(s["prompt_tokens"] > 0 for s in r["samples"])  # the chat template's, from the server's usage
+    assert not processes_naming(str(tmp_path))

@@ -55,11 +55,11 @@ def test_metrics_have_vllms_names_and_move_as_requests_run(live):
 def test_running_requests_and_kv_usage_show_while_a_stream_runs(live):
     body = {"prompt": "A long story:", "max_tokens": 400, "ignore_eos": True, "stream": True}
     with httpx.stream("POST", live.url + "/completions", json=body, timeout=60) as r:
-        chunks = 0
-        for line in r.iter_lines():
-            chunks += line.startswith("data: ")
-            if chunks == 3:
-                break
+        # the iterator is kept: leaving a `for` over it closes it, and with it the connection, so the
+        # server would abort the request while the scrape runs (the test flaked so, 1 run in 3)
+        lines, chunks = r.iter_lines(), 0
+        while chunks < 3:
+            chunks += next(lines).startswith("data: ")
         now = _scrape(live)
     assert now[("pdtop:num_requests_running", ())] == 1
     assert now[("pdtop:kv_cache_usage_perc", ())] > 0

@@ -227,7 +227,8 @@ def test_bad_fleet_options_are_one_line():
 def test_worker_listings_of_both_gateway_shapes_and_what_is_no_listing():
     from pdtop.telemetry.sources.router import MAX_WORKERS, NotARouter, probe_router, workers_of
 
-    newer = {"workers": [{"url": "http://p:1", "worker_type": "prefill"}, {"url": "http://d:2", "worker_type": "decode"},
+    newer = {"workers": [{"url": "http://p:1", "worker_type": "prefill"},
+                         {"url": "http://d:2", "worker_type": "decode"},
                          {"url": "http://r:3", "worker_type": "regular"}, {"url": "grpc://g:4"}, {"no": "url"}, 7],
              "total": 6}
     assert workers_of(newer) == [("http://p:1", "prefill"), ("http://d:2", "decode"), ("http://r:3", "unified")]

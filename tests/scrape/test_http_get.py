@@ -56,7 +56,7 @@ async def test_chunked_bodies_kept_connections_and_bounds():
 
 async def test_a_connection_the_server_closed_is_opened_again_and_bad_answers_say_so():
     answer = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(PAGE), PAGE)
-    server, port, served = await raw_server([answer], close_after=True)
+    server, port, _ = await raw_server([answer], close_after=True)
     client = PlainHttp("127.0.0.1", port, "/metrics", {}, max_bytes=1 << 20)
     try:
         assert (await client.get()).body == PAGE

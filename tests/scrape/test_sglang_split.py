@@ -62,7 +62,8 @@ async def test_the_log_gives_the_split_in_the_engines_words_at_both_sizes(sglang
             assert "4" in timeline.splitlines()[1]
             with log.open("a") as f:
                 f.write(start_up([(132, 0), (66, 66), (0, 132)]) + adjust(1, [(132, 0), (66, 66), (0, 132)]))
-            await until(pilot, lambda app=app: level_of(app) == 1 and app.state.scrape.latest.split.starts == 2, "a restart")
+            await until(pilot, lambda app=app: level_of(app) == 1 and app.state.scrape.latest.split.starts == 2,
+                        "a restart")
             assert "level 1/2  66/66 SMs" in shown(app, "SplitPanel")
             if size == (160, 48):
                 assert "restarted 1×" in shown(app, "SplitPanel")

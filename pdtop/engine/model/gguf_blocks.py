@@ -11,9 +11,9 @@ from gguf import GGMLQuantizationType
 
 from pdtop.engine.model.gguf_file import GGUFFile, TensorInfo
 
-# the types csrc/quant.c computes on (quant_kernels.QUANT_TYPES)
-KEPT_TYPES = frozenset(int(t) for t in (GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1,
-                                        GGMLQuantizationType.Q8_0))
+# the types csrc/quant.c and csrc/quant_k.c compute on (quant_kernels.QUANT_TYPES)
+Q = GGMLQuantizationType
+KEPT_TYPES = frozenset(int(t) for t in (Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K))
 # the matmul weights (and the embedding, tied to the LM head or not) that stay as blocks
 KEPT_PARTS = frozenset({"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down",
                         "token_embd", "output"})
@@ -27,9 +27,17 @@ class RawBlocks:
 
 
 def kept(f: GGUFFile, info: TensorInfo) -> RawBlocks | None:
-    """The tensor as blocks when the kernels take its type and it is a matmul weight, else None."""
+    """The tensor as blocks when the kernels take its type and it is a matmul weight, else None.
+
+    Called only to keep blocks (`--dtype gguf`, the kernels loaded): a type whose kernel failed its
+    load-time check (`quant_kernels.kernels().types`) loads as float32."""
     parts = info.name.split(".")
     part = parts[2] if parts[0] == "blk" and len(parts) == 4 else parts[0]
-    if info.qtype not in KEPT_TYPES or part not in KEPT_PARTS or len(info.shape) != 2 or info.shape[1] % 32:
+    if info.qtype not in KEPT_TYPES or part not in KEPT_PARTS or len(info.shape) != 2:
+        return None
+    from pdtop.engine.model import quant_kernels  # torch: imported only when blocks are kept
+
+    k = quant_kernels.kernels()
+    if k is None or info.qtype not in k.types or info.shape[1] % quant_kernels.block_len(info.qtype):
         return None
     return RawBlocks(np.array(f.raw(info)), info.qtype, info.shape)

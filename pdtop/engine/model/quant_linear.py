@@ -5,10 +5,12 @@ one type); `QuantLinear` multiplies by it with `quant_kernels` (int8 activations
 `linear` makes a `QuantLinear` for a `QuantWeight` and the float `Linear` for a tensor, so the
 model builds its layers the same way either way.
 
-The int8 dots win while the matmul is memory-bound (decode: about 3x the float32 tok/s here). From
-DENSE_ROWS rows on (prefill, big batches) it is compute-bound and oneDNN's float32 matmul is faster
-than these AVX2 dots, so the weight is dequantized a slice of DENSE_SLICE weights at a time (the
-transient float copy stays a few MiB) and multiplied in float32.
+The int8 dots win at every batch size where the CPU has AVX2 or AVX-512 VNNI: per-row dots while
+the matmul is memory-bound (decode), panels (csrc/quant.c: each weight block unpacked once for many
+rows) once it is compute-bound (big batches, prefill). Only the portable path is slower than
+oneDNN's float32 from a few rows on, so there (`DENSE_ROWS`; for quant_k.c's types, which have
+per-row dots only, from 48 rows: `MORE_DENSE_ROWS`) the weight is dequantized a slice of
+DENSE_SLICE weights at a time (the transient float copy stays a few MiB) and multiplied in float32.
 """
 from __future__ import annotations
 
@@ -63,7 +65,13 @@ class QuantWeight:
         return k.rows(self.qtype, self.blocks, self.in_features, ids.reshape(-1)).view(*ids.shape, self.in_features)
 
 
-DENSE_ROWS = 48  # measured crossover on an AVX-512 EPYC: 32 rows ~even, 8 rows the dots 3x faster
+# rows from which dequantize + oneDNN float32 is faster, per quant_kernels.PATHS key (None: never);
+# measured with bench/quant_bench.py on an AVX-512 EPYC: the panels are 3-5x oneDNN from 3 rows to
+# 512 (the AVX2 ones 2-3x), the portable dots 2x slower than dequantize + oneDNN from 2 rows on
+DENSE_ROWS: dict[int, int | None] = {0: 2, 1: None, 2: None}
+# quant_k.c's types (Q5, K-quants) have per-row dots only: dequantize + oneDNN from 48 rows there
+# (quant.c's crossover before its panels), from 2 on their portable path
+MORE_DENSE_ROWS: dict[int, int | None] = {0: 2, 1: 48, 2: 48}
 DENSE_SLICE = 1 << 20  # weights dequantized at once on the dense path (4 MiB of float32)
 
 
@@ -78,13 +86,15 @@ class QuantLinear(nn.Module):
         if kernels is None:
             raise RuntimeError("the quantized kernels are unavailable here")
         self.kernels = kernels
+        more = weight.qtype in quant_kernels.MORE_TYPES
+        self.dense_rows = (MORE_DENSE_ROWS if more else DENSE_ROWS).get(kernels.fast_k if more else kernels.fast)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
         if x.dim() != 2:
             return self.forward(x.reshape(-1, x.shape[-1])).view(*x.shape[:-1], self.out_features)
         x = x if x.dtype == torch.float32 else x.float()
-        if x.shape[0] >= DENSE_ROWS:
+        if self.dense_rows is not None and x.shape[0] >= self.dense_rows:
             return self._dense(x)
         y = self.kernels.matmul(w.qtype, w.blocks, w.in_features, x)
         return y if self.bias is None else y.add_(self.bias)
@@ -116,10 +126,17 @@ def embedding(ids: torch.Tensor, weight: torch.Tensor | QuantWeight) -> torch.Te
 
 
 def weights_line(weights: list[QuantWeight]) -> str:
-    """`gguf Q4_1+Q8_0 (avx2)`: the kept block types and the dot-product path, for describe()."""
+    """`gguf Q4_1+Q8_0 (avx2)`: the kept block types and the dot-product path, for describe(); where
+    the types' paths differ, each type's (`gguf Q4_K+Q6_K+Q8_0 (Q4_K avx2, Q6_K avx2, Q8_0 avx512-vnni)`)."""
     k = quant_kernels.kernels()
-    types = "+".join(sorted({w.type_name for w in weights}))
-    return f"gguf {types} ({quant_kernels.path_name(k) if k else 'unavailable'})"
+    qtypes = sorted({w.qtype for w in weights}, key=quant_kernels.QUANT_TYPES.__getitem__)
+    types = "+".join(quant_kernels.QUANT_TYPES[t] for t in qtypes)
+    if k is None:
+        return f"gguf {types} (unavailable)"
+    paths = {t: quant_kernels.path_name(k, t) for t in qtypes}
+    if len(set(paths.values())) == 1:
+        return f"gguf {types} ({paths[qtypes[0]]})"
+    return f"gguf {types} ({', '.join(f'{quant_kernels.QUANT_TYPES[t]} {p}' for t, p in paths.items())})"
 
 
 def fused_blocks(parts: list[Any], dtype: torch.dtype, device: torch.device) -> torch.Tensor | QuantWeight:

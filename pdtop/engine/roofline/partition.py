@@ -55,6 +55,8 @@ def divide_sm(total_sms: int, major: int, groups: int) -> list[Group]:
     """
     if isinstance(total_sms, bool) or not isinstance(total_sms, int) or total_sms < 1:
         raise DeviceError(f"the number of SMs must be a positive integer, got {total_sms!r}")
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+        raise DeviceError(f"the number of split groups must be a positive integer, got {groups!r}")
     min_per_part, multiple = arch_constraints(major)
     cand = [x for x in range(min_per_part, total_sms - min_per_part + 1, multiple)
             if x >= total_sms - x and total_sms - x >= MIN_DECODE_SMS]

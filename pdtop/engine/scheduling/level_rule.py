@@ -6,7 +6,8 @@ SGLang's rule is linear in the decode batch (`splits.choose`). The PD-multiplexi
 `SloRule` does that from a model it learns as the engine runs (`DecodeStepModel`):
 
 - **The model:** a (ridge) least-squares fit of the decode step time `a + b * decode_bs + c * context`
-  over the whole device's decode-only rounds (the baseline), and per decode-unit count the
+  (the decode batch's KV tokens: a round's used KV less the prompts being prefilled beside it,
+  which decode does not read) over the whole device's decode-only rounds (the baseline), and per decode-unit count the
   median ratio of its rounds beside a prefill to that baseline (so the contention of the prefill
   beside it is in the ratio). A level with too few rounds of its own is predicted as the baseline
   scaled by `units / decode_units` (pessimistic: decode is bandwidth-bound and gains less than
@@ -15,8 +16,20 @@ SGLang's rule is linear in the decode batch (`splits.choose`). The PD-multiplexi
   meet the SLO is safe to try, and its rounds then teach the model its own ratio.
 - **The choice,** wherever SGLang's rule would choose (every round no prefill slice is in flight,
   so it is re-checked after every prefill): the split level with the fewest decode units whose
-  predicted step meets the SLO with `MARGIN` to spare, so prefill gets the most units; none: the
+  predicted step meets the SLO with the margin to spare, so prefill gets the most units; none: the
   most decode units.
+- **The margin** is the model's own error, measured online: each round beside a prefill at a
+  level with rounds of its own, the measured step over the step predicted for it before it ran;
+  the margin is the 99th percentile of that ratio, minus 1, kept in `[MIN_MARGIN, MAX_MARGIN]`,
+  and `MARGIN` while fewer than `MIN_SAMPLES` rounds were checked.
+- **The slice** (`slice_layers`): where the level chosen has rounds of its own, prefill advances
+  as many layers at once (up to all it has left) as keep the decode step predicted at that level
+  within the SLO and margin until the slice ends, the batch's context growing by its batch size a
+  round (during a prefill no request joins decode). The slice's time comes from this prefill's
+  pace so far (unit-seconds a layer, spread over the level's prefill units), so its first slice,
+  and any slice while the model is unsure, is SGLang's (`split_forward_token_budget`,
+  `max_split_forward_layers`). Splitting serves only to choose the level again sooner; a level
+  the model trusts needs no early re-check.
 - **The fallback:** while the baseline has fewer than `MIN_SAMPLES` rounds, SGLang's rule, and
   `status` says so.
 """
@@ -32,13 +45,28 @@ import numpy as np
 from pdtop.engine.scheduling.splits import SplitTable
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from pdtop.engine.records import RoundRecord
+    from pdtop.engine.request import Request
     from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
 
 MIN_SAMPLES = 8  # rounds a fit needs
 WINDOW = 128  # rounds kept per decode-unit count (the newest)
 RIDGE = 1.0  # per round, on the slopes: a batch size that varies by one or two gets almost none
-MARGIN = 0.10  # a level meets the SLO when its predicted step is <= (1 - MARGIN) * SLO
+MARGIN = 0.10  # a level meets the SLO when its predicted step is <= (1 - margin) * SLO; this until errors are known
+MIN_MARGIN, MAX_MARGIN = 0.02, 0.5  # the measured margin's bounds
+ERROR_PERCENTILE = 99
+
+
+def decode_context(running: Iterable[Request]) -> int:
+    """The KV tokens a decode step reads: its requests' contexts."""
+    return sum(r.context_len for r in running)
+
+
+def round_context(record: RoundRecord) -> int:
+    """A round's decode context: its used KV less the prompts being prefilled beside it."""
+    return max(0, record.kv_used_tokens - sum(p.tokens for p in record.prefills))
 
 
 @dataclass
@@ -85,7 +113,7 @@ class DecodeStepModel:
         whole device (under pdmux or prefill-first: the same step)."""
         if record.policy == "chunked" or not record.decode_bs or record.decode_step_s <= 0:
             return
-        row = (record.decode_bs, record.kv_used_tokens, record.decode_step_s)
+        row = (record.decode_bs, round_context(record), record.decode_step_s)
         if record.prefills and record.prefill_units > 0 and record.policy == "pdmux":
             self.beside_prefill.setdefault(record.decode_units, deque(maxlen=WINDOW)).append(row)
         elif record.decode_units == self.units and record.prefill_units == 0:
@@ -135,18 +163,81 @@ class DecodeStepModel:
 
 
 @dataclass
+class PrefillPace:
+    """The in-flight prefill's pace: prefill unit-seconds per layer done (rounds it was in, each
+    round's seconds times the prefill units it had)."""
+
+    key: tuple[object, ...] = ()
+    unit_s: float = 0.0
+    layers: int = 0
+
+    def add(self, record: RoundRecord) -> None:
+        p = record.prefills[0]
+        key = (tuple(p.request_ids), p.tokens_done, p.tokens)
+        if key != self.key:
+            self.key, self.unit_s = key, 0.0
+        self.unit_s += record.round_s * record.prefill_units
+        self.layers = p.layers_done
+
+    def layer_s(self, prefill_units: int) -> float | None:
+        return self.unit_s / self.layers / prefill_units if self.layers > 0 and prefill_units > 0 else None
+
+
+@dataclass
 class SloRule:
     """The level choice of pdmux rounds; `status` says what the last choice rested on."""
 
     model: DecodeStepModel
     status: str = "SGLang's rule"
     predicted_s: dict[int, float] = field(default_factory=dict)  # decode units -> predicted step, last choice
+    errors: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))  # measured / predicted steps
+    pace: PrefillPace = field(default_factory=PrefillPace)
+    chosen: tuple[int, int, int, int] | None = None  # this round's trusted choice: (prefill, decode units, bs, ctx)
+
+    @property
+    def margin(self) -> float:
+        """The share of the SLO a prediction must leave: the model's measured error (module doc)."""
+        if len(self.errors) < MIN_SAMPLES:
+            return MARGIN
+        return min(MAX_MARGIN, max(MIN_MARGIN, float(np.percentile(self.errors, ERROR_PERCENTILE)) - 1.0))
 
     def learn(self, record: RoundRecord, config: PdmuxConfig, table: SplitTable) -> None:
-        """After each round: the model learns from it, and under level_rule slo the record gets the
+        """After each round: under level_rule slo the model's prediction for it is checked and the
+        prefill's pace kept; the model learns from it, and under level_rule slo the record gets the
         model's step per level (`RoundRecord.predicted_steps_s`)."""
+        self.chosen = None  # a choice holds for the slice submitted in its own round
+        if config.level_rule == "slo" and record.policy == "pdmux" and record.prefills and record.prefill_units:
+            self.pace.add(record)
+            if record.decode_bs and record.decode_step_s > 0:
+                p, own = self.model.predict(record.decode_units, record.decode_bs, round_context(record))
+                if own and p > 0:
+                    self.errors.append(record.decode_step_s / p)
         self.model.observe(record)
         record.predicted_steps_s = self.predicted(config, table)
+
+    def slice_layers(self, k: int, done: int, num_layers: int, config: PdmuxConfig) -> int:
+        """Layers of the next prefill slice after the `done` submitted, `k` being SGLang's: under
+        level_rule slo, with a trusted choice this round and the prefill's pace known (not its first
+        slice), the most of the layers left over which the chosen level's predicted decode step stays
+        within the SLO and margin (module doc)."""
+        c, slo, left = self.chosen, config.slo_itl_ms, num_layers - done
+        layer_s = self.pace.layer_s(c[0]) if c is not None and done > 0 else None
+        if config.level_rule != "slo" or slo is None or c is None or layer_s is None or left <= 1:
+            return k
+        _, d, bs, ctx = c
+        goal = (1 - self.margin) * slo / 1e3
+
+        def meets(n: int) -> bool:
+            step, _ = self.model.predict(d, bs, ctx)
+            return self.model.predict(d, bs, ctx + int(bs * n * layer_s / step))[0] <= goal
+
+        if meets(left):
+            return left
+        lo, hi = 0, left  # meets(lo) (0: no slice), not meets(hi)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if meets(mid) else (lo, mid)
+        return max(lo, 1)  # none: one layer, so the level is checked again soonest
 
     def predicted(self, config: PdmuxConfig, table: SplitTable) -> list[float | None] | None:
         """Under level_rule slo, per level of `table`, the step the last choice predicted (None where
@@ -175,12 +266,16 @@ class SloRule:
         if all(math.isnan(p) for p, _ in pred.values()):
             self.status = f"SGLang's rule until the model has {MIN_SAMPLES} rounds ({self.model.samples} so far)"
             return sglang
-        meeting = [i for i, (p, _) in pred.items() if p <= (1 - MARGIN) * slo]
+        margin = self.margin
+        meeting = [i for i, (p, _) in pred.items() if p <= (1 - margin) * slo]
         if not meeting:
             self.status = f"slo: no level meets {config.slo_itl_ms:g} ms; the most decode units"
             return splits[-1]
         level = meeting[0]
         p, own = pred[level]
+        if own:
+            self.chosen = (table.groups[level][0], table.groups[level][1], decode_bs, ctx)
         how = "" if own else " (scaled from a level with more decode units: no rounds of its own yet)"
-        self.status = f"slo: level {level} predicted {p * 1e3:.2f} ms <= {config.slo_itl_ms:g} ms{how}"
+        self.status = (f"slo: level {level} predicted {p * 1e3:.2f} ms <= {config.slo_itl_ms:g} ms "
+                       f"less {margin:.0%}{how}")
         return level

@@ -33,7 +33,7 @@ from pdtop.engine.roofline.kv import Link
 from pdtop.engine.runtime.executor import Executor, S
 from pdtop.engine.runtime.kv_link import CopyLink, VirtualLink
 from pdtop.engine.scheduling.disagg import DisaggPair, check_disagg
-from pdtop.engine.scheduling.level_rule import DecodeStepModel, SloRule
+from pdtop.engine.scheduling.level_rule import DecodeStepModel, SloRule, decode_context
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
 from pdtop.engine.scheduling.pdmux_prefill import PrefillBatch, begin, between_chunks, next_slice
 from pdtop.engine.scheduling.policies import check_policy
@@ -249,15 +249,16 @@ class Scheduler(Generic[S]):
                 self.pdmux_chunk = reqs[0] if self.prefill.span is not None else None
         if not self.device.prefill_busy():
             level = self.pinned if self.pinned is not None else self.levels.choose(
-                self.table, len(self.running), self.prefill is not None, self.config, self.executor.kv_usage()[0])
+                self.table, len(self.running), self.prefill is not None, self.config, decode_context(self.running))
             self._set_level(level)
         pf = self.prefill
         # A slice every round while the device takes more (SGLang launches one per loop iteration;
         # CUDA queues up to two, so the prefill SMs never wait for the next round to get work).
         if pf is not None and pf.submitted_end < self.num_layers and (
                 not self.device.prefill_busy() or len(pf.in_flight) < self.device.max_prefill_in_flight):
-            pf.layers_per_round = next_slice(pf, self.num_layers, self.config.max_split_forward_layers,
-                                             bool(self.running), whole_alone=self.device.kind != "cpu")
+            k = next_slice(pf, self.num_layers, self.config.max_split_forward_layers, bool(self.running),
+                           whole_alone=self.device.kind != "cpu")  # SGLang's; the SLO rule may take more
+            pf.layers_per_round = self.levels.slice_layers(k, pf.submitted_end, self.num_layers, self.config)
             end = min(self.num_layers, pf.submitted_end + pf.layers_per_round)
             work = self.executor.prefill(pf.state, pf.reqs, pf.submitted_end, end, pf.span)
             self.device.submit_prefill(work)

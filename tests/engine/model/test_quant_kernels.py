@@ -11,7 +11,7 @@ import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
-from pdtop.engine.model import quant_kernels
+from pdtop.engine.model import cpu_kernels, quant_kernels
 from pdtop.engine.model.gguf_blocks import RawBlocks
 from pdtop.engine.model.llama import ForwardBatch, Segment
 from pdtop.engine.model.loader import load_model
@@ -20,7 +20,7 @@ from pdtop.engine.request import Request, SamplingParams
 from pdtop.engine.runtime.runner import ModelRunner
 from pdtop.engine.scheduling.scheduler import generate
 
-TYPES = sorted(quant_kernels.QUANT_TYPES)
+TYPES = sorted(t for t in quant_kernels.QUANT_TYPES if quant_kernels.block_len(t) == 32)  # K types: test_quant_k
 
 
 @pytest.fixture(scope="module")
@@ -31,16 +31,34 @@ def kernels() -> quant_kernels.QuantKernels:
     return k
 
 
-def paths(k: quant_kernels.QuantKernels) -> list[bool]:
-    """`portable` values to test: the portable path always, the AVX2 one where this CPU has it."""
-    return [True, False] if k.avx2 else [True]
+def ways(k: quant_kernels.QuantKernels) -> list[tuple[int, bool]]:
+    """(path, tiled) pairs to force: the portable path's per-row dots always, and per-row dots and
+    panels on each faster path built here."""
+    return [(0, False)] + [(path, tiled) for path in k.paths[1:] for tiled in (False, True)]
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=[quant_kernels.QUANT_TYPES[t] for t in TYPES])
 def test_matmul_matches_dequantize_on_odd_shapes(kernels, qtype):
-    shapes = [(1, 32, 1), (37, 96, 1), (17, 608, 3), (130, 160, 17), (5, 64, 70)]  # out, in, rows
-    for portable, (out_f, in_f, n) in itertools.product(paths(kernels), shapes):
-        assert quant_kernels.check(kernels, qtype, out_f, in_f, n, portable, seed=out_f) is None, (portable, out_f)
+    shapes = [(1, 32, 1), (37, 96, 1), (17, 608, 3), (130, 160, 17), (5, 64, 70), (19, 64, 300)]  # out, in, rows
+    for (path, tiled), (out_f, in_f, n) in itertools.product(ways(kernels), shapes):
+        problem = quant_kernels.check(kernels, qtype, out_f, in_f, n, seed=out_f, path=path, tiled=tiled)
+        assert problem is None, (path, tiled, out_f, problem)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=[quant_kernels.QUANT_TYPES[t] for t in TYPES])
+def test_every_row_count_and_odd_column_count_on_every_path(kernels, qtype):
+    """1..70 rows (every remainder of the 8- and 4-row register tiles) x column counts around the
+    16- and 8-column panels, each (path, tiled) forced, against dequantize @ the int8-rounded rows."""
+    raw, dense = quant_kernels.random_blocks(qtype, 37, 96, seed=7)  # 3 blocks: odd for the VNNI pairs
+    x = torch.randn(70, 96, generator=torch.Generator().manual_seed(7)) * 3
+    want = quant_kernels.round_activations(x) @ torch.from_numpy(dense).T
+    for (path, tiled), out_f in itertools.product(ways(kernels), (1, 7, 8, 9, 16, 17, 37)):
+        w = torch.from_numpy(raw[:out_f].copy())
+        for n in range(1, 71):
+            y = kernels.matmul(qtype, w, 96, x[:n], path=path, tiled=tiled)
+            close = torch.allclose(y, want[:n, :out_f], atol=quant_kernels.EXACT_TOL * float(want.abs().max()),
+                                   rtol=quant_kernels.EXACT_TOL)
+            assert close, (path, tiled, out_f, n)
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=[quant_kernels.QUANT_TYPES[t] for t in TYPES])
@@ -48,11 +66,41 @@ def test_paths_agree_and_rows_do_not_depend_on_the_batch(kernels, qtype):
     raw, _ = quant_kernels.random_blocks(qtype, 45, 256, seed=1)
     w = torch.from_numpy(raw)
     x = torch.randn(9, 256, generator=torch.Generator().manual_seed(1))
-    ys = [kernels.matmul(qtype, w, 256, x, portable) for portable in paths(kernels)]
+    ys = [kernels.matmul(qtype, w, 256, x, path=path, tiled=tiled) for path, tiled in ways(kernels)]
     for y in ys[1:]:
         assert torch.allclose(y, ys[0], atol=1e-4 * float(ys[0].abs().max()))
-    lone = torch.cat([kernels.matmul(qtype, w, 256, x[i:i + 1]) for i in range(9)])
-    assert torch.equal(lone, kernels.matmul(qtype, w, 256, x))  # each row's dots alone: batching changes nothing
+    # each row's arithmetic alone: batching changes nothing within the panels and within the
+    # portable and AVX2 per-row dots (the VNNI per-row dots pair blocks from 2 rows on, one row runs
+    # the AVX2 dot; and automatic choice switches loops with the row count, as oneDNN does)
+    for path, tiled in [(0, False)] + [(p, t) for p in kernels.paths[1:] for t in (True, False) if t or p == 1]:
+        lone = torch.cat([kernels.matmul(qtype, w, 256, x[i:i + 1], path=path, tiled=tiled) for i in range(9)])
+        assert torch.equal(lone, kernels.matmul(qtype, w, 256, x, path=path, tiled=tiled)), (path, tiled)
+
+
+@pytest.mark.parametrize("isa", ["portable", "avx2"])
+def test_each_instruction_set_builds_its_path_and_passes_the_load_check(kernels, isa):
+    """The AVX2 build (no AVX-512, no VNNI anywhere) and the portable one, as a CPU without them would
+    run them; `kernels()` returns None where its load-time check fails."""
+    if not cpu_kernels.isa_runs_here(isa):
+        pytest.skip(f"this CPU cannot run {isa} code")
+    k = quant_kernels.kernels(isa)
+    assert k is not None and k.fast == {"portable": 0, "avx2": 1}[isa]
+    raw, dense = quant_kernels.random_blocks(GGMLQuantizationType.Q4_1, 50, 160, seed=9)
+    x = torch.randn(33, 160, generator=torch.Generator().manual_seed(9))
+    want = quant_kernels.round_activations(x) @ torch.from_numpy(dense).T
+    got = k.matmul(3, torch.from_numpy(raw), 160, x)  # its default: AVX2 panels, or the portable dots
+    assert torch.allclose(got, want, atol=quant_kernels.EXACT_TOL * float(want.abs().max()), rtol=1e-4)
+
+
+def test_a_forced_path_is_lowered_to_what_was_built(kernels):
+    raw, _ = quant_kernels.random_blocks(GGMLQuantizationType.Q4_1, 20, 64, seed=8)
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(8))
+    w = torch.from_numpy(raw)
+    best = kernels.matmul(3, w, 64, x, path=kernels.fast, tiled=True)
+    assert torch.equal(kernels.matmul(3, w, 64, x, path=7, tiled=True), best)
+    portable = kernels.matmul(3, w, 64, x, path=0, tiled=False)
+    assert torch.equal(kernels.matmul(3, w, 64, x, path=-1, tiled=True), portable)
+    assert torch.equal(kernels.matmul(3, w, 64, x, True), portable)  # `portable` as quant_k.c's types take it
 
 
 def test_the_check_sees_a_wrong_result(kernels):
@@ -217,7 +265,8 @@ def test_dense_path_for_many_rows_matches_dequantize(kernels, qtype, monkeypatch
     raw, dense = quant_kernels.random_blocks(qtype, 30, 96, seed=5)
     bias = torch.randn(30, generator=torch.Generator().manual_seed(5))
     layer = QuantLinear(QuantWeight(torch.from_numpy(raw), qtype, 96), bias)
-    x = torch.randn(quant_linear.DENSE_ROWS + 3, 96, generator=torch.Generator().manual_seed(6))
+    layer.dense_rows = 4  # the portable path's choice (DENSE_ROWS), on whatever path runs here
+    x = torch.randn(7, 96, generator=torch.Generator().manual_seed(6))
     want = torch.nn.functional.linear(x, torch.from_numpy(dense), bias)
     assert torch.allclose(layer.forward(x), want, atol=1e-5, rtol=1e-5)
     few = layer.forward(x[:3])  # the int8 dots: within their rounding of the float matmul
@@ -230,4 +279,5 @@ def test_the_type_numbers_are_ggufs():
 
     from pdtop.engine.model.quant_kernels import QUANT_TYPES
 
-    assert QUANT_TYPES == {int(Q.Q4_0): "Q4_0", int(Q.Q4_1): "Q4_1", int(Q.Q8_0): "Q8_0"}
+    names = ("Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+    assert QUANT_TYPES == {int(getattr(Q, n)): n for n in names}

@@ -67,8 +67,8 @@ def test_no_transfer_starts_before_decode_reserved_its_slots():
 def test_cpu_kv_really_moves_and_text_equals_generate(model_fp32, tokenizer):
     """On the CPU the prompt's K/V is copied from the prefill pool to the decode pool: greedy text equals
     `generate`'s (pdtop generate's path), which it could not with the decode pool's slots left unwritten."""
-    from pdtop.engine.runtime.runner import ModelRunner
     from pdtop.engine.request import Request, SamplingParams
+    from pdtop.engine.runtime.runner import ModelRunner
 
     prompt = tokenizer.encode(tokenizer.apply_chat_template([{"role": "user",
                                                               "content": "What is the capital of France?"}]))

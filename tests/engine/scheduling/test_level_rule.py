@@ -7,12 +7,13 @@ import pytest
 
 from pdtop.engine.errors import ConfigError
 from pdtop.engine.records import PrefillProgress, RoundRecord
-from pdtop.engine.scheduling.level_rule import MIN_SAMPLES, DecodeStepModel, SloRule
+from pdtop.engine.scheduling.level_rule import MARGIN, MIN_SAMPLES, DecodeStepModel, SloRule
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
 from pdtop.engine.scheduling.splits import SplitTable
 
 TABLE = SplitTable.for_gpu(132, 9, PdmuxConfig())  # H100: 8 levels, 6 split levels
 UNITS = 132
+PROMPT = 8192
 
 
 def step_s(decode_units: int, bs: int, ctx: int, beside_prefill: bool) -> float:
@@ -21,12 +22,15 @@ def step_s(decode_units: int, bs: int, ctx: int, beside_prefill: bool) -> float:
     return (0.004 + 0.00005 * bs + 0.00002 * ctx / 1000) / speed * (1.2 if beside_prefill else 1.0)
 
 
-def record(decode_units: int, bs: int, ctx: int, beside_prefill: bool) -> RoundRecord:
-    prefills = [PrefillProgress([1], 8192, 3, 36, 1)] if beside_prefill else []
+def record(decode_units: int, bs: int, ctx: int, beside_prefill: bool, step: float | None = None) -> RoundRecord:
+    """A round whose decode batch reads `ctx` KV tokens; beside a prefill, the pool also holds the
+    8,192-token prompt being prefilled (decode does not read it)."""
+    prefills = [PrefillProgress([1], PROMPT, 3, 36, 1)] if beside_prefill else []
     return RoundRecord(index=0, time=0.0, policy="pdmux", level=0, prefill_units=UNITS - decode_units,
                        decode_units=decode_units, pinned=False, decode_bs=bs,
-                       decode_step_s=step_s(decode_units, bs, ctx, beside_prefill), round_s=0.01,
-                       prefills=prefills, tokens_emitted=bs, waiting=0, running=bs, kv_used_tokens=ctx,
+                       decode_step_s=step_s(decode_units, bs, ctx, beside_prefill) if step is None else step,
+                       round_s=0.01, prefills=prefills, tokens_emitted=bs, waiting=0, running=bs,
+                       kv_used_tokens=ctx + (PROMPT if beside_prefill else 0),
                        kv_capacity_tokens=1 << 20, bytes_moved=0.0, flops=0.0)
 
 
@@ -177,3 +181,80 @@ def test_bench_and_serve_refuse_the_rule_without_an_slo_in_one_line(capsys):
     assert "ITL p99 <= 20 ms" in capsys.readouterr().out
     assert main(["serve", "--device", "sim:H100", "--level-rule", "slo", "--slo-itl-ms", "nan"]) == 2
     assert "slo_itl_ms: must be a number of milliseconds > 0" in capsys.readouterr().err
+
+
+def taught_rule() -> SloRule:
+    model = DecodeStepModel(UNITS)
+    teach(model, UNITS, beside_prefill=False)
+    for d in (20, 28, 36, 44, 52, 60):
+        teach(model, d, beside_prefill=True)
+    return SloRule(model)
+
+
+def test_the_margin_is_the_models_measured_error_and_it_moves_the_choice():
+    """10% until rounds have checked the model; then the p99 of measured / predicted, less 1: 3% too
+    slow measured gives a ~3% margin, so a level the 10% margin refused is taken; 30% too slow
+    widens it past 10%."""
+    rule, bs, ctx = taught_rule(), 30, 50_000
+    s44 = step_s(44, bs, ctx, True)
+    config = PdmuxConfig(level_rule="slo", slo_itl_ms=s44 / 0.93 * 1e3)  # 44 SMs leave 7% of the SLO
+    assert rule.margin == MARGIN
+    assert TABLE.groups[rule.choose(TABLE, bs, True, config, ctx)][1] == 52
+    for _ in range(MIN_SAMPLES):
+        rule.learn(record(44, bs, ctx, True, step=s44 * 1.03), config, TABLE)
+    assert 0.02 < rule.margin < 0.05
+    assert TABLE.groups[rule.choose(TABLE, bs, True, config, ctx)][1] == 44
+    for _ in range(MIN_SAMPLES):
+        rule.learn(record(44, bs, ctx, True, step=s44 * 1.3), config, TABLE)
+    assert rule.margin > 0.2
+    assert TABLE.groups[rule.choose(TABLE, bs, True, config, ctx)][1] > 44
+    untouched = taught_rule()  # under SGLang's rule nothing is checked
+    for _ in range(MIN_SAMPLES):
+        untouched.learn(record(44, bs, ctx, True, step=s44 * 1.3), PdmuxConfig(), TABLE)
+    assert untouched.margin == MARGIN
+
+
+def pace(rule: SloRule, decode_units: int, config: PdmuxConfig, layers: int, round_s: float) -> None:
+    """`layers` rounds of an 8,192-token prefill beside decode, one layer done a round."""
+    for done in range(1, layers + 1):
+        r = record(decode_units, 30, 50_000, True)
+        r.prefills, r.round_s = [PrefillProgress([7], PROMPT, done, 36, 1)], round_s
+        rule.learn(r, config, TABLE)
+
+
+def test_prefill_advances_as_many_layers_as_the_slo_allows():
+    """With a level the model trusts and the prefill's pace known, the slice is the most layers over
+    which the predicted decode step, the batch's context growing by its size a round, meets the
+    SLO and margin: all the layers left where there is room; fewer where the SLO is close; SGLang's
+    own slice for a prefill's first one, under SGLang's rule, or at a level known only by scaling."""
+    bs, ctx = 30, 50_000
+    rule = taught_rule()
+    roomy = PdmuxConfig(level_rule="slo", slo_itl_ms=10.0)
+    pace(rule, 44, roomy, 4, 0.01)
+    level = rule.choose(TABLE, bs, True, roomy, ctx)
+    assert TABLE.groups[level][1] == 44 and rule.chosen is not None
+    assert rule.slice_layers(4, 4, 36, roomy) == 32  # the rest in one slice
+    assert rule.slice_layers(4, 0, 36, roomy) == 4  # its first slice: no pace yet
+    assert rule.slice_layers(4, 4, 36, PdmuxConfig()) == 4  # SGLang's rule
+    # slow layers (0.5 s each: ~60 decode rounds) and an SLO 5% above the level's step: context grows
+    rule = taught_rule()
+    predicted = rule.model.predict(44, bs, ctx)[0]
+    tight = PdmuxConfig(level_rule="slo", slo_itl_ms=predicted / (1 - MARGIN) * 1.05 * 1e3)
+    pace(rule, 44, tight, 4, 0.5)
+    assert TABLE.groups[rule.choose(TABLE, bs, True, tight, ctx)][1] == 44
+    n = rule.slice_layers(4, 4, 36, tight)
+    goal, layer_s = (1 - rule.margin) * tight.slo_itl_ms / 1e3, rule.pace.layer_s(UNITS - 44)
+    assert layer_s == pytest.approx(0.5)
+
+    def end_step(layers: int) -> float:
+        return rule.model.predict(44, bs, ctx + int(bs * layers * layer_s / predicted))[0]
+
+    assert 1 < n < 32 and end_step(n) <= goal < end_step(n + 1)
+    closer = tight.replace(slo_itl_ms=tight.slo_itl_ms * 0.96)
+    assert rule.slice_layers(4, 4, 36, closer) == 1  # room for one layer at a time
+    # a level known only by scaling from another: SGLang's slice, so it is checked again soon
+    rule = SloRule(DecodeStepModel(UNITS))
+    teach(rule.model, UNITS, beside_prefill=False)
+    pace(rule, 60, roomy, 4, 0.01)
+    rule.choose(TABLE, bs, True, PdmuxConfig(level_rule="slo", slo_itl_ms=20.0), ctx)
+    assert rule.chosen is None and rule.slice_layers(4, 4, 36, roomy) == 4

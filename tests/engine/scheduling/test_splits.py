@@ -97,6 +97,9 @@ def test_unsupported_or_too_small_is_a_clear_error():
         stream_groups(31, 9)
     with pytest.raises(DeviceError, match="SMs"):
         stream_groups(0, 9)
+    for groups in (0, -1, 2.5):  # sm_group_num 2 and below: PdmuxConfig refuses them; a direct call too
+        with pytest.raises(DeviceError, match="split groups"):
+            divide_sm(132, 9, groups)  # type: ignore[arg-type]
 
 
 MANUAL = [[112, 20, 1], [96, 36, 16], [72, 56, 32]]
