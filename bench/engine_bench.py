@@ -165,39 +165,23 @@ def hf_engine(dtype: str, args: argparse.Namespace) -> Engine:
 
 
 def llamacpp_engine(dtype: str, args: argparse.Namespace) -> Engine:
-    from llamacpp_peer import LlamaCpp, version
+    from llamacpp_peer import Peer
 
-    from pdtop.engine.model.loader import default_model_path
+    from pdtop.engine.model.loader import default_model_path, read_config
 
-    path = str(default_model_path())
-    one = LlamaCpp(path, args.threads, n_ctx=args.prefill_tokens + 64)
-    many: dict[int, LlamaCpp] = {}  # batch size -> a context of that many sequences (made when first used)
+    path = default_model_path()
+    peer = Peer(str(path), args.threads, args.prefill_tokens + 64, args.llamacpp_wait == "own")
+    vocab = read_config(path).vocab  # the same prompts as pdtop's
 
     def decode_steps(bs: int) -> list[float]:
-        if bs > 1 and bs not in many:
-            many[bs] = LlamaCpp(path, args.threads, n_ctx=bs * (args.prompt_tokens + args.steps + 8), n_seq=bs,
-                                model=one.model)
-        ctx = one if bs == 1 else many[bs]
-        ctx.clear()
-        nxt = [ctx.prompt(prompt_ids(args.prompt_tokens, ctx.vocab, i), seq=i) for i in range(bs)]
-        pos, seqs, times = args.prompt_tokens, list(range(bs)), []
-        for i in range(args.steps + 1):  # the first step after the prefill is not timed
-            t = time.perf_counter()
-            ctx.decode(nxt, [pos] * bs, seqs, [True] * bs)
-            nxt = [ctx.argmax(j) for j in range(bs)]
-            if i:
-                times.append(time.perf_counter() - t)
-            pos += 1
-        return times
+        return peer.ask({"prompts": [prompt_ids(args.prompt_tokens, vocab, i) for i in range(bs)],
+                         "steps": args.steps})
 
     def prefill_time() -> float:
-        one.clear()
-        ids = prompt_ids(args.prefill_tokens, one.vocab, 99)
-        t = time.perf_counter()
-        one.prompt(ids)
-        return time.perf_counter() - t
+        return peer.ask({"prefill": prompt_ids(args.prefill_tokens, vocab, 99)})[0]
 
-    return Engine("llamacpp", "gguf", decode_steps, prefill_time, note=f"{version()}, n_batch/n_ubatch 512")
+    return Engine("llamacpp", "gguf", decode_steps, prefill_time,
+                  note=f"{peer.version}, n_batch/n_ubatch 512, OpenMP wait {peer.wait}")
 
 
 ENGINES: dict[str, Callable[[str, argparse.Namespace], Engine]] = {
@@ -255,6 +239,9 @@ def main() -> int:
     ap.add_argument("--prefill-tokens", type=int, default=2048, help="default 2048")
     ap.add_argument("--repeats", type=int, default=3, help="turns per figure and engine (default 3)")
     ap.add_argument("--quantile", type=float, default=0.1, help="decode step-time quantile reported (default 0.1)")
+    ap.add_argument("--llamacpp-wait", choices=("own", "shared"), default="own",
+                    help="llama.cpp's OpenMP wait: own (its process, libgomp's spinning default; default) or "
+                         "shared (pdtop's OMP_WAIT_POLICY)")
     ap.add_argument("--in-turns", action="store_true",
                     help="load every dtype's engines at once and measure all of them in turns (more memory)")
     args = ap.parse_args()

@@ -1,6 +1,12 @@
 """llama.cpp (llama-cpp-python, the `peers` extra) driven through its C API for `engine_bench.py`:
 the same GGUF, the same threads, greedy steps timed one by one as pdtop's are.
 
+It runs in a process of its own (`Peer`, this file as a script, JSON lines over stdin/stdout), so
+that its OpenMP threads wait as llama.cpp's own do (spinning, libgomp's default) and not as pdtop
+sets them for its process (OMP_WAIT_POLICY=PASSIVE): libgomp reads that once per process, and on
+a quiet 2-core machine passive waiting cut llama.cpp's batch-1 decode from 98 to 38 tok/s.
+`engine_bench --llamacpp-wait shared` gives it pdtop's setting instead (better under load).
+
 Two contexts, as llama.cpp's own tools make them: one sequence (`n_seq_max` 1, llama-cpp-python's
 `Llama` default) for batch-1 decode and the prefill, and `n_seq_max` 32 with a unified KV cache for
 batch 32 (one `llama_batch` of 32 tokens, one per sequence, a step). n_batch and n_ubatch are 512
@@ -10,6 +16,11 @@ llama.cpp's default (F16), flash attention at its default (auto).
 from __future__ import annotations
 
 import ctypes
+import json
+import os
+import subprocess
+import sys
+import time
 from typing import Any
 
 import numpy as np
@@ -89,3 +100,74 @@ def version() -> str:
     import llama_cpp as lc
 
     return f"llama-cpp-python {lc.__version__}"
+
+
+def decode_steps(ctx: LlamaCpp, prompts: list[list[int]], steps: int) -> list[float]:
+    """Each prompt into its own sequence, then `steps` greedy steps of all of them, each timed (the
+    first step after the prefill is not)."""
+    ctx.clear()
+    nxt = [ctx.prompt(ids, seq=i) for i, ids in enumerate(prompts)]
+    bs, pos, times = len(prompts), len(prompts[0]), []
+    for i in range(steps + 1):
+        t = time.perf_counter()
+        ctx.decode(nxt, [pos] * bs, list(range(bs)), [True] * bs)
+        nxt = [ctx.argmax(j) for j in range(bs)]
+        if i:
+            times.append(time.perf_counter() - t)
+        pos += 1
+    return times
+
+
+def serve(path: str, threads: int, n_ctx: int) -> None:
+    """The child: one request a line on stdin ({"prompts", "steps"} or {"prefill"}), the times on stdout."""
+    one = LlamaCpp(path, threads, n_ctx)
+    many: dict[int, LlamaCpp] = {}
+    print(json.dumps({"version": version()}), flush=True)
+    for line in sys.stdin:
+        req = json.loads(line)
+        if "prefill" in req:
+            one.clear()
+            t = time.perf_counter()
+            one.prompt(req["prefill"])
+            out: Any = [time.perf_counter() - t]
+        else:
+            bs, prompts = len(req["prompts"]), req["prompts"]
+            if bs > 1 and bs not in many:
+                many[bs] = LlamaCpp(path, threads, bs * (len(prompts[0]) + req["steps"] + 8), bs, one.model)
+            out = decode_steps(one if bs == 1 else many[bs], prompts, req["steps"])
+        print(json.dumps(out), flush=True)
+
+
+class Peer:
+    """llama.cpp in its own process (`serve`); `own_wait`: its OpenMP threads wait as libgomp's default."""
+
+    def __init__(self, path: str, threads: int, n_ctx: int, own_wait: bool = True):
+        env = dict(os.environ)
+        if own_wait:
+            for key in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
+                env.pop(key, None)
+        self.proc = subprocess.Popen([sys.executable, __file__, path, str(threads), str(n_ctx)], env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        first = self.proc.stdout.readline() if self.proc.stdout else ""
+        if not first:
+            raise RuntimeError("the llama.cpp process did not start (its stderr says why)")
+        self.version = json.loads(first)["version"]
+        self.wait = "own (libgomp default)" if own_wait else f"shared ({env.get('OMP_WAIT_POLICY', 'default')})"
+
+    def ask(self, req: dict[str, Any]) -> list[float]:
+        assert self.proc.stdin and self.proc.stdout
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError("the llama.cpp process ended")
+        return json.loads(line)
+
+    def close(self) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        self.proc.wait(timeout=30)
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
