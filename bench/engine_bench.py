@@ -1,19 +1,25 @@
 """Engine speed on the default model: decode tok/s at batch 1 and 32, and a long prefill,
-side by side with HF transformers on the same GGUF when transformers is installed
+side by side with HF transformers and llama.cpp on the same GGUF when they are installed
 (`pip install '.[peers]'`; the GGUF is read offline).
 
-    .venv/bin/python bench/engine_bench.py [--threads 2] [--dtypes float32,bfloat16,gguf] [--engines pdtop,hf]
+    .venv/bin/python bench/engine_bench.py [--threads 2] [--dtypes float32,bfloat16,gguf]
+                                           [--engines pdtop,hf,llamacpp]
 
-Both engines are loaded first and then measured in turns (pdtop, hf, pdtop, hf, ...),
-so load from other processes hits both alike. Decode figures exclude the prefill:
-every sequence of a batch has a --prompt-tokens prompt (the same length, so HF needs
-no padding), then each of --steps greedy steps is timed on its own; the figure is
+All engines are loaded first and then measured in turns (pdtop, hf, llamacpp, pdtop, ...),
+so load from other processes hits them alike; every one gets --threads threads. Decode figures
+exclude the prefill: every sequence of a batch has a --prompt-tokens prompt (the same length, so
+HF needs no padding), then each of --steps greedy steps is timed on its own; the figure is
 batch size / the 10th percentile of the step times of all --repeats turns (a
 machine shared with other work only ever makes a step slower; the median is shown
 beside it). The prefill figure is the best of --repeats times to the first token of
-one --prefill-tokens prompt (logits of the last position only, for both engines).
-`gguf` is pdtop's `--dtype gguf` (matmuls on the file's quantized blocks); each pdtop row notes the
-weights it holds (float32 copies, or the blocks). Prints a table; asserts nothing.
+one --prefill-tokens prompt (logits of the last position only, for every engine).
+`gguf` is pdtop's `--dtype gguf` (matmuls on the file's quantized blocks, the CPU default for
+this file); each pdtop row notes the weights it holds (float32 copies, or the blocks). llama.cpp
+computes on the blocks too: its one row is `gguf`, measured with the gguf group (or the first),
+through its C API (`llamacpp_peer.py`: n_batch/n_ubatch 512, F16 KV cache, batch 32 as 32
+sequences of one context). HF dequantizes the file: its rows are float32/bfloat16. Without
+--engines, the installed peers run; a peer named in --engines and not installed is one line and
+exit 2. Prints a table; asserts nothing.
 """
 from __future__ import annotations
 
@@ -158,6 +164,55 @@ def hf_engine(dtype: str, args: argparse.Namespace) -> Engine:
     return Engine("hf", dtype, decode_steps, prefill_time, note=f"transformers {transformers.__version__}")
 
 
+def llamacpp_engine(dtype: str, args: argparse.Namespace) -> Engine:
+    from llamacpp_peer import Peer
+
+    from pdtop.engine.model.loader import default_model_path, read_config
+
+    path = default_model_path()
+    peer = Peer(str(path), args.threads, args.prefill_tokens + 64, args.llamacpp_wait == "own")
+    vocab = read_config(path).vocab  # the same prompts as pdtop's
+
+    def decode_steps(bs: int) -> list[float]:
+        return peer.ask({"prompts": [prompt_ids(args.prompt_tokens, vocab, i) for i in range(bs)],
+                         "steps": args.steps})
+
+    def prefill_time() -> float:
+        return peer.ask({"prefill": prompt_ids(args.prefill_tokens, vocab, 99)})[0]
+
+    return Engine("llamacpp", "gguf", decode_steps, prefill_time,
+                  note=f"{peer.version}, n_batch/n_ubatch 512, OpenMP wait {peer.wait}")
+
+
+ENGINES: dict[str, Callable[[str, argparse.Namespace], Engine]] = {
+    "pdtop": pdtop_engine, "hf": hf_engine, "llamacpp": llamacpp_engine}
+PEERS = {"hf": ("transformers", "transformers"), "llamacpp": ("llama_cpp", "llama-cpp-python")}  # module, package
+
+
+def chosen_engines(text: str | None) -> list[str] | str:
+    """--engines as names, or the one line that says why not (an unknown name, a peer not installed).
+    Without --engines: pdtop and the installed peers."""
+    import importlib.util
+
+    if text is None:
+        return ["pdtop", *(n for n, (mod, _) in PEERS.items() if importlib.util.find_spec(mod) is not None)]
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    for name in names:
+        if name not in ENGINES:
+            return f"unknown engine {name!r}; use {', '.join(ENGINES)}"
+        if name in PEERS and importlib.util.find_spec(PEERS[name][0]) is None:
+            return f"{name} needs {PEERS[name][1]}, which is not installed: pip install '.[peers]'"
+    return names
+
+
+def measured_with(name: str, dtype: str, dtypes: list[str]) -> bool:
+    """Whether engine `name` has a `dtype` row: llama.cpp once (gguf, else the first dtype's group),
+    HF for the float dtypes, pdtop for every one."""
+    if name == "llamacpp":
+        return dtype == ("gguf" if "gguf" in dtypes else dtypes[0])
+    return name != "hf" or dtype != "gguf"
+
+
 def run_turn(e: Engine, fig: str) -> None:
     values = [e.prefill_time()] if fig == "prefill" else e.decode_steps(int(fig[1:]))
     e.results.setdefault(fig, []).extend(values)
@@ -177,16 +232,23 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads (default: all cores)")
     ap.add_argument("--dtypes", default="float32,bfloat16", help="default: float32,bfloat16")
-    ap.add_argument("--engines", default="pdtop,hf", help="default: pdtop,hf")
+    ap.add_argument("--engines", help="pdtop, hf, llamacpp (default: pdtop and the peers installed)")
     ap.add_argument("--only", default=",".join(FIGURES), help="figures to measure (default: b1,b32,prefill)")
     ap.add_argument("--steps", type=int, default=32, help="decode steps timed per turn (default 32)")
     ap.add_argument("--prompt-tokens", type=int, default=32, help="prompt length of the decode runs (default 32)")
     ap.add_argument("--prefill-tokens", type=int, default=2048, help="default 2048")
     ap.add_argument("--repeats", type=int, default=3, help="turns per figure and engine (default 3)")
     ap.add_argument("--quantile", type=float, default=0.1, help="decode step-time quantile reported (default 0.1)")
+    ap.add_argument("--llamacpp-wait", choices=("own", "shared"), default="own",
+                    help="llama.cpp's OpenMP wait: own (its process, libgomp's spinning default; default) or "
+                         "shared (pdtop's OMP_WAIT_POLICY)")
     ap.add_argument("--in-turns", action="store_true",
                     help="load every dtype's engines at once and measure all of them in turns (more memory)")
     args = ap.parse_args()
+    names = chosen_engines(args.engines)
+    if isinstance(names, str):
+        print(f"engine_bench: {names}", file=sys.stderr)
+        return 2
     from pdtop.engine.devices.host import machine_line
     print(machine_line(), flush=True)  # the machine these figures come from
     figures = [f for f in FIGURES if f in args.only.split(",")]
@@ -197,9 +259,11 @@ def main() -> int:
     for dtypes in groups:
         engines: list[Engine] = []
         for dtype in dtypes:
-            for name in args.engines.split(","):
+            for name in names:
+                if not measured_with(name, dtype, args.dtypes.split(",")):
+                    continue
                 try:
-                    engines.append((pdtop_engine if name == "pdtop" else hf_engine)(dtype, args))
+                    engines.append(ENGINES[name](dtype, args))
                 except ImportError as e:
                     table.append(Engine(name, dtype, note=f"not installed ({e.name}); pip install '.[peers]'"))
                 except Exception as e:  # a peer that cannot load is reported, not fatal
@@ -225,22 +289,25 @@ def main() -> int:
           f"decode: {args.prompt_tokens}-token prompts, {args.steps} steps x {args.repeats} turns, "
           f"tok/s at the q{args.quantile:g} step time; prefill: {args.prefill_tokens} tokens, best of {args.repeats}")
     prefill = f"prefill {args.prefill_tokens} s"
-    head = f"{'engine':8} {'dtype':9} {'decode b1 tok/s':>16} {'decode b32 tok/s':>17} {prefill:>14}  note"
+    head = f"{'engine':14} {'dtype':9} {'decode b1 tok/s':>16} {'decode b32 tok/s':>17} {prefill:>14}  note"
     print(head)
     print("-" * len(head))
     q = args.quantile
     for e in table:
-        print(f"{e.name:8} {e.dtype:9} {fmt(e.best('b1', q), '.1f', 16)} {fmt(e.best('b32', q), '.1f', 17)} "
+        print(f"{e.name:14} {e.dtype:9} {fmt(e.best('b1', q), '.1f', 16)} {fmt(e.best('b32', q), '.1f', 17)} "
               f"{fmt(e.best('prefill'), '.2f', 14)}  {e.note}")
     by = {(e.name, e.dtype): e for e in table}
-    for dtype in args.dtypes.split(","):
-        p, h = by.get(("pdtop", dtype)), by.get(("hf", dtype))
-        if p and h:
-            def ratio(a: float | None, b: float | None, width: int) -> str:
-                return f"{a / b:{width - 1}.2f}x" if a and b else f"{'-':>{width}}"
-            print(f"{'pdtop/hf':8} {dtype:9} {ratio(p.best('b1', q), h.best('b1', q), 16)} "
-                  f"{ratio(p.best('b32', q), h.best('b32', q), 17)} {ratio(h.best('prefill'), p.best('prefill'), 14)}  "
-                  "(prefill: hf time / pdtop time)")
+
+    def ratio(a: float | None, b: float | None, width: int) -> str:
+        return f"{a / b:{width - 1}.2f}x" if a and b else f"{'-':>{width}}"
+    for peer in ("hf", "llamacpp"):
+        for dtype in args.dtypes.split(","):
+            p, h = by.get(("pdtop", dtype)), by.get((peer, dtype))
+            if p and h:
+                label = f"pdtop/{peer}"
+                print(f"{label:14} {dtype:9} {ratio(p.best('b1', q), h.best('b1', q), 16)} "
+                      f"{ratio(p.best('b32', q), h.best('b32', q), 17)} "
+                      f"{ratio(h.best('prefill'), p.best('prefill'), 14)}  (prefill: {peer} time / pdtop time)")
     return 0
 
 

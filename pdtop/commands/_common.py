@@ -24,9 +24,10 @@ DEVICE_HELP = "cpu, cuda, or sim:GPU (H100, H200, A100, H20, custom:...); defaul
 def add_runtime_arguments(parser: argparse.ArgumentParser) -> None:
     """--dtype, --kv-tokens, --gpu-memory-fraction, --no-cuda-graph and --link (serve, dashboard, bench)."""
     parser.add_argument("--dtype", choices=("float32", "bfloat16", "gguf"),
-                        help="weights, activations and KV cache (default: bfloat16 on cuda, float32 elsewhere); "
-                             "gguf: cpu, matmuls on the file's Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K blocks, "
-                             "float32 elsewhere")
+                        help="weights, activations and KV cache (default: bfloat16 on cuda; on cpu gguf for a file "
+                             "whose layer matmul weights are all of these types, else float32); gguf: cpu, matmuls "
+                             "on the file's Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K blocks, float32 activations "
+                             "and KV cache")
     parser.add_argument("--kv-tokens", type=int, metavar="N",
                         help="KV cache capacity in tokens (default: on cuda sized from free GPU memory, "
                              "on cpu 16384); refused up front if it does not fit")

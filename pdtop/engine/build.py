@@ -62,9 +62,18 @@ def parse_device(text: str) -> DeviceSpec:
     raise DeviceError(f"unknown device {text!r}; use {DEVICE_HELP}")
 
 
-def default_dtype(kind: str) -> str:
-    """bfloat16 on a GPU (tensor cores; half the bytes of weights and KV), float32 elsewhere."""
-    return "bfloat16" if kind == "cuda" else "float32"
+def default_dtype(kind: str, model: str | None = None) -> str:
+    """bfloat16 on a GPU (tensor cores; half the bytes of weights and KV). On the CPU `gguf` for a GGUF
+    file `model` whose matmul weights are all in types the quantized kernels take (they compute on the
+    blocks as stored: a fraction of float32's bytes a step; `loader.blocks_by_default`), else float32
+    (files of float weights, synthetic models, no file). Without the kernels a `gguf` load is float32."""
+    if kind == "cuda":
+        return "bfloat16"
+    if kind == "cpu" and model and not model.startswith("synthetic:"):
+        from pdtop.engine.model.loader import blocks_by_default
+
+        return "gguf" if blocks_by_default(model) else "float32"
+    return "float32"
 
 
 def build_engine(device: str = "auto", model: str | None = None, config: PdmuxConfig | None = None,
@@ -116,8 +125,8 @@ def build_engine(device: str = "auto", model: str | None = None, config: PdmuxCo
             dev = cuda_dev = CudaDevice(table.groups, index=where.index)
         try:
             source = model or _default_model()
-            loaded = loaded_model if loaded_model is not None else _load(source, dtype or default_dtype(where.kind),
-                                                                         where.torch_device)
+            loaded = loaded_model if loaded_model is not None else _load(
+                source, dtype or default_dtype(where.kind, source), where.torch_device)
             plan = _kv_plan(where, loaded, kv_capacity_tokens, gpu_memory_fraction, config)
             runner = ModelRunner(loaded, plan.tokens, cuda_graphs=cuda_graphs)
             runner.kv_how = plan.how
@@ -147,8 +156,8 @@ def _default_model() -> str:
 def load_for(device: str, model: str | None = None, dtype: str | None = None) -> LlamaModel:
     """The model `build_engine(device, model, dtype=dtype)` would load (the default model, the device's
     default dtype), to pass as `loaded_model` to several engines. Not for `sim:` devices."""
-    where = parse_device(device)
-    return _load(model or _default_model(), dtype or default_dtype(where.kind), where.torch_device)
+    where, source = parse_device(device), model or _default_model()
+    return _load(source, dtype or default_dtype(where.kind, source), where.torch_device)
 
 
 def _load(source: str, dtype: str, device: str) -> LlamaModel:

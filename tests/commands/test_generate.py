@@ -1,6 +1,7 @@
 """`pdtop generate` as a user runs it: a subprocess, stdout for the completion, stderr for the rest."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -13,12 +14,14 @@ def generate(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
 
 
 def test_chat_reference_answer_and_timing_line():
-    p = generate("--chat", "What is the capital of France?")
+    """float32's reference answer (the default on the CPU, gguf, flips at its near tie: test_quant_kernels)."""
+    p = generate("--chat", "--dtype", "float32", "What is the capital of France?")
     assert p.returncode == 0, p.stderr
     assert p.stdout == "The capital of France is Paris.\n"
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1
     assert lines[0].startswith("prefill 37 tokens in ") and " tok/s; finish: eos;" in lines[0]
+    assert lines[0].endswith("SmolLM2-135M-Instruct float32 on cpu")
 
 
 def test_seeded_sampling_is_reproducible_and_stops_at_max_tokens(tokenizer):
@@ -69,7 +72,26 @@ def test_help_explains():
         assert flag in p.stdout
 
 
-def test_gguf_dtype_computes_on_the_blocks():
-    p = generate("--dtype", "gguf", "--max-tokens", "6", "Once upon a time")
+def test_the_cpu_default_computes_on_the_files_blocks():
+    """No --dtype on the CPU and a Q4_1 file: gguf, and the timing line says which kernels ran."""
+    from pdtop.engine.model import quant_kernels
+
+    if quant_kernels.kernels() is None:
+        pytest.skip("no C compiler / OpenMP runtime for the quantized kernels here")
+    p = generate("--max-tokens", "6", "Once upon a time")
     assert p.returncode == 0, p.stderr
-    assert p.stdout.strip() and "SmolLM2-135M-Instruct gguf on cpu" in p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert p.stdout.strip() and len(lines) == 1, p.stderr
+    assert lines[0].endswith(("SmolLM2-135M-Instruct gguf Q4_1+Q8_0 (avx2) on cpu",
+                              "SmolLM2-135M-Instruct gguf Q4_1+Q8_0 (avx512-vnni) on cpu",
+                              "SmolLM2-135M-Instruct gguf Q4_1+Q8_0 (portable) on cpu")), lines
+
+
+def test_without_the_kernels_the_default_is_float32_with_one_line():
+    env = {**os.environ, "PDTOP_NO_KERNELS": "1"}
+    p = subprocess.run([sys.executable, "-m", "pdtop", "generate", "--max-tokens", "3", "Once upon a time"],
+                       capture_output=True, text=True, timeout=240, env=env)
+    assert p.returncode == 0, p.stderr
+    why, timing = p.stderr.strip().splitlines()
+    assert why == "PDTOP_NO_KERNELS is set: loading float32, not the file's quantized blocks"
+    assert timing.endswith("SmolLM2-135M-Instruct float32 on cpu"), timing

@@ -13,6 +13,7 @@ from pdtop.engine.scheduling.workload import demo_workload
 from pdtop.telemetry.sources.live import LiveSource
 from pdtop.ui.app import PdtopApp
 from pdtop.ui.widgets.base import Panel
+from pdtop.ui.widgets.header import short_weights
 
 from .conftest import EngineServer, play_busy
 
@@ -87,3 +88,44 @@ async def test_the_default_start_fits_the_header_and_status_line(model_fp32, unt
             assert any("decode" in line for line in split) and not any("…" in line for line in split), split
     finally:
         es.close()
+
+
+@pytest.fixture(scope="module")
+def model_default():
+    """The shipped model as `pdtop` loads it on the CPU by default (gguf where the kernels build here)."""
+    from pdtop.engine.build import load_for
+
+    return load_for("cpu")
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 30), (160, 48)])
+async def test_the_header_says_what_the_matmuls_run_on(model_default, until, size):
+    """From 120 columns the header names the weights path (`gguf Q4_1+Q8_0 (avx512-vnni)`, short `gguf
+    avx512-vnni`); at 80 there is no room beside the model's whole name, so it goes as the API item does."""
+    width, _height = size
+    engine = build_engine("cpu", loaded_model=model_default, workload=demo_workload("cpu"))
+    es = EngineServer(engine, manual=True).start()
+    try:
+        app = PdtopApp(LiveSource(es.url, token=es.token))
+        async with app.run_test(size=size) as pilot:
+            await until(pilot, lambda: app.connection == "live", "connected")
+            engine.step()
+            await until(pilot, lambda: bool(app.state.info.weights), "described")
+            app.repaint()
+            await pilot.pause()
+            header, weights = app.query_one("HeaderBar").text, model_default.weights
+            items = [item.strip() for item in header.split("│")]
+            assert len(header) <= width - 2 and "SmolLM2-135M-Instruct" in header and "…" not in header, header
+            if width >= 160:
+                assert weights in items, (weights, header)
+            elif width >= 120:
+                assert short_weights(weights) in items, (weights, header)
+            else:
+                assert not any(weights.startswith(item) for item in items[3:]), header  # not half of it either
+    finally:
+        es.close()
+
+
+def test_the_short_weights_name_the_kernel_path():
+    assert short_weights("gguf Q4_1+Q8_0 (avx512-vnni)") == "gguf avx512-vnni"
+    assert short_weights("float32") == "float32"

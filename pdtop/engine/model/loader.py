@@ -29,7 +29,7 @@ import numpy as np
 
 from pdtop.engine.errors import EngineError, ModelFileError, UnsupportedModelError
 from pdtop.engine.model.config import ModelConfig, RopeScaling
-from pdtop.engine.model.gguf_blocks import RawBlocks, kept
+from pdtop.engine.model.gguf_blocks import KEPT_TYPES, RawBlocks, kept
 from pdtop.engine.model.gguf_file import GGUFFile, TensorInfo, read_gguf
 
 if TYPE_CHECKING:
@@ -198,6 +198,19 @@ def load_gguf(path: str | os.PathLike, num_layers: int | None = None, keep_block
     return GGUFWeights(path=f.path, config=cfg, tensors=tensors)
 
 
+def blocks_by_default(path: str | os.PathLike) -> bool:
+    """Whether the CPU's default dtype for this file is `gguf`: every layer's matmul weight is in a type
+    the quantized kernels take (`gguf_blocks.KEPT_TYPES`). False for a file that cannot be read (its
+    load says why) and for files of float weights (F32/F16/BF16: float32 runs them as stored)."""
+    try:
+        f = read_gguf(path)
+    except EngineError:
+        return False
+    mats = [info for name, info in f.tensors.items()
+            if name.startswith("blk.") and name.split(".")[2] in LAYER_TENSORS and len(info.shape) == 2]
+    return bool(mats) and all(info.qtype in KEPT_TYPES for info in mats)
+
+
 def _refuse_unknown_tensors(f: GGUFFile) -> None:
     """A tensor this model would ignore means a variant it does not implement: say so."""
     known = set(GLOBAL_TENSORS) | {f"{n}.weight" for n in LAYER_TENSORS} | set(OPTIONAL_LAYER_TENSORS)
@@ -350,7 +363,9 @@ def _blocks_here(device: Any) -> bool:
 
     if device.type != "cpu":
         raise EngineError(f"dtype gguf (compute on the file's quantized blocks) runs on the CPU, not {device.type}")
-    if quant_kernels.kernels() is None:
-        logging.getLogger(__name__).warning("the quantized kernels are unavailable here; loading float32")
+    if quant_kernels.kernels() is None:  # why was said on stderr (build, load check), unless turned off
+        if os.environ.get("PDTOP_NO_KERNELS"):
+            logging.getLogger(__name__).warning("PDTOP_NO_KERNELS is set: loading float32, not the file's "
+                                                "quantized blocks")
         return False
     return True

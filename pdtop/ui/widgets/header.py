@@ -1,9 +1,13 @@
-"""Header: connection, device, model, policy, API URL, recording and dropped events, fitted to one line.
+"""Header: connection, device, model, weights (what the matmuls run on), policy, API URL, recording and dropped
+events, fitted to one line.
 
 The separators tighten first, then items take their short form, then the API item goes (the
-status line and help still name the server), then the model's name is cut; the rest stay at every width.
+status line and help still name the server), then the weights item (at 80 columns there is no room
+for it beside the model's whole name), then the model's name is cut; the rest stay at every width.
 """
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from rich.text import Text
 from textual.widgets import Static
@@ -69,6 +73,10 @@ class HeaderBar(Static):
         items.append(([(info.device, "bold"), (units, "")], [(info.device.split(" (")[0], "bold")]))
         model_at = len(items)
         items.append(([("model ", "dim"), (info.model, "")], [(info.model.removeprefix("synthetic:"), "")]))
+        weights_at = None
+        if info.weights:  # which path the matmuls run: "gguf Q4_1+Q8_0 (avx512-vnni)", short "gguf avx512-vnni"
+            weights_at = len(items)
+            items.append(([(info.weights, "")], [(short_weights(info.weights), "")]))
         items.append(([("policy ", "dim"), (state.policy, "")], [(state.policy, "")]))
         api_at = None
         if state.api and connection != "replay":
@@ -84,7 +92,8 @@ class HeaderBar(Static):
         dropped_style = colours.get("warning", "") if state.dropped else "dim"
         items.append(([("dropped ", "dim"), (str(state.dropped), dropped_style)],
                       [("dropped ", "dim"), (str(state.dropped), dropped_style)]))
-        self._show(fitted(items, max(20, self.content_size.width or 80), model_at, api_at))
+        optional = [i for i in (api_at, weights_at) if i is not None]
+        self._show(fitted(items, max(20, self.content_size.width or 80), model_at, optional))
 
     def _show(self, text: Text) -> None:
         if text != self._last:
@@ -92,9 +101,16 @@ class HeaderBar(Static):
             self.update(text, layout=False)
 
 
-def fitted(items: list[Item], width: int, model_item: int, optional_item: int | None = None) -> Text:
+def short_weights(weights: str) -> str:
+    """`gguf Q4_1+Q8_0 (avx512-vnni)` -> `gguf avx512-vnni` (the kernel path); float dtypes as they are."""
+    if weights.startswith("gguf ") and weights.endswith(")") and " (" in weights:
+        return "gguf " + weights.rsplit(" (", 1)[1][:-1]
+    return weights
+
+
+def fitted(items: list[Item], width: int, model_item: int, optional: Sequence[int] = ()) -> Text:
     """The items joined to fit `width`: wide separators and full forms if they fit, else tighter;
-    `optional_item` goes before the model's name is cut."""
+    the `optional` items go, one at a time in that order, before the model's name is cut."""
     def build(sep: str, short: int, model_room: int | None = None) -> list[list[tuple[str, str]]]:
         # items from the end take their short form first (`short` of them), the first items last
         chosen = [full if i < len(items) - short else brief for i, (full, brief) in enumerate(items)]
@@ -112,13 +128,13 @@ def fitted(items: list[Item], width: int, model_item: int, optional_item: int | 
         if width_of(chosen, sep) <= width:
             return _join(chosen, sep)
     sep = " │ "
-    if optional_item is not None:
-        items = items[:optional_item] + items[optional_item + 1:]
-        if model_item > optional_item:
-            model_item -= 1
-    chosen = build(sep, len(items))
-    if width_of(chosen, sep) <= width:
-        return _join(chosen, sep)
+    model_of = items[model_item]
+    for drop in [items[i] for i in optional]:  # by identity: indices shift as items go
+        items = [item for item in items if item is not drop]
+        model_item = next(i for i, item in enumerate(items) if item is model_of)
+        chosen = build(sep, len(items))
+        if width_of(chosen, sep) <= width:
+            return _join(chosen, sep)
     over = width_of(chosen, sep) - width
     model = chosen[model_item][-1][0]
     chosen = build(sep, len(items), max(3, len(model) - over))

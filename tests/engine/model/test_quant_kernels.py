@@ -139,28 +139,72 @@ def chat_ids(tokenizer, text: str) -> list[int]:
     return tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": text}]))
 
 
-# Greedy decoding on int8 activations (llama.cpp's arithmetic for these files) follows float32 except
-# where float32's own choice is a near-tie: the reference prompt's first token is one ("The" 25.33,
-# "L" 25.24). So the answers must agree up to the first position where float32's top logit leads the
-# token taken by less than NEAR_TIE; past it they are different texts.
+# What "match" means for greedy answers on int8 activations. Rounding each activation block to int8
+# (llama.cpp's Q8_0/Q8_1, the arithmetic every llama.cpp build uses on these files) moves a logit by a
+# few hundredths, so greedy decoding follows float32 until float32's own choice is a near-tie, and
+# past it the texts differ. The reference prompt's first token is one ("The" 25.33, "L" 25.24):
+# pdtop's gguf and llama.cpp (llama-cpp-python 0.3.36, AVX-512 VNNI build) both answer "L'Étoile,
+# la Marseillaise, la femme..." on this file. Over PROMPTS (24 tokens each) llama.cpp parted from
+# float32 in 4 of 6 answers, where float32's lead was 0.01-0.13; pdtop's gguf in 4 of 6, at
+# 0.01-0.11 (docs/levels.md lists the answers). The tolerance: the answers agree up to the first
+# position where float32's top logit leads the token taken by less than NEAR_TIE, a few times what
+# llama.cpp itself needs; `test_llamacpp_parts_only_at_near_ties_too` checks llama.cpp meets it.
 NEAR_TIE = 0.5
+PROMPTS = ("What is the capital of France?", "Name three colours of the rainbow.",
+           "Write a haiku about the sea.", "How many legs does a spider have?",
+           "Explain photosynthesis in one sentence.", "What is 12 times 7?")  # test_bfloat16's
 
 
 def greedy(model, ids: list[int], n: int) -> list[int]:
     return list(generate(ModelRunner(model, kv_capacity_tokens=512), Request(0, ids, SamplingParams(max_tokens=n))))
 
 
-@pytest.mark.parametrize("prompt", ["What is the capital of France?", "Name three colours of the rainbow."])
-def test_gguf_greedy_answer_matches_float32_up_to_a_near_tie(model_gguf, model_fp32, tokenizer, prompt):
-    ids = chat_ids(tokenizer, prompt)
-    q, f = greedy(model_gguf, ids, 24), greedy(model_fp32, ids, 24)
+_FP32: dict[tuple[int, ...], list[int]] = {}
+
+
+def fp32_greedy(model_fp32, ids: list[int]) -> list[int]:
+    """float32's 24-token answer, computed once per prompt for both comparisons."""
+    if tuple(ids) not in _FP32:
+        _FP32[tuple(ids)] = greedy(model_fp32, ids, 24)
+    return _FP32[tuple(ids)]
+
+
+def assert_parts_only_at_a_near_tie(model_fp32, tokenizer, ids: list[int], f: list[int], q: list[int]) -> None:
+    """`q` (another arithmetic's greedy answer) is float32's `f` up to a position where float32's top
+    logit led `q`'s token by less than NEAR_TIE; from there on anything goes."""
     k = next((i for i, (a, b) in enumerate(zip(q, f, strict=False)) if a != b), None)
     if k is None:
-        assert q == f
+        assert q[:len(f)] == f[:len(q)]
         return
     logits = prompt_logits(model_fp32, ids + f[:k], [])
     gap = float(logits[f[k]] - logits[q[k]])
     assert 0 <= gap < NEAR_TIE, (k, tokenizer.decode(f[:k + 1]), tokenizer.decode(q[:k + 1]), gap)
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_gguf_greedy_answer_matches_float32_up_to_a_near_tie(model_gguf, model_fp32, tokenizer, prompt):
+    ids = chat_ids(tokenizer, prompt)
+    assert_parts_only_at_a_near_tie(model_fp32, tokenizer, ids, fp32_greedy(model_fp32, ids),
+                                    greedy(model_gguf, ids, 24))
+
+
+@pytest.fixture(scope="module")
+def llamacpp(gguf_path):
+    """llama.cpp on the same file (the `peers` extra; skipped without it)."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    return llama_cpp.Llama(model_path=str(gguf_path), n_ctx=512, n_threads=2, verbose=False)
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_llamacpp_parts_only_at_near_ties_too(llamacpp, model_fp32, tokenizer, prompt):
+    """The precedent for NEAR_TIE: llama.cpp's own quantized arithmetic meets it (fed the same token ids)."""
+    ids = chat_ids(tokenizer, prompt)
+    out: list[int] = []
+    for token in llamacpp.generate(ids, temp=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0, reset=True):
+        out.append(token)
+        if token in model_fp32.config.eos_ids or len(out) == 24:  # as pdtop's greedy stops
+            break
+    assert_parts_only_at_a_near_tie(model_fp32, tokenizer, ids, fp32_greedy(model_fp32, ids), out)
 
 
 def test_gguf_describe_says_what_runs(model_gguf):
