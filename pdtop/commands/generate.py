@@ -8,7 +8,7 @@ time, decode tokens per second) goes to stderr. Synthetic models (random
 weights, for timing) print their output as token ids.
 
 Examples:
-  pdtop generate --chat "What is the capital of France?"
+  pdtop generate --chat "How many legs does a spider have?"
   pdtop generate --max-tokens 40 --temperature 0.8 --top-p 0.9 --seed 3 "Once upon a time"
 """
 from __future__ import annotations
