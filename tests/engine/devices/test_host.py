@@ -18,7 +18,7 @@ def test_the_line_names_the_cpu_its_flags_and_the_load():
     assert line.startswith(f"CPU {model}; ")
     head, _, rest = line.removeprefix(f"CPU {model}; ").partition(";")
     have = head.partition(", no ")[0].split()
-    for f in host.FLAGS:  # avx2, fma, avx512f, avx512_bf16, amx_tile: listed exactly when the CPU has them
+    for f in host.FLAGS:  # avx2, fma, avx512f, avx512_vnni, avx512_bf16, amx_tile: listed exactly when the CPU has them
         assert (f in have) == (f in flags), (f, line)
     assert f"{os.cpu_count()} cores" in rest and "load average " in rest
     assert host.machine()["flags"] == {f: f in flags for f in host.FLAGS}
