@@ -56,18 +56,8 @@ def processes_naming(text: str) -> list[int]:
 
 
 def tune(tmp: Path, command: str, *extra: str) -> tuple[int, dict]:
-    out = tmp / "out.json"
-    argv = ["tune", "--launch", command, "--device", "cpu", "--slo-itl-ms", "50", "--workload", SMALL,
-            "--results", str(tmp / "runs.jsonl"), "--json", *extra]
-    with open(out, "w") as f:
-        old = sys.stdout
-        sys.stdout = f
-        try:
-            rc = main(argv)
-        finally:
-            sys.stdout = old
-    text = out.read_text()
-    return rc, json.loads(text) if text.strip() else {}
+    """`pdtop tune --launch` on the small scenario: (exit code, its --json object or {})."""
+    return tune_on(tmp, command, "--workload", SMALL, *extra)
 
 
 def records(tmp: Path) -> list[dict]:

@@ -32,6 +32,7 @@
 #define HAVE_VNNI512 1 /* two blocks per dpbusd on 512-bit registers */
 #endif
 #endif
+#include "quant_common.h"
 
 enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 }; /* GGMLQuantizationType values */
 #define QK 32
@@ -46,24 +47,6 @@ typedef struct {
     int8_t q[QK];
 } XBlock;
 
-static inline float half_to_float(uint16_t h) {
-#ifdef HAVE_AVX2
-    return _cvtsh_ss(h);
-#else
-    const uint32_t sign = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 0x1f, m = h & 0x3ff;
-    if (e == 0) return (sign ? -1.f : 1.f) * ldexpf((float)m, -24);
-    uint32_t bits = sign | (e == 31 ? 0x7f800000u | (m << 13) : ((e + 112) << 23) | (m << 13));
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-#endif
-}
-
-static inline uint16_t read_u16(const uint8_t* p) {
-    uint16_t v;
-    memcpy(&v, p, 2);
-    return v;
-}
 
 int64_t pdtop_quant_block_bytes(int32_t type) {
     return type == Q8_0 ? 34 : type == Q4_1 ? 20 : type == Q4_0 ? 18 : 0;
@@ -162,12 +145,6 @@ static float dot_portable(int32_t type, const uint8_t* w, const XBlock* x, int64
 }
 
 #ifdef HAVE_AVX2
-static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 static float dot_avx2(int32_t type, const uint8_t* w, const XBlock* x, int64_t nb) {
     const __m256i ones = _mm256_set1_epi16(1);

@@ -37,6 +37,7 @@
 #define HAVE_VNNI512 1 /* Q5: two blocks per 512-bit dpbusd; K: 64 bytes per maddubs, the scales by dpwssd */
 #endif
 #endif
+#include "quant_common.h"
 
 enum { Q5_0 = 6, Q5_1 = 7, Q4_K = 12, Q5_K = 13, Q6_K = 14 }; /* GGMLQuantizationType values */
 #define TILE 16
@@ -61,24 +62,6 @@ typedef struct { /* a weight block unpacked: unsigned quants in element order an
     float d, m;     /* Q5: d and the offset per unit of q (Q5_0: -16 d, Q5_1: m); K: d and dmin */
 } WBlock;
 
-static inline float half_to_float(uint16_t h) {
-#if defined(__F16C__)
-    return _cvtsh_ss(h);
-#else
-    const uint32_t sign = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 0x1f, m = h & 0x3ff;
-    if (e == 0) return (sign ? -1.f : 1.f) * ldexpf((float)m, -24);
-    uint32_t bits = sign | (e == 31 ? 0x7f800000u | (m << 13) : ((e + 112) << 23) | (m << 13));
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-#endif
-}
-
-static inline uint16_t read_u16(const uint8_t* p) {
-    uint16_t v;
-    memcpy(&v, p, 2);
-    return v;
-}
 
 int64_t pdtop_quant_k_block_bytes(int32_t type) {
     switch (type) {

@@ -3,12 +3,6 @@
    scales) and, where the CPU has AVX-512 VNNI, the K dots 64 bytes per `maddubs` with the scales by
    `dpwssd` and the Q5 dots two blocks per 512-bit `dpbusd` (`rows_q5_512`). */
 #ifdef HAVE_AVX2
-static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
 
 /* int32 sums of the 8 lanes' byte products u8 (w) x s8 (x): one VNNI instruction where the CPU has it */
 static inline __m256 dot_bytes(__m256i u, __m256i s) {
