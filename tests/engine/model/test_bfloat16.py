@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from chat_prompts import chat_ids
 
 from pdtop.engine.model.linear import packing_available
 from pdtop.engine.model.loader import load_model
@@ -48,10 +49,6 @@ class Run:
     """One model's answers to `PROMPTS`: greedy tokens and the next-token logits after each prompt."""
     greedy: list[list[int]]
     logits: torch.Tensor  # [len(PROMPTS), vocab] float32
-
-
-def chat_ids(tokenizer, text: str) -> list[int]:
-    return tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": text}]))
 
 
 def next_logits(model, prompts: list[list[int]]) -> torch.Tensor:

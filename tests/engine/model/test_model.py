@@ -2,11 +2,10 @@
 synthetic models."""
 from __future__ import annotations
 
-import itertools
-
 import psutil
 import pytest
 import torch
+from chat_prompts import chat_ids, prompt_logits
 
 from pdtop.engine.errors import EngineError
 from pdtop.engine.model.llama import REFINE_TOP, ForwardBatch, Segment
@@ -19,10 +18,6 @@ from pdtop.engine.scheduling.scheduler import append_token, generate
 # Batched and lone runs use different matmul row counts, so oneDNN may sum in another order:
 # logits (magnitude ~10-30) may differ by float32 rounding, never by more than this.
 LOGIT_ATOL = 1e-3
-
-
-def chat_ids(tokenizer, text: str) -> list[int]:
-    return tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": text}]))
 
 
 def greedy(runner, ids: list[int], max_tokens: int = 32) -> list[int]:
@@ -40,22 +35,9 @@ def test_layer_ranges_compose(model_fp32, tokenizer):
     ids = chat_ids(tokenizer, "Name three colours of the rainbow.")
     L = model_fp32.num_layers
 
-    def run(cuts: list[int]) -> torch.Tensor:
-        r = ModelRunner(model_fp32, kv_capacity_tokens=256)
-        seq = Request(0, ids)
-        r.admit(seq)
-        slots = torch.as_tensor(r.kv.slots(seq.table, 0, len(ids)))
-        batch = ForwardBatch(kv=r.kv, positions=torch.arange(len(ids)), slots=slots,
-                             segments=[Segment(offset=0, length=len(ids), prefix=0)])
-        with torch.inference_mode():
-            h = model_fp32.embed(torch.tensor(ids))
-            for a, b in itertools.pairwise([0, *cuts, L]):
-                h = model_fp32.forward_layers(h, batch, a, b)
-            return model_fp32.logits(h[-1:])
-
-    whole = run([])
+    whole = prompt_logits(model_fp32, ids, [])
     for cuts in ([1], [5, 17], list(range(1, L))):
-        assert torch.equal(run(cuts), whole)
+        assert torch.equal(prompt_logits(model_fp32, ids, cuts), whole)
 
 
 def test_bfloat16_model_agrees_with_float32(gguf_path, tokenizer, model_fp32):

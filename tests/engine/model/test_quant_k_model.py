@@ -7,9 +7,10 @@ CI about a minute on 2 cores."""
 from __future__ import annotations
 
 import pytest
+from chat_prompts import chat_ids, prompt_logits
 from gguf import GGMLQuantizationType as Q
 from requant import requantize
-from test_quant_kernels import NEAR_TIE, chat_ids, greedy, prompt_logits
+from test_quant_kernels import NEAR_TIE, greedy
 
 from pdtop.engine.model import quant_kernels
 from pdtop.engine.model.linear import Linear

@@ -8,12 +8,12 @@ import itertools
 import numpy as np
 import pytest
 import torch
+from chat_prompts import chat_ids, prompt_logits
 from gguf import GGMLQuantizationType
 from gguf.quants import dequantize
 
 from pdtop.engine.model import cpu_kernels, quant_kernels
 from pdtop.engine.model.gguf_blocks import RawBlocks
-from pdtop.engine.model.llama import ForwardBatch, Segment
 from pdtop.engine.model.loader import load_model
 from pdtop.engine.model.quant_linear import QuantLinear, QuantWeight, fused_blocks
 from pdtop.engine.request import Request, SamplingParams
@@ -135,10 +135,6 @@ def model_gguf(gguf_path, kernels):
     return load_model(gguf_path, dtype="gguf")
 
 
-def chat_ids(tokenizer, text: str) -> list[int]:
-    return tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": text}]))
-
-
 # What "match" means for greedy answers on int8 activations. Rounding each activation block to int8
 # (llama.cpp's Q8_0/Q8_1, the arithmetic every llama.cpp build uses on these files) moves a logit by a
 # few hundredths, so greedy decoding follows float32 until float32's own choice is a near-tie, and
@@ -210,20 +206,6 @@ def test_llamacpp_parts_only_at_near_ties_too(llamacpp, model_fp32, tokenizer, p
 def test_gguf_describe_says_what_runs(model_gguf):
     weights = ModelRunner(model_gguf, kv_capacity_tokens=64).describe()["weights"]
     assert weights.startswith("gguf Q4_1+Q8_0 (") and weights.endswith(("avx2)", "avx512-vnni)", "portable)"))
-
-
-def prompt_logits(model, ids: list[int], cuts: list[int]) -> torch.Tensor:
-    runner = ModelRunner(model, kv_capacity_tokens=256)
-    seq = Request(0, ids)
-    runner.admit(seq)
-    slots = torch.as_tensor(runner.kv.slots(seq.table, 0, len(ids)))
-    batch = ForwardBatch(kv=runner.kv, positions=torch.arange(len(ids)), slots=slots,
-                         segments=[Segment(offset=0, length=len(ids), prefix=0)])
-    with torch.inference_mode():
-        h = model.embed(torch.tensor(ids))
-        for a, b in itertools.pairwise([0, *cuts, model.num_layers]):
-            h = model.forward_layers(h, batch, a, b)
-        return model.logits(h[-1:])[0]
 
 
 def test_gguf_logits_near_float32_and_layer_splits_compose(model_gguf, model_fp32, tokenizer):

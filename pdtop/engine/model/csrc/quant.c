@@ -53,15 +53,7 @@ int64_t pdtop_quant_block_bytes(int32_t type) {
 }
 
 /* the fast path built here: 0 none (portable only), 1 AVX2, 2 AVX-512 VNNI */
-int32_t pdtop_quant_fast_path(void) {
-#if defined(HAVE_VNNI512)
-    return 2;
-#elif defined(HAVE_AVX2)
-    return 1;
-#else
-    return 0;
-#endif
-}
+int32_t pdtop_quant_fast_path(void) { return fast_path_built(); }
 
 static void quantize_row_portable(const float* x, int64_t nb, XBlock* out) {
     for (int64_t b = 0; b < nb; ++b) {

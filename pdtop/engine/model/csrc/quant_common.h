@@ -1,5 +1,5 @@
-/* Helpers shared by quant.c and quant_k.c: fp16 scales, unaligned reads, and (where the includer
-   defined HAVE_AVX2) the horizontal sum of 8 floats. */
+/* Helpers shared by quant.c and quant_k.c, included after their HAVE_AVX2 / HAVE_VNNI512: fp16 scales,
+   unaligned reads, which fast path was built, and (with AVX2) the horizontal sum of 8 floats. */
 #ifndef PDTOP_QUANT_COMMON_H
 #define PDTOP_QUANT_COMMON_H
 #include <math.h>
@@ -26,6 +26,17 @@ static inline uint16_t read_u16(const uint8_t* p) {
     uint16_t v;
     memcpy(&v, p, 2);
     return v;
+}
+
+/* the fast path the includer built: 0 none (portable only), 1 AVX2, 2 AVX-512 VNNI */
+static inline int32_t fast_path_built(void) {
+#if defined(HAVE_VNNI512)
+    return 2;
+#elif defined(HAVE_AVX2)
+    return 1;
+#else
+    return 0;
+#endif
 }
 
 #ifdef HAVE_AVX2

@@ -78,15 +78,7 @@ static inline int is_k(int32_t type) { return type >= Q4_K; }
 static inline int64_t block_len(int32_t type) { return is_k(type) ? 256 : 32; }
 
 /* the fast path built here: 0 none (portable only), 1 AVX2, 2 AVX-512 VNNI */
-int32_t pdtop_quant_k_fast_path(void) {
-#if defined(HAVE_VNNI512)
-    return 2;
-#elif defined(HAVE_AVX2)
-    return 1;
-#else
-    return 0;
-#endif
-}
+int32_t pdtop_quant_k_fast_path(void) { return fast_path_built(); }
 
 /* Q4_K / Q5_K's 12 bytes of packed 6-bit scales and mins (gguf's Q4_K.get_scale_min) as 8 scale bytes
    then 8 min bytes. Bytes 0-3: scales 0-3 (low 6 bits), 4-7: mins 0-3, 8-11: the low nibbles of scales
