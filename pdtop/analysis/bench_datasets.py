@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import stat
 from collections.abc import Callable
 from typing import Any
 
@@ -42,11 +43,16 @@ def is_valid_sequence(prompt_len: int, output_len: int, min_len: int = 4, max_pr
 
 def _read(path: str) -> str:
     try:
-        size = os.path.getsize(path)
-        if size > MAX_DATASET_BYTES:
-            raise DatasetError(f"{path}: {size} bytes, over the {MAX_DATASET_BYTES} a dataset may have")
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):  # /dev/zero says 0 bytes and never ends; a FIFO blocks
+            raise DatasetError(f"{path}: not a regular file")
+        if st.st_size > MAX_DATASET_BYTES:
+            raise DatasetError(f"{path}: {st.st_size} bytes, over the {MAX_DATASET_BYTES} a dataset may have")
         with open(path, encoding="utf-8") as f:
-            return f.read()
+            text = f.read(MAX_DATASET_BYTES + 1)  # a file that grows while it is read stays bounded
+        if len(text) > MAX_DATASET_BYTES:
+            raise DatasetError(f"{path}: over the {MAX_DATASET_BYTES} bytes a dataset may have")
+        return text
     except OSError as exc:
         raise DatasetError(f"{path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError:

@@ -317,6 +317,7 @@ def test_a_resume_with_another_dataset_is_refused_and_the_same_one_is_reused(tmp
     (["--dataset-name", "custom", "--dataset-path", "{tmp}/bad.jsonl", "--num-prompts", "0"],
      "--num-prompts must be >= 1, got 0"),
     (["--tokenizer", "{tmp}/bad.jsonl"], "bad.jsonl"),
+    (["--dataset-name", "custom", "--dataset-path", "/dev/zero"], "/dev/zero: not a regular file"),  # never ends
 ])
 def test_bad_dataset_options_are_one_line_and_launch_nothing(tmp_path, capsys, extra, line):
     (tmp_path / "bad.jsonl").write_text("not json\n")
