@@ -129,3 +129,17 @@ async def test_the_header_says_what_the_matmuls_run_on(model_default, until, siz
 def test_the_short_weights_name_the_kernel_path():
     assert short_weights("gguf Q4_1+Q8_0 (avx512-vnni)") == "gguf avx512-vnni"
     assert short_weights("float32") == "float32"
+
+
+async def test_a_two_digit_batch_keeps_the_kv_percentage_whole_at_80x24(busy):
+    """At 80x24 the KV row joins the requests line; three-digit counts still leave its percentage whole."""
+    app = PdtopApp(LiveSource(busy.url, token=busy.token), slo_ms=12)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await play_busy(pilot, app, busy.engine)
+        state = app.state
+        state.running, state.waiting, state.decode_bs = 128, 345, 128
+        state.kv_used = int(state.kv_capacity * 0.31)
+        panel = app.query_one("RequestsPanel")
+        lines = panel.render_state(state).renderables
+        assert all(t.cell_len <= panel.inner_width for t in lines), [t.plain for t in lines]
+        assert "KV 31%" in lines[0].plain and "128" in lines[0].plain, lines[0].plain

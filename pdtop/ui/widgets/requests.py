@@ -62,7 +62,17 @@ class RequestsPanel(Panel):
         lines = [load, kv_line, ttft, itl, tpot, out, counts, since]
         if len(lines) > height:
             lines.remove(since)
-        if len(lines) > height:  # KV joins the first line
+        if len(lines) > height:  # KV joins the first line, which drops its padding so the percentage fits
+            lines[0] = _load_with_kv(state.running, state.waiting, state.decode_bs, fmt.percent(kv), width)
             lines.remove(kv_line)
-            load.append_text(Text.assemble(("  KV ", "dim"), fmt.percent(kv)))
         return Group(*lines[:height])
+
+
+def _load_with_kv(running: int, waiting: int, batch: int, kv: str, width: int) -> Text:
+    """`run 11 wait 0 batch 11 KV 31%`, with `bs` for `batch` where even that is wider than the panel."""
+    for batch_label, gap in (("batch ", "  "), ("batch ", " "), ("bs ", " ")):
+        text = Text.assemble(("run ", "dim"), (str(running), "bold"), (f"{gap}wait ", "dim"), (str(waiting), "bold"),
+                             (f"{gap}{batch_label}", "dim"), str(batch), (f"{gap}KV ", "dim"), kv)
+        if text.cell_len <= width:
+            break
+    return text
