@@ -187,10 +187,8 @@ def run(args: argparse.Namespace) -> int:
                               **runtime_options(args))
     except INPUT_ERRORS as exc:
         return fail("serve", exc)
-    runtime = engine.describe().runtime or {}
-    for line in (runtime["kv_cache"].get("line"), runtime.get("cuda_graphs", {}).get("line")):
-        if line:  # the KV size chosen (on cuda, from free memory), the decode graphs' pool
-            print(f"pdtop serve: {line}", file=sys.stderr, flush=True)
+    for line in runtime_lines(engine.describe().runtime or {}):
+        print(f"pdtop serve: {line}", file=sys.stderr, flush=True)
     if args.progress:  # the last start-up line: `pdtop dashboard` shows those before it
         _startup.say(_startup.ready(engine, started))
     # The event loop answers clients while the engine thread computes; Python hands the GIL to a
@@ -207,6 +205,14 @@ def run(args: argparse.Namespace) -> int:
         return asyncio.run(_serve(engine, args))
     finally:
         engine.close()
+
+
+def runtime_lines(runtime: dict) -> list[str]:
+    """What the engine runs, for stderr before the ports open: the weights path (`weights gguf Q4_1+Q8_0
+    (avx2)`), the KV size chosen (on cuda, from free memory) and the decode graphs' pool."""
+    lines = [f"weights {runtime['weights']}" if runtime.get("weights") else None,
+             (runtime.get("kv_cache") or {}).get("line"), (runtime.get("cuda_graphs") or {}).get("line")]
+    return [line for line in lines if line]
 
 
 def _port_in_use(host: str, ports: list[int]) -> str | None:

@@ -155,3 +155,17 @@ def test_a_port_in_use_is_reported_before_the_model_loads(flag):
                              capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert out.stderr == f"pdtop serve: error: cannot listen on 127.0.0.1:{port}: Address already in use\n"
+
+
+def test_serve_says_which_weights_path_runs_before_the_kv_line(model_fp32):
+    from pdtop.commands.serve import runtime_lines
+    from pdtop.engine.build import build_engine
+
+    engine = build_engine("cpu", loaded_model=model_fp32, kv_capacity_tokens=2048)
+    try:
+        lines = runtime_lines(engine.describe().runtime or {})
+    finally:
+        engine.close()
+    assert lines[0] == f"weights {model_fp32.weights}" and model_fp32.weights, lines
+    assert lines[1].startswith("KV cache: 2,048 tokens"), lines
+    assert runtime_lines({}) == []  # sim: devices describe no weights
