@@ -21,8 +21,6 @@ from urllib.parse import urlsplit
 import httpx
 
 from pdtop.telemetry.encode import fleet_event, fleet_hello_event
-from pdtop.telemetry.events import Reply
-from pdtop.telemetry.server.commands import Command
 from pdtop.telemetry.sources.prometheus import (
     DEFAULT_INTERVAL_S,
     DEFAULT_WINDOW_S,
@@ -30,8 +28,8 @@ from pdtop.telemetry.sources.prometheus import (
     metrics_url,
     shown_url,
 )
+from pdtop.telemetry.sources.read_only import ReadOnlySource
 from pdtop.telemetry.sources.router import NotARouter, list_workers
-from pdtop.telemetry.sources.source import ControlRefused
 
 MAX_SERVERS = 256
 ROUTER_EVERY_S = 10.0
@@ -73,16 +71,15 @@ class Member:
                 "reads": src.scrapes, "last_read": (self.last or {}).get("time"), "metrics": self.last}
 
 
-class FleetSource:
-    readonly = True
+class FleetSource(ReadOnlySource):
     readonly_reason = "pdtop only reads these servers' /metrics: nothing can be changed through them"
-    want_readonly = True
 
     def __init__(self, servers: list[tuple[str, str | None]], *, router: str | None = None,
                  token: str | None = None, interval: float = DEFAULT_INTERVAL_S, window_s: float = DEFAULT_WINDOW_S,
                  timeout: float = 5.0, router_every_s: float = ROUTER_EVERY_S) -> None:
         """`servers`: (URL, role or None) each; `router`: a gateway whose listing adds more (read every
         `router_every_s`). ValueError for a bad URL or role, or too many servers."""
+        super().__init__()
         if not servers and router is None:
             raise ValueError("a fleet needs at least one server or a router")
         self.interval, self.window_s, self.token, self.timeout = interval, window_s, token, timeout
@@ -93,11 +90,6 @@ class FleetSource:
         for url, role in servers:
             self._add(url, role, "option" if role else "default")
         self.url = self.router or f"{len(self.members)} servers"
-        self.state = "connecting"
-        self.last_error: str | None = None
-        self.retry_at: float | None = None
-        self._closed = False
-        self._wake = asyncio.Event()
 
     def _add(self, url: str, role: str | None, role_from: str) -> Member | None:
         if role is not None and role not in ROLE_WORDS:
@@ -112,17 +104,7 @@ class FleetSource:
         self.members.append(member)
         return member
 
-    @property
-    def transport(self) -> None:
-        return None
-
-    async def send(self, command: Command) -> Reply:
-        raise ControlRefused(None, self.readonly_reason)
-
-    async def close(self) -> None:
-        self._closed = True
-        self.state = "closed"
-        self._wake.set()
+    async def _close_parts(self) -> None:
         for m in self.members:
             await m.source.close()
 

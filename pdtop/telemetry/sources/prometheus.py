@@ -25,14 +25,12 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 
 from pdtop.telemetry.encode import error_event, metrics_event, scrape_hello_event
-from pdtop.telemetry.events import Reply
 from pdtop.telemetry.scrape.figures import figures
 from pdtop.telemetry.scrape.http_get import ClosedMidAnswer, NotHttp, PlainHttp, TooBig
 from pdtop.telemetry.scrape.names import ENGINE_NAMES
 from pdtop.telemetry.scrape.page import Page, PageError, read_page
 from pdtop.telemetry.scrape.window import Window
-from pdtop.telemetry.server.commands import Command
-from pdtop.telemetry.sources.source import ControlRefused
+from pdtop.telemetry.sources.read_only import ReadOnlySource
 
 if TYPE_CHECKING:
     from pdtop.telemetry.sources.sglang_split import SglangSplit
@@ -68,8 +66,7 @@ def shown_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
 
 
-class PrometheusSource:
-    readonly = True
+class PrometheusSource(ReadOnlySource):
     readonly_reason = "pdtop only reads this server's /metrics: nothing can be changed through it"
 
     def __init__(self, url: str, *, token: str | None = None, interval: float = DEFAULT_INTERVAL_S,
@@ -78,6 +75,7 @@ class PrometheusSource:
                  clock: Callable[[], float] = time.time, split: SglangSplit | None = None) -> None:
         """`clock`: the Unix time of a read (its `metrics` event's `time`, and what rates divide by);
         `split`: an SGLang server's split from its log or config, added to each `metrics` event."""
+        super().__init__()
         if not interval > 0:
             raise ValueError(f"the interval must be positive, got {interval:g}")
         self._fetch_url = metrics_url(url)
@@ -86,9 +84,6 @@ class PrometheusSource:
         self.window_s, self.max_bytes, self.timeout, self.clock = window_s, max_bytes, timeout, clock
         self.split = split
         self._plain = _plain_http(self._fetch_url, token, max_bytes)
-        self.state = "connecting"
-        self.last_error: str | None = None
-        self.retry_at: float | None = None
         self.engine: str | None = None  # "vllm" | "sglang" | "pdtop", once a page was read
         self.model: str | None = None
         self.models: list[str] = []
@@ -96,22 +91,8 @@ class PrometheusSource:
         self._window = Window(window_s)
         self._failures = 0
         self._reported: str | None = None  # the failure an `error` event told of
-        self._closed = False
-        self._wake = asyncio.Event()
 
-    want_readonly = True
-
-    @property
-    def transport(self) -> None:
-        return None
-
-    async def send(self, command: Command) -> Reply:
-        raise ControlRefused(None, self.readonly_reason)
-
-    async def close(self) -> None:
-        self._closed = True
-        self.state = "closed"
-        self._wake.set()
+    async def _close_parts(self) -> None:
         if self.split is not None:
             self.split.close()
         if self._plain is not None:
