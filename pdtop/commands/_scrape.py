@@ -89,8 +89,13 @@ def make_split(args: argparse.Namespace, log_fd: int | None = None) -> SglangSpl
     return SglangSplit(follower, config, spec.sms if spec else None, spec.cc_major if spec else 9)
 
 
-def add_fleet_arguments(parser: argparse.ArgumentParser) -> None:
-    """URL... (several: a fleet), and sglang_router's --prefill URL [BOOTSTRAP_PORT] / --decode URL."""
+def add_fleet_arguments(parser: argparse.ArgumentParser, verb: str) -> None:
+    """URL... (several: a fleet that the command `verb`s), and sglang_router's --prefill URL
+    [BOOTSTRAP_PORT] / --decode URL."""
+    parser.add_argument("url", metavar="URL", nargs="?",
+                        help="ws://HOST:PORT (pdtop serve) or http://HOST:PORT (a /metrics page); several http:// "
+                             f"URLs, or an SGLang Model Gateway's address, {verb} a fleet")
+    parser.add_argument("more_urls", metavar="URL", nargs="*", help="more http:// URLs: a fleet")
     parser.add_argument("--prefill", nargs="+", action="append", metavar=("URL", "BOOTSTRAP_PORT"),
                         help="http:// URLs: a prefill server of a disaggregated fleet, as sglang_router takes it "
                              "(URL [BOOTSTRAP_PORT]; the port is not needed here); repeat for each")

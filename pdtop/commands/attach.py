@@ -59,11 +59,7 @@ if TYPE_CHECKING:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("url", metavar="URL", nargs="?",
-                        help="ws://HOST:PORT (pdtop serve) or http://HOST:PORT (a /metrics page); several http:// "
-                             "URLs, or an SGLang Model Gateway's address, watch a fleet")
-    parser.add_argument("more_urls", metavar="URL", nargs="*", help="more http:// URLs: a fleet")
-    add_fleet_arguments(parser)
+    add_fleet_arguments(parser, "watch")
     parser.add_argument("--token", default=os.environ.get("PDTOP_TOKEN"),
                         help="ws://: the server's control token; http://: sent as `Authorization: Bearer TOKEN` "
                              "(default: $PDTOP_TOKEN)")

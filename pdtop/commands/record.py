@@ -46,11 +46,7 @@ if TYPE_CHECKING:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("url", metavar="URL", nargs="?",
-                        help="the server: ws://HOST:PORT (pdtop serve) or http://HOST:PORT (a /metrics page); "
-                             "several http:// URLs, or an SGLang Model Gateway's address, record a fleet")
-    parser.add_argument("more_urls", metavar="URL", nargs="*", help="more http:// URLs: a fleet")
-    add_fleet_arguments(parser)
+    add_fleet_arguments(parser, "record")
     parser.add_argument("-o", "--output", required=True, metavar="FILE", help="recording to write (.gz: gzip)")
     parser.add_argument("--token", help="ws://: the server's token (not needed: recording only watches); "
                                          "http://: sent as `Authorization: Bearer TOKEN`")
