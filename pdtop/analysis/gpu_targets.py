@@ -143,7 +143,8 @@ def itl_ratio(report: dict[str, Any], base: str, limit: float) -> tuple[Verdict,
     itl = _dict(report.get("itl_ms"))
     pdmux, ref = _num(itl.get("pdmux_under_prefill")), _num(itl.get(base))
     if pdmux is None or ref is None or ref <= 0:
-        return None, f"pdmux_under_prefill {pdmux}, {base} {ref}"
+        show = {k: "none" if v is None else f"{v:.1f} ms" for k, v in (("pdmux_under_prefill", pdmux), (base, ref))}
+        return None, ", ".join(f"{k} {v}" for k, v in show.items())
     return pdmux <= limit * ref, f"{pdmux:.1f} ms against {limit:g} x {ref:.1f} ms"
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from pdtop.analysis.gpu_targets import TARGETS
 from pdtop.engine.devices.base import Work
 from pdtop.engine.devices.cuda import CudaDevice, cuda_unavailable_reason
 from pdtop.engine.devices.green_ctx import (
@@ -236,6 +237,14 @@ def test_gpu_check_smoke_runs_without_packages_the_gpu_machine_lacks(tmp_path):
     assert report["policies"]["chunked_32"]["chunk_size"] == 32 and report["policies"]["pdmux"]["levels"]
     assert report["runtime"]["kv_cache"]["tokens"] == 4096
     assert "ITL p99 ms: decode_only" in r.stdout  # the summary table
+    # decode-only: 30 rounds of 4 requests, each request's gap into them left out (issue 30)
+    assert report["policies"]["pdmux"]["decode_only_itl_ms"]["n"] == 4 * 29
+    chunked = report["policies"]["chunked_32"]
+    assert chunked["mixed_steps"] == 128 // 32 and chunked["decode_graphs"] is False and chunked["decode_graphs_note"]
+    assert chunked["itl_ms"]["n"] > 0
+    # every target is there; what a CPU cannot measure is null and the table says so
+    assert set(report["targets"]) == set(TARGETS) and report["targets"]["realized_equals_requested"] is None
+    assert "target graphs_replayed_on_every_level: not measured (no levels in the report)" in r.stdout
 
 
 def test_gpu_check_stopped_by_its_timeout_keeps_results_and_prints_the_table(tmp_path):
