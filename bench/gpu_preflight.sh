@@ -3,7 +3,7 @@
 # check fails and decode loses its Triton kernel. Each check prints one line,
 # `preflight: NAME ok (what) | FAILED (why)`; none stops the run (gpu_check records the lines in
 # `environment.preflight`). Sourced, so what it exports (TRITON_CACHE_DIR, and CC when only `cc` exists)
-# holds for the rest of the run. Needs $PY (the interpreter). At most about 100 s, each check capped.
+# holds for the rest of the run. Needs $PY (the interpreter). At most 105 s, each check capped.
 
 _pf() { echo "preflight: $1 $2"; }
 

@@ -24,7 +24,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     echo "gpu_run: the carried wheels did not install; going on without them"
   fi
 fi
-{ timeout 10 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.max.sm --format=csv \
+{ timeout -k 5 10 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.max.sm --format=csv \
   || echo "nvidia-smi failed (exit $?)"; } 2>&1 | tee "$OUT/nvidia_smi.txt"
 # sourced (not piped), so its exports (TRITON_CACHE_DIR, CC) hold for the check and the tests
 . bench/gpu_preflight.sh >"$OUT/preflight.txt" 2>&1
