@@ -29,8 +29,9 @@ Sections, in order:
    process with 8 (this process runs with 32);
 8. NVML/GPM samples (NVML's device matched by PCI bus id / UUID) during every section.
 
-It ends with one summary table, and `targets` in the JSON says which of the issue's targets
-were met.
+It ends with one summary table, and `targets` in the JSON holds every one of issue 30's targets:
+true (met), false (not met) or null (not measured), with `target_notes` (`analysis/gpu_targets.py`).
+Each decode-step figure takes `--steps` (200) steps, so its p99 is not its maximum.
 """
 from __future__ import annotations
 
@@ -63,7 +64,7 @@ set_max_connections()  # before torch starts CUDA
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from pdtop.analysis.gpu_targets import targets, verdict_word  # noqa: E402
+from pdtop.analysis import gpu_targets  # noqa: E402
 from pdtop.analysis.metrics import percentile, summary_ms  # noqa: E402
 from pdtop.analysis.policy_bench import SCENARIOS, Scenario, decode_only_itls, run_policy  # noqa: E402
 from pdtop.engine.build import build_engine  # noqa: E402
@@ -320,7 +321,7 @@ CHUNKED_EAGER = ("a chunked step that carries a prompt chunk runs its decode row
 def decode_graphs(engine: Any, steps: list[Any], policy: str) -> dict[str, Any]:
     """Whether a policy's measured decode steps could replay CUDA graphs; for chunked, how many of them
     carried a prompt chunk (a chunk in flight after the round, or a first token beside the decode rows)."""
-    graphs = bool((engine.describe().runtime.get("cuda_graphs") or {}).get("enabled"))
+    graphs = bool((engine.executor.describe().get("cuda_graphs") or {}).get("enabled"))
     if policy != "chunked":
         return {"decode_graphs": graphs}
     mixed = sum(1 for s in steps if s.record.prefills or s.record.tokens_emitted > s.record.decode_bs)
@@ -586,7 +587,7 @@ class Check:
     # the end
     def targets(self) -> None:
         """Every target of issue 30, true/false/null (not measured), read from the report as saved."""
-        self.data["targets"], self.data["target_notes"] = targets(_clean(self.data))
+        self.data["targets"], self.data["target_notes"] = gpu_targets.targets(_clean(self.data))
 
     def main(self) -> int:
         r = self.report
@@ -674,7 +675,8 @@ def summary(d: dict[str, Any]) -> str:
                      + ("" if isinstance(eight, dict) else f" ({eight})"))
     notes = d.get("target_notes") or {}
     for name, ok in (d.get("targets") or {}).items():
-        lines.append(f"target {name}: {verdict_word(ok)}" + (f" ({notes[name]})" if notes.get(name) else ""))
+        note = f" ({notes[name]})" if notes.get(name) else ""
+        lines.append(f"target {name}: {gpu_targets.verdict_word(ok)}{note}")
     for name, why in d.get("skipped", {}).items():
         lines.append(f"skipped {name}: {why}")
     for name, err in d.get("errors", {}).items():
