@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from pdtop.analysis.gpu_targets import TARGETS, targets, verdict_word
+from pdtop.analysis.gpu_targets import TARGETS, measured_count, targets, verdict_word
 
 
 def _figure(replayed: bool | None = True, host_over_gpu: float = 0.04) -> dict:
@@ -21,9 +21,10 @@ def report_all_met() -> dict:
     """A 132-SM report as gpu_check writes it, with v30driver's `measured_sms` and v30graphs'
     `graph_replayed`, where every target is met."""
     pairs = [(132, 0), (80, 52), (64, 68), (0, 132)]
-    levels = [{"level": i, "requested": list(p), "realized": list(p),
-               "measured_sms": {"prefill": p[0] or None, "decode": {"smid_distinct": p[1] - 1, "timed_sms": 40.0}}}
-              for i, p in enumerate(pairs)]
+    levels = [{"level": i, "requested": list(p), "realized": list(p)} for i, p in enumerate(pairs)]
+    for x in levels[1:3]:  # the split levels: %smid's count first, the timed estimate beside it
+        p, d = x["realized"]
+        x["measured_sms"] = {"prefill": p, "decode": {"smid_distinct": d - 1, "timed_sms": d - 12.0}}
     return {
         "mode": "gpu", "levels": levels,
         "decode_step": {"graph": {"alone_whole_gpu": _figure(), "alone_decode_side": _figure(),
@@ -106,3 +107,17 @@ def test_a_report_read_back_from_json_gives_the_same_verdict():
 
 def test_verdict_words():
     assert [verdict_word(v) for v in (True, False, None)] == ["met", "NOT met", "not measured"]
+
+
+def test_a_side_measured_by_timing_only_is_compared_by_it():
+    """The %smid count wins where there is one (the all-met report's timed figure is 12 SMs off);
+    without it, the timed estimate is the measure; neither (or an error string) is not measured."""
+    assert measured_count({"smid_distinct": 52, "timed_sms": 40.0}) == 52
+    assert measured_count({"smid_distinct": None, "timed_sms": 49.5}) == 49.5
+    assert measured_count(52) == 52 and measured_count(None) is None and measured_count("failed") is None
+    assert measured_count(True) is None  # a flag is not a count
+    report = report_all_met()
+    report["levels"][1]["measured_sms"]["decode"] = {"timed_sms": 40.0}
+    assert targets(report)[0]["measured_sms_match_realized"] is False
+    report["levels"][1]["measured_sms"]["decode"] = {"timed_sms": 50.0}
+    assert targets(report)[0]["measured_sms_match_realized"] is True
