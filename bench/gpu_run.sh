@@ -40,7 +40,7 @@ timeout -k 10 "$check_s" "$PY" bench/gpu_check.py --out "$OUT/gpu_check.json" --
   | tee "$OUT/gpu_check.log"
 rc=${PIPESTATUS[0]}; echo "gpu_run: gpu_check exit $rc$( [ "$rc" = 124 ] && echo ': timed out')"
 tests="tests/engine/devices/test_cuda.py tests/engine/devices/test_cuda_gpu.py"
-if timeout 10 "$PY" -c "import websockets, orjson" 2>/dev/null; then  # tests/telemetry's conftest needs them (carried as wheels)
+if "$PY" -c "import websockets, orjson" 2>/dev/null; then  # tests/telemetry's conftest needs them (carried as wheels)
   tests="$tests tests/telemetry/test_nvml_sampler.py"
 fi
 # shellcheck disable=SC2086

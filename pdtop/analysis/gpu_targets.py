@@ -12,7 +12,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-SM_TOLERANCE = 4  # measured SMs within this many of the realized count (half a GPC's worth of TPCs)
+SM_TOLERANCE = 4  # measured SMs within this many of the realized count (two TPCs)
 HOST_OVER_GPU_MAX = 0.10
 DECODE_ONLY_RATIO = 1.3
 CHUNKED_FRACTION = 0.25
@@ -66,8 +66,12 @@ def realized(report: dict[str, Any]) -> tuple[Verdict, str]:
     levels = _levels(report)
     if not levels:
         return None, "no levels in the report"
-    off = [x.get("level") for x in levels if _pair(x.get("requested")) != _pair(x.get("realized"))]
-    return (not off), (f"levels {off} differ from what was requested" if off else f"{len(levels)} levels as requested")
+    pairs = [(x.get("level"), _pair(x.get("requested")), _pair(x.get("realized"))) for x in levels]
+    verdict = all3(None if a is None or b is None else a == b for _, a, b in pairs)
+    off = [level for level, a, b in pairs if a is not None and b is not None and a != b]
+    note = (f"levels {off} differ from what was requested" if off else f"{len(levels)} levels as requested"
+            if verdict else "levels without requested or realized SMs")
+    return verdict, note
 
 
 def measured_sms(report: dict[str, Any]) -> tuple[Verdict, str]:

@@ -121,3 +121,11 @@ def test_a_side_measured_by_timing_only_is_compared_by_it():
     assert targets(report)[0]["measured_sms_match_realized"] is False
     report["levels"][1]["measured_sms"]["decode"] = {"timed_sms": 50.0}
     assert targets(report)[0]["measured_sms_match_realized"] is True
+
+
+def test_a_level_without_its_counts_is_not_measured():
+    report = report_all_met()
+    del report["levels"][2]["realized"]
+    verdict, notes = targets(report)
+    assert verdict["realized_equals_requested"] is None and "without" in notes["realized_equals_requested"]
+    assert verdict["measured_sms_match_realized"] is None
