@@ -103,8 +103,13 @@ def measured_sms(report: dict[str, Any]) -> tuple[Verdict, str]:
 
 
 def _flag(row: Any) -> Verdict:
-    v = _dict(row).get("graph_replayed")
-    return v if isinstance(v, bool) else None
+    """A row's `graph_replayed`: its own, else that of the figures it holds (an overlap row's decode
+    part, say), else None."""
+    row = _dict(row)
+    if isinstance(row.get("graph_replayed"), bool):
+        return bool(row["graph_replayed"])
+    inner = [v["graph_replayed"] for v in row.values() if isinstance(_dict(v).get("graph_replayed"), bool)]
+    return all3(inner)
 
 
 def graphs_replayed(report: dict[str, Any]) -> tuple[Verdict, str]:

@@ -129,3 +129,14 @@ def test_a_level_without_its_counts_is_not_measured():
     verdict, notes = targets(report)
     assert verdict["realized_equals_requested"] is None and "without" in notes["realized_equals_requested"]
     assert verdict["measured_sms_match_realized"] is None
+
+
+def test_an_overlap_row_may_hold_its_flag_in_a_figure():
+    """Where the decode part of an overlap row carries `graph_replayed`, that flag is read."""
+    report = report_all_met()
+    for row, flag in zip(report["overlap"], (True, False), strict=True):
+        del row["graph_replayed"]
+        row["together"] = {"wall_ms": {"p50": 9.0}, "graph_replayed": flag}
+    verdict, notes = targets(report)
+    assert verdict["graphs_replayed_on_every_level"] is False and notes["graphs_replayed_on_every_level"] == (
+        "eager on levels [2]")
