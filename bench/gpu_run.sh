@@ -1,33 +1,50 @@
 #!/usr/bin/env bash
 # Everything a lent GPU machine runs, in one call (docs/gpu.md, "Running the GPU check on a lent
-# machine"): the wheels from bench/gpu_prepare.sh if carried (.whl/), the GPU check (280 s at most),
-# then the cuda tests (60 s at most). About 6 minutes in all, so a second try fits in 15.
-# Results go to $OUT: nvidia_smi.txt, gpu_check.json, gpu_check.log, pytest_cuda.log.
-# PYTHON picks the interpreter (default python3: on the lent machine, the one with CUDA torch).
+# machine"): the wheels from bench/gpu_prepare.sh if carried (.whl/), the preflight
+# (bench/gpu_preflight.sh: compiler, Python.h, libcuda, TRITON_CACHE_DIR, one Triton kernel), the GPU
+# check, then the cuda tests. All of it within $GPU_RUN_TOTAL_S (470) seconds, machine start excluded:
+# the check gets what the steps before it left, up to 280 s, and the tests keep their 120 s.
+# The device time lent is 15 minutes with a start of a few: one try is what there is.
+# Results go to $OUT (5 files): nvidia_smi.txt, preflight.txt, gpu_check.json, gpu_check.log,
+# pytest_cuda.log. PYTHON picks the interpreter (default python3: on the lent machine, the one with CUDA torch).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/pdtop-gpu}
 PY=${PYTHON:-python3}
+TOTAL=${GPU_RUN_TOTAL_S:-470}
+PYTEST_S=120
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
+SECONDS=0
 if ls .whl/*.whl >/dev/null 2>&1; then
-  if "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/pdtop-site \
-      .whl/*.whl; then
+  if timeout -k 5 30 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/pdtop-site .whl/*.whl; then
     export PYTHONPATH=/tmp/pdtop-site${PYTHONPATH:+:$PYTHONPATH}
   else
     echo "gpu_run: the carried wheels did not install; going on without them"
   fi
 fi
-{ nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.max.sm --format=csv \
+{ timeout -k 5 10 nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used,clocks.max.sm --format=csv \
   || echo "nvidia-smi failed (exit $?)"; } 2>&1 | tee "$OUT/nvidia_smi.txt"
-# gpu_check keeps to its own 270 s budget and saves its JSON after every section; the timeout
-# (SIGTERM, then SIGKILL 10 s later) only catches a hang.
-timeout -k 10 280 "$PY" bench/gpu_check.py --out "$OUT/gpu_check.json" 2>&1 | tee "$OUT/gpu_check.log"
+# sourced (not piped), so its exports (TRITON_CACHE_DIR, CC) hold for the check and the tests
+. bench/gpu_preflight.sh >"$OUT/preflight.txt" 2>&1
+cat "$OUT/preflight.txt"
+# gpu_check keeps to its own budget (10 s under its timeout) and saves its JSON after every section;
+# the timeout (SIGTERM, then SIGKILL 10 s later) only catches a hang. The tests' time (and their
+# kill's 5 s) is kept back: whatever the steps before took, the whole run ends within TOTAL.
+check_s=$(( TOTAL - SECONDS - 10 - 10 - PYTEST_S - 5 ))  # its kill, the import probe, the tests, their kill
+[ "$check_s" -gt 280 ] && check_s=280
+[ "$check_s" -lt 30 ] && check_s=30
+echo "gpu_run: ${SECONDS} s before the check; it gets ${check_s} s (budget $((check_s - 10)) s)"
+timeout -k 10 "$check_s" "$PY" bench/gpu_check.py --out "$OUT/gpu_check.json" --budget $((check_s - 10)) 2>&1 \
+  | tee "$OUT/gpu_check.log"
 rc=${PIPESTATUS[0]}; echo "gpu_run: gpu_check exit $rc$( [ "$rc" = 124 ] && echo ': timed out')"
 tests="tests/engine/devices/test_cuda.py tests/engine/devices/test_cuda_gpu.py"
 if "$PY" -c "import websockets, orjson" 2>/dev/null; then  # tests/telemetry's conftest needs them (carried as wheels)
   tests="$tests tests/telemetry/test_nvml_sampler.py"
 fi
 # shellcheck disable=SC2086
-timeout -k 5 60 "$PY" -m pytest -q -m cuda -p no:cacheprovider -o addopts="" $tests 2>&1 | tee "$OUT/pytest_cuda.log"
+timeout -k 5 "$PYTEST_S" "$PY" -m pytest -q -m cuda -p no:cacheprovider -o addopts="" $tests 2>&1 \
+  | tee "$OUT/pytest_cuda.log"
 rc=${PIPESTATUS[0]}; echo "gpu_run: pytest exit $rc$( [ "$rc" = 124 ] && echo ': timed out')"
+echo "gpu_run: ${SECONDS} s in all"

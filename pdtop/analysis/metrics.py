@@ -7,6 +7,7 @@ windows, without importing analysis.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -25,3 +26,9 @@ def summary_ms(values: Sequence[float], qs: tuple[int, ...] = (50, 99)) -> dict[
     out = {f"p{q}": percentile(values, q) * 1e3 for q in qs}
     out["max"] = max(values) * 1e3 if len(values) else math.nan
     return out
+
+
+def gaps_since(times: Sequence[float], start: float) -> list[float]:
+    """ITLs of one request from its token times: the gaps whose both tokens came at or after `start`.
+    A gap that spans `start` (its earlier token before it) measures what ran before, not the window."""
+    return [b - a for a, b in itertools.pairwise(times) if a >= start]

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from pdtop.analysis.metrics import percentile, summary_ms
+from pdtop.analysis.metrics import gaps_since, percentile, summary_ms
 from pdtop.engine.devices.base import Work
 from pdtop.engine.engine import Engine
 from pdtop.engine.errors import EngineError
@@ -140,10 +140,19 @@ def _measured_round(engine: Engine, segment: int, start: float, observer: Observ
         else:  # finished in this step: its blocks are released but hold its K/V until the next admission,
             blocks += blocks[-1:] * (-(-(cached + 1) // bs) - len(blocks))  # which comes after the replay
         rows.append((r, cached, blocks))
-        t = r.token_times
-        if len(t) >= 2 and t[-2] >= start:
-            gaps.append(t[-1] - t[-2])
+        gaps += gaps_since(r.token_times[-2:], start)  # this step's token, if its previous one is inside
     return DecodeStep(segment, record, rows, gaps, info=info)
+
+
+def decode_only_itls(engine: Engine, rounds: int) -> list[float]:
+    """ITLs (seconds) of the requests running now over the next `rounds` rounds, with nothing else
+    to run: decode-only. Only gaps inside those rounds count (`gaps_since`), so whatever ran before
+    (a policy run, its replayed baselines) does not reach the first gap of each request."""
+    running = list(engine.scheduler.running)
+    start = engine.device.now()
+    for _ in range(rounds):
+        engine.step()
+    return [g for r in running for g in gaps_since(r.token_times, start)]
 
 
 def _shadow(req: Request, cached: int, blocks: list[int]) -> Request:

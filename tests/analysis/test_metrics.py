@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import math
 
-from pdtop.analysis.metrics import percentile, summary_ms
+import pytest
+
+from pdtop.analysis.metrics import gaps_since, percentile, summary_ms
 
 
 def test_percentile_interpolates_between_ranks():
@@ -20,3 +22,12 @@ def test_summary_in_milliseconds():
     assert s.keys() == {"p50", "p99", "max"}
     assert all(math.isclose(s[k], v) for k, v in {"p50": 20.0, "p99": 29.8, "max": 30.0}.items())
     assert all(math.isnan(v) for v in summary_ms([]).values())
+
+
+def test_gaps_since_drops_the_gap_that_spans_the_start():
+    """A request's first gap after `start` reaches back to its token before it: that gap measured
+    what ran then (issue 30: a 5 s gap made the decode-only p99 a second), so it is not counted."""
+    times = [0.0, 0.01, 5.0, 5.01, 5.03]
+    assert gaps_since(times, start=4.0) == pytest.approx([0.01, 0.02])
+    assert gaps_since(times, start=0.0) == pytest.approx([0.01, 4.99, 0.01, 0.02])  # at start counts
+    assert gaps_since(times, start=6.0) == [] and gaps_since([], 0.0) == []

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from pdtop.analysis.gpu_targets import TARGETS
 from pdtop.engine.devices.base import Work
 from pdtop.engine.devices.cuda import CudaDevice, cuda_unavailable_reason
 from pdtop.engine.devices.green_ctx import (
@@ -236,6 +237,14 @@ def test_gpu_check_smoke_runs_without_packages_the_gpu_machine_lacks(tmp_path):
     assert report["policies"]["chunked_32"]["chunk_size"] == 32 and report["policies"]["pdmux"]["levels"]
     assert report["runtime"]["kv_cache"]["tokens"] == 4096
     assert "ITL p99 ms: decode_only" in r.stdout  # the summary table
+    # decode-only: 30 rounds of 4 requests, each request's gap into them left out (issue 30)
+    assert report["policies"]["pdmux"]["decode_only_itl_ms"]["n"] == 4 * 29
+    chunked = report["policies"]["chunked_32"]
+    assert chunked["mixed_steps"] == 128 // 32 and chunked["decode_graphs"] is False and chunked["decode_graphs_note"]
+    assert chunked["itl_ms"]["n"] > 0
+    # every target is there; what a CPU cannot measure is null and the table says so
+    assert set(report["targets"]) == set(TARGETS) and report["targets"]["realized_equals_requested"] is None
+    assert "target graphs_replayed_on_every_level: not measured (no levels in the report)" in r.stdout
 
 
 def test_gpu_check_stopped_by_its_timeout_keeps_results_and_prints_the_table(tmp_path):
@@ -277,11 +286,25 @@ def test_device_info_says_what_is_missing():
 def test_gpu_run_script_leaves_its_files_without_a_gpu(tmp_path):
     """`bench/gpu_run.sh` (the one call a lent GPU machine makes) on a machine without a GPU: the check
     says so and exits 2, the cuda tests skip, and every log lands in $OUT."""
+    import re
+
     script = Path(__file__).resolve().parents[3] / "bench" / "gpu_run.sh"
-    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable}
+    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable, "GPU_RUN_TOTAL_S": "400"}
     r = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr
     assert "gpu_run: gpu_check exit 2\n" in r.stdout and "gpu_run: pytest exit 0\n" in r.stdout
-    assert {p.name for p in tmp_path.iterdir()} >= {"nvidia_smi.txt", "gpu_check.log", "pytest_cuda.log"}
+    assert {p.name for p in tmp_path.iterdir()} >= {"nvidia_smi.txt", "preflight.txt", "gpu_check.log",
+                                                   "pytest_cuda.log"}
+    assert len(list(tmp_path.iterdir())) < 8  # the device tool brings back fewer than 8 files
+    # the check gets what the total leaves after the tests' 120 s and the kills' slack: 400 - 145 - before
+    before, check_s, budget = map(int, re.search(r"gpu_run: (\d+) s before the check; it gets (\d+) s "
+                                                 r"\(budget (\d+) s\)", r.stdout).groups())
+    assert check_s == 400 - 145 - before and budget == check_s - 10
+    # the preflight: one line per check, none of them stopping the run
+    lines = (tmp_path / "preflight.txt").read_text().splitlines()
+    assert [line.split()[1] for line in lines] == ["compiler", "python_h", "libcuda", "triton_cache_dir",
+                                                  "triton_kernel"]
+    assert all(re.fullmatch(r"preflight: \w+ (ok|FAILED) \(.+\)", line) for line in lines), lines
+    assert lines[0] in r.stdout.splitlines()  # shown, not only written
     assert "no CUDA GPU visible to torch" in (tmp_path / "gpu_check.log").read_text()
     assert "skipped" in (tmp_path / "pytest_cuda.log").read_text()
