@@ -139,7 +139,7 @@ def main() -> None:
         finally:
             cpu["on_update"] += time.thread_time() - t
 
-    Completion.on_update = timed_on_update  # type: ignore[assignment,method-assign]
+    Completion.on_update = timed_on_update  # type: ignore[method-assign]
 
     def through_api() -> tuple[float, list[float], dict[int, float]]:
         n = len(records) + args.streams
@@ -150,7 +150,10 @@ def main() -> None:
         client = json.loads(out.stdout)
         finished = wait_for(n)
         done = {r.prompt_tokens: token_times(r) for r in finished}
-        arrived = {r.prompt_tokens: done[r.prompt_tokens][0] - r.ttft_s for r in finished}
+        arrived: dict[int, float] = {}
+        for r in finished:
+            assert r.ttft_s is not None  # set on a finished request
+            arrived[r.prompt_tokens] = done[r.prompt_tokens][0] - r.ttft_s
         offsets = {k: t - min(arrived.values()) for k, t in arrived.items()}
         child1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu["client"] += child1.ru_utime + child1.ru_stime - child0.ru_utime - child0.ru_stime
@@ -165,9 +168,9 @@ def main() -> None:
     cpu = dict.fromkeys(cpu, 0.0)
     rates_direct, rates_api, delays = [], [], []
     for _ in range(args.repeats):
-        rate, d, offsets = through_api()
+        rate, turn_delays, offsets = through_api()
         rates_api.append(rate)
-        delays += d
+        delays += turn_delays
         rates_direct.append(direct(offsets))
 
     asyncio.run_coroutine_threadsafe(api.stop(), loop).result(30)

@@ -19,7 +19,7 @@ from pdtop.engine.devices.cpu import CpuDevice, usable_cores
 from pdtop.engine.model.loader import default_model_path, load_model
 from pdtop.engine.request import Request, SamplingParams
 from pdtop.engine.runtime.executor import ModelExecutor
-from pdtop.engine.runtime.runner import ModelRunner
+from pdtop.engine.runtime.runner import ModelRunner, PrefillState
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
 from pdtop.engine.scheduling.scheduler import append_token
 from pdtop.engine.scheduling.splits import SplitTable
@@ -53,7 +53,7 @@ def main() -> None:
         """Decode step times at `level`; `with_prefill` keeps a long prefill running on the prefill side."""
         device.set_level(level)
         times: list[float] = []
-        long: tuple[Request, object] | None = None  # the long prompt in prefill, and its prefill state
+        long: tuple[Request, PrefillState] | None = None  # the long prompt in prefill, and its prefill state
 
         def finish_long() -> None:
             device.wait_prefill()

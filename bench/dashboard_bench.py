@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -37,7 +38,7 @@ def record(path: Path, rounds: int, rate: float, seed: int = 0) -> tuple[int, fl
     rec = Recorder(path, hello_event("bench", True, engine.describe()))
     t0, last = engine.device.now(), [0.0]
 
-    def sink(r):
+    def sink(r: Any) -> None:
         last[0] = max(last[0], r.time - t0)
         config = engine.config_record() if isinstance(r, ConfigChange) else None
         rec.write(encode(record_event(r, config)), t=last[0])
@@ -101,7 +102,11 @@ def main() -> None:
     args = ap.parse_args()
     from pdtop.engine.devices.host import machine_line
     print(machine_line(), flush=True)  # the machine these figures come from
-    size = tuple(int(x) for x in args.size.lower().split("x"))
+    try:
+        width, height = (int(x) for x in args.size.lower().split("x"))
+    except ValueError:
+        ap.error(f"--size must be WxH, e.g. 160x48, got {args.size!r}")
+    size = (width, height)
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench.ndjson"

@@ -78,8 +78,8 @@ def main() -> int:
     weights = {}
     for name in args.shapes.split(","):
         n_in, n_out, qtype, _ = SHAPES[name]
-        raw, dense = quant_kernels.random_blocks(qtype, n_out, n_in, seed=0)
-        weights[name] = (QuantWeight(torch.from_numpy(raw), qtype, n_in), torch.from_numpy(dense))
+        raw, dequantized = quant_kernels.random_blocks(qtype, n_out, n_in, seed=0)
+        weights[name] = (QuantWeight(torch.from_numpy(raw), qtype, n_in), torch.from_numpy(dequantized))
     print(f"{'CPU' if args.cpu_time else 'wall'} ms per forward pass (all linears); the fastest marked *")
     print(f"{'rows':>5} " + " ".join(f"{w:>18}" for w in ways))
     with torch.inference_mode():

@@ -22,6 +22,7 @@ import resource
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -32,7 +33,7 @@ E2E = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.
        960.0, 1920.0, 7680.0)
 
 
-def build(models: int):
+def build(models: int) -> tuple[Any, list[Any], list[Any], list[Any], list[tuple[str, str]]]:
     from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
     disable_created_metrics()
@@ -49,7 +50,7 @@ def build(models: int):
     return r, gauges, counters, hists, names
 
 
-def serve(port_out, models: int) -> None:
+def serve(port_out: Any, models: int) -> None:
     """The page's process: a ThreadingHTTPServer on loopback, values changed twice a second."""
     import random
     import threading
@@ -85,7 +86,7 @@ def serve(port_out, models: int) -> None:
             self.end_headers()
             self.wfile.write(body)
 
-        def log_message(self, *args) -> None:
+        def log_message(self, *args: Any) -> None:
             pass
 
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -99,7 +100,7 @@ SGLANG_ITL = (0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.0
 SGLANG_LONG = (0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400)
 
 
-def build_sglang(role: str):
+def build_sglang(role: str) -> tuple[Any, list[Any], list[Any], list[Any]]:
     """One SGLang PD server's page: the scheduler's gauges, the tokenizer's counters and histograms, and
     the disaggregation queues, KV transfer histograms and failure counters."""
     from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -125,7 +126,7 @@ def build_sglang(role: str):
     return r, gauges, counters, hists
 
 
-def serve_fleet(port_out, n: int) -> None:
+def serve_fleet(port_out: Any, n: int) -> None:
     """N SGLang pages, each on its own port (HTTP/1.1 keep-alive), values changed twice a second."""
     import random
     import threading
@@ -154,7 +155,7 @@ def serve_fleet(port_out, n: int) -> None:
 
     ports = []
     for registry, *_ in pages:
-        def handler(registry=registry):
+        def handler(registry: Any = registry) -> type[BaseHTTPRequestHandler]:
             class Handler(BaseHTTPRequestHandler):
                 protocol_version = "HTTP/1.1"  # keep-alive, as uvicorn (SGLang's, vLLM's server) does
 
@@ -170,7 +171,7 @@ def serve_fleet(port_out, n: int) -> None:
                     except (BrokenPipeError, ConnectionResetError):  # the dashboard went at the end
                         self.close_connection = True
 
-                def log_message(self, *args) -> None:
+                def log_message(self, *args: Any) -> None:
                     pass
             return Handler
 

@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,7 +95,7 @@ class Reader:
                 self.replies_refused += 1
 
 
-def control_messages(seed: int = 7):
+def control_messages(seed: int = 7) -> Iterator[dict[str, Any]]:
     """A control message for every 100 ms: knobs, levels, pins, policies, now and then a long prompt."""
     rng = random.Random(seed)
     n = 0

@@ -25,6 +25,12 @@ import subprocess
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from websockets.asyncio.client import ClientConnection
+
+    from pdtop.engine.engine import Engine
 
 CONFIGS = [  # (label, telemetry on, clients, batch frames)
     ("off", False, 0, True),
@@ -36,19 +42,19 @@ CONFIGS = [  # (label, telemetry on, clients, batch frames)
 ]
 
 
-def make_engine():
+def make_engine() -> Engine:
     from pdtop.engine.build import build_engine
     from pdtop.engine.scheduling.workload import WorkloadSpec
 
     return build_engine(device="sim:H100", model="synthetic:qwen3-8b", workload=WorkloadSpec(rate=20.0, seed=3))
 
 
-def run_rounds(engine, n: int) -> tuple[float, float, float]:
+def run_rounds(engine: Engine, n: int) -> tuple[float, float, float]:
     """n unpaced rounds on a thread of their own (as `pdtop serve` runs them) -> (wall seconds, CPU
     seconds of this whole process meanwhile: engine + telemetry, CPU seconds of the round thread)."""
-    out = []
+    out: list[tuple[float, float, float]] = []
 
-    def work():
+    def work() -> None:
         t0, c0, e0 = time.perf_counter(), time.process_time(), time.thread_time()
         for _ in range(n):
             engine.step()
@@ -82,6 +88,7 @@ async def measure(rounds: int, on: bool, clients: int, batch: bool, server_kw: d
         worker = await asyncio.create_subprocess_exec(
             sys.executable, __file__, "--worker", server.url, str(clients), "1" if batch else "0", client_cores,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert worker.stdout is not None and worker.stdin is not None
         await worker.stdout.readline()  # "ready": every client got its hello
     loop0 = time.thread_time()
     wall, cpu, engine_cpu = await asyncio.to_thread(run_rounds, engine, rounds)
@@ -89,6 +96,7 @@ async def measure(rounds: int, on: bool, clients: int, batch: bool, server_kw: d
     await asyncio.sleep(0.3)  # let the last tick reach the clients
     counts, client_cpu = [], 0.0
     if worker is not None:
+        assert worker.stdout is not None and worker.stdin is not None
         worker.stdin.close()
         counts, client_cpu = json.loads((await worker.stdout.readline()).decode())
         await worker.wait()
@@ -113,9 +121,10 @@ async def worker(url: str, n: int, batch: bool, cores: str) -> None:
         await ws.recv()  # hello
     print("ready", flush=True)
 
-    async def read(i: int, ws) -> None:
+    async def read(i: int, ws: ClientConnection) -> None:
         # count without parsing every event, so this process takes little CPU from the engine's
-        async for frame in ws:
+        async for data in ws:
+            frame = data if isinstance(data, str) else data.decode()
             n = frame.count('{"type":"')
             if frame.startswith('{"type":"batch"'):
                 n -= 1
