@@ -456,11 +456,11 @@ class Check:
             runner.free(r)
 
     def _free_runner(self) -> None:
+        self.runner = None  # its decode graphs go before the streams they were captured on
+        gc.collect()
         if self.dev is not None:
             self.dev.close()
             self.dev = None
-        self.runner = None
-        gc.collect()
         if not self.smoke:
             torch.cuda.empty_cache()
 

@@ -3,9 +3,12 @@
 It implements only the calls `green_ctx.GreenContexts` makes, with their return shapes
 ((CUresult, outputs...)), and the driver's documented rounding: a split group gets
 `minCount` rounded up to the SM alignment (at least the minimum partition size), the
-driver makes fewer groups when they do not fit (here: none, with success), and the rest
-is the remainder. `cuda13=False` leaves `minSmPartitionSize`/`smCoscheduledAlignment`
-out of the resources, as CUDA 12 bindings do. `fail_create` makes `cuGreenCtxCreate`
+driver makes fewer groups when they do not fit, and the rest is the remainder. What a real
+driver does when `minCount` rounds past the input (132 of 132 SMs in steps of 8) is not
+documented: `oversize` picks it ("none": no group, with success; "error":
+CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION; "all": one group of the whole input).
+`cuda13=False` leaves `minSmPartitionSize`/`smCoscheduledAlignment` out of the resources,
+as CUDA 12 bindings do. `fail_create` makes `cuGreenCtxCreate`
 fail for contexts of those SM counts.
 """
 from __future__ import annotations
@@ -47,6 +50,7 @@ class FakeDriver:
     pci: bytes = b"0000:65:00.0\0"
     uuid: bytes = bytes(range(16))
     fail_create: set[int] = field(default_factory=set)
+    oversize: str = "none"
     __version__: str = "13.0.0"
     live_contexts: dict[int, Resource] = field(default_factory=dict)
     live_streams: set[int] = field(default_factory=set)
@@ -105,7 +109,12 @@ class FakeDriver:
     # -- green contexts --------------------------------------------------------------------
     def cuDevSmResourceSplitByCount(self, nb_groups: int, resource: Resource, flags: int, min_count: int) -> tuple:
         size = -(-max(min_count, self.min_part) // self.align) * self.align
-        made = min(nb_groups, resource.sm.smCount // size)
+        have = resource.sm.smCount
+        if size > have and min_count <= have and self.oversize != "none":
+            if self.oversize == "error":
+                return (CUresult.CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION,)
+            size = have
+        made = min(nb_groups, have // size)
         split = next(self._ids)
         groups = [Resource(self._sm(size), split) for _ in range(made)]
         rest = Resource(self._sm(resource.sm.smCount - made * size), split)
