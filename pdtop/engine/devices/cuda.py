@@ -234,6 +234,22 @@ class CudaDevice(Device):
         return [None if lvl.pair is None else {"outer_sms": lvl.pair.outer_sms, "note": lvl.pair.carve_note}
                 for lvl in self._active]
 
+    def measure_sms(self, time_limit_s: float = 5.0, **probe: Any) -> list[dict[str, Any] | None]:
+        """Per level, the SMs its two streams' kernels were seen running on (`sm_probe`: distinct
+        `%smid` and a compute-bound kernel's time against the whole device), beside `realized`
+        (the driver's own count). A side with no SMs is None; see `sm_probe.measure_levels`.
+        `probe` goes to `SmProbe` (a test's stand-in NVRTC and clock)."""
+        from pdtop.engine.devices.sm_probe import SmProbe, measure_levels
+
+        self._sync_all()
+        handles = [(int(lvl.prefill.cuda_stream) if lvl.realized[0] else None,
+                    int(lvl.decode.cuda_stream) if lvl.realized[1] else None) for lvl in self._active]
+        sm_probe = SmProbe(self.gc, **probe)
+        try:
+            return measure_levels(sm_probe, handles, time_limit_s)
+        finally:
+            sm_probe.close()
+
     @property
     def requested(self) -> list[tuple[int, int]]:
         return [lvl.requested for lvl in self._active]

@@ -157,6 +157,11 @@ class GreenContexts:
         self.pairs: list[GreenPair] = []
         self._closed = False
 
+    @property
+    def primary(self) -> Any:
+        """The device's primary context (retained here), for calls that need a current context."""
+        return self._primary
+
     def _sm_resource(self) -> Any:
         """The whole device's SM resource (queried per split: split outputs cannot be split again)."""
         return call(self.drv, "cuDeviceGetDevResource", self.dev, self.drv.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM)

@@ -1,11 +1,12 @@
-"""Teardown order on the cuda device, against the stand-in driver: what was captured on a level's
-streams (the decode graphs) is freed, and the device synchronized, before the streams and green
-contexts are destroyed, on `set_groups` dropping levels and on `close()`."""
+"""The cuda device on the stand-in driver (and a stand-in for torch's streams): teardown order (what
+was captured on a level's streams, the decode graphs, is freed and the device synchronized before
+the streams and green contexts are destroyed, on `set_groups` dropping levels and on `close()`), and
+each level's SMs measured on its own streams."""
 import itertools
 from types import SimpleNamespace
 
 import pytest
-from fake_cuda_driver import FakeDriver
+from fake_cuda_driver import FakeDriver, FakeNvrtc
 
 from pdtop.engine.devices.cuda import CudaDevice, retire_levels
 from pdtop.engine.devices.green_ctx import GreenContexts
@@ -84,3 +85,18 @@ def test_destroy_errors_are_one_line_after_every_pair_was_tried():
     with pytest.raises(DeviceError) as err:
         retire_levels(gc, pairs, [], {}, lambda: None)
     assert "\n" not in str(err.value) and not drv.live_contexts
+
+
+def test_every_level_is_measured_on_its_own_streams():
+    drv = FakeDriver()
+    dev = _device(drv)
+    try:
+        got = dev.measure_sms(nvrtc=FakeNvrtc(), clock=drv.clock)
+        for (p, d), m in zip(dev.realized, got, strict=True):
+            seen = tuple(None if side is None else side["smid_distinct"] for side in (m["prefill"], m["decode"]))
+            assert seen == (p or None, d or None)
+            assert m["shared_smids"] == (0 if p and d else None)
+        assert dev.describe().extra["levels_carve"][1] == {"outer_sms": None, "note": dev.gc.pairs[0].carve_note}
+    finally:
+        dev.close()
+    assert not drv.memory and not drv.libraries and not drv.live_contexts
