@@ -394,7 +394,7 @@ def retire_levels(gc: GreenContexts, pairs: list[GreenPair], listeners: list[Str
     """Destroy `pairs` only after what was captured on their streams is gone: each listener is told
     the decode streams that remain (`streams`; `{}` when the device closes) and drops its CUDA
     graphs of the others, the device is synchronized, then the pairs' streams and green contexts
-    are destroyed (even if a listener failed; its error is raised after)."""
+    are destroyed (even if a listener failed: its error propagates once they are)."""
     try:
         for listener in listeners:
             listener(streams)

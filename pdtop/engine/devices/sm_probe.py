@@ -50,7 +50,7 @@ extern "C" __global__ void pdtop_fma(float* out, int iters) {
 """
 UNWRITTEN = 0xFFFFFFFF  # the smid buffer is filled with this before a launch
 SMID_THREADS, SMID_BLOCKS_PER_SM, SPIN_CYCLES = 1024, 8, 20_000
-FMA_THREADS, FMA_BLOCKS_PER_SM = 256, 64  # 64 x 8 resident blocks: many waves, so the tail is small
+FMA_THREADS, FMA_BLOCKS_PER_SM = 256, 64  # 8 waves of 8 resident blocks per SM on the whole GPU, more on a part
 TARGET_S = 0.004  # one timed launch on the whole device
 ITERS_START, ITERS_MIN, ITERS_MAX = 2_000, 100, 2_000_000
 REPEATS = 3

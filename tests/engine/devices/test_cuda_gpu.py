@@ -53,6 +53,33 @@ def test_levels_realize_as_carved():
         dev.close()
 
 
+@pytest.mark.skipif(importlib.util.find_spec("cuda") is None or importlib.util.find_spec("cuda.bindings") is None,
+                    reason="sm_probe needs cuda.bindings.nvrtc")
+def test_levels_run_on_the_sms_they_were_given():
+    """Where each level's kernels run (sm_probe), against the driver's count: never on more SMs than a
+    side's context holds, within a few of it, the two sides on disjoint SMs, and a compute-bound kernel's
+    time in proportion. What was seen is recorded (a warning in the test log)."""
+    import warnings
+
+    from pdtop.engine.devices.cuda import CudaDevice
+
+    dev = CudaDevice()
+    try:
+        measured = dev.measure_sms()
+        warnings.warn(f"cuda measured_sms: {list(zip(dev.realized, measured, strict=True))}", stacklevel=1)
+        for (p, d), m in zip(dev.realized, measured, strict=True):
+            assert m is not None
+            for given, side in ((p, m["prefill"]), (d, m["decode"])):
+                if not given:
+                    assert side is None
+                    continue
+                assert given - 4 <= side["smid_distinct"] <= given
+                assert side["timed_sms"] == pytest.approx(given, rel=0.15)
+            assert m["shared_smids"] == (0 if p and d else None)
+    finally:
+        dev.close()
+
+
 def test_an_overlapped_level_runs_decode_on_the_whole_device_at_high_priority():
     """SGLang's overlap_decode_full_sm: prefill on its green context, decode on a plain whole-device stream."""
     from pdtop.engine.devices.base import Work
