@@ -229,10 +229,9 @@ class CudaDevice(Device):
         return [lvl.realized for lvl in self._active]
 
     def carves(self) -> list[dict[str, Any] | None]:
-        """Per level, its first carve (`outer_sms`: what the `p + d` context holds) or why it was not
-        made (`note`); None for the whole-device end levels, which are not carved."""
-        return [None if lvl.pair is None else {"outer_sms": lvl.pair.outer_sms, "note": lvl.pair.carve_note}
-                for lvl in self._active]
+        """Per level, its first carve (`outer_sms` and `outer_limits`: what the `p + d` context holds)
+        or why it was not made (`note`); None for the whole-device end levels, which are not carved."""
+        return [None if lvl.pair is None else carve_record(lvl.pair) for lvl in self._active]
 
     def measure_sms(self, time_limit_s: float = 5.0, **probe: Any) -> list[dict[str, Any] | None]:
         """Per level, the SMs its two streams' kernels were seen running on (`sm_probe`: distinct
@@ -387,6 +386,13 @@ def make_levels(wanted: list[Group], make: Callable[[Group], T],
             dropped[g] = str(exc)
             log.warning("pdtop: level %d %s dropped: %s", i, list(g), exc)
     return made, list(dropped.items())
+
+
+def carve_record(pair: GreenPair) -> dict[str, Any]:
+    """A level's first carve as the check records it: the outer context's SMs and partition limits, or why
+    it was not made."""
+    limits = None if pair.outer_limits is None else pair.outer_limits.as_dict()
+    return {"outer_sms": pair.outer_sms, "note": pair.carve_note, "outer_limits": limits}
 
 
 def retire_levels(gc: GreenContexts, pairs: list[GreenPair], listeners: list[StreamsListener],

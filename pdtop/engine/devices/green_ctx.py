@@ -118,6 +118,7 @@ class GreenPair:
     decode_stream: int
     outer_sms: int | None = None  # what the first carve's context holds (None: the device was split directly)
     carve_note: str | None = None  # why the first carve was not made, if it was not
+    outer_limits: PartitionLimits | None = None  # the first carve's context's own partition limits
     _streams: list[Any] = field(default_factory=list, repr=False)
     _contexts: list[Any] = field(default_factory=list, repr=False)  # prefill, decode, then the carved outer one
 
@@ -244,7 +245,7 @@ class GreenContexts:
             return device
         pair._contexts.append(self._context([carved]))
         outer = self._ctx_sms(pair._contexts[-1])
-        pair.outer_sms = int(outer.sm.smCount)
+        pair.outer_sms, pair.outer_limits = int(outer.sm.smCount), partition_limits(outer.sm, self.major)
         return outer
 
     def destroy(self, pair: GreenPair) -> None:
@@ -273,8 +274,7 @@ class GreenContexts:
         return {"name": self.name, "index": self.index, "cc": f"{self.major}.{self.minor}",
                 "sms": self.total_sms, "driver_cuda": version_str(self.driver_version),
                 "cuda_bindings": self.bindings, "pci_bus_id": self.pci_bus_id, "uuid": self.uuid,
-                "partition_limits": {"min_sms": self.limits.min_part, "align": self.limits.align,
-                                     "source": self.limits.source}}
+                "partition_limits": self.limits.as_dict()}
 
 
 def partition_limits(sm: Any, major: int) -> PartitionLimits:

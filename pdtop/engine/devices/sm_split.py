@@ -33,6 +33,9 @@ class PartitionLimits:
         min_part, align = arch_constraints(major)
         return cls(min_part, align, "table")
 
+    def as_dict(self) -> dict[str, int | str]:
+        return {"min_sms": self.min_part, "align": self.align, "source": self.source}
+
     def carve(self, count: int) -> int:
         """SMs a group asked for `count` gets: at least `min_part`, rounded up to `align`."""
         count = max(count, self.min_part, 1)
@@ -50,19 +53,21 @@ def why_not(prefill: int, decode: int, total: int, limits: PartitionLimits) -> s
             f"leaving decode none (parts of at least {limits.min_part} SMs, in steps of {limits.align})")
 
 
-def plan_split(prefill: int, decode: int, total: int, limits: PartitionLimits) -> tuple[int, int] | None:
+def plan_split(prefill: int, decode: int, total: int, limits: PartitionLimits,
+               inner: PartitionLimits | None = None) -> tuple[int, int] | None:
     """The (prefill, decode) SMs the two-step carve gives a requested level, or None if it cannot.
 
-    Step 1 carves `prefill + decode` rounded up, capped at the device (a whole-device level:
-    the driver gives all of it, or makes no group and the device is split directly); step 2
-    gives prefill its rounded count out of that, decode the remainder. None when the request
-    does not fit or decode would be left with no SM. A prediction from `limits`: the realized
-    counts come from the driver (`GreenContexts.split`).
+    Step 1 carves `prefill + decode` rounded up by `limits` (the device's), capped at the device
+    (a whole-device level: the driver gives all of it, or makes no group and the device is split
+    directly); step 2 gives prefill its count rounded by `inner` (the carved context's limits,
+    the device's if not given) out of that, decode the remainder. None when the request does not
+    fit or decode would be left with no SM. A prediction: the realized counts come from the
+    driver (`GreenContexts.split`).
     """
     if prefill < 1 or decode < 1 or prefill + decode > total:
         return None
     outer = min(limits.carve(prefill + decode), total)
-    p = limits.carve(prefill)
+    p = (inner or limits).carve(prefill)
     if p >= outer:
         return None
     return p, outer - p

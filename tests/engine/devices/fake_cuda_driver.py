@@ -62,6 +62,7 @@ class FakeDriver:
     fail_create: set[int] = field(default_factory=set)
     oversize: str = "none"
     leaky: bool = False
+    ctx_align: int | None = None  # the alignment a green context's own SM resource reports (default: align)
     fail_load: bool = False
     __version__: str = "13.0.0"
     live_contexts: dict[int, Resource] = field(default_factory=dict)
@@ -83,8 +84,8 @@ class FakeDriver:
     def __post_init__(self) -> None:
         self._ids = itertools.count(1)
 
-    def _sm(self, count: int) -> Sm:
-        return Sm(count, self.min_part, self.align) if self.cuda13 else Sm(count)
+    def _sm(self, count: int, align: int | None = None) -> Sm:
+        return Sm(count, self.min_part, align or self.align) if self.cuda13 else Sm(count)
 
     def _ok(self, name: str, *outs: Any) -> tuple:
         self.calls.append(name)
@@ -126,7 +127,8 @@ class FakeDriver:
 
     # -- green contexts --------------------------------------------------------------------
     def cuDevSmResourceSplitByCount(self, nb_groups: int, resource: Resource, flags: int, min_count: int) -> tuple:
-        size = -(-max(min_count, self.min_part) // self.align) * self.align
+        align = resource.sm.smCoscheduledAlignment or self.align  # the resource's own, as CUDA 13 reports it
+        size = -(-max(min_count, self.min_part) // align) * align
         have = resource.sm.smCount
         if size > have and min_count <= have and self.oversize != "none":
             if self.oversize == "error":
@@ -148,7 +150,7 @@ class FakeDriver:
         if count in self.fail_create or count < 1:
             return (CUresult.CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION,)
         ctx = next(self._ids)
-        self.live_contexts[ctx] = Resource(self._sm(count), ctx, desc[0].first)
+        self.live_contexts[ctx] = Resource(self._sm(count, self.ctx_align), ctx, desc[0].first)
         return self._ok("cuGreenCtxCreate", ctx)
 
     def cuGreenCtxGetDevResource(self, ctx: int, kind: int) -> tuple:

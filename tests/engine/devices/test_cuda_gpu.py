@@ -24,31 +24,39 @@ def model():
 
 def test_levels_realize_as_carved():
     """What the driver realizes, checked only as far as is sound: against the driver's own partition
-    limits when it reports them, else each side at least what it asked for and the pair on the device.
-    What was seen is recorded (a warning in the test log), whatever the outcome."""
+    limits (the device's for the first carve, the carved context's for the second) when it reports
+    them, else each side at least what it asked for and the pair on the device. What was seen is
+    recorded (a warning in the test log), whatever the outcome."""
     import warnings
 
     from pdtop.engine.devices.cuda import CudaDevice
     from pdtop.engine.devices.sm_split import plan_split
+    from pdtop.engine.errors import DeviceError
 
     total = torch.cuda.get_device_properties(0).multi_processor_count
     dev = CudaDevice()
     try:
-        auto = list(zip(dev.requested, dev.realized, strict=True))
-        limits = dev.gc.limits
-        wanted = [(total, 0), (60, 40), (60, 4), (0, total)]
-        got = dev.set_groups(wanted)
-        warnings.warn(f"cuda levels seen: limits {limits}; automatic (requested, realized) {auto}; "
-                      f"carves {dev.carves()}; manual {list(zip(wanted, got, strict=True))}", stacklevel=1)
-        for (p, d), (rp, rd) in auto[1:-1]:
+        auto = list(zip(dev.requested, dev.realized, dev.carves(), strict=True))
+        limits, manual = dev.gc.limits, {}
+        for p, d in ((60, 40), (60, 4)):
+            try:
+                manual[(p, d)] = pair = dev.gc.split(p, d)
+            except DeviceError as e:
+                manual[(p, d)] = str(e)
+                continue
+            dev.gc.destroy(pair)
+        warnings.warn(f"cuda levels seen: limits {limits}; automatic (requested, realized, carve) {auto}; "
+                      f"manual {manual}", stacklevel=1)
+        for (p, d), (rp, rd), _ in auto[1:-1]:
             assert rp >= p and rd >= d and rp + rd <= total
-        assert got[0] == (total, 0) and got[-1] == (0, total)
-        for (p, d), real in zip(wanted[1:3], got[1:3], strict=True):
-            if limits.source == "driver":  # the carve predicted from the limits the driver reported
-                assert real == plan_split(p, d, total, limits)
+        for (p, d), made in manual.items():
+            real, inner = (None, None) if isinstance(made, str) else (made.realized, made.outer_limits)
+            if limits.source == "driver" and (inner is None or inner.source == "driver"):
+                assert real == plan_split(p, d, total, limits, inner)  # what the driver's own limits imply
             elif real is not None:
                 assert real[0] >= p and real[1] >= d and sum(real) <= total
-        assert dev.groups == [g for g in got if g is not None]
+        got = dev.set_groups([(total, 0), (60, 40), (0, total)])
+        assert got[1] == getattr(manual[(60, 40)], "realized", None) and dev.groups == [g for g in got if g is not None]
     finally:
         dev.close()
 

@@ -91,6 +91,14 @@ def test_a_level_short_of_the_device_is_never_split_from_the_device():
     assert len(drv.live_contexts) == 3 and drv.calls.count("cuDevSmResourceSplitByCount") == 3
 
 
+def test_the_second_split_follows_the_carved_context_s_own_limits():
+    gc = GreenContexts(driver=FakeDriver(ctx_align=2))
+    pair = gc.split(60, 40)
+    assert pair.outer_limits == PartitionLimits(8, 2, "driver") and pair.realized == (60, 44)
+    assert plan_split(60, 40, 132, gc.limits, inner=pair.outer_limits) == pair.realized
+    assert plan_split(60, 40, 132, gc.limits) == (64, 40)  # the device's limits alone predict otherwise
+
+
 def test_driver_limits_change_what_is_realized():
     gc = GreenContexts(driver=FakeDriver(min_part=16, align=16))
     assert gc.split(60, 40).realized == (64, 48)
