@@ -380,8 +380,16 @@ class Check:
                                "memory_gib": round(props.total_memory / GiB, 1), "driver_cuda": info["driver_cuda"],
                                "pci_bus_id": info["pci_bus_id"], "uuid": info["uuid"],
                                "partition_limits": info["partition_limits"], "max_connections": info["max_connections"]}
-        self.data["levels"] = [{"level": i, "requested": list(req), "realized": list(real)}
-                               for i, (req, real) in enumerate(zip(dev.requested, dev.realized, strict=True))]
+        self.data["levels"] = [{"level": i, "requested": list(req), "realized": list(real), "carve": carve}
+                               for i, (req, real, carve) in enumerate(zip(dev.requested, dev.realized, dev.carves(),
+                                                                          strict=True))]
+        try:  # the driver's count checked by where kernels run (sm_probe); a failure leaves the rest standing
+            measured: list = dev.measure_sms(time_limit_s=5.0)
+        except Exception as exc:
+            measured = [None] * len(self.data["levels"])
+            self.data["errors"]["device.measured_sms"] = f"{type(exc).__name__}: {str(exc).strip()[:300]}"
+        for entry, m in zip(self.data["levels"], measured, strict=True):
+            entry["measured_sms"] = m
         manual = []
         for p, d in ((60, 40), (60, 4)):
             try:
@@ -480,11 +488,11 @@ class Check:
             runner.free(r)
 
     def _free_runner(self) -> None:
+        self.runner = None  # its decode graphs go before the streams they were captured on
+        gc.collect()
         if self.dev is not None:
             self.dev.close()
             self.dev = None
-        self.runner = None
-        gc.collect()
         if not self.smoke:
             torch.cuda.empty_cache()
 

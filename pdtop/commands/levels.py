@@ -9,7 +9,7 @@ running, the level is decode_bs * (n-2) // decode_bs_divisor clamped to the spli
 or the last manual division whose threshold <= decode_bs. On a GPU each level is also shown
 as it runs ("realized"): carved as SGLang does (p + d SMs, then p of them), with counts
 rounded up to the partition limits; --device cuda asks the driver, the others predict it
-from the table. Examples:
+from the seed's table (a prediction: the driver's own limits may differ). Examples:
   pdtop levels --gpu H20;  pdtop levels --sms 132 --cc 9.0 --json;  pdtop levels --device cpu
 """
 from __future__ import annotations

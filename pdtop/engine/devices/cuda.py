@@ -141,11 +141,15 @@ class CudaDevice(Device):
             raise DeviceError(f"cuda device unavailable: {reason}")
         import torch
 
-        self._torch = torch
-        self.tdev = torch.device("cuda", index)
-        torch.empty(1, device=self.tdev)  # make torch's primary context before the green contexts retain it
-        self.gc = GreenContexts(index)
-        self.name = f"cuda:{index}"
+        tdev = torch.device("cuda", index)
+        torch.empty(1, device=tdev)  # make torch's primary context before the green contexts retain it
+        self._start(torch, tdev, GreenContexts(index), groups, sm_group_num, balanced_workqueues)
+
+    def _start(self, torch: Any, tdev: Any, gc: GreenContexts, groups: list[tuple[int, int]] | None,
+               sm_group_num: int, balanced_workqueues: bool) -> None:
+        """The device on `gc`'s GPU (a test passes a fake driver's and a stand-in for torch's streams)."""
+        self._torch, self.tdev, self.gc = torch, tdev, gc
+        self.name = f"cuda:{gc.index}"
         self.units = self.gc.total_sms
         self.cc_major, self.cc_minor = self.gc.major, self.gc.minor
         self._whole_prefill = torch.cuda.Stream(self.tdev)  # torch's pool streams are non-blocking
@@ -207,12 +211,9 @@ class CudaDevice(Device):
                 if g not in self._made and lvl.pair is not None:
                     self.gc.destroy(lvl.pair)
             raise DeviceError(f"no usable split table on {self.name}: {'; '.join(r for _, r in dropped)}")
-        streams = _decode_streams(active, self._whole)
-        for listener in self._listeners:  # e.g. CUDA graphs: captured for new streams, freed for old ones
-            listener(streams)
-        for g, lvl in self._made.items():
-            if g not in made and lvl.pair is not None:
-                self.gc.destroy(lvl.pair)
+        gone = [lvl.pair for g, lvl in self._made.items() if g not in made and lvl.pair is not None]
+        # e.g. CUDA graphs: captured for new streams, freed for old ones before those are destroyed
+        retire_levels(self.gc, gone, self._listeners, _decode_streams(active, self._whole), self._synchronize)
         self._made, self._active, self.dropped = made, active, dropped
         super().set_groups([lvl.realized for lvl in active])
         return [made[g].realized if g in made else None for g in wanted]
@@ -226,6 +227,27 @@ class CudaDevice(Device):
     def realized(self) -> list[tuple[int, int]]:
         """SMs each level's green contexts hold (what runs; equal to `groups`)."""
         return [lvl.realized for lvl in self._active]
+
+    def carves(self) -> list[dict[str, Any] | None]:
+        """Per level, its first carve (`outer_sms` and `outer_limits`: what the `p + d` context holds)
+        or why it was not made (`note`); None for the whole-device end levels, which are not carved."""
+        return [None if lvl.pair is None else carve_record(lvl.pair) for lvl in self._active]
+
+    def measure_sms(self, time_limit_s: float = 5.0, **probe: Any) -> list[dict[str, Any] | None]:
+        """Per level, the SMs its two streams' kernels were seen running on (`sm_probe`: distinct
+        `%smid` and a compute-bound kernel's time against the whole device), beside `realized`
+        (the driver's own count). A side with no SMs is None; see `sm_probe.measure_levels`.
+        `probe` goes to `SmProbe` (a test's stand-in NVRTC and clock)."""
+        from pdtop.engine.devices.sm_probe import SmProbe, measure_levels
+
+        self._sync_all()
+        handles = [(int(lvl.prefill.cuda_stream) if lvl.realized[0] else None,
+                    int(lvl.decode.cuda_stream) if lvl.realized[1] else None) for lvl in self._active]
+        sm_probe = SmProbe(self.gc, **probe)
+        try:
+            return measure_levels(sm_probe, handles, time_limit_s)
+        finally:
+            sm_probe.close()
 
     @property
     def requested(self) -> list[tuple[int, int]]:
@@ -309,6 +331,7 @@ class CudaDevice(Device):
         out.extra.update({"gpu": self.gc.name, "levels_requested": [list(g) for g in self.requested],
                           "levels_realized": [list(r) for r in self.realized],
                           "dropped_levels": [{"requested": list(g), "reason": r} for g, r in self.dropped],
+                          "levels_carve": self.carves(),
                           "prefill_slices_in_flight": self.max_prefill_in_flight,
                           "max_connections": max_connections_state(),
                           "balanced_workqueues": self.balanced_workqueues})
@@ -321,12 +344,19 @@ class CudaDevice(Device):
         for s in streams:
             s.synchronize()
 
+    def _synchronize(self) -> None:
+        self._torch.cuda.synchronize(self.tdev)
+
     def close(self) -> None:
+        """Free what listeners captured on the levels' streams (`listener({})`: the decode graphs),
+        synchronize, then destroy the streams and green contexts."""
         if self._closed:
             return
         self._closed = True
+        listeners, pairs = list(self._listeners), [lvl.pair for lvl in self._made.values() if lvl.pair is not None]
         try:
             self._sync_all()
+            retire_levels(self.gc, pairs, listeners, {}, self._synchronize)
         finally:
             self._made.clear()
             self._active.clear()
@@ -356,6 +386,34 @@ def make_levels(wanted: list[Group], make: Callable[[Group], T],
             dropped[g] = str(exc)
             log.warning("pdtop: level %d %s dropped: %s", i, list(g), exc)
     return made, list(dropped.items())
+
+
+def carve_record(pair: GreenPair) -> dict[str, Any]:
+    """A level's first carve as the check records it: the outer context's SMs and partition limits, or why
+    it was not made."""
+    limits = None if pair.outer_limits is None else pair.outer_limits.as_dict()
+    return {"outer_sms": pair.outer_sms, "note": pair.carve_note, "outer_limits": limits}
+
+
+def retire_levels(gc: GreenContexts, pairs: list[GreenPair], listeners: list[StreamsListener],
+                  streams: dict[int, torch.cuda.Stream], synchronize: Callable[[], None]) -> None:
+    """Destroy `pairs` only after what was captured on their streams is gone: each listener is told
+    the decode streams that remain (`streams`; `{}` when the device closes) and drops its CUDA
+    graphs of the others, the device is synchronized, then the pairs' streams and green contexts
+    are destroyed (even if a listener failed: its error propagates once they are)."""
+    try:
+        for listener in listeners:
+            listener(streams)
+        synchronize()
+    finally:
+        errors: list[str] = []
+        for pair in pairs:
+            try:
+                gc.destroy(pair)
+            except DeviceError as e:
+                errors.append(str(e))
+        if errors:
+            raise DeviceError("; ".join(errors))
 
 
 def _decode_streams(levels: list[_Level], whole: torch.cuda.Stream) -> dict[int, torch.cuda.Stream]:

@@ -1,8 +1,8 @@
 """Raw CUDA driver calls for green contexts, through cuda-python (`cuda.bindings.driver`).
 
 One `GreenPair` is one split level, carved as SGLang carves it (`sm_split`): `p + d` SMs
-into one green context, those cut in two, a green context on each part, and one
-non-blocking stream on each; the realized counts are read back from the contexts
+into one green context (always, as `sgl_kernel` does), those cut in two, a green context on
+each part, and one non-blocking stream on each; the realized counts are read back from the contexts
 (`cuGreenCtxGetDevResource`). Partition limits come from the driver where CUDA 13
 reports them (`minSmPartitionSize`, `smCoscheduledAlignment`), else from the seed's
 table. Every CUresult is checked; anything a
@@ -15,6 +15,7 @@ Driver requirements: green contexts need a CUDA 12.4+ driver, streams created on
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,7 @@ GREEN_CTX_MIN_DRIVER = 12040  # cuGreenCtxCreate, cuDevSmResourceSplitByCount
 STREAM_MIN_DRIVER = 12050  # cuGreenCtxStreamCreate
 WORKQUEUE_MIN_DRIVER = 13010  # CU_DEV_RESOURCE_TYPE_WORKQUEUE_CONFIG (balanced workqueues)
 INSTALL_HINT = "pip install 'pdtop[gpu]'"  # cuda-python and nvidia-ml-py
+log = logging.getLogger(__name__)
 
 
 def version_str(v: int) -> str:
@@ -114,6 +116,9 @@ class GreenPair:
     realized: tuple[int, int]  # what the two contexts hold (cuGreenCtxGetDevResource)
     prefill_stream: int
     decode_stream: int
+    outer_sms: int | None = None  # what the first carve's context holds (None: the device was split directly)
+    carve_note: str | None = None  # why the first carve was not made, if it was not
+    outer_limits: PartitionLimits | None = None  # the first carve's context's own partition limits
     _streams: list[Any] = field(default_factory=list, repr=False)
     _contexts: list[Any] = field(default_factory=list, repr=False)  # prefill, decode, then the carved outer one
 
@@ -153,6 +158,11 @@ class GreenContexts:
         self.pairs: list[GreenPair] = []
         self._closed = False
 
+    @property
+    def primary(self) -> Any:
+        """The device's primary context (retained here), for calls that need a current context."""
+        return self._primary
+
     def _sm_resource(self) -> Any:
         """The whole device's SM resource (queried per split: split outputs cannot be split again)."""
         return call(self.drv, "cuDeviceGetDevResource", self.dev, self.drv.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM)
@@ -183,10 +193,13 @@ class GreenContexts:
                     self.drv.CUgreenCtxCreate_flags.CU_GREEN_CTX_DEFAULT_STREAM)
 
     def split(self, prefill_sms: int, decode_sms: int, balanced_workqueues: bool = False) -> GreenPair:
-        """A level of `prefill_sms` + `decode_sms`, carved as SGLang does (`sm_split.plan_split`):
-        `p + d` SMs into one green context (the whole device when that is all of it), then `p`
-        of those for prefill and the rest for decode. The realized counts are read back from
-        the two contexts; DeviceError (saying why) when the level cannot be made.
+        """A level of `prefill_sms` + `decode_sms`, carved as SGLang's `create_greenctx_stream_by_value`
+        does (`sm_split.plan_split`): always `p + d` SMs into one green context first, then `p` of
+        that context's SMs for prefill and the rest for decode. Only if the driver will not carve a
+        whole-device level's count out of the device (the count rounds past it: no group, or an
+        error) is the device's own resource split instead, and `GreenPair.carve_note` says so.
+        The realized counts are read back from the two contexts; DeviceError (saying why) when the
+        level cannot be made.
 
         `balanced_workqueues` (CUDA 13.1+) also asks the driver to keep the two sides'
         submissions on separate hardware workqueues, so launches do not queue behind each other.
@@ -199,11 +212,7 @@ class GreenContexts:
         extra = [self._workqueue_resource()] if balanced_workqueues else []
         pair = GreenPair(requested, (0, 0), 0, 0)
         try:
-            outer = self._sm_resource()
-            if sum(planned) < self.total_sms:  # step 1: carve p + d into a context of its own
-                carved, _ = self._split_one(outer, p + d)
-                pair._contexts.append(self._context([carved]))
-                outer = self._ctx_sms(pair._contexts[-1])
+            outer = self._carve_outer(pair, p + d, whole=sum(planned) == self.total_sms)
             part, rest = self._split_one(outer, p)  # step 2: prefill's part; decode gets the rest
             if int(rest.sm.smCount) < 1:
                 raise DeviceError(f"prefill's {int(part.sm.smCount)} SMs leave decode none")
@@ -220,6 +229,24 @@ class GreenContexts:
         pair.prefill_stream, pair.decode_stream = int(pair._streams[0]), int(pair._streams[1])
         self.pairs.append(pair)
         return pair
+
+    def _carve_outer(self, pair: GreenPair, count: int, whole: bool) -> Any:
+        """Step 1: `count` SMs of the device into a green context of their own (kept in `pair`);
+        returns that context's SM resource, which step 2 splits. For a whole-device level (`whole`)
+        the driver may make no group (the count rounds past the device): then the device's resource."""
+        device = self._sm_resource()
+        try:
+            carved, _ = self._split_one(device, count)
+        except DeviceError as e:
+            if not whole:
+                raise
+            pair.carve_note = f"the driver made no {count}-SM context of the whole device ({e}): split the device"
+            log.info("pdtop: level %s: %s", list(pair.requested), pair.carve_note)
+            return device
+        pair._contexts.append(self._context([carved]))
+        outer = self._ctx_sms(pair._contexts[-1])
+        pair.outer_sms, pair.outer_limits = int(outer.sm.smCount), partition_limits(outer.sm, self.major)
+        return outer
 
     def destroy(self, pair: GreenPair) -> None:
         """Destroy a level's streams, then its green contexts; the caller has synchronized them."""
@@ -247,8 +274,7 @@ class GreenContexts:
         return {"name": self.name, "index": self.index, "cc": f"{self.major}.{self.minor}",
                 "sms": self.total_sms, "driver_cuda": version_str(self.driver_version),
                 "cuda_bindings": self.bindings, "pci_bus_id": self.pci_bus_id, "uuid": self.uuid,
-                "partition_limits": {"min_sms": self.limits.min_part, "align": self.limits.align,
-                                     "source": self.limits.source}}
+                "partition_limits": self.limits.as_dict()}
 
 
 def partition_limits(sm: Any, major: int) -> PartitionLimits:

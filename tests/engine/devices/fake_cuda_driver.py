@@ -3,13 +3,23 @@
 It implements only the calls `green_ctx.GreenContexts` makes, with their return shapes
 ((CUresult, outputs...)), and the driver's documented rounding: a split group gets
 `minCount` rounded up to the SM alignment (at least the minimum partition size), the
-driver makes fewer groups when they do not fit (here: none, with success), and the rest
-is the remainder. `cuda13=False` leaves `minSmPartitionSize`/`smCoscheduledAlignment`
-out of the resources, as CUDA 12 bindings do. `fail_create` makes `cuGreenCtxCreate`
+driver makes fewer groups when they do not fit, and the rest is the remainder. What a real
+driver does when `minCount` rounds past the input (132 of 132 SMs in steps of 8) is not
+documented: `oversize` picks it ("none": no group, with success; "error":
+CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION; "all": one group of the whole input).
+`cuda13=False` leaves `minSmPartitionSize`/`smCoscheduledAlignment` out of the resources,
+as CUDA 12 bindings do. `fail_create` makes `cuGreenCtxCreate`
 fail for contexts of those SM counts.
+
+For `sm_probe` it also keeps device memory, libraries, a context stack and, per stream, the
+SMs its context holds (each split group a run of SM ids): a `pdtop_smid` launch writes, for
+each block, one of those ids (all of the GPU's with `leaky=True`: contexts that do not
+isolate), and a `pdtop_fma` launch adds work / SMs to a virtual clock (`clock()`) that
+`cuStreamSynchronize` advances. `FakeNvrtc` stands in for `cuda.bindings.nvrtc`.
 """
 from __future__ import annotations
 
+import ctypes
 import enum
 import itertools
 from dataclasses import dataclass, field
@@ -20,6 +30,8 @@ from typing import Any
 class CUresult(enum.IntEnum):
     CUDA_SUCCESS = 0
     CUDA_ERROR_INVALID_VALUE = 1
+    CUDA_ERROR_INVALID_CONTEXT = 201
+    CUDA_ERROR_INVALID_IMAGE = 200
     CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION = 915
 
 
@@ -34,6 +46,7 @@ class Sm:
 class Resource:
     sm: Any
     owner: int = 0  # id of the split (or device) this came from
+    first: int = 0  # its SMs are first, first + 1, ... (for the probe's %smid)
 
 
 @dataclass
@@ -47,10 +60,20 @@ class FakeDriver:
     pci: bytes = b"0000:65:00.0\0"
     uuid: bytes = bytes(range(16))
     fail_create: set[int] = field(default_factory=set)
+    oversize: str = "none"
+    leaky: bool = False
+    ctx_align: int | None = None  # the alignment a green context's own SM resource reports (default: align)
+    fail_load: bool = False
     __version__: str = "13.0.0"
     live_contexts: dict[int, Resource] = field(default_factory=dict)
     live_streams: set[int] = field(default_factory=set)
     calls: list[str] = field(default_factory=list)
+    stream_sms: dict[int, tuple[int, int]] = field(default_factory=dict)  # stream -> (first SM, count)
+    memory: dict[int, bytearray] = field(default_factory=dict)
+    libraries: set[int] = field(default_factory=set)
+    ctx_stack: list[Any] = field(default_factory=list)
+    now: float = 0.0
+    pending: dict[int, float] = field(default_factory=dict)
 
     CUdevResourceType = SimpleNamespace(CU_DEV_RESOURCE_TYPE_SM=1)
     CUdevice_attribute = SimpleNamespace(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR=75,
@@ -61,8 +84,8 @@ class FakeDriver:
     def __post_init__(self) -> None:
         self._ids = itertools.count(1)
 
-    def _sm(self, count: int) -> Sm:
-        return Sm(count, self.min_part, self.align) if self.cuda13 else Sm(count)
+    def _sm(self, count: int, align: int | None = None) -> Sm:
+        return Sm(count, self.min_part, align or self.align) if self.cuda13 else Sm(count)
 
     def _ok(self, name: str, *outs: Any) -> tuple:
         self.calls.append(name)
@@ -104,11 +127,17 @@ class FakeDriver:
 
     # -- green contexts --------------------------------------------------------------------
     def cuDevSmResourceSplitByCount(self, nb_groups: int, resource: Resource, flags: int, min_count: int) -> tuple:
-        size = -(-max(min_count, self.min_part) // self.align) * self.align
-        made = min(nb_groups, resource.sm.smCount // size)
+        align = resource.sm.smCoscheduledAlignment or self.align  # the resource's own, as CUDA 13 reports it
+        size = -(-max(min_count, self.min_part) // align) * align
+        have = resource.sm.smCount
+        if size > have and min_count <= have and self.oversize != "none":
+            if self.oversize == "error":
+                return (CUresult.CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION,)
+            size = have
+        made = min(nb_groups, have // size)
         split = next(self._ids)
-        groups = [Resource(self._sm(size), split) for _ in range(made)]
-        rest = Resource(self._sm(resource.sm.smCount - made * size), split)
+        groups = [Resource(self._sm(size), split, resource.first + i * size) for i in range(made)]
+        rest = Resource(self._sm(resource.sm.smCount - made * size), split, resource.first + made * size)
         return self._ok("cuDevSmResourceSplitByCount", groups, made, rest)
 
     def cuDevResourceGenerateDesc(self, resources: list[Resource], n: int) -> tuple:
@@ -121,7 +150,7 @@ class FakeDriver:
         if count in self.fail_create or count < 1:
             return (CUresult.CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION,)
         ctx = next(self._ids)
-        self.live_contexts[ctx] = Resource(self._sm(count), ctx)
+        self.live_contexts[ctx] = Resource(self._sm(count, self.ctx_align), ctx, desc[0].first)
         return self._ok("cuGreenCtxCreate", ctx)
 
     def cuGreenCtxGetDevResource(self, ctx: int, kind: int) -> tuple:
@@ -130,6 +159,8 @@ class FakeDriver:
     def cuGreenCtxStreamCreate(self, ctx: int, flags: int, priority: int) -> tuple:
         stream = next(self._ids) * 1000
         self.live_streams.add(stream)
+        res = self.live_contexts[ctx]
+        self.stream_sms[stream] = (res.first, res.sm.smCount)
         return self._ok("cuGreenCtxStreamCreate", stream)
 
     def cuStreamDestroy(self, stream: int) -> tuple:
@@ -139,3 +170,107 @@ class FakeDriver:
     def cuGreenCtxDestroy(self, ctx: int) -> tuple:
         del self.live_contexts[ctx]
         return self._ok("cuGreenCtxDestroy")
+
+    # -- what sm_probe uses ---------------------------------------------------------------
+    def clock(self) -> float:
+        return self.now
+
+    def cuCtxPushCurrent(self, ctx: Any) -> tuple:
+        self.ctx_stack.append(ctx)
+        return self._ok("cuCtxPushCurrent")
+
+    def cuCtxPopCurrent(self) -> tuple:
+        if not self.ctx_stack:
+            return (CUresult.CUDA_ERROR_INVALID_CONTEXT,)
+        return self._ok("cuCtxPopCurrent", self.ctx_stack.pop())
+
+    def cuStreamCreate(self, flags: int) -> tuple:
+        stream = next(self._ids) * 1000
+        self.live_streams.add(stream)
+        self.stream_sms[stream] = (0, self.sms)
+        return self._ok("cuStreamCreate", stream)
+
+    def cuLibraryLoadData(self, code: int, *options: Any) -> tuple:
+        if self.fail_load:
+            return (CUresult.CUDA_ERROR_INVALID_IMAGE,)
+        lib = next(self._ids)
+        self.libraries.add(lib)
+        return self._ok("cuLibraryLoadData", lib)
+
+    def cuLibraryGetKernel(self, lib: int, name: bytes) -> tuple:
+        return self._ok("cuLibraryGetKernel", name.decode())
+
+    def cuLibraryUnload(self, lib: int) -> tuple:
+        self.libraries.remove(lib)
+        return self._ok("cuLibraryUnload")
+
+    def cuMemAlloc(self, size: int) -> tuple:
+        if not self.ctx_stack:
+            return (CUresult.CUDA_ERROR_INVALID_CONTEXT,)
+        ptr = next(self._ids) << 20
+        self.memory[ptr] = bytearray(size)
+        return self._ok("cuMemAlloc", ptr)
+
+    def cuMemFree(self, ptr: int) -> tuple:
+        del self.memory[ptr]
+        return self._ok("cuMemFree")
+
+    def cuMemsetD32Async(self, ptr: int, value: int, count: int, stream: int) -> tuple:
+        self.memory[ptr][:4 * count] = value.to_bytes(4, "little") * count
+        return self._ok("cuMemsetD32Async")
+
+    def cuMemcpyDtoH(self, dst: int, src: int, size: int) -> tuple:
+        ctypes.memmove(dst, bytes(self.memory[src][:size]), size)
+        return self._ok("cuMemcpyDtoH")
+
+    def cuLaunchKernel(self, kernel: str, gx: int, gy: int, gz: int, bx: int, by: int, bz: int,
+                       shared: int, stream: int, params: int, extra: int) -> tuple:
+        first, count = (0, self.sms) if self.leaky else self.stream_sms.get(int(stream), (0, self.sms))
+        args = (ctypes.c_void_p * 2).from_address(params)
+        ptr = ctypes.c_uint64.from_address(args[0]).value
+        if kernel == "pdtop_smid":
+            for b in range(gx):
+                self.memory[ptr][4 * b:4 * b + 4] = (first + b % count).to_bytes(4, "little")
+        elif kernel == "pdtop_fma":
+            iters = ctypes.c_int.from_address(args[1]).value
+            self.pending[int(stream)] = self.pending.get(int(stream), 0.0) + gx * bx * iters * 1e-12 / count
+        return self._ok("cuLaunchKernel")
+
+    def cuStreamSynchronize(self, stream: int) -> tuple:
+        self.now += self.pending.pop(int(stream), 0.0)
+        return self._ok("cuStreamSynchronize")
+
+
+@dataclass
+class FakeNvrtc:
+    """`cuda.bindings.nvrtc`'s calls `sm_probe.compile_cubin` makes; `fail` makes the compile fail with a log."""
+
+    fail: bool = False
+    options: list[bytes] = field(default_factory=list)
+    live: set[int] = field(default_factory=set)
+
+    def nvrtcCreateProgram(self, src: bytes, name: bytes, n: int, headers: list, names: list) -> tuple:
+        self.live.add(id(src))
+        return (0, id(src))
+
+    def nvrtcCompileProgram(self, prog: int, n: int, options: list[bytes]) -> tuple:
+        self.options = list(options)
+        return (6 if self.fail else 0,)  # NVRTC_ERROR_COMPILATION
+
+    def nvrtcGetProgramLogSize(self, prog: int) -> tuple:
+        return (0, 32)
+
+    def nvrtcGetProgramLog(self, prog: int, log: bytes) -> tuple:
+        ctypes.memmove(log, b"probe.cu(3): error: bad asm\n\0", 30)
+        return (0,)
+
+    def nvrtcGetCUBINSize(self, prog: int) -> tuple:
+        return (0, 8)
+
+    def nvrtcGetCUBIN(self, prog: int, out: bytes) -> tuple:
+        ctypes.memmove(out, b"\x7fELFcub", 8)
+        return (0,)
+
+    def nvrtcDestroyProgram(self, prog: int) -> tuple:
+        self.live.discard(prog)
+        return (0,)

@@ -16,7 +16,7 @@ HOPPER = PartitionLimits(8, 8, "driver")
 
 @pytest.mark.parametrize("p,d,total,limits,expected", [
     (60, 40, 132, HOPPER, (64, 40)),  # the issue's example: recorded 60/40, ran 64/68 before
-    (80, 52, 132, HOPPER, (80, 52)),  # p + d is the whole device: no first carve
+    (80, 52, 132, HOPPER, (80, 52)),  # p + d rounds past the device: its whole 132
     (60, 44, 132, HOPPER, (64, 40)),  # 104 carved, prefill takes 64: decode gets less than asked
     (64, 4, 132, HOPPER, (64, 8)),
     (60, 4, 132, HOPPER, None),  # 64 carved, all of it prefill's
@@ -61,15 +61,42 @@ def test_manual_division_is_carved_then_split_and_read_back():
     assert not drv.live_contexts and not drv.live_streams
 
 
-def test_whole_device_levels_need_one_split():
-    drv = FakeDriver()
+@pytest.mark.parametrize("oversize,outer", [("none", None), ("error", None), ("all", 132)])
+def test_whole_device_levels_are_carved_first_as_sglang_does(oversize, outer, caplog):
+    """SGLang carves p + d first even when that is the whole device; where the driver will not
+    (132 rounds past 132 SMs in steps of 8), the device's own SMs are split and the pair says so."""
+    drv = FakeDriver(oversize=oversize)
     gc = GreenContexts(driver=drv)
-    for p, d in stream_groups(132, 9)[1:-1]:
-        pair = gc.split(p, d)
-        assert pair.realized == (p, d)  # realized equals requested for every automatic level
-    assert drv.calls.count("cuDevSmResourceSplitByCount") == 6
+    groups = stream_groups(132, 9)[1:-1]
+    with caplog.at_level(logging.INFO, logger="pdtop.engine.devices.green_ctx"):
+        pairs = [gc.split(p, d) for p, d in groups]
+    assert [pair.realized for pair in pairs] == groups  # realized equals requested for every automatic level
+    assert drv.calls.count("cuDevSmResourceSplitByCount") == 2 * len(groups) - (oversize == "error") * len(groups)
+    assert all(pair.outer_sms == outer for pair in pairs)
+    assert all((pair.carve_note is None) == (outer is not None) for pair in pairs)
+    assert len(caplog.records) == (0 if outer else len(groups))
+    assert len(drv.live_contexts) == len(groups) * (3 if outer else 2)
     gc.close()
     assert not drv.live_contexts and not drv.live_streams
+
+
+def test_a_level_short_of_the_device_is_never_split_from_the_device():
+    drv = FakeDriver(oversize="error")
+    gc = GreenContexts(driver=drv)
+    pair = gc.split(60, 40)
+    assert pair.outer_sms == 104 and pair.carve_note is None and pair.realized == (64, 40)
+    drv.fail_create = {96}  # the first carve's context: the level fails, nothing is split from the device
+    with pytest.raises(DeviceError, match=r"^cuGreenCtxCreate failed"):
+        gc.split(56, 40)
+    assert len(drv.live_contexts) == 3 and drv.calls.count("cuDevSmResourceSplitByCount") == 3
+
+
+def test_the_second_split_follows_the_carved_context_s_own_limits():
+    gc = GreenContexts(driver=FakeDriver(ctx_align=2))
+    pair = gc.split(60, 40)
+    assert pair.outer_limits == PartitionLimits(8, 2, "driver") and pair.realized == (60, 44)
+    assert plan_split(60, 40, 132, gc.limits, inner=pair.outer_limits) == pair.realized
+    assert plan_split(60, 40, 132, gc.limits) == (64, 40)  # the device's limits alone predict otherwise
 
 
 def test_driver_limits_change_what_is_realized():
