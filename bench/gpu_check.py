@@ -70,6 +70,7 @@ from pdtop.engine.devices.base import Work  # noqa: E402
 from pdtop.engine.devices.green_ctx import bindings_version  # noqa: E402
 from pdtop.engine.model.synthetic import synthetic_model  # noqa: E402
 from pdtop.engine.request import Request, RequestStatus, SamplingParams  # noqa: E402
+from pdtop.engine.runtime.graph_counts import replayed  # noqa: E402
 from pdtop.engine.runtime.runner import ModelRunner  # noqa: E402
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig  # noqa: E402
 from pdtop.engine.scheduling.scheduler import append_token  # noqa: E402
@@ -310,6 +311,17 @@ def time_decode(dev: Any, runner: ModelRunner, reqs: list[Request], steps: int, 
     return out
 
 
+def timed(dev: Any, runner: ModelRunner, reqs: list[Request], steps: int, feeder: PrefillFeeder | None = None,
+          **kw: Any) -> dict[str, Any]:
+    """`time_decode`'s figure with `graph_replayed`: every step it ran, warm-up included, replayed a
+    CUDA graph (the decoder's per-stream counts before and after; False on the CPU)."""
+    counts = runner.cuda.counts if runner.cuda is not None else None
+    before = counts.snapshot() if counts is not None else None
+    out = time_decode(dev, runner, reqs, steps, feeder, **kw)
+    out["graph_replayed"] = counts is not None and before is not None and replayed(before, counts.snapshot())
+    return out
+
+
 # -- the check ----------------------------------------------------------------------------
 class Check:
     def __init__(self, args: argparse.Namespace):
@@ -404,15 +416,15 @@ class Check:
                 runner.cuda.use_graphs = mode == "graph"
             res: dict[str, Any] = {}
             if self.dev is None:
-                res["alone"] = time_decode(None, runner, reqs, steps)
+                res["alone"] = timed(None, runner, reqs, steps)
             else:
                 last, split = len(self.dev.groups) - 1, self._pdmux_level()
                 self.dev.set_level(last)
-                res["alone_whole_gpu"] = time_decode(self.dev, runner, reqs, steps)
+                res["alone_whole_gpu"] = timed(self.dev, runner, reqs, steps)
                 self.dev.set_level(split)
-                res["alone_decode_side"] = time_decode(self.dev, runner, reqs, steps)
+                res["alone_decode_side"] = timed(self.dev, runner, reqs, steps)
                 feeder = PrefillFeeder(self.dev, runner, self.long)
-                res["under_prefill"] = time_decode(self.dev, runner, reqs, steps, feeder)
+                res["under_prefill"] = timed(self.dev, runner, reqs, steps, feeder)
                 feeder.drain()
                 res["level"] = {"index": split, "realized": list(self.dev.groups[split])}
             out[mode] = res
@@ -439,8 +451,8 @@ class Check:
             self.dev.collect_prefill(len(feeder.in_flight), block=True)
             alone_ms = [e0.elapsed_time(e1) for _, e0, e1 in feeder.in_flight]
             feeder.in_flight.clear()
-            decode_alone = time_decode(self.dev, runner, reqs, 8, warmup=2)
-            together = time_decode(self.dev, runner, reqs, 8, feeder, warmup=0, min_slices=2)
+            decode_alone = timed(self.dev, runner, reqs, 8, warmup=2)
+            together = timed(self.dev, runner, reqs, 8, feeder, warmup=0, min_slices=2)
             feeder.drain()
             p_alone = float(np.mean(alone_ms))
             p_together = together["prefill_slice_gpu_ms"]["p50"]
@@ -448,6 +460,7 @@ class Check:
                          "prefill_slice_ms": {"alone": p_alone, "with_decode": p_together},
                          "decode_step_ms": {"alone": decode_alone["wall_ms"]["p50"],
                                             "with_prefill": together["wall_ms"]["p50"]},
+                         "graph_replayed": decode_alone["graph_replayed"] and together["graph_replayed"],
                          "prefill_slowdown": p_together / p_alone if p_alone else None,
                          "decode_slowdown": together["wall_ms"]["p50"] / decode_alone["wall_ms"]["p50"]})
             self.data["overlap"] = rows
@@ -615,6 +628,10 @@ def _f(x: Any, spec: str = ".2f") -> str:
     return format(x, spec) if isinstance(x, (int, float)) and math.isfinite(x) else "-"
 
 
+def _yes(x: Any) -> str:
+    return "-" if x is None else "yes" if x else "NO"
+
+
 def summary(d: dict[str, Any]) -> str:
     env, dev = d.get("environment", {}), d.get("device", {})
     lines = [f"gpu_check ({d['mode']}) on {dev.get('name', '?')}: {dev.get('sms', '-')} SMs, driver "
@@ -636,19 +653,19 @@ def summary(d: dict[str, Any]) -> str:
     ds = d.get("decode_step") or {}
     if ds:
         lines.append(f"{'decode step (bs ' + str(ds.get('batch')) + ', ctx ' + str(ds.get('context')) + ')':<40}"
-                     f"{'wall p50':>9}{'wall p99':>9}{'host p50':>9}{'gpu p50':>9}{'host/gpu':>9}")
+                     f"{'wall p50':>9}{'wall p99':>9}{'host p50':>9}{'gpu p50':>9}{'host/gpu':>9}{'replayed':>9}")
         for mode in ("eager", "graph"):
             for where, row in (ds.get(mode) or {}).items():
                 if not isinstance(row, dict) or "wall_ms" not in row:
                     continue
                 lines.append(f"  {mode + ' ' + where:<38}{_f(row['wall_ms']['p50']):>9}{_f(row['wall_ms']['p99']):>9}"
                              f"{_f(row['host_ms']['p50']):>9}{_f(row.get('gpu_ms', {}).get('p50')):>9}"
-                             f"{_f(row.get('host_over_gpu')):>9}")
+                             f"{_f(row.get('host_over_gpu')):>9}{_yes(row.get('graph_replayed')):>9}")
     ov = d.get("overlap")
     if isinstance(ov, list) and ov:
         lines.append("overlap (prefill slice / decode step slowdown together): " + ", ".join(
             f"{r['realized'][0]}/{r['realized'][1]}: {_f(r['prefill_slowdown'])}x/{_f(r['decode_slowdown'])}x"
-            for r in ov))
+            + ("" if r.get("graph_replayed") else " (decode not replayed)") for r in ov))
     itl = d.get("itl_ms") or {}
     if itl:
         lines.append("ITL p99 ms: " + ", ".join(f"{k} {_f(v, '.1f')}" for k, v in itl.items()))

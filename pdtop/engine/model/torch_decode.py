@@ -1,25 +1,29 @@
 """Decode attention from the paged KV cache in plain torch ops, capturable by a CUDA graph: the
 fallback when the Triton kernel (`triton_decode.py`) cannot run, so decode graphs still replay.
 
-A CUDA graph needs static shapes and no host syncs, so the step's blocks are laid out on the host as
-one flat list of a fixed number of *entries* (`ragged_entries`): entry e is block `blocks[e]` of
-decode row `rows[e]`, of which the first `counts[e]` positions are context. The rows' blocks come
-first, in order; the rest of the list is padding (count 0). On the device (`RaggedDecode.of`, once
-per forward) each entry becomes `block_size` slots, the pad slot (all zeros) past a row's context,
-so nothing reads uninitialised memory. Each layer then gathers the entries' K/V with
-`index_select`, scores each entry against its row's query heads (GQA: a KV head's query heads are
-the rows of one small matmul), and keeps a per-row online softmax in float32, merged over entries
-with `scatter_reduce` (max) and `index_add_` (sums); entries go in chunks of `chunk_entries`, so
-the temporaries stay under `CHUNK_BYTES`.
+A CUDA graph needs static shapes and no host syncs, so the step's blocks are laid out on the
+host as one flat list of a fixed number of *entries* (`ragged_entries`): entry e is block
+`blocks[e]` of decode row `rows[e]`, of which the first `counts[e]` positions are context. The
+rows' blocks come first, in order; the rest of the list is padding (count 0). On the device
+(`RaggedDecode.of`, once per forward) each entry becomes `block_size` slots, the cache's pad slot
+past a row's context (zeros, or what a graph's pad rows wrote there), so nothing reads
+uninitialised memory. Each layer then gathers the entries' K/V with `index_select`, scores each
+entry against its row's query heads (GQA: a KV head's query heads are the rows of one small
+matmul), and keeps a per-row online softmax in float32, merged over entries with
+`scatter_reduce` (max) and `index_add_` (sums); entries go in chunks of `chunk_entries`, so the
+temporaries stay under `CHUNK_BYTES`.
 
-Cost: a list sized for the worst case is read whole every step. `CudaDecoder` sizes it per batch
-bucket as `min(bucket * W, pool blocks + bucket)` (W: the static table width), which the KV pool
-bounds: at most as many blocks as the pool holds, plus one for each pad row, whatever the
-context. So a step reads, per layer, the K/V of a full pool (gathering a copy of it first) where
-the Triton kernel reads only the batch's own context: for the GPU check (131,072-token pool,
-32 rows at 2,048) about twice the attention traffic of the kernel, plus the copy, in chunks of
-at most `CHUNK_BYTES` (256 MiB) of temporaries per layer. Slower than the kernel, but replayed
-from graphs, so decode stays GPU-bound and split levels still differ.
+Cost: the list, sized for the worst case, is processed whole every step. `CudaDecoder` sizes it
+per batch bucket as `min(bucket * W, pool blocks + bucket)` (W: the static table width): the
+rows' blocks are distinct pool blocks and each pad row takes one, so the KV pool bounds it,
+whatever the context. A step's attention thus gathers (reads, writes, then reads again) a copy
+of up to a full pool's K/V per layer, padding entries re-reading the one pad slot, where the
+Triton kernel reads only the batch's own context once. For the GPU check (qwen3-8b, a
+131,072-token pool, 32 rows at 2,048: 8,256 entries) that is about 1.5 GB a layer against the
+kernel's 0.27 GB, so a decode step of about 6.5 ms would take roughly 2.5x as long (an estimate,
+not measured), in chunks of at most `CHUNK_BYTES` (256 MiB) of temporaries per layer. Slower
+than the kernel, but replayed from graphs, so decode stays GPU-bound and split levels still
+differ; a smaller `--kv-tokens` makes it cheaper.
 """
 from __future__ import annotations
 
