@@ -231,6 +231,7 @@ def test_gpu_check_smoke_runs_without_packages_the_gpu_machine_lacks(tmp_path):
     assert report["environment"]["torch"] == torch.__version__
     eager = report["decode_step"]["eager"]["alone"]
     assert eager["wall_ms"]["n"] == 20 and eager["wall_ms"]["p50"] > 0
+    assert eager["graph_replayed"] is False  # said for every decode figure; the CPU has no graphs
     assert set(report["itl_ms"]) == {"decode_only", "pdmux_under_prefill", "chunked_64", "chunked_32"}
     assert all(v > 0 for v in report["itl_ms"].values())
     assert report["policies"]["chunked_32"]["chunk_size"] == 32 and report["policies"]["pdmux"]["levels"]
