@@ -647,9 +647,11 @@ def summary(d: dict[str, Any]) -> str:
     rt = d.get("runtime") or {}
     if rt:
         g = rt.get("cuda_graphs") or {}
+        eager = f" (+{g['eager_streams']} eager: capture failed)" if g.get("eager_streams") else ""
         lines.append(f"runtime: {rt.get('dtype')}, attention {rt.get('attention', 'sdpa')}, prefix "
                      f"{rt.get('prefix_attention', '-')}, graphs {g.get('graphs', 0)} on {g.get('streams', 0)} "
-                     f"streams, pool {g.get('pool_mib', '-')} MiB, capture {g.get('capture_s', '-')} s")
+                     f"streams{eager}, pool "
+                     f"{g.get('pool_mib', '-')} MiB, capture {g.get('capture_s', '-')} s")
     ds = d.get("decode_step") or {}
     if ds:
         lines.append(f"{'decode step (bs ' + str(ds.get('batch')) + ', ctx ' + str(ds.get('context')) + ')':<40}"
