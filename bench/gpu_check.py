@@ -57,7 +57,7 @@ from typing import Any
 STARTED = time.perf_counter()  # the budget counts from here: importing torch and CUDA's start are in it
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pdtop.engine.devices.cuda import max_connections_state, set_max_connections  # noqa: E402
+from pdtop.engine.devices.cuda_setup import max_connections_state, set_max_connections  # noqa: E402
 
 set_max_connections()  # before torch starts CUDA
 
@@ -72,6 +72,7 @@ from pdtop.engine.devices.base import Work  # noqa: E402
 from pdtop.engine.devices.green_ctx import bindings_version  # noqa: E402
 from pdtop.engine.model.synthetic import synthetic_model  # noqa: E402
 from pdtop.engine.request import Request, RequestStatus, SamplingParams  # noqa: E402
+from pdtop.engine.runtime.graph_counts import replayed  # noqa: E402
 from pdtop.engine.runtime.runner import ModelRunner  # noqa: E402
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig  # noqa: E402
 from pdtop.engine.scheduling.scheduler import append_token  # noqa: E402
@@ -241,6 +242,7 @@ class PrefillFeeder:
             _, e0, e1 = self.in_flight.popleft()
             self.slice_ms.append(e0.elapsed_time(e1))
         if self.state is not None and self.next == self.layers and not self.in_flight:
+            assert self.req is not None  # set with the state
             self.runner.prefill_finish(self.state)
             self.runner.free(self.req)
             self.state, self.prefills = None, self.prefills + 1
@@ -263,6 +265,7 @@ class PrefillFeeder:
             if self.next < self.layers:
                 self.runner.prefill_layers(self.state, self.next, self.layers)
                 self.next = self.layers
+            assert self.req is not None  # set with the state
             self.runner.prefill_finish(self.state)
             self.runner.free(self.req)
             self.state = None
@@ -328,6 +331,17 @@ def decode_graphs(engine: Any, steps: list[Any], policy: str) -> dict[str, Any]:
     return {"decode_graphs": graphs and mixed == 0, "mixed_steps": mixed, "decode_graphs_note": CHUNKED_EAGER}
 
 
+def timed(dev: Any, runner: ModelRunner, reqs: list[Request], steps: int, feeder: PrefillFeeder | None = None,
+          **kw: Any) -> dict[str, Any]:
+    """`time_decode`'s figure with `graph_replayed`: every step it ran, warm-up included, replayed a
+    CUDA graph (the decoder's per-stream counts before and after; False on the CPU)."""
+    counts = runner.cuda.counts if runner.cuda is not None else None
+    before = counts.snapshot() if counts is not None else None
+    out = time_decode(dev, runner, reqs, steps, feeder, **kw)
+    out["graph_replayed"] = counts is not None and before is not None and replayed(before, counts.snapshot())
+    return out
+
+
 # -- the check ----------------------------------------------------------------------------
 class Check:
     def __init__(self, args: argparse.Namespace):
@@ -390,7 +404,7 @@ class Check:
             self.data["errors"]["device.measured_sms"] = f"{type(exc).__name__}: {str(exc).strip()[:300]}"
         for entry, m in zip(self.data["levels"], measured, strict=True):
             entry["measured_sms"] = m
-        manual = []
+        manual: list[dict[str, Any]] = []
         for p, d in ((60, 40), (60, 4)):
             try:
                 pair = dev.gc.split(p, d)
@@ -436,15 +450,15 @@ class Check:
                 runner.cuda.use_graphs = mode == "graph"
             res: dict[str, Any] = {}
             if self.dev is None:
-                res["alone"] = time_decode(None, runner, reqs, steps)
+                res["alone"] = timed(None, runner, reqs, steps)
             else:
                 last, split = len(self.dev.groups) - 1, self._pdmux_level()
                 self.dev.set_level(last)
-                res["alone_whole_gpu"] = time_decode(self.dev, runner, reqs, steps)
+                res["alone_whole_gpu"] = timed(self.dev, runner, reqs, steps)
                 self.dev.set_level(split)
-                res["alone_decode_side"] = time_decode(self.dev, runner, reqs, steps)
+                res["alone_decode_side"] = timed(self.dev, runner, reqs, steps)
                 feeder = PrefillFeeder(self.dev, runner, self.long)
-                res["under_prefill"] = time_decode(self.dev, runner, reqs, steps, feeder)
+                res["under_prefill"] = timed(self.dev, runner, reqs, steps, feeder)
                 feeder.drain()
                 res["level"] = {"index": split, "realized": list(self.dev.groups[split])}
             out[mode] = res
@@ -471,8 +485,8 @@ class Check:
             self.dev.collect_prefill(len(feeder.in_flight), block=True)
             alone_ms = [e0.elapsed_time(e1) for _, e0, e1 in feeder.in_flight]
             feeder.in_flight.clear()
-            decode_alone = time_decode(self.dev, runner, reqs, 8, warmup=2)
-            together = time_decode(self.dev, runner, reqs, 8, feeder, warmup=0, min_slices=2)
+            decode_alone = timed(self.dev, runner, reqs, 8, warmup=2)
+            together = timed(self.dev, runner, reqs, 8, feeder, warmup=0, min_slices=2)
             feeder.drain()
             p_alone = float(np.mean(alone_ms))
             p_together = together["prefill_slice_gpu_ms"]["p50"]
@@ -480,6 +494,7 @@ class Check:
                          "prefill_slice_ms": {"alone": p_alone, "with_decode": p_together},
                          "decode_step_ms": {"alone": decode_alone["wall_ms"]["p50"],
                                             "with_prefill": together["wall_ms"]["p50"]},
+                         "graph_replayed": decode_alone["graph_replayed"] and together["graph_replayed"],
                          "prefill_slowdown": p_together / p_alone if p_alone else None,
                          "decode_slowdown": together["wall_ms"]["p50"] / decode_alone["wall_ms"]["p50"]})
             self.data["overlap"] = rows
@@ -635,6 +650,10 @@ def _f(x: Any, spec: str = ".2f") -> str:
     return format(x, spec) if isinstance(x, (int, float)) and math.isfinite(x) else "-"
 
 
+def _yes(x: Any) -> str:
+    return "-" if x is None else "yes" if x else "NO"
+
+
 def summary(d: dict[str, Any]) -> str:
     env, dev = d.get("environment", {}), d.get("device", {})
     lines = [f"gpu_check ({d['mode']}) on {dev.get('name', '?')}: {dev.get('sms', '-')} SMs, driver "
@@ -650,25 +669,27 @@ def summary(d: dict[str, Any]) -> str:
     rt = d.get("runtime") or {}
     if rt:
         g = rt.get("cuda_graphs") or {}
+        eager = f" (+{g['eager_streams']} eager: capture failed)" if g.get("eager_streams") else ""
         lines.append(f"runtime: {rt.get('dtype')}, attention {rt.get('attention', 'sdpa')}, prefix "
                      f"{rt.get('prefix_attention', '-')}, graphs {g.get('graphs', 0)} on {g.get('streams', 0)} "
-                     f"streams, pool {g.get('pool_mib', '-')} MiB, capture {g.get('capture_s', '-')} s")
+                     f"streams{eager}, pool "
+                     f"{g.get('pool_mib', '-')} MiB, capture {g.get('capture_s', '-')} s")
     ds = d.get("decode_step") or {}
     if ds:
         lines.append(f"{'decode step (bs ' + str(ds.get('batch')) + ', ctx ' + str(ds.get('context')) + ')':<40}"
-                     f"{'wall p50':>9}{'wall p99':>9}{'host p50':>9}{'gpu p50':>9}{'host/gpu':>9}")
+                     f"{'wall p50':>9}{'wall p99':>9}{'host p50':>9}{'gpu p50':>9}{'host/gpu':>9}{'replayed':>9}")
         for mode in ("eager", "graph"):
             for where, row in (ds.get(mode) or {}).items():
                 if not isinstance(row, dict) or "wall_ms" not in row:
                     continue
                 lines.append(f"  {mode + ' ' + where:<38}{_f(row['wall_ms']['p50']):>9}{_f(row['wall_ms']['p99']):>9}"
                              f"{_f(row['host_ms']['p50']):>9}{_f(row.get('gpu_ms', {}).get('p50')):>9}"
-                             f"{_f(row.get('host_over_gpu')):>9}")
+                             f"{_f(row.get('host_over_gpu')):>9}{_yes(row.get('graph_replayed')):>9}")
     ov = d.get("overlap")
     if isinstance(ov, list) and ov:
         lines.append("overlap (prefill slice / decode step slowdown together): " + ", ".join(
             f"{r['realized'][0]}/{r['realized'][1]}: {_f(r['prefill_slowdown'])}x/{_f(r['decode_slowdown'])}x"
-            for r in ov))
+            + ("" if r.get("graph_replayed") else " (decode not replayed)") for r in ov))
     itl = d.get("itl_ms") or {}
     if itl:
         lines.append("ITL p99 ms: " + ", ".join(f"{k} {_f(v, '.1f')}" for k, v in itl.items()))

@@ -297,7 +297,7 @@ def launch_space_for(device: str, model: str | None, sc: Scenario) -> tuple[Sear
         import subprocess
         import sys
 
-        code = ("import json, sys\nfrom pdtop.engine.devices.cuda import cuda_device_info as i\n"
+        code = ("import json, sys\nfrom pdtop.engine.devices.cuda_setup import cuda_device_info as i\n"
                 f"try:\n    print(json.dumps(i({where.index})))\n"
                 "except Exception as exc:\n    sys.exit(str(exc))")
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

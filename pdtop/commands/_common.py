@@ -81,7 +81,7 @@ def cuda_missing(device: str | None) -> str | None:
     if not device or not device.strip().startswith("cuda"):
         return None
     from pdtop.engine.build import parse_device
-    from pdtop.engine.devices.cuda import cuda_unavailable_reason
+    from pdtop.engine.devices.cuda_setup import cuda_unavailable_reason
 
     reason = cuda_unavailable_reason(parse_device(device).index)
     return f"cuda device unavailable: {reason}" if reason else None

@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _resolve(args: argparse.Namespace) -> tuple[str, int, int | None, int]:
     """(device name, units, cc major or None for the CPU, cc minor)."""
     from pdtop.engine.build import parse_device
-    from pdtop.engine.devices.cuda import cuda_device_info
+    from pdtop.engine.devices.cuda_setup import cuda_device_info
     from pdtop.engine.roofline.gpu_specs import parse_cc, parse_gpu
 
     chosen = [o for o, v in (("--sms/--cc", args.sms or args.cc), ("--gpu", args.gpu), ("--device", args.device)) if v]

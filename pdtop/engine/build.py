@@ -43,7 +43,7 @@ def parse_device(text: str) -> DeviceSpec:
     """"auto" (CUDA if torch sees a GPU, else the CPU), "cpu", "cuda", "cuda:N" or "sim:GPU"; DeviceError otherwise."""
     text = text.strip()
     if text == "auto" or text.startswith("cuda"):
-        from pdtop.engine.devices.cuda import set_max_connections
+        from pdtop.engine.devices.cuda_setup import set_max_connections
 
         set_max_connections()  # before anything starts CUDA
     if text == "auto":
@@ -118,7 +118,8 @@ def build_engine(device: str = "auto", model: str | None = None, config: PdmuxCo
             table = SplitTable.for_cpu(len(usable_cores()), config)
             dev = CpuDevice(table.groups)
         else:
-            from pdtop.engine.devices.cuda import CudaDevice, cuda_device_info
+            from pdtop.engine.devices.cuda import CudaDevice
+            from pdtop.engine.devices.cuda_setup import cuda_device_info
 
             info = cuda_device_info(where.index)  # DeviceError naming what is missing
             table = SplitTable.for_gpu(info["sms"], info["major"], config)

@@ -4,7 +4,9 @@ to its cached prefix takes one of SDPA's fused kernels, never the math one.
 - Decode: `PagedDecode` holds each row's block table and context length; `attend` runs the
   Triton flash-decoding kernel (`triton_decode.py`) on one layer's cache, so decode moves
   each context token's K/V once instead of gathering a padded copy first (about 3x the
-  traffic). `reference` is the CPU path's computation (gather + SDPA) for checking it.
+  traffic). Without Triton, `ragged` holds the same rows as one list of blocks and `attend` runs
+  the torch-only path (`torch_decode.py`), which CUDA graphs capture too. `reference` is the CPU
+  path's computation (gather + SDPA) for checking both.
 - Prefix attention (chunked prefill: a chunk's queries see the cached prefix and, causally,
   each other): a boolean mask together with grouped K/V rules out SDPA's flash and
   memory-efficient kernels on CUDA, leaving the math one, which would make the chunked
@@ -24,6 +26,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from pdtop.engine.model.torch_decode import RaggedDecode, torch_paged_decode
 
 MAX_SPLITS = 16
 
@@ -46,9 +50,12 @@ class PagedDecode:
     context_lens: torch.Tensor  # [n] int32: tokens the row attends to, its new one included (>= 1)
     block_size: int
     splits: int
+    ragged: RaggedDecode | None = None  # set: the torch-only path, not the Triton kernel
 
     def attend(self, q: torch.Tensor, cache: torch.Tensor, scale: float) -> torch.Tensor:
         """q `[n, heads, d]` against one layer's cache `[2, kv_heads, slots, d]`: `[n, heads, d]`."""
+        if self.ragged is not None:
+            return torch_paged_decode(q, cache[0], cache[1], self.ragged, scale)
         return paged_decode(q, cache[0], cache[1], self.block_table, self.context_lens, self.block_size, scale,
                             self.splits)
 

@@ -15,7 +15,8 @@ _POOL = 1_000_003  # prime
 
 def synthetic_model(name: str, dtype: str | torch.dtype = "bfloat16", device: str | torch.device = "cpu",
                     num_layers: int | None = None, seed: int = 0) -> LlamaModel:
-    """A model with the named config's shapes and seeded random weights (std 0.02, norms 1).
+    """A model with the named config's shapes and seeded random weights (std 0.02, norms 1), the same
+    on every device for the same seed (so a GPU's logits can be checked against the CPU's).
 
     Meant for timing and for the sim device's cost model. An 8B model needs about 16 GB
     in bfloat16 (a GPU) and twice that in float32; on a CPU use `num_layers` to keep it small.
@@ -30,19 +31,19 @@ def synthetic_model(name: str, dtype: str | torch.dtype = "bfloat16", device: st
         cfg = replace(cfg, num_layers=num_layers)
     dt, dev = parse_dtype(dtype), torch.device(device)
     _check_memory(cfg, dt, dev)
-    gen = torch.Generator(device=dev).manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)  # on the CPU whatever the device: the same weights everywhere
     h, d, f = cfg.hidden, cfg.head_dim, cfg.ffn
     # One seeded block of uniform noise (std 0.02), tiled into every matrix from a random
     # offset: generating billions of random numbers would take minutes on a small CPU.
     # The block's length is prime, so rows never repeat with the row length.
-    pool = torch.empty(_POOL, dtype=torch.float32, device=dev).uniform_(-0.02 * 3 ** 0.5, 0.02 * 3 ** 0.5,
-                                                                       generator=gen).to(dt)
+    pool = torch.empty(_POOL, dtype=torch.float32).uniform_(-0.02 * 3 ** 0.5, 0.02 * 3 ** 0.5,
+                                                           generator=gen).to(dev, dt)
     pool = torch.cat((pool, pool))
 
     def rand(*shape: int) -> torch.Tensor:
         x = torch.empty(*shape, dtype=dt, device=dev)
         flat = x.view(-1)
-        start = int(torch.randint(_POOL, (1,), generator=gen, device=dev))
+        start = int(torch.randint(_POOL, (1,), generator=gen))
         for off in range(0, flat.numel(), _POOL):
             n = min(_POOL, flat.numel() - off)
             flat[off:off + n].copy_(pool[start:start + n])

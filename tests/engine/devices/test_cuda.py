@@ -12,7 +12,8 @@ import torch
 
 from pdtop.analysis.gpu_targets import TARGETS
 from pdtop.engine.devices.base import Work
-from pdtop.engine.devices.cuda import CudaDevice, cuda_unavailable_reason
+from pdtop.engine.devices.cuda import CudaDevice
+from pdtop.engine.devices.cuda_setup import cuda_unavailable_reason
 from pdtop.engine.devices.green_ctx import (
     GreenContexts,
     call,
@@ -136,7 +137,7 @@ def device():
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="needs an NVIDIA GPU, CUDA torch and cuda-python")
 def test_every_level_gets_its_sms(device):
-    from pdtop.engine.devices.cuda import cuda_device_info
+    from pdtop.engine.devices.cuda_setup import cuda_device_info
 
     assert cuda_device_info()["sms"] == device.units
     assert device.groups[0] == (device.units, 0) and device.groups[-1] == (0, device.units)
@@ -232,6 +233,7 @@ def test_gpu_check_smoke_runs_without_packages_the_gpu_machine_lacks(tmp_path):
     assert report["environment"]["torch"] == torch.__version__
     eager = report["decode_step"]["eager"]["alone"]
     assert eager["wall_ms"]["n"] == 20 and eager["wall_ms"]["p50"] > 0
+    assert eager["graph_replayed"] is False  # said for every decode figure; the CPU has no graphs
     assert set(report["itl_ms"]) == {"decode_only", "pdmux_under_prefill", "chunked_64", "chunked_32"}
     assert all(v > 0 for v in report["itl_ms"].values())
     assert report["policies"]["chunked_32"]["chunk_size"] == 32 and report["policies"]["pdmux"]["levels"]
@@ -276,7 +278,7 @@ def test_gpu_check_stopped_by_its_timeout_keeps_results_and_prints_the_table(tmp
 
 @no_cuda
 def test_device_info_says_what_is_missing():
-    from pdtop.engine.devices.cuda import cuda_device_info
+    from pdtop.engine.devices.cuda_setup import cuda_device_info
 
     with pytest.raises(DeviceError, match=r"^cuda device unavailable: "):
         cuda_device_info()

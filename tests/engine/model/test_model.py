@@ -1,5 +1,8 @@
 """The Llama model on the real SmolLM2 weights: reference output, batching, layer splits, dtypes,
-synthetic models."""
+synthetic models; on CUDA, the reference answer (the GGUF) and a synthetic model against the CPU
+(what the lent GPU machine, without gguf or the model file, runs).
+
+The loader is imported where it is used: it needs gguf, which the GPU machine lacks."""
 from __future__ import annotations
 
 import psutil
@@ -9,9 +12,8 @@ from chat_prompts import chat_ids, prompt_logits
 
 from pdtop.engine.errors import EngineError
 from pdtop.engine.model.llama import REFINE_TOP, ForwardBatch, Segment
-from pdtop.engine.model.loader import load_model
 from pdtop.engine.model.synthetic import synthetic_model
-from pdtop.engine.request import Request, SamplingParams
+from pdtop.engine.request import Request, RequestStatus, SamplingParams
 from pdtop.engine.runtime.runner import ModelRunner
 from pdtop.engine.scheduling.scheduler import append_token, generate
 
@@ -44,6 +46,8 @@ def test_bfloat16_model_agrees_with_float32(gguf_path, tokenizer, model_fp32):
     """bfloat16 keeps in float32 what llama.cpp does: the residual stream from the embedding to the
     final norm, and the leading logits (float32 sums of the final norm's float32 output with the
     bfloat16 weights). What agreement on text and logits means is tests/engine/model/test_bfloat16.py."""
+    from pdtop.engine.model.loader import load_model
+
     bf16 = load_model(gguf_path, dtype="bfloat16")
     assert bf16.dtype == torch.bfloat16 and bf16.dtype_bytes == 2
     assert bf16.norm.weight_f32.dtype == torch.float32 and bf16.decoder_layers[0].attn_norm.out_dtype == torch.bfloat16
@@ -121,8 +125,74 @@ def test_synthetic_8b_refused_when_it_cannot_fit():
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_reference_answer_on_cuda(gguf_path, tokenizer):
+def test_reference_answer_on_cuda():
+    """The real weights; skipped where gguf or the model file is missing (the lent GPU machine)."""
+    pytest.importorskip("gguf")
+    from pdtop.engine.errors import ModelFileError
+    from pdtop.engine.model.loader import default_model_path, load_model
+    from pdtop.engine.model.tokenizer import Tokenizer
+
+    try:
+        path = default_model_path()
+    except ModelFileError as e:
+        pytest.skip(str(e))
+    tokenizer = Tokenizer.from_gguf(path)
     for dtype in ("float32", "bfloat16"):
-        m = load_model(gguf_path, dtype=dtype, device="cuda")
+        m = load_model(path, dtype=dtype, device="cuda")
         out = greedy(ModelRunner(m, kv_capacity_tokens=512), chat_ids(tokenizer, "What is the capital of France?"))
         assert tokenizer.decode(out).startswith("The capital of France is Paris."), dtype
+
+
+def _decoding(runner: ModelRunner, prompts: list[list[int]]) -> list[Request]:
+    reqs = [Request(i, ids, SamplingParams(max_tokens=16, ignore_eos=True)) for i, ids in enumerate(prompts)]
+    for r in reqs:
+        runner.admit(r)
+        r.status = RequestStatus.PREFILLING
+    for r, t in zip(reqs, runner.prefill(reqs), strict=True):
+        append_token(r, t, 0.0, ())
+    return reqs
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype,tol", [("float32", 1e-3), ("bfloat16", 0.05)])
+def test_synthetic_model_on_cuda_agrees_with_the_cpu(dtype, tol):
+    """The same synthetic weights on both devices (4 layers of SmolLM2's shapes), each prefilling its
+    own cache: three decode steps' logits on CUDA (paged attention, replayed from a graph on a side
+    stream, and eagerly) agree with the CPU's to `tol` of the largest logit; every graph step replayed."""
+    from pdtop.engine.runtime.graph_counts import replayed
+
+    prompts = [list(range(100 + 7 * i, 100 + 7 * i + n)) for i, n in enumerate((5, 200, 33))]
+    runs = {}
+    for device in ("cpu", "cuda"):
+        m = synthetic_model("synthetic:smollm2-135m", dtype=dtype, device=device, num_layers=4, seed=5)
+        runner = ModelRunner(m, kv_capacity_tokens=2048)
+        reqs = _decoding(runner, prompts)
+        runs[device] = (m, runner, reqs)
+    cpu_m, cpu_r, cpu_reqs = runs["cpu"]
+    gpu_m, gpu_r, gpu_reqs = runs["cuda"]
+    assert torch.equal(gpu_m.embed_weight.cpu(), cpu_m.embed_weight)
+    for a, b in zip(cpu_reqs, gpu_reqs, strict=True):  # decode the CPU's tokens on both
+        b.output_ids[-1:] = a.output_ids[-1:]
+    dec = gpu_r.cuda
+    assert dec is not None and dec.paged, dec.describe()
+    stream = torch.cuda.Stream()
+    dec.sync_streams({stream.cuda_stream: stream})
+    for _ in range(3):
+        want = cpu_r.next_logits(cpu_reqs)
+        with torch.cuda.stream(stream):
+            dec.use_graphs = False
+            eager = gpu_r.next_logits(gpu_reqs).float().cpu()
+            dec.use_graphs = True
+            before = dec.counts.snapshot()
+            graph = gpu_r.next_logits(gpu_reqs).float().cpu()
+            assert replayed(before, dec.counts.snapshot()), dec.describe()
+        scale = float(want.abs().max())
+        assert scale > 0
+        for name, got in (("eager", eager), ("graph", graph)):
+            assert float((got - want).abs().max()) <= tol * scale, (name, dec.attention)
+        tokens = want.argmax(-1).tolist()
+        for reqs in (cpu_reqs, gpu_reqs):  # the CPU's tokens on both, as `decode` takes them
+            for q, t in zip(reqs, tokens, strict=True):
+                q.num_cached += 1
+                append_token(q, t, 0.0, ())
