@@ -15,8 +15,6 @@ import json
 import math
 from typing import Any
 
-import orjson
-
 from pdtop import __version__
 from pdtop.engine.description import WIRE
 from pdtop.engine.records import ConfigChange, KvTransfer, PrefillProgress, RequestRecord, RoundRecord
@@ -96,7 +94,11 @@ def encode_record(rec: RoundRecord | RequestRecord | KvTransfer) -> str:
     """The event of a round or request record as JSON text, straight from the dataclass: orjson
     writes it about 12x faster than building the dict and `json.dumps` (9 us a record), which the
     engine thread pays for every event streamed. It parses to `record_event(rec)`, non-finite
-    floats as null as `encode` writes them; what orjson cannot write takes `encode`'s path."""
+    floats as null as `encode` writes them; what orjson cannot write takes `encode`'s path.
+    orjson is imported here, not with the module, so `pdtop tune --json` and the rest of the CLI
+    run where only the stream needs it (the lent GPU machine has no orjson unless carried)."""
+    import orjson
+
     try:
         body = orjson.dumps(rec)
     except TypeError:

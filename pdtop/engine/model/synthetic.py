@@ -73,9 +73,9 @@ def _check_memory(cfg: ModelConfig, dtype: torch.dtype, device: torch.device) ->
     params = cfg.linear_params + cfg.vocab * cfg.hidden * (1 if cfg.tie_embeddings else 2)
     need = params * torch.finfo(dtype).bits // 8
     if device.type == "cpu":
-        import psutil
-
-        avail = psutil.virtual_memory().available
+        avail = _available_ram()
+        if avail is None:
+            return
     elif device.type == "cuda" and torch.cuda.is_available():
         avail = torch.cuda.mem_get_info(device)[0]
     else:
@@ -84,3 +84,18 @@ def _check_memory(cfg: ModelConfig, dtype: torch.dtype, device: torch.device) ->
         raise EngineError(f"{cfg.name} with {cfg.num_layers} layers needs {need / 2**30:.1f} GiB of weights in "
                           f"{str(dtype).removeprefix('torch.')} on {device}, only {avail / 2**30:.1f} GiB free; "
                           "use bfloat16, a GPU, or fewer layers")
+
+
+def _available_ram() -> int | None:
+    """Bytes of RAM available: psutil's figure, else /proc/meminfo's MemAvailable (the lent GPU machine
+    may lack psutil), else None (not checked)."""
+    try:
+        import psutil
+    except ImportError:
+        try:
+            with open("/proc/meminfo", encoding="ascii") as f:
+                kib = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
+        except (OSError, StopIteration, ValueError, IndexError):
+            return None
+        return kib * 1024
+    return int(psutil.virtual_memory().available)

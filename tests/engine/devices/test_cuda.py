@@ -211,7 +211,24 @@ def test_set_groups_rebuilds_levels(device):
 
 
 # -- the GPU check script -------------------------------------------------------------------
-GPU_MACHINE_LACKS = ("gguf", "websockets", "textual", "fastapi", "uvicorn", "httptools", "openai", "pytest_asyncio")
+GPU_MACHINE_LACKS = ("gguf", "websockets", "orjson", "textual", "fastapi", "uvicorn", "httptools", "openai",
+                     "pytest_asyncio")
+
+
+def test_cli_json_and_synthetic_models_need_neither_orjson_nor_psutil():
+    """What the lent GPU machine's cuda tests run without the carried wheels: the CLI's parser (every
+    command module is imported to build it), `encode` (`pdtop tune --json`), and a synthetic model on the
+    CPU (its memory check reads /proc/meminfo without psutil)."""
+    r = _run("import sys\n"
+             f"for m in {(*GPU_MACHINE_LACKS, 'psutil')!r}:\n    sys.modules[m] = None\n"
+             "from pdtop.cli import build_parser\n"
+             "build_parser()\n"
+             "from pdtop.telemetry.encode import encode\n"
+             "from pdtop.engine.model import synthetic\n"
+             "m = synthetic.synthetic_model('synthetic:smollm2-135m', dtype='float32', num_layers=1)\n"
+             "print(encode({'layers': m.config.num_layers}), synthetic._available_ram() > 0)\n")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ['{"layers":1}', "True"]
 
 
 def test_gpu_check_smoke_runs_without_packages_the_gpu_machine_lacks(tmp_path):
