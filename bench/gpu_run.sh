@@ -17,8 +17,11 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 SECONDS=0
 if ls .whl/*.whl >/dev/null 2>&1; then
+  # pip, else (a python3 without pip) the wheels unzipped: pure zips of a package and its .so, no deps
   if timeout -k 5 30 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target /tmp/pdtop-site .whl/*.whl; then
+      --target /tmp/pdtop-site .whl/*.whl \
+    || timeout -k 5 30 "$PY" -c 'import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]' \
+      /tmp/pdtop-site .whl/*.whl; then
     export PYTHONPATH=/tmp/pdtop-site${PYTHONPATH:+:$PYTHONPATH}
   else
     echo "gpu_run: the carried wheels did not install; going on without them"
