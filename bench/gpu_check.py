@@ -444,30 +444,32 @@ class Check:
         reqs = decoders(runner, self.decode_bs, self.context)
         steps = self.args.steps
         out: dict[str, Any] = {"batch": self.decode_bs, "context": self.context}
+        self.data["decode_step"] = out  # what was measured stays if a later figure fails
         modes = ("eager",) if runner.cuda is None or not runner.cuda.use_graphs else ("eager", "graph")
-        for mode in modes:
+        try:
+            for mode in modes:
+                if runner.cuda is not None:
+                    runner.cuda.use_graphs = mode == "graph"
+                res: dict[str, Any] = {}
+                out[mode] = res
+                if self.dev is None:
+                    res["alone"] = timed(None, runner, reqs, steps)
+                else:
+                    last, split = len(self.dev.groups) - 1, self._pdmux_level()
+                    res["level"] = {"index": split, "realized": list(self.dev.groups[split])}
+                    self.dev.set_level(last)
+                    res["alone_whole_gpu"] = timed(self.dev, runner, reqs, steps)
+                    self.dev.set_level(split)
+                    res["alone_decode_side"] = timed(self.dev, runner, reqs, steps)
+                    feeder = PrefillFeeder(self.dev, runner, self.long)
+                    res["under_prefill"] = timed(self.dev, runner, reqs, steps, feeder)
+                    feeder.drain()
+                self.report.save()
+        finally:  # a failed figure leaves neither graphs off nor 32 requests' KV to the sections after it
             if runner.cuda is not None:
-                runner.cuda.use_graphs = mode == "graph"
-            res: dict[str, Any] = {}
-            if self.dev is None:
-                res["alone"] = timed(None, runner, reqs, steps)
-            else:
-                last, split = len(self.dev.groups) - 1, self._pdmux_level()
-                self.dev.set_level(last)
-                res["alone_whole_gpu"] = timed(self.dev, runner, reqs, steps)
-                self.dev.set_level(split)
-                res["alone_decode_side"] = timed(self.dev, runner, reqs, steps)
-                feeder = PrefillFeeder(self.dev, runner, self.long)
-                res["under_prefill"] = timed(self.dev, runner, reqs, steps, feeder)
-                feeder.drain()
-                res["level"] = {"index": split, "realized": list(self.dev.groups[split])}
-            out[mode] = res
-            self.report.save()
-        if runner.cuda is not None:
-            runner.cuda.use_graphs = runner.cuda.graphs_wanted and runner.cuda.paged
-        for r in reqs:
-            runner.free(r)
-        self.data["decode_step"] = out
+                runner.cuda.use_graphs = runner.cuda.graphs_wanted and runner.cuda.paged
+            for r in reqs:
+                runner.free(r)
 
     # 5
     def overlap(self) -> None:
@@ -477,7 +479,14 @@ class Check:
         runner = self.runner
         assert runner is not None
         reqs = decoders(runner, self.decode_bs, self.context, seed=2)
-        rows = []
+        try:
+            self._overlap_rows(runner, reqs)
+        finally:
+            for r in reqs:
+                runner.free(r)
+
+    def _overlap_rows(self, runner: ModelRunner, reqs: list[Request]) -> None:
+        rows: list[dict[str, Any]] = []
         for level in range(1, len(self.dev.groups) - 1):
             self.dev.set_level(level)
             feeder = PrefillFeeder(self.dev, runner, self.long, seed=level)
@@ -499,8 +508,6 @@ class Check:
                          "decode_slowdown": together["wall_ms"]["p50"] / decode_alone["wall_ms"]["p50"]})
             self.data["overlap"] = rows
             self.report.save()
-        for r in reqs:
-            runner.free(r)
 
     def _free_runner(self) -> None:
         self.runner = None  # its decode graphs go before the streams they were captured on

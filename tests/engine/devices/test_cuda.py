@@ -266,6 +266,33 @@ def test_gpu_check_smoke_runs_without_packages_the_gpu_machine_lacks(tmp_path):
     assert "target graphs_replayed_on_every_level: not measured (no levels in the report)" in r.stdout
 
 
+def test_gpu_check_section_that_fails_frees_its_requests(tmp_path, monkeypatch):
+    """A decode figure that raises (on the GPU: any error mid-section) is recorded in `errors`, and its
+    32 requests' KV goes back to the runner's pool, so the sections after it do not run out of KV."""
+    import argparse
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[3] / "bench" / "gpu_check.py"
+    spec = importlib.util.spec_from_file_location("gpu_check_under_test", path)
+    assert spec is not None and spec.loader is not None
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    calls = []
+
+    def failing(*args, **kw):
+        calls.append(args)
+        raise RuntimeError("a figure failed")
+
+    monkeypatch.setattr(gpu_check, "timed", failing)
+    args = argparse.Namespace(out=str(tmp_path / "gpu_check.json"), smoke=True, budget=60.0, steps=2, layers=1,
+                              kv_tokens=4096, preflight=None, connections_probe=False, probe_split="80,52")
+    check = gpu_check.Check(args)
+    check.report.run("runtime", check.runtime)
+    check.report.run("decode_step", check.decode)
+    runner = check.runner
+    assert calls and "a figure failed" in check.data["errors"]["decode_step"]
+    assert runner is not None and runner.kv.pool.used_blocks == 0
+
 def test_gpu_check_stopped_by_its_timeout_keeps_results_and_prints_the_table(tmp_path):
     """SIGTERM (what `timeout` in bench/gpu_run.sh sends) in the middle of a section: the sections done
     stay in the JSON, the one stopped is recorded as such, the summary table is still printed."""
