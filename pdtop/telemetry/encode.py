@@ -13,12 +13,21 @@ import dataclasses
 import functools
 import json
 import math
+from collections.abc import Callable
 from typing import Any
 
 from pdtop import __version__
 from pdtop.engine.description import WIRE
 from pdtop.engine.records import ConfigChange, KvTransfer, PrefillProgress, RequestRecord, RoundRecord
 from pdtop.telemetry.events import PROTOCOL_VERSION, EngineConfig, EngineDescription
+
+_dumps: Callable[[Any], bytes] | None
+try:  # the stream's fast path; without it (the lent GPU machine) records take `encode`'s, and the CLI imports
+    import orjson
+
+    _dumps = orjson.dumps
+except ImportError:
+    _dumps = None
 
 _PREFILL_FIELDS = tuple(f.name for f in dataclasses.fields(PrefillProgress))
 
@@ -94,13 +103,11 @@ def encode_record(rec: RoundRecord | RequestRecord | KvTransfer) -> str:
     """The event of a round or request record as JSON text, straight from the dataclass: orjson
     writes it about 12x faster than building the dict and `json.dumps` (9 us a record), which the
     engine thread pays for every event streamed. It parses to `record_event(rec)`, non-finite
-    floats as null as `encode` writes them; what orjson cannot write takes `encode`'s path.
-    orjson is imported here, not with the module, so `pdtop tune --json` and the rest of the CLI
-    run where only the stream needs it (the lent GPU machine has no orjson unless carried)."""
-    import orjson
-
+    floats as null as `encode` writes them; what orjson cannot write (or no orjson) takes `encode`'s path."""
+    if _dumps is None:
+        return encode(record_event(rec))
     try:
-        body = orjson.dumps(rec)
+        body = _dumps(rec)
     except TypeError:
         return encode(record_event(rec))
     return (_RECORD_HEADS[rec.__class__] + body[1:]).decode()
