@@ -3,7 +3,7 @@
 # machine"): the wheels from bench/gpu_prepare.sh if carried (.whl/), the preflight
 # (bench/gpu_preflight.sh: compiler, Python.h, libcuda, TRITON_CACHE_DIR, one Triton kernel), the GPU
 # check, then the cuda tests. All of it within $GPU_RUN_TOTAL_S (470) seconds, machine start excluded:
-# the check gets what the steps before it left, up to 280 s, and the tests keep their 120 s.
+# the check gets what the steps before it left, up to 280 s; the tests at least 120 s, and what the check leaves.
 # The device time lent is 15 minutes with a start of a few: one try is what there is.
 # Results go to $OUT (5 files): nvidia_smi.txt, preflight.txt, gpu_check.json, gpu_check.log,
 # pytest_cuda.log. PYTHON picks the interpreter (default python3: on the lent machine, the one with CUDA torch).
@@ -46,8 +46,13 @@ tests="tests/engine/devices/test_cuda.py tests/engine/devices/test_cuda_gpu.py t
 if "$PY" -c "import websockets, orjson" 2>/dev/null; then  # tests/telemetry's conftest needs them (carried as wheels)
   tests="$tests tests/telemetry/test_nvml_sampler.py"
 fi
+# the tests get at least their 120 s, and whatever the check left of the total (cold Triton compiles of the
+# small models' kernels, about 20 of them, are most of their time)
+pytest_s=$(( TOTAL - SECONDS - 5 ))
+[ "$pytest_s" -lt "$PYTEST_S" ] && pytest_s=$PYTEST_S
+echo "gpu_run: ${SECONDS} s before the tests; they get ${pytest_s} s"
 # shellcheck disable=SC2086
-timeout -k 5 "$PYTEST_S" "$PY" -m pytest -q -m cuda -p no:cacheprovider -o addopts="" $tests 2>&1 \
+timeout -k 5 "$pytest_s" "$PY" -m pytest -q -m cuda -p no:cacheprovider -o addopts="" $tests 2>&1 \
   | tee "$OUT/pytest_cuda.log"
 rc=${PIPESTATUS[0]}; echo "gpu_run: pytest exit $rc$( [ "$rc" = 124 ] && echo ': timed out')"
 echo "gpu_run: ${SECONDS} s in all"
