@@ -50,7 +50,10 @@ extern "C" __global__ void pdtop_fma(float* out, int iters) {
 """
 UNWRITTEN = 0xFFFFFFFF  # the smid buffer is filled with this before a launch
 SMID_THREADS, SMID_BLOCKS_PER_SM, SPIN_CYCLES = 1024, 8, 20_000
-FMA_THREADS, FMA_BLOCKS_PER_SM = 256, 64  # 8 waves of 8 resident blocks per SM on the whole GPU, more on a part
+FMA_THREADS, FMA_RESIDENT_PER_SM = 256, 8  # 8 blocks of 256 threads fill an SM (2,048 threads)
+# 32 waves on the whole GPU: a part's last, partial wave costs at most 1/32 of its time (with 8 waves,
+# 104 SMs timed as 96: 8448 blocks take 11 waves of 832 there against 8 of 1056)
+FMA_BLOCKS_PER_SM = 32 * FMA_RESIDENT_PER_SM
 TARGET_S = 0.004  # one timed launch on the whole device
 ITERS_START, ITERS_MIN, ITERS_MAX = 2_000, 100, 2_000_000
 REPEATS = 3

@@ -233,7 +233,9 @@ class FakeDriver:
                 self.memory[ptr][4 * b:4 * b + 4] = (first + b % count).to_bytes(4, "little")
         elif kernel == "pdtop_fma":
             iters = ctypes.c_int.from_address(args[1]).value
-            self.pending[int(stream)] = self.pending.get(int(stream), 0.0) + gx * bx * iters * 1e-12 / count
+            resident = 2048 // bx  # blocks an SM holds at once; the launch runs in waves of count * resident
+            waves = -(-gx // (count * resident))
+            self.pending[int(stream)] = self.pending.get(int(stream), 0.0) + waves * resident * bx * iters * 1e-12
         return self._ok("cuLaunchKernel")
 
     def cuStreamSynchronize(self, stream: int) -> tuple:

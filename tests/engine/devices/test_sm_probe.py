@@ -67,7 +67,7 @@ def test_every_level_measured_on_its_own_streams_and_everything_freed(leaky):
             assert seen == (132, 132) and level["shared_smids"] == 132
         else:
             assert seen == pair.realized and level["shared_smids"] == 0
-            assert timed == pytest.approx(pair.realized, abs=0.5)
+            assert timed == pytest.approx(pair.realized, abs=1.0)  # the fake runs blocks in waves, as a GPU
     assert not drv.memory and not drv.libraries and not drv.ctx_stack
     assert len(drv.live_streams) == 2 * len(pairs) + 1  # the probe's own stream is gone
 
