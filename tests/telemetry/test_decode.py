@@ -73,6 +73,7 @@ def test_records_encode_the_same_without_orjson(stream, monkeypatch):
     monkeypatch.setattr(encode, "_dumps", None)
     assert [json.loads(encode.encode_record(r)) for r in records] == fast
 
+
 def test_the_hello_is_the_engines_description(stream):
     describe = stream[0]
     hello = decode_event(wire(encode.hello_event("c3", True, describe)))

@@ -272,6 +272,8 @@ def test_gpu_check_section_that_fails_frees_its_requests(tmp_path, monkeypatch):
     import argparse
     import importlib.util
 
+    # importing it sets CUDA_DEVICE_MAX_CONNECTIONS if unset: monkeypatch puts the environment back after
+    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS", "32"))
     path = Path(__file__).resolve().parents[3] / "bench" / "gpu_check.py"
     spec = importlib.util.spec_from_file_location("gpu_check_under_test", path)
     assert spec is not None and spec.loader is not None
@@ -292,6 +294,7 @@ def test_gpu_check_section_that_fails_frees_its_requests(tmp_path, monkeypatch):
     runner = check.runner
     assert calls and "a figure failed" in check.data["errors"]["decode_step"]
     assert runner is not None and runner.kv.pool.used_blocks == 0
+
 
 def test_gpu_check_stopped_by_its_timeout_keeps_results_and_prints_the_table(tmp_path):
     """SIGTERM (what `timeout` in bench/gpu_run.sh sends) in the middle of a section: the sections done
