@@ -72,7 +72,7 @@ from pdtop.engine.devices.base import Work  # noqa: E402
 from pdtop.engine.devices.green_ctx import bindings_version  # noqa: E402
 from pdtop.engine.model.synthetic import synthetic_model  # noqa: E402
 from pdtop.engine.request import Request, RequestStatus, SamplingParams  # noqa: E402
-from pdtop.engine.runtime.graph_counts import replayed  # noqa: E402
+from pdtop.engine.runtime.graph_counts import delta, replayed  # noqa: E402
 from pdtop.engine.runtime.runner import ModelRunner  # noqa: E402
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig  # noqa: E402
 from pdtop.engine.scheduling.scheduler import append_token  # noqa: E402
@@ -536,9 +536,15 @@ class Check:
             engine = build_engine("cpu" if self.smoke else "cuda", MODEL, config, policy, loaded_model=self.model,
                                   kv_capacity_tokens=8192 if self.smoke else self.args.kv_tokens)
             try:
+                cuda = getattr(getattr(engine.executor, "runner", None), "cuda", None)
+                before = cuda.counts.snapshot() if cuda is not None else None
                 t = time.perf_counter()
                 run = run_policy(engine, sc)
                 res = run.summary
+                # how the decoder's steps of the run (its replayed baselines too) really ran; chunked's
+                # mixed steps do not go through it (mixed_steps, below)
+                res["decode_steps"] = (None if cuda is None or before is None else
+                                       delta(before, cuda.counts.snapshot()).as_dict())
                 res["seconds"] = round(time.perf_counter() - t, 1)
                 res["itl_ms"]["n"] = sum(len(s.gaps) for s in run.steps)
                 res["chunk_size"] = config.chunk_size if policy == "chunked" else None
