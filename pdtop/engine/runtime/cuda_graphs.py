@@ -151,6 +151,7 @@ class CudaDecoder:
         self.use_graphs = graphs and self.paged  # may be switched off later (gpu_check compares)
         self._graphs: dict[int, dict[int, torch.cuda.CUDAGraph]] = {}  # stream handle -> bucket -> graph
         self.failed: dict[int, str] = {}
+        self._checked: set[int] = set()  # decode streams Triton's kernel was checked on
         self.counts = GraphCounts()  # every step, per decode stream: replayed, or eager and why
         self.entries: dict[int, int] = {}  # torch-paged: bucket -> length of its static block list
         self.capture_s = 0.0
@@ -196,11 +197,17 @@ class CudaDecoder:
         self.h_rows = torch.zeros(3, n, dtype=torch.int64, pin_memory=pin)  # ids, positions, slots
         self.h_table = torch.zeros(n, width, dtype=torch.int32, pin_memory=pin)
         self.h_ctx = torch.zeros(n, dtype=torch.int32, pin_memory=pin)
-        if self.attention == "torch-paged":  # the pool holds at most num_blocks; each pad row takes one more
-            self.entries = {b: min(b * width, self.kv.pool.num_blocks + b) for b in self.buckets}
-            p = max(self.entries.values())
-            self.s_entries = torch.zeros(3, p, dtype=torch.int64, device=dev)  # rows, blocks, counts
-            self.h_entries = torch.zeros(3, p, dtype=torch.int64, pin_memory=pin)
+        if self.attention == "torch-paged":
+            self._make_entries()
+
+    def _make_entries(self) -> None:
+        """torch-paged's static block list per bucket: the pool holds at most num_blocks; each pad row
+        takes one more."""
+        width, dev = self.s_table.shape[1], self.device
+        self.entries = {b: min(b * width, self.kv.pool.num_blocks + b) for b in self.buckets}
+        p = max(self.entries.values())
+        self.s_entries = torch.zeros(3, p, dtype=torch.int64, device=dev)  # rows, blocks, counts
+        self.h_entries = torch.zeros(3, p, dtype=torch.int64, pin_memory=torch.cuda.is_available())
 
     # -- the forward -----------------------------------------------------------------------
     def _forward(self, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, paged: PagedDecode) -> torch.Tensor:
@@ -277,6 +284,11 @@ class CudaDecoder:
             del self._graphs[key]
         for key in [k for k in self.failed if k not in streams]:  # a later stream may reuse the handle
             del self.failed[key]
+        self._checked &= set(streams)
+        unchecked = {k: s for k, s in streams.items() if k not in self._checked}
+        if self._triton_fails_on(unchecked):
+            self._graphs.clear()  # captured with Triton's kernel: every stream again, on the torch path
+        self._checked |= set(unchecked)
         if not self.use_graphs:
             return
         new = {k: s for k, s in streams.items() if k not in self._graphs and k not in self.failed}
@@ -295,6 +307,30 @@ class CudaDecoder:
         torch.cuda.synchronize(self.device)
         self.capture_s += time.perf_counter() - t0
         self.pool_bytes += torch.cuda.memory_reserved(self.device) - before
+
+    @torch.inference_mode()
+    def _triton_fails_on(self, streams: dict[int, torch.cuda.Stream]) -> bool:
+        """Whether Triton's kernel fails on one of these streams, having switched to the torch-only path
+        if so. Triton loads a kernel into the context current at its first launch (the primary one);
+        that it then launches on a green context's stream is what SGLang relies on, not what the
+        driver docs say, so it is checked on each decode stream before graphs are captured there."""
+        if self.attention != "triton-paged":
+            return False
+        problem = next((p for p in (self._check_on(s, _triton_variants()) for s in streams.values()) if p), "")
+        if not problem:
+            return False
+        self.attention = "torch-paged"
+        self.fallback_reason = "; ".join(r for r in (self.fallback_reason, f"triton-paged on a decode stream: "
+                                                     f"{problem}") if r)
+        log.warning("pdtop: the Triton decode kernel fails on a decode stream (%s); decode runs the torch-only "
+                    "paged path", problem)
+        if self.use_graphs:
+            self._make_entries()
+        return True
+
+    def _check_on(self, stream: torch.cuda.Stream, variants: list[Attend]) -> str:
+        with torch.cuda.stream(stream):  # the check reads its results back: it waits for its kernels
+            return check_attention(variants, self.cfg, self.model.dtype, self.device, self.kv.block_size)
 
     @torch.inference_mode()
     def _capture(self, stream: Any) -> dict[int, torch.cuda.CUDAGraph]:

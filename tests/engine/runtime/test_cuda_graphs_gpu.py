@@ -75,3 +75,32 @@ def test_a_batch_over_the_largest_bucket_runs_eagerly(decoding):
     stream.synchronize()
     assert dec.counts.streams[stream.cuda_stream].eager == {NO_BUCKET: 1}
     assert float((got - want).abs().max()) <= 0.02 * float(want.abs().max())
+
+
+def test_triton_failing_on_a_decode_stream_switches_every_stream_to_the_torch_path(decoding, monkeypatch):
+    """Triton's kernel is checked on each decode stream before graphs are captured there (a green
+    context's stream may not take a kernel loaded in the primary context): where it fails, decode
+    takes the torch-only path and every stream's graphs are captured again on it."""
+    runner, reqs, want = decoding
+    dec = CudaDecoder(runner.model, runner.kv, buckets=(1, 4), attention="triton-paged")
+    if dec.attention != "triton-paged":
+        pytest.skip(f"Triton cannot run here: {dec.fallback_reason}")
+    runner.cuda = dec
+    first, second = torch.cuda.Stream(), torch.cuda.Stream()
+    dec.sync_streams({first.cuda_stream: first})
+    assert dec.attention == "triton-paged" and dec.describe()["cuda_graphs"]["graphs"] == 2
+    real = CudaDecoder._check_on
+    monkeypatch.setattr(CudaDecoder, "_check_on", lambda self, stream, variants: "refused here" if stream is second
+                        else real(self, stream, variants))
+    dec.sync_streams({first.cuda_stream: first, second.cuda_stream: second})
+    info = dec.describe()
+    assert info["attention"] == "torch-paged" and "triton-paged on a decode stream: refused here" in \
+        info["attention_fallback"], info
+    assert info["cuda_graphs"]["graphs"] == 4 and not info["cuda_graphs"]["failed"], info
+    for stream in (first, second):
+        with torch.cuda.stream(stream):
+            before = dec.counts.snapshot()
+            got = runner.next_logits(reqs).float().clone()
+            assert replayed(before, dec.counts.snapshot())
+        stream.synchronize()
+        assert float((got - want).abs().max()) <= 0.02 * float(want.abs().max())
