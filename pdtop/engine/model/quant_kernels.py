@@ -160,6 +160,9 @@ def _bind(lib: ctypes.CDLL, prefix: str) -> None:
     getattr(lib, f"{prefix}_rows").restype = i32
     getattr(lib, f"{prefix}_rows").argtypes = [i32, ptr, i64, ptr, i64, ptr]
     getattr(lib, f"{prefix}_fast_path").restype = i32
+    if prefix == "pdtop_quant":
+        lib.pdtop_quant_team_spin.restype = i64
+        lib.pdtop_quant_team_spin.argtypes = [i64]
 
 
 def _problem(k: QuantKernels, qtype: int) -> str | None:

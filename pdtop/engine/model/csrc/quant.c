@@ -19,6 +19,7 @@
    their own cores, and each its own team) by output columns, so each block is read by one thread;
    a small matmul runs on the calling thread alone (waking the team costs more). Built and checked
    by pdtop/engine/model/quant_kernels.py; bench/quant_bench.py times each path and loop shape. */
+#define _GNU_SOURCE /* spin_team.h: sched_setaffinity, CPU_EQUAL */
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
@@ -33,6 +34,7 @@
 #endif
 #endif
 #include "quant_common.h"
+#include "spin_team.h"
 
 enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 }; /* GGMLQuantizationType values */
 #define QK 32
@@ -138,36 +140,6 @@ static float dot_portable(int32_t type, const uint8_t* w, const XBlock* x, int64
 
 #ifdef HAVE_AVX2
 
-static float dot_avx2(int32_t type, const uint8_t* w, const XBlock* x, int64_t nb) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc = _mm256_setzero_ps();
-    if (type == Q8_0) {
-        for (int64_t b = 0; b < nb; ++b, w += 34) {
-            const __m256i qw = _mm256_loadu_si256((const __m256i*)(w + 2));
-            const __m256i qx = _mm256_loadu_si256((const __m256i*)x[b].q);
-            /* |w| (unsigned) times x with w's sign: maddubs' operand types */
-            const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(qw, qw), _mm256_sign_epi8(qx, qw));
-            const __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(read_u16(w)) * x[b].d), s, acc);
-        }
-        return hsum8(acc);
-    }
-    const __m256i low4 = _mm256_set1_epi8(15);
-    const int64_t size = pdtop_quant_block_bytes(type), qoff = type == Q4_1 ? 4 : 2;
-    float offset = 0.f;
-    for (int64_t b = 0; b < nb; ++b, w += size) {
-        const float d = _cvtsh_ss(read_u16(w));
-        const float m = type == Q4_1 ? _cvtsh_ss(read_u16(w + 2)) : -8.f * d;
-        const __m128i q = _mm_loadu_si128((const __m128i*)(w + qoff));
-        const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), low4);
-        const __m256i qx = _mm256_loadu_si256((const __m256i*)x[b].q);
-        const __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(nib, qx), ones));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * x[b].d), s, acc);
-        offset += m * x[b].s;
-    }
-    return hsum8(acc) + offset;
-}
-
 /* int32 sums of the 8 lanes' byte products u8 (w) x s8 (x): one VNNI instruction where the CPU has it */
 static inline __m256 dot_bytes(__m256i u, __m256i s) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
@@ -175,6 +147,38 @@ static inline __m256 dot_bytes(__m256i u, __m256i s) {
 #else
     return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
 #endif
+}
+
+/* Weight block w against activation block x, times d_w * d_x, added to acc: Q8_0 as |w| . (x with
+   w's signs), Q4 as nibbles . x with the offset m_w * s_x added to *offset. */
+static inline __m256 block_avx2(int32_t type, const uint8_t* w, const XBlock* x, __m256 acc, float* offset) {
+    const float d = _cvtsh_ss(read_u16(w));
+    const __m256i qx = _mm256_loadu_si256((const __m256i*)x->q);
+    if (type == Q8_0) {
+        const __m256i qw = _mm256_loadu_si256((const __m256i*)(w + 2));
+        const __m256 s = dot_bytes(_mm256_sign_epi8(qw, qw), _mm256_sign_epi8(qx, qw));
+        return _mm256_fmadd_ps(_mm256_set1_ps(d * x->d), s, acc);
+    }
+    const __m128i q = _mm_loadu_si128((const __m128i*)(w + (type == Q4_1 ? 4 : 2)));
+    const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(15));
+    *offset += (type == Q4_1 ? _cvtsh_ss(read_u16(w + 2)) : -8.f * d) * x->s;
+    return _mm256_fmadd_ps(_mm256_set1_ps(d * x->d), dot_bytes(nib, qx), acc);
+}
+
+/* One weight row against one activation row (batch-1 decode), two blocks a step on two chains (one
+   chain waits on its FMA's latency every block). The row is read in order: interleaving several
+   rows instead defeated the hardware prefetcher (3x slower from DRAM on the EPYC). */
+static float dot_avx2(int32_t type, const uint8_t* w, const XBlock* x, int64_t nb) {
+    const int64_t size = pdtop_quant_block_bytes(type);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    float off0 = 0.f, off1 = 0.f;
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2, w += 2 * size) {
+        acc0 = block_avx2(type, w, x + b, acc0, &off0);
+        acc1 = block_avx2(type, w + size, x + b + 1, acc1, &off1);
+    }
+    if (b < nb) acc0 = block_avx2(type, w, x + b, acc0, &off0);
+    return hsum8(_mm256_add_ps(acc0, acc1)) + (off0 + off1);
 }
 
 /* One weight row against XR activation rows (x, x + nb, ...): each weight block is unpacked once. */
@@ -570,6 +574,29 @@ static void rows_loop(int32_t type, int32_t path, const uint8_t* w, int64_t t, i
         for (int64_t r = t; r < end; ++r) y[i * out_f + r] = dot_portable(type, w + r * row_bytes, xq + i * nb, nb);
 }
 
+/* rows_loop over output tiles [chunk * TEAM_TILES * TILE, ...), for spin_team's chunks */
+#define TEAM_TILES 1
+typedef struct {
+    int32_t type, path;
+    const uint8_t* w;
+    int64_t out_f, row_bytes, nb, n;
+    const XBlock* xq;
+    const void* xp;
+    float* y;
+} RowsJob;
+
+static void rows_chunk(void* arg, int64_t chunk) {
+    const RowsJob* j = arg;
+    const int64_t t = chunk * TEAM_TILES * TILE, end = t + TEAM_TILES * TILE < j->out_f ? t + TEAM_TILES * TILE : j->out_f;
+    rows_loop(j->type, j->path, j->w, t, end, j->row_bytes, j->xq, j->xp, j->nb, j->n, j->y, j->out_f);
+}
+
+/* < 0: batch-1/2 decode's per-row dots run on OpenMP's team; else on the spin team (spin_team.h),
+   whose idle helpers spin this many nanoseconds before they sleep. Returns the setting before. */
+int64_t pdtop_quant_team_spin(int64_t ns) {
+    return atomic_exchange(&team_spin_ns, ns);
+}
+
 /* y[i * out_f + r] = row r of w . x[i * in_f ...] for i < n, r < out_f; x rows contiguous, in_f a
    multiple of 32. Returns 0, or -1 for an unknown type or no memory. */
 int32_t pdtop_quant_matmul(int32_t type, const uint8_t* w, int64_t out_f, int64_t in_f, const float* x, int64_t n,
@@ -602,6 +629,13 @@ int32_t pdtop_quant_matmul(int32_t type, const uint8_t* w, int64_t out_f, int64_
        a barrier can wait out a time slice) */
     const int serial_rounding = n * in_f < QUANTIZE_PARALLEL_MIN;
     for (int64_t i = 0; serial_rounding && i < n; ++i) round_row(x, in_f, nb, i, xq, xp, path);
+    if (parallel && serial_rounding && !tiled && atomic_load(&team_spin_ns) >= 0) {
+        RowsJob job = {type, path, w, out_f, row_bytes, nb, n, xq, xp, y};
+        team_run(rows_chunk, &job, (out_f + TEAM_TILES * TILE - 1) / (TEAM_TILES * TILE), threads - 1);
+        free(xp);
+        free(xq);
+        return 0;
+    }
 #pragma omp parallel num_threads(threads) if (parallel)
     {
         if (!serial_rounding) { /* the same for every thread: the construct (and its barrier) or not */
