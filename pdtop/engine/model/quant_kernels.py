@@ -36,6 +36,7 @@ PATHS = {0: "portable", 1: "avx2", 2: "avx512-vnni"}  # the C `path` values
 BLOCK = 32
 EXACT_TOL = 1e-4  # vs dequantize(W) @ int8-rounded x: only float summation order differs
 ROUNDING_TOL = 0.02  # vs dequantize(W) @ x, relative to the result's norm (int8 activations)
+TEAM_ROWS = 2731  # output rows from which a 96-column, 1-row matmul is split over threads (quant.c's PARALLEL_MIN)
 
 
 def block_len(qtype: int) -> int:
@@ -170,6 +171,8 @@ def _problem(k: QuantKernels, qtype: int) -> str | None:
     register tile or a panel), or None: every path (quant.c's: per-row dots and panels) built here."""
     if qtype in K_TYPES:
         shapes: tuple[tuple[int, int, int], ...] = ((37, 256, 1), (19, 512, 5))
+    elif qtype in BASE_TYPES:  # the last on quant.c's spin team (csrc/spin_team.h) where torch has 2+ threads
+        shapes = ((37, 96, 1), (19, 160, 5), (21, 96, 11), (TEAM_ROWS, 96, 1))
     else:
         shapes = ((37, 96, 1), (19, 160, 5), (21, 96, 11))
     if qtype in BASE_TYPES:

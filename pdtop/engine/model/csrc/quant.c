@@ -181,23 +181,26 @@ static float dot_avx2(int32_t type, const uint8_t* w, const XBlock* x, int64_t n
     return hsum8(_mm256_add_ps(acc0, acc1)) + (off0 + off1);
 }
 
-/* One weight row against XR activation rows (x, x + nb, ...): each weight block is unpacked once. */
+/* One weight row against XR activation rows (x, x + nb, ...): each weight block is unpacked once.
+   Each row sums as dot_avx2 does (even and odd blocks on their own chains), so a row's result does
+   not depend on the rows beside it. */
 #define XR 4
 static void dot_avx2_rows(int32_t type, const uint8_t* w, const XBlock* x, int64_t nb, float* out) {
-    __m256 acc[XR];
-    float offset[XR] = {0};
-    for (int c = 0; c < XR; ++c) acc[c] = _mm256_setzero_ps();
+    __m256 acc[2][XR];
+    float offset[2][XR] = {{0}};
+    for (int c = 0; c < XR; ++c) acc[0][c] = acc[1][c] = _mm256_setzero_ps();
     const __m256i low4 = _mm256_set1_epi8(15);
     const int64_t size = pdtop_quant_block_bytes(type), qoff = type == Q4_1 ? 4 : 2;
     for (int64_t b = 0; b < nb; ++b, w += size) {
         const float d = _cvtsh_ss(read_u16(w));
+        __m256* a = acc[b & 1];
         if (type == Q8_0) {
             const __m256i qw = _mm256_loadu_si256((const __m256i*)(w + 2));
             const __m256i aw = _mm256_sign_epi8(qw, qw);
             for (int c = 0; c < XR; ++c) {
                 const XBlock* xb = x + c * nb + b;
                 const __m256i qx = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i*)xb->q), qw);
-                acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb->d), dot_bytes(aw, qx), acc[c]);
+                a[c] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb->d), dot_bytes(aw, qx), a[c]);
             }
             continue;
         }
@@ -207,11 +210,11 @@ static void dot_avx2_rows(int32_t type, const uint8_t* w, const XBlock* x, int64
         for (int c = 0; c < XR; ++c) {
             const XBlock* xb = x + c * nb + b;
             const __m256i qx = _mm256_loadu_si256((const __m256i*)xb->q);
-            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb->d), dot_bytes(nib, qx), acc[c]);
-            offset[c] += m * xb->s;
+            a[c] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb->d), dot_bytes(nib, qx), a[c]);
+            offset[b & 1][c] += m * xb->s;
         }
     }
-    for (int c = 0; c < XR; ++c) out[c] = hsum8(acc[c]) + offset[c];
+    for (int c = 0; c < XR; ++c) out[c] = hsum8(_mm256_add_ps(acc[0][c], acc[1][c])) + (offset[0][c] + offset[1][c]);
 }
 #endif
 

@@ -162,6 +162,7 @@ static Team* team_get(int helpers) {
             free(h);
             break;
         }
+        pthread_setname_np(t->threads[t->size], "pdtop-team"); /* as /proc/<pid>/task/<tid>/comm shows it */
         ++t->size;
     }
     return t->size ? t : NULL;
