@@ -34,7 +34,9 @@
 #endif
 #endif
 #include "quant_common.h"
+#ifdef __linux__
 #include "spin_team.h"
+#endif
 
 enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 }; /* GGMLQuantizationType values */
 #define QK 32
@@ -577,8 +579,8 @@ static void rows_loop(int32_t type, int32_t path, const uint8_t* w, int64_t t, i
         for (int64_t r = t; r < end; ++r) y[i * out_f + r] = dot_portable(type, w + r * row_bytes, xq + i * nb, nb);
 }
 
-/* rows_loop over output tiles [chunk * TEAM_TILES * TILE, ...), for spin_team's chunks */
-#define TEAM_TILES 1
+#ifdef __linux__
+/* rows_loop over output tile `chunk` (TILE rows), for spin_team's chunks */
 typedef struct {
     int32_t type, path;
     const uint8_t* w;
@@ -590,14 +592,20 @@ typedef struct {
 
 static void rows_chunk(void* arg, int64_t chunk) {
     const RowsJob* j = arg;
-    const int64_t t = chunk * TEAM_TILES * TILE, end = t + TEAM_TILES * TILE < j->out_f ? t + TEAM_TILES * TILE : j->out_f;
+    const int64_t t = chunk * TILE, end = t + TILE < j->out_f ? t + TILE : j->out_f;
     rows_loop(j->type, j->path, j->w, t, end, j->row_bytes, j->xq, j->xp, j->nb, j->n, j->y, j->out_f);
 }
+#endif
 
 /* < 0: batch-1/2 decode's per-row dots run on OpenMP's team; else on the spin team (spin_team.h),
    whose idle helpers spin this many nanoseconds before they sleep. Returns the setting before. */
 int64_t pdtop_quant_team_spin(int64_t ns) {
+#ifdef __linux__
     return atomic_exchange(&team_spin_ns, ns);
+#else
+    (void)ns;
+    return -1; /* no team here: OpenMP's runs them */
+#endif
 }
 
 /* y[i * out_f + r] = row r of w . x[i * in_f ...] for i < n, r < out_f; x rows contiguous, in_f a
@@ -632,13 +640,15 @@ int32_t pdtop_quant_matmul(int32_t type, const uint8_t* w, int64_t out_f, int64_
        a barrier can wait out a time slice) */
     const int serial_rounding = n * in_f < QUANTIZE_PARALLEL_MIN;
     for (int64_t i = 0; serial_rounding && i < n; ++i) round_row(x, in_f, nb, i, xq, xp, path);
+#ifdef __linux__
     if (parallel && serial_rounding && !tiled && atomic_load(&team_spin_ns) >= 0) {
         RowsJob job = {type, path, w, out_f, row_bytes, nb, n, xq, xp, y};
-        team_run(rows_chunk, &job, (out_f + TEAM_TILES * TILE - 1) / (TEAM_TILES * TILE), threads - 1);
+        team_run(rows_chunk, &job, (out_f + TILE - 1) / TILE, threads - 1);
         free(xp);
         free(xq);
         return 0;
     }
+#endif
 #pragma omp parallel num_threads(threads) if (parallel)
     {
         if (!serial_rounding) { /* the same for every thread: the construct (and its barrier) or not */

@@ -1,16 +1,19 @@
-/* A team of helper threads that spin between jobs, for the batch-1 decode matmuls.
+/* A team of helper threads that spin between jobs, for the batch-1 decode matmuls (Linux only:
+   futexes and per-thread affinity).
 
    A decode step at batch 1 is ~120 small matmuls (tens of microseconds each) with Python between
    them. Under pdtop's OMP_WAIT_POLICY=PASSIVE every OpenMP region wakes a sleeping thread with a
    futex (tens of microseconds on a VM: as long as the matmul itself), and libgomp's spinning default
-   is far worse as soon as the machine is busy. These helpers spin for TEAM_SPIN_NS after each job
-   (yielding the core now and then), which covers the gaps inside a step, then sleep on a futex, so
-   a busy machine loses at most that much per idle gap.
+   is far worse as soon as the machine is busy. These helpers spin for `team_spin_ns` (100 us) after
+   each job, yielding the core now and then, which covers the gaps inside a step, then sleep on a
+   futex, so a busy machine loses at most that much per idle gap; and the caller takes the chunks
+   of a helper that has not woken (below), so it never waits on one that lost its core.
 
    One team per calling thread (thread-local: pdmux's prefill and decode threads each have theirs),
    grown to the caller's OpenMP thread count; the helpers follow the caller's CPU affinity (checked
    at every job), as `pin_team` does for its OpenMP team. A caller thread that exits stops its team;
-   a forked child starts without one. Header-only: static functions, included by quant.c (which defines _GNU_SOURCE first). */
+   a forked child starts without one. Header-only: static functions, included by quant.c (which
+   defines _GNU_SOURCE first). */
 #ifndef PDTOP_SPIN_TEAM_H
 #define PDTOP_SPIN_TEAM_H
 #include <limits.h>
@@ -127,9 +130,10 @@ static void* team_helper(void* p) {
     }
 }
 
-static void team_stop(void* p) {
+static void team_stop(void* p) { /* the caller thread's exit (its key's destructor) */
     Team* t = p;
     if (!t) return;
+    my_team = NULL;
     atomic_store(&t->quit, 1);
     atomic_fetch_add(&t->gen, 1);
     team_futex(&t->gen, FUTEX_WAKE, INT_MAX);
