@@ -1,6 +1,6 @@
-"""quant.c's spin team (csrc/spin_team.h), which runs the batch-1/2 per-row dots over threads: the same
-results as OpenMP's team and as the reference, from any thread, following the caller's affinity,
-stopped with its thread, and absent in a forked child."""
+"""quant.c's spin team (csrc/spin_team.h), which runs the batch-1/2 per-row dots over threads (quant_k.c's
+too): the same results as OpenMP's team and as the reference, from any thread, following the caller's
+affinity, stopped with its thread, and absent in a forked child."""
 from __future__ import annotations
 
 import os
@@ -14,6 +14,7 @@ import torch
 from pdtop.engine.model import quant_kernels
 
 BASE = sorted(quant_kernels.BASE_TYPES)
+MORE = sorted(quant_kernels.MORE_TYPES)
 SHAPES = [(quant_kernels.TEAM_ROWS, 96), (1000, 576), (49157, 64)]  # out, in: odd tiles, every member's range
 
 
@@ -66,7 +67,7 @@ def matmuls(k: quant_kernels.QuantKernels, qtype: int, out_f: int, in_f: int, n:
         omp = k.matmul(qtype, w, in_f, x)
     finally:
         k.lib.pdtop_quant_team_spin(spin)
-    return team, omp, quant_kernels.round_activations(x) @ torch.from_numpy(dense).T
+    return team, omp, quant_kernels.round_activations(x, quant_kernels.block_len(qtype)) @ torch.from_numpy(dense).T
 
 
 @pytest.mark.parametrize("qtype", BASE, ids=[quant_kernels.QUANT_TYPES[t] for t in BASE])
@@ -77,6 +78,29 @@ def test_team_matches_openmp_and_the_reference(kernels, qtype, two_threads):
         scale = float(want.abs().max())
         assert torch.allclose(team, want, atol=quant_kernels.EXACT_TOL * scale, rtol=quant_kernels.EXACT_TOL)
     assert team_threads(), "the matmuls above ran on OpenMP's team, not the spin team"
+
+
+@pytest.mark.parametrize("qtype", MORE, ids=[quant_kernels.QUANT_TYPES[t] for t in MORE])
+def test_quant_k_runs_on_the_same_team(kernels, qtype, two_threads):
+    if qtype not in kernels.types:
+        pytest.skip(f"{quant_kernels.QUANT_TYPES[qtype]} is not built here")
+    before, seen, done = set(team_threads()), [], threading.Event()
+
+    def worker() -> None:  # a thread of its own: a team appears only if quant_k.c starts one
+        torch.set_num_threads(2)
+        for (out_f, in_f), n in (((1031, 256), 1), ((1031, 512), 2)):
+            team, omp, want = matmuls(kernels, qtype, out_f, in_f, n)
+            assert torch.equal(team, omp), (out_f, in_f, n)
+            scale = float(want.abs().max())
+            assert torch.allclose(team, want, atol=quant_kernels.EXACT_TOL * scale, rtol=quant_kernels.EXACT_TOL)
+        seen.append(set(team_threads()) - before)
+        done.set()
+
+    th = threading.Thread(target=worker)
+    th.start()
+    th.join()
+    assert done.is_set(), "the matmuls failed (see the thread's exception above)"
+    assert seen[0], "quant_k.c's matmuls did not run on the spin team"
 
 
 def test_a_thread_gets_its_own_team_on_its_cores_and_stops_it_when_it_ends(kernels):

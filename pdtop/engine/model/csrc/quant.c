@@ -608,6 +608,21 @@ int64_t pdtop_quant_team_spin(int64_t ns) {
 #endif
 }
 
+/* fn(arg, k) for k < chunks on the calling thread's spin team (up to `helpers` helpers): quant_k.c's
+   matmuls run on the same team as these (quant_kernels.py hands it this function). Returns 0, or -1
+   where there is no team (not Linux, or `pdtop_quant_team_spin(-1)`): then the caller runs them. */
+int32_t pdtop_quant_team_run(void (*fn)(void*, int64_t), void* arg, int64_t chunks, int32_t helpers) {
+#ifdef __linux__
+    if (atomic_load(&team_spin_ns) >= 0) {
+        team_run(fn, arg, chunks, helpers);
+        return 0;
+    }
+#else
+    (void)fn, (void)arg, (void)chunks, (void)helpers;
+#endif
+    return -1;
+}
+
 /* y[i * out_f + r] = row r of w . x[i * in_f ...] for i < n, r < out_f; x rows contiguous, in_f a
    multiple of 32. Returns 0, or -1 for an unknown type or no memory. */
 int32_t pdtop_quant_matmul(int32_t type, const uint8_t* w, int64_t out_f, int64_t in_f, const float* x, int64_t n,
