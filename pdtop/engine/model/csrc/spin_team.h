@@ -119,13 +119,15 @@ static void* team_helper(void* p) {
         }
         seen = g;
         if (atomic_load(&t->quit)) return NULL;
-        const uint32_t cg = atomic_load(&t->cpus_gen);
-        if (cg != cpus_seen) {
-            cpus_seen = cg;
-            sched_setaffinity(0, sizeof t->cpus, &t->cpus);
-        }
         atomic_fetch_add(&t->active, 1);
-        if (atomic_load(&t->open) == g) team_work(t, h.member); /* else that job is over */
+        if (atomic_load(&t->open) == g) { /* else that job is over */
+            const uint32_t cg = atomic_load(&t->cpus_gen);
+            if (cg != cpus_seen) { /* the caller's affinity changed (read while the job's fields hold) */
+                cpus_seen = cg;
+                sched_setaffinity(0, sizeof t->cpus, &t->cpus);
+            }
+            team_work(t, h.member);
+        }
         atomic_fetch_sub_explicit(&t->active, 1, memory_order_release);
     }
 }
@@ -153,7 +155,8 @@ static Team* team_get(int helpers) {
     pthread_once(&team_once, team_init);
     Team* t = my_team;
     if (!t) {
-        if (!(t = calloc(1, sizeof *t))) return NULL;
+        if (!(t = aligned_alloc(64, (sizeof *t + 63) / 64 * 64))) return NULL; /* TeamRange's alignment */
+        memset(t, 0, sizeof *t);
         sched_getaffinity(0, sizeof t->cpus, &t->cpus);
         my_team = t;
         pthread_setspecific(team_key, t);
@@ -180,16 +183,16 @@ static void team_run(team_fn fn, void* arg, int64_t chunks, int helpers) {
         for (int64_t k = 0; k < chunks; ++k) fn(arg, k);
         return;
     }
-    cpu_set_t now;
-    if (sched_getaffinity(0, sizeof now, &now) == 0 && !CPU_EQUAL(&now, &t->cpus)) {
-        t->cpus = now;
-        atomic_fetch_add(&t->cpus_gen, 1);
-    }
     /* close the last job, and wait out the helpers that may still read its fields */
     atomic_store(&t->open, 0);
     for (unsigned spins = 1; atomic_load(&t->active) > 0; ++spins) {
         team_pause();
         if (spins % 8192 == 0) sched_yield(); /* a helper that lost this core gets it back */
+    }
+    cpu_set_t now;
+    if (sched_getaffinity(0, sizeof now, &now) == 0 && !CPU_EQUAL(&now, &t->cpus)) {
+        t->cpus = now;
+        atomic_fetch_add(&t->cpus_gen, 1);
     }
     const int members = helpers < t->size ? helpers + 1 : t->size + 1;
     t->fn = fn, t->arg = arg, t->members = members;
