@@ -75,30 +75,19 @@ class QuantKernels:
         `portable` (or `path=0`) forces the portable path; for quant.c's types `path` forces a `PATHS`
         key (default the fastest built, lowered to it) and `tiled` the panel (True) or per-row (False)
         loops (default: panels from a few rows on; the portable path has per-row loops only)."""
-        if in_f % block_len(qtype):
-            raise ValueError(f"{QUANT_TYPES.get(qtype, qtype)} rows need in_features a multiple of "
-                             f"{block_len(qtype)}, not {in_f}")
-        x = x.contiguous()
-        y = torch.empty(x.shape[0], w.shape[0], dtype=torch.float32)
-        path = 0 if portable else path
-        args = (qtype, w.data_ptr(), w.shape[0], in_f, x.data_ptr(), x.shape[0], y.data_ptr())
-        if qtype in BASE_TYPES:
-            rc = self._entry(qtype, "matmul")(*args, self.fast if path is None else path,
-                                              -1 if tiled is None else int(tiled))
-        else:
-            rc = self._entry(qtype, "matmul")(*args, int(path == 0))
-        if rc:
-            raise MemoryError(f"quantized matmul failed ({QUANT_TYPES.get(qtype, qtype)}, {tuple(x.shape)})")
-        return y
+        return self.bind(qtype, w, in_f, portable, path=path, tiled=tiled)(x)
 
-    def bind(self, qtype: int, w: torch.Tensor, in_f: int) -> Callable[[torch.Tensor], torch.Tensor]:
-        """`x -> matmul(qtype, w, in_f, x)` with the checks and look-ups done once (a layer's weight:
-        a batch-1 step makes ~120 of these calls, where each microsecond of Python shows)."""
+    def bind(self, qtype: int, w: torch.Tensor, in_f: int, portable: bool = False, *, path: int | None = None,
+             tiled: bool | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
+        """`x -> matmul(qtype, w, in_f, x, ...)` with the checks and look-ups done once (a layer's
+        weight: a batch-1 step makes ~120 of these calls, where each microsecond of Python shows)."""
         if in_f % block_len(qtype):
             raise ValueError(f"{QUANT_TYPES.get(qtype, qtype)} rows need in_features a multiple of "
                              f"{block_len(qtype)}, not {in_f}")
-        fn, out_f = self._entry(qtype, "matmul"), w.shape[0]
-        head, tail = (qtype, w.data_ptr(), out_f, in_f), (self.fast, -1) if qtype in BASE_TYPES else (0,)
+        fn, out_f, path = self._entry(qtype, "matmul"), w.shape[0], 0 if portable else path
+        tail = ((self.fast if path is None else path, -1 if tiled is None else int(tiled)) if qtype in BASE_TYPES
+                else (int(path == 0),))
+        head = (qtype, w.data_ptr(), out_f, in_f)
 
         def run(x: torch.Tensor, _w: torch.Tensor = w) -> torch.Tensor:  # _w: the blocks outlive the pointer
             x = x.contiguous()
