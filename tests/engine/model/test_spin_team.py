@@ -1,6 +1,6 @@
-"""quant.c's spin team (csrc/spin_team.h), which runs the batch-1/2 per-row dots over threads (quant_k.c's
-too): the same results as OpenMP's team and as the reference, from any thread, following the caller's
-affinity, stopped with its thread, and absent in a forked child."""
+"""quant.c's spin team (csrc/spin_team.h), which runs a decode step's matmuls over threads (per-row
+dots and panels; quant_k.c's too): the same results as OpenMP's team and as the reference, from any
+thread, following the caller's affinity, stopped with its thread, and absent in a forked child."""
 from __future__ import annotations
 
 import os
@@ -72,7 +72,9 @@ def matmuls(k: quant_kernels.QuantKernels, qtype: int, out_f: int, in_f: int, n:
 
 @pytest.mark.parametrize("qtype", BASE, ids=[quant_kernels.QUANT_TYPES[t] for t in BASE])
 def test_team_matches_openmp_and_the_reference(kernels, qtype, two_threads):
-    for (out_f, in_f), n in zip(SHAPES, (1, 2, 1), strict=True):
+    cases = [*zip(SHAPES, (1, 2, 1), strict=True), *(((1000, 576), n) for n in (3, 5, 32)),
+             ((quant_kernels.TEAM_ROWS, 96), 7)]  # and the panels of a few rows (3 on)
+    for (out_f, in_f), n in cases:
         team, omp, want = matmuls(kernels, qtype, out_f, in_f, n)
         assert torch.equal(team, omp), (out_f, in_f, n)
         scale = float(want.abs().max())

@@ -579,22 +579,54 @@ static void rows_loop(int32_t type, int32_t path, const uint8_t* w, int64_t t, i
         for (int64_t r = t; r < end; ++r) y[i * out_f + r] = dot_portable(type, w + r * row_bytes, xq + i * nb, nb);
 }
 
+#ifdef HAVE_AVX2
+/* Output columns [c, c + ncols) of `rows` activation rows through one panel (packed into pk). */
+static void panel_cols(int32_t type, int32_t path, const uint8_t* w, int64_t row_bytes, int64_t nb, int64_t c,
+                       int ncols, void* pk, const XBlock* xq, int64_t rows, float* y, int64_t out_f) {
+#ifdef HAVE_VNNI512
+    if (path == 2) {
+        pack16(type, w + c * row_bytes, row_bytes, nb, ncols, pk);
+        panel16(pk, xq, nb, rows, y + c, out_f, ncols);
+        return;
+    }
+#else
+    (void)path;
+#endif
+    pack8(type, w + c * row_bytes, row_bytes, nb, ncols, pk);
+    panel8(type, pk, xq, nb, rows, y + c, out_f, ncols);
+}
+#endif
+
 #ifdef __linux__
-/* rows_loop over output tile `chunk` (TILE rows), for spin_team's chunks */
+/* One matmul of a few rows for spin_team's chunks: output tile `chunk` (TILE rows of per-row dots),
+   or panel `chunk` (packed into the member's pack) */
 typedef struct {
     int32_t type, path;
     const uint8_t* w;
-    int64_t out_f, row_bytes, nb, n;
+    int64_t out_f, row_bytes, nb, n, panel;
     const XBlock* xq;
     const void* xp;
+    uint8_t* packs;
+    size_t pack_per;
     float* y;
-} RowsJob;
+} TeamJob;
 
-static void rows_chunk(void* arg, int64_t chunk) {
-    const RowsJob* j = arg;
+static void rows_chunk(void* arg, int64_t chunk, int member) {
+    (void)member;
+    const TeamJob* j = arg;
     const int64_t t = chunk * TILE, end = t + TILE < j->out_f ? t + TILE : j->out_f;
     rows_loop(j->type, j->path, j->w, t, end, j->row_bytes, j->xq, j->xp, j->nb, j->n, j->y, j->out_f);
 }
+
+#ifdef HAVE_AVX2
+static void panel_chunk(void* arg, int64_t chunk, int member) {
+    const TeamJob* j = arg;
+    const int64_t c = chunk * j->panel;
+    const int ncols = (int)(j->out_f - c < j->panel ? j->out_f - c : j->panel);
+    panel_cols(j->type, j->path, j->w, j->row_bytes, j->nb, c, ncols, j->packs + (size_t)member * j->pack_per, j->xq,
+               j->n, j->y, j->out_f);
+}
+#endif
 #endif
 
 /* < 0: batch-1/2 decode's per-row dots run on OpenMP's team; else on the spin team (spin_team.h),
@@ -608,10 +640,10 @@ int64_t pdtop_quant_team_spin(int64_t ns) {
 #endif
 }
 
-/* fn(arg, k) for k < chunks on the calling thread's spin team (up to `helpers` helpers): quant_k.c's
+/* fn(arg, k, member) for k < chunks on the calling thread's spin team (up to `helpers` helpers): quant_k.c's
    matmuls run on the same team as these (quant_kernels.py hands it this function). Returns 0, or -1
    where there is no team (not Linux, or `pdtop_quant_team_spin(-1)`): then the caller runs them. */
-int32_t pdtop_quant_team_run(void (*fn)(void*, int64_t), void* arg, int64_t chunks, int32_t helpers) {
+int32_t pdtop_quant_team_run(void (*fn)(void*, int64_t, int), void* arg, int64_t chunks, int32_t helpers) {
 #ifdef __linux__
     if (atomic_load(&team_spin_ns) >= 0) {
         team_run(fn, arg, chunks, helpers);
@@ -656,9 +688,16 @@ int32_t pdtop_quant_matmul(int32_t type, const uint8_t* w, int64_t out_f, int64_
     const int serial_rounding = n * in_f < QUANTIZE_PARALLEL_MIN;
     for (int64_t i = 0; serial_rounding && i < n; ++i) round_row(x, in_f, nb, i, xq, xp, path);
 #ifdef __linux__
-    if (parallel && serial_rounding && !tiled && atomic_load(&team_spin_ns) >= 0) {
-        RowsJob job = {type, path, w, out_f, row_bytes, nb, n, xq, xp, y};
-        team_run(rows_chunk, &job, (out_f + TILE - 1) / TILE, threads - 1);
+    /* a decode step's few rows (rounded above, one sweep of panels): on the spin team */
+    if (parallel && serial_rounding && n <= ROW_CHUNK && atomic_load(&team_spin_ns) >= 0) {
+        TeamJob job = {type, path, w, out_f, row_bytes, nb, n, panel, xq, xp, packs, pack_per, y};
+#ifdef HAVE_AVX2
+        if (tiled)
+            team_run(panel_chunk, &job, (out_f + panel - 1) / panel, threads - 1);
+        else
+#endif
+            team_run(rows_chunk, &job, (out_f + TILE - 1) / TILE, threads - 1);
+        free(packs);
         free(xp);
         free(xq);
         return 0;
@@ -678,18 +717,9 @@ int32_t pdtop_quant_matmul(int32_t type, const uint8_t* w, int64_t out_f, int64_
             for (int64_t i0 = 0; i0 < n; i0 += ROW_CHUNK) {
                 const int64_t rows = n - i0 < ROW_CHUNK ? n - i0 : ROW_CHUNK;
 #pragma omp for schedule(static) nowait
-                for (int64_t c = 0; c < out_f; c += panel) {
-                    const int ncols = (int)(out_f - c < panel ? out_f - c : panel);
-#ifdef HAVE_VNNI512
-                    if (path == 2) {
-                        pack16(type, w + c * row_bytes, row_bytes, nb, ncols, pk);
-                        panel16(pk, xq + i0 * nb, nb, rows, y + i0 * out_f + c, out_f, ncols);
-                        continue;
-                    }
-#endif
-                    pack8(type, w + c * row_bytes, row_bytes, nb, ncols, pk);
-                    panel8(type, pk, xq + i0 * nb, nb, rows, y + i0 * out_f + c, out_f, ncols);
-                }
+                for (int64_t c = 0; c < out_f; c += panel)
+                    panel_cols(type, path, w, row_bytes, nb, c, (int)(out_f - c < panel ? out_f - c : panel), pk,
+                               xq + i0 * nb, rows, y + i0 * out_f, out_f);
             }
         } else
 #endif

@@ -242,7 +242,8 @@ typedef struct {
 } KJob;
 
 /* Output rows [t, t + TILE) of the job. */
-static void tile_k(void* arg, int64_t tile) {
+static void tile_k(void* arg, int64_t tile, int member) {
+    (void)member;
     const KJob* j = arg;
     const int64_t t = tile * TILE, end = t + TILE < j->out_f ? t + TILE : j->out_f, nb = j->nb;
     for (int64_t i = 0; i < j->n; i += XR) {
@@ -266,7 +267,7 @@ static void tile_k(void* arg, int64_t tile) {
 
 /* quant.c's pdtop_quant_team_run (its spin team, shared so that a caller has one team for both
    files), set by quant_kernels.py; NULL: OpenMP's team runs every matmul */
-typedef int32_t (*TeamRunner)(void (*)(void*, int64_t), void*, int64_t, int32_t);
+typedef int32_t (*TeamRunner)(void (*)(void*, int64_t, int), void*, int64_t, int32_t);
 static TeamRunner team_runner;
 void pdtop_quant_k_set_team(TeamRunner run) { team_runner = run; }
 
@@ -309,7 +310,7 @@ int32_t pdtop_quant_k_matmul(int32_t type, const uint8_t* w, int64_t out_f, int6
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < n; ++i) round_row_k(type, x, in_f, nb, i, xq, xp);
 #pragma omp for schedule(static)
-        for (int64_t t = 0; t < tiles; ++t) tile_k(&job, t);
+        for (int64_t t = 0; t < tiles; ++t) tile_k(&job, t, 0);
     }
     free(xp);
     free(xq);

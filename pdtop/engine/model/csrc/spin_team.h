@@ -30,12 +30,13 @@
 
 #define TEAM_MAX 63 /* helpers at most */
 
-/* One job: fn(arg, chunk) for chunk in [0, chunks). Member m (the caller is 0) owns the m-th of
+/* One job: fn(arg, chunk, member) for chunk in [0, chunks), `member` the thread that runs it (the
+   caller is 0: for per-thread scratch, such as quant.c's panel packs). Member m owns the m-th of
    `members` contiguous ranges of chunks and takes them in order (each thread streams its own part
    of the weights: the hardware prefetcher follows it), then helps with the others' ranges, so a
    helper that has lost its core (a busy machine) delays the job by at most the chunk it holds, and
    one that has not woken yet by nothing. */
-typedef void (*team_fn)(void* arg, int64_t chunk);
+typedef void (*team_fn)(void* arg, int64_t chunk, int member);
 
 typedef struct {
     _Atomic int64_t next; /* the range's next chunk, counted from its start */
@@ -70,7 +71,7 @@ static void team_work(Team* t, int me) {
     for (int i = 0; i < t->members; ++i) {
         TeamRange* r = &t->ranges[(me + i) % t->members];
         for (int64_t k; (k = atomic_fetch_add_explicit(&r->next, 1, memory_order_relaxed)) < r->len;) {
-            t->fn(t->arg, r->lo + k);
+            t->fn(t->arg, r->lo + k, me);
             atomic_fetch_add_explicit(&r->done, 1, memory_order_release);
         }
     }
@@ -175,12 +176,12 @@ static Team* team_get(int helpers) {
     return t->size ? t : NULL;
 }
 
-/* fn(arg, k) for k in [0, chunks), on the calling thread and up to `helpers` helpers of its team;
+/* fn(arg, k, member) for k in [0, chunks), on the calling thread and up to `helpers` helpers of its team;
    returns when all are done. Runs everything on the caller where no helper can start. */
 static void team_run(team_fn fn, void* arg, int64_t chunks, int helpers) {
     Team* t = helpers > 0 && chunks > 1 ? team_get(helpers) : NULL;
     if (!t) {
-        for (int64_t k = 0; k < chunks; ++k) fn(arg, k);
+        for (int64_t k = 0; k < chunks; ++k) fn(arg, k, 0);
         return;
     }
     /* close the last job, and wait out the helpers that may still read its fields */
