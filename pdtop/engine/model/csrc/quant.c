@@ -15,10 +15,12 @@
    per call and used by every row). Rounding the activations is the same on every path; the sums
    differ in float order only.
 
-   Work is split over the calling thread's OpenMP team (pdmux gives prefill and decode threads
-   their own cores, and each its own team) by output columns, so each block is read by one thread;
-   a small matmul runs on the calling thread alone (waking the team costs more). Built and checked
-   by pdtop/engine/model/quant_kernels.py; bench/quant_bench.py times each path and loop shape. */
+   Work is split by output columns, so each block is read by one thread, over the calling thread's
+   team (pdmux gives prefill and decode threads their own cores, and each its own team): a decode
+   step's few rows on its spin team (spin_team.h, Linux: helpers that spin between the step's
+   matmuls instead of sleeping as PASSIVE OpenMP threads do), bigger ones on its OpenMP team; a
+   small matmul runs on the calling thread alone (waking a team costs more). Built and checked by
+   pdtop/engine/model/quant_kernels.py; bench/quant_bench.py times each path and loop shape. */
 #define _GNU_SOURCE /* spin_team.h: sched_setaffinity, CPU_EQUAL */
 #include <math.h>
 #include <omp.h>
