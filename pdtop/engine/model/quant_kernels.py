@@ -36,6 +36,7 @@ PATHS = {0: "portable", 1: "avx2", 2: "avx512-vnni"}  # the C `path` values
 BLOCK = 32
 EXACT_TOL = 1e-4  # vs dequantize(W) @ int8-rounded x: only float summation order differs
 ROUNDING_TOL = 0.02  # vs dequantize(W) @ x, relative to the result's norm (int8 activations)
+TEAM_ROWS = 2731  # output rows from which a 96-column, 1-row matmul is split over threads (PARALLEL_MIN)
 
 
 def block_len(qtype: int) -> int:
@@ -74,21 +75,27 @@ class QuantKernels:
         `portable` (or `path=0`) forces the portable path; for quant.c's types `path` forces a `PATHS`
         key (default the fastest built, lowered to it) and `tiled` the panel (True) or per-row (False)
         loops (default: panels from a few rows on; the portable path has per-row loops only)."""
+        return self.bind(qtype, w, in_f, portable, path=path, tiled=tiled)(x)
+
+    def bind(self, qtype: int, w: torch.Tensor, in_f: int, portable: bool = False, *, path: int | None = None,
+             tiled: bool | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
+        """`x -> matmul(qtype, w, in_f, x, ...)` with the checks and look-ups done once (a layer's
+        weight: a batch-1 step makes ~120 of these calls, where each microsecond of Python shows)."""
         if in_f % block_len(qtype):
             raise ValueError(f"{QUANT_TYPES.get(qtype, qtype)} rows need in_features a multiple of "
                              f"{block_len(qtype)}, not {in_f}")
-        x = x.contiguous()
-        y = torch.empty(x.shape[0], w.shape[0], dtype=torch.float32)
-        path = 0 if portable else path
-        args = (qtype, w.data_ptr(), w.shape[0], in_f, x.data_ptr(), x.shape[0], y.data_ptr())
-        if qtype in BASE_TYPES:
-            rc = self._entry(qtype, "matmul")(*args, self.fast if path is None else path,
-                                              -1 if tiled is None else int(tiled))
-        else:
-            rc = self._entry(qtype, "matmul")(*args, int(path == 0))
-        if rc:
-            raise MemoryError(f"quantized matmul failed ({QUANT_TYPES.get(qtype, qtype)}, {tuple(x.shape)})")
-        return y
+        fn, out_f, path = self._entry(qtype, "matmul"), w.shape[0], 0 if portable else path
+        tail = ((self.fast if path is None else path, -1 if tiled is None else int(tiled)) if qtype in BASE_TYPES
+                else (int(path == 0),))
+        head = (qtype, w.data_ptr(), out_f, in_f)
+
+        def run(x: torch.Tensor, _w: torch.Tensor = w) -> torch.Tensor:  # _w: the blocks outlive the pointer
+            x = x.contiguous()
+            y = torch.empty(x.shape[0], out_f, dtype=torch.float32)
+            if fn(*head, x.data_ptr(), x.shape[0], y.data_ptr(), *tail):
+                raise MemoryError(f"quantized matmul failed ({QUANT_TYPES.get(qtype, qtype)}, {tuple(x.shape)})")
+            return y
+        return run
 
     def rows(self, qtype: int, w: torch.Tensor, in_f: int, ids: torch.Tensor) -> torch.Tensor:
         """Rows `ids` of W dequantized: `[len(ids), in_f] float32` (ids must be in range)."""
@@ -152,7 +159,8 @@ def check_ways(k: QuantKernels, qtype: int, out_f: int, in_f: int, n: int,
     return None
 
 
-def _bind(lib: ctypes.CDLL, prefix: str) -> None:
+def _bind(lib: ctypes.CDLL, prefix: str, base: ctypes.CDLL | None = None) -> None:
+    """Argument types of `lib`'s entry points; quant_k.c's (`base`: quant.c) get quant.c's spin team."""
     ptr, i32, i64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
     fn = getattr(lib, f"{prefix}_matmul")
     fn.restype = i32
@@ -160,15 +168,24 @@ def _bind(lib: ctypes.CDLL, prefix: str) -> None:
     getattr(lib, f"{prefix}_rows").restype = i32
     getattr(lib, f"{prefix}_rows").argtypes = [i32, ptr, i64, ptr, i64, ptr]
     getattr(lib, f"{prefix}_fast_path").restype = i32
+    if prefix == "pdtop_quant":
+        lib.pdtop_quant_team_spin.restype = i64
+        lib.pdtop_quant_team_spin.argtypes = [i64]
+    if base is not None:  # one spin team per caller for both files
+        lib.pdtop_quant_k_set_team.argtypes = [ptr]
+        lib.pdtop_quant_k_set_team(ctypes.cast(base.pdtop_quant_team_run, ptr))
 
 
 def _problem(k: QuantKernels, qtype: int) -> str | None:
     """What is wrong with `qtype`'s kernels on the load-time shapes (odd, rows and columns not a
     register tile or a panel), or None: every path (quant.c's: per-row dots and panels) built here."""
+    # the last shape of each runs on the spin team (csrc/spin_team.h) where torch has 2+ threads
     if qtype in K_TYPES:
-        shapes: tuple[tuple[int, int, int], ...] = ((37, 256, 1), (19, 512, 5))
+        shapes: tuple[tuple[int, int, int], ...] = ((37, 256, 1), (19, 512, 5), (1031, 256, 1))
+    elif qtype in BASE_TYPES:
+        shapes = ((37, 96, 1), (19, 160, 5), (21, 96, 11), (TEAM_ROWS, 96, 1))
     else:
-        shapes = ((37, 96, 1), (19, 160, 5), (21, 96, 11))
+        shapes = ((37, 96, 1), (19, 160, 5), (21, 96, 11), (1031, 256, 1))
     if qtype in BASE_TYPES:
         ways: list[tuple[int | None, bool | None]] = [(0, False)]
         ways += [(p, t) for p in range(1, k.fast + 1) for t in (False, True)]
@@ -200,7 +217,7 @@ def kernels(isa: str | None = None) -> QuantKernels | None:
     if lib_k is None:
         log.warning("the Q5 / K-quant kernels are unavailable here; those tensors load as float32")
         return k
-    _bind(lib_k, "pdtop_quant_k")
+    _bind(lib_k, "pdtop_quant_k", lib)
     k = QuantKernels(lib, k.fast, lib_k, int(lib_k.pdtop_quant_k_fast_path()), frozenset(QUANT_TYPES))
     bad = set()
     for qtype in MORE_TYPES:
@@ -218,7 +235,7 @@ def kernels_for_isa(isa: str) -> QuantKernels | None:
     base, lib_k = kernels(), cpu_kernels._library("quant_k", isa)
     if base is None or lib_k is None:
         return None
-    _bind(lib_k, "pdtop_quant_k")
+    _bind(lib_k, "pdtop_quant_k", base.lib)
     return QuantKernels(base.lib, base.fast, lib_k, int(lib_k.pdtop_quant_k_fast_path()), frozenset(QUANT_TYPES))
 
 

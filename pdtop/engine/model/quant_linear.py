@@ -88,15 +88,15 @@ class QuantLinear(nn.Module):
         self.kernels = kernels
         more = weight.qtype in quant_kernels.MORE_TYPES
         self.dense_rows = (MORE_DENSE_ROWS if more else DENSE_ROWS).get(kernels.fast_k if more else kernels.fast)
+        self._matmul = kernels.bind(weight.qtype, weight.blocks, weight.in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.weight
         if x.dim() != 2:
             return self.forward(x.reshape(-1, x.shape[-1])).view(*x.shape[:-1], self.out_features)
         x = x if x.dtype == torch.float32 else x.float()
         if self.dense_rows is not None and x.shape[0] >= self.dense_rows:
             return self._dense(x)
-        y = self.kernels.matmul(w.qtype, w.blocks, w.in_features, x)
+        y = self._matmul(x)
         return y if self.bias is None else y.add_(self.bias)
 
     def _dense(self, x: torch.Tensor) -> torch.Tensor:

@@ -15,10 +15,13 @@
    per call and used by every row). Rounding the activations is the same on every path; the sums
    differ in float order only.
 
-   Work is split over the calling thread's OpenMP team (pdmux gives prefill and decode threads
-   their own cores, and each its own team) by output columns, so each block is read by one thread;
-   a small matmul runs on the calling thread alone (waking the team costs more). Built and checked
-   by pdtop/engine/model/quant_kernels.py; bench/quant_bench.py times each path and loop shape. */
+   Work is split by output columns, so each block is read by one thread, over the calling thread's
+   team (pdmux gives prefill and decode threads their own cores, and each its own team): a decode
+   step's few rows on its spin team (spin_team.h, Linux: helpers that spin between the step's
+   matmuls instead of sleeping as PASSIVE OpenMP threads do), bigger ones on its OpenMP team; a
+   small matmul runs on the calling thread alone (waking a team costs more). Built and checked by
+   pdtop/engine/model/quant_kernels.py; bench/quant_bench.py times each path and loop shape. */
+#define _GNU_SOURCE /* spin_team.h: sched_setaffinity, CPU_EQUAL */
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
@@ -33,6 +36,9 @@
 #endif
 #endif
 #include "quant_common.h"
+#ifdef __linux__
+#include "spin_team.h"
+#endif
 
 enum { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8 }; /* GGMLQuantizationType values */
 #define QK 32
@@ -138,36 +144,6 @@ static float dot_portable(int32_t type, const uint8_t* w, const XBlock* x, int64
 
 #ifdef HAVE_AVX2
 
-static float dot_avx2(int32_t type, const uint8_t* w, const XBlock* x, int64_t nb) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc = _mm256_setzero_ps();
-    if (type == Q8_0) {
-        for (int64_t b = 0; b < nb; ++b, w += 34) {
-            const __m256i qw = _mm256_loadu_si256((const __m256i*)(w + 2));
-            const __m256i qx = _mm256_loadu_si256((const __m256i*)x[b].q);
-            /* |w| (unsigned) times x with w's sign: maddubs' operand types */
-            const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(qw, qw), _mm256_sign_epi8(qx, qw));
-            const __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
-            acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(read_u16(w)) * x[b].d), s, acc);
-        }
-        return hsum8(acc);
-    }
-    const __m256i low4 = _mm256_set1_epi8(15);
-    const int64_t size = pdtop_quant_block_bytes(type), qoff = type == Q4_1 ? 4 : 2;
-    float offset = 0.f;
-    for (int64_t b = 0; b < nb; ++b, w += size) {
-        const float d = _cvtsh_ss(read_u16(w));
-        const float m = type == Q4_1 ? _cvtsh_ss(read_u16(w + 2)) : -8.f * d;
-        const __m128i q = _mm_loadu_si128((const __m128i*)(w + qoff));
-        const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), low4);
-        const __m256i qx = _mm256_loadu_si256((const __m256i*)x[b].q);
-        const __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(nib, qx), ones));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d * x[b].d), s, acc);
-        offset += m * x[b].s;
-    }
-    return hsum8(acc) + offset;
-}
-
 /* int32 sums of the 8 lanes' byte products u8 (w) x s8 (x): one VNNI instruction where the CPU has it */
 static inline __m256 dot_bytes(__m256i u, __m256i s) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
@@ -177,23 +153,58 @@ static inline __m256 dot_bytes(__m256i u, __m256i s) {
 #endif
 }
 
-/* One weight row against XR activation rows (x, x + nb, ...): each weight block is unpacked once. */
+/* Weight block w against activation block x, times d_w * d_x, added to acc: Q8_0 as |w| . (x with
+   w's signs), Q4 as nibbles . x with the offset m_w * s_x added to *offset. */
+static inline __m256 block_avx2(int32_t type, const uint8_t* w, const XBlock* x, __m256 acc, float* offset) {
+    const float d = _cvtsh_ss(read_u16(w));
+    const __m256i qx = _mm256_loadu_si256((const __m256i*)x->q);
+    if (type == Q8_0) {
+        const __m256i qw = _mm256_loadu_si256((const __m256i*)(w + 2));
+        const __m256 s = dot_bytes(_mm256_sign_epi8(qw, qw), _mm256_sign_epi8(qx, qw));
+        return _mm256_fmadd_ps(_mm256_set1_ps(d * x->d), s, acc);
+    }
+    const __m128i q = _mm_loadu_si128((const __m128i*)(w + (type == Q4_1 ? 4 : 2)));
+    const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(15));
+    *offset += (type == Q4_1 ? _cvtsh_ss(read_u16(w + 2)) : -8.f * d) * x->s;
+    return _mm256_fmadd_ps(_mm256_set1_ps(d * x->d), dot_bytes(nib, qx), acc);
+}
+
+/* One weight row against one activation row (batch-1 decode), two blocks a step on two chains (one
+   chain waits on its FMA's latency every block). The row is read in order: interleaving several
+   rows instead defeated the hardware prefetcher (3x slower from DRAM on the EPYC). */
+static float dot_avx2(int32_t type, const uint8_t* w, const XBlock* x, int64_t nb) {
+    const int64_t size = pdtop_quant_block_bytes(type);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    float off0 = 0.f, off1 = 0.f;
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2, w += 2 * size) {
+        acc0 = block_avx2(type, w, x + b, acc0, &off0);
+        acc1 = block_avx2(type, w + size, x + b + 1, acc1, &off1);
+    }
+    if (b < nb) acc0 = block_avx2(type, w, x + b, acc0, &off0);
+    return hsum8(_mm256_add_ps(acc0, acc1)) + (off0 + off1);
+}
+
+/* One weight row against XR activation rows (x, x + nb, ...): each weight block is unpacked once.
+   Each row sums as dot_avx2 does (even and odd blocks on their own chains), so a row's result does
+   not depend on the rows beside it. */
 #define XR 4
 static void dot_avx2_rows(int32_t type, const uint8_t* w, const XBlock* x, int64_t nb, float* out) {
-    __m256 acc[XR];
-    float offset[XR] = {0};
-    for (int c = 0; c < XR; ++c) acc[c] = _mm256_setzero_ps();
+    __m256 acc[2][XR];
+    float offset[2][XR] = {{0}};
+    for (int c = 0; c < XR; ++c) acc[0][c] = acc[1][c] = _mm256_setzero_ps();
     const __m256i low4 = _mm256_set1_epi8(15);
     const int64_t size = pdtop_quant_block_bytes(type), qoff = type == Q4_1 ? 4 : 2;
     for (int64_t b = 0; b < nb; ++b, w += size) {
         const float d = _cvtsh_ss(read_u16(w));
+        __m256* a = acc[b & 1];
         if (type == Q8_0) {
             const __m256i qw = _mm256_loadu_si256((const __m256i*)(w + 2));
             const __m256i aw = _mm256_sign_epi8(qw, qw);
             for (int c = 0; c < XR; ++c) {
                 const XBlock* xb = x + c * nb + b;
                 const __m256i qx = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i*)xb->q), qw);
-                acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb->d), dot_bytes(aw, qx), acc[c]);
+                a[c] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb->d), dot_bytes(aw, qx), a[c]);
             }
             continue;
         }
@@ -203,11 +214,11 @@ static void dot_avx2_rows(int32_t type, const uint8_t* w, const XBlock* x, int64
         for (int c = 0; c < XR; ++c) {
             const XBlock* xb = x + c * nb + b;
             const __m256i qx = _mm256_loadu_si256((const __m256i*)xb->q);
-            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb->d), dot_bytes(nib, qx), acc[c]);
-            offset[c] += m * xb->s;
+            a[c] = _mm256_fmadd_ps(_mm256_set1_ps(d * xb->d), dot_bytes(nib, qx), a[c]);
+            offset[b & 1][c] += m * xb->s;
         }
     }
-    for (int c = 0; c < XR; ++c) out[c] = hsum8(acc[c]) + offset[c];
+    for (int c = 0; c < XR; ++c) out[c] = hsum8(_mm256_add_ps(acc[0][c], acc[1][c])) + (offset[0][c] + offset[1][c]);
 }
 #endif
 
@@ -570,6 +581,82 @@ static void rows_loop(int32_t type, int32_t path, const uint8_t* w, int64_t t, i
         for (int64_t r = t; r < end; ++r) y[i * out_f + r] = dot_portable(type, w + r * row_bytes, xq + i * nb, nb);
 }
 
+#ifdef HAVE_AVX2
+/* Output columns [c, c + ncols) of `rows` activation rows through one panel (packed into pk). */
+static void panel_cols(int32_t type, int32_t path, const uint8_t* w, int64_t row_bytes, int64_t nb, int64_t c,
+                       int ncols, void* pk, const XBlock* xq, int64_t rows, float* y, int64_t out_f) {
+#ifdef HAVE_VNNI512
+    if (path == 2) {
+        pack16(type, w + c * row_bytes, row_bytes, nb, ncols, pk);
+        panel16(pk, xq, nb, rows, y + c, out_f, ncols);
+        return;
+    }
+#else
+    (void)path;
+#endif
+    pack8(type, w + c * row_bytes, row_bytes, nb, ncols, pk);
+    panel8(type, pk, xq, nb, rows, y + c, out_f, ncols);
+}
+#endif
+
+#ifdef __linux__
+/* One matmul of a few rows for spin_team's chunks: output tile `chunk` (TILE rows of per-row dots),
+   or panel `chunk` (packed into the member's pack) */
+typedef struct {
+    int32_t type, path;
+    const uint8_t* w;
+    int64_t out_f, row_bytes, nb, n, panel;
+    const XBlock* xq;
+    const void* xp;
+    uint8_t* packs;
+    size_t pack_per;
+    float* y;
+} TeamJob;
+
+static void rows_chunk(void* arg, int64_t chunk, int member) {
+    (void)member;
+    const TeamJob* j = arg;
+    const int64_t t = chunk * TILE, end = t + TILE < j->out_f ? t + TILE : j->out_f;
+    rows_loop(j->type, j->path, j->w, t, end, j->row_bytes, j->xq, j->xp, j->nb, j->n, j->y, j->out_f);
+}
+
+#ifdef HAVE_AVX2
+static void panel_chunk(void* arg, int64_t chunk, int member) {
+    const TeamJob* j = arg;
+    const int64_t c = chunk * j->panel;
+    const int ncols = (int)(j->out_f - c < j->panel ? j->out_f - c : j->panel);
+    panel_cols(j->type, j->path, j->w, j->row_bytes, j->nb, c, ncols, j->packs + (size_t)member * j->pack_per, j->xq,
+               j->n, j->y, j->out_f);
+}
+#endif
+#endif
+
+/* < 0: batch-1/2 decode's per-row dots run on OpenMP's team; else on the spin team (spin_team.h),
+   whose idle helpers spin this many nanoseconds before they sleep. Returns the setting before. */
+int64_t pdtop_quant_team_spin(int64_t ns) {
+#ifdef __linux__
+    return atomic_exchange(&team_spin_ns, ns);
+#else
+    (void)ns;
+    return -1; /* no team here: OpenMP's runs them */
+#endif
+}
+
+/* fn(arg, k, member) for k < chunks on the calling thread's spin team (up to `helpers` helpers): quant_k.c's
+   matmuls run on the same team as these (quant_kernels.py hands it this function). Returns 0, or -1
+   where there is no team (not Linux, or `pdtop_quant_team_spin(-1)`): then the caller runs them. */
+int32_t pdtop_quant_team_run(void (*fn)(void*, int64_t, int), void* arg, int64_t chunks, int32_t helpers) {
+#ifdef __linux__
+    if (atomic_load(&team_spin_ns) >= 0) {
+        team_run(fn, arg, chunks, helpers);
+        return 0;
+    }
+#else
+    (void)fn, (void)arg, (void)chunks, (void)helpers;
+#endif
+    return -1;
+}
+
 /* y[i * out_f + r] = row r of w . x[i * in_f ...] for i < n, r < out_f; x rows contiguous, in_f a
    multiple of 32. Returns 0, or -1 for an unknown type or no memory. */
 int32_t pdtop_quant_matmul(int32_t type, const uint8_t* w, int64_t out_f, int64_t in_f, const float* x, int64_t n,
@@ -602,6 +689,22 @@ int32_t pdtop_quant_matmul(int32_t type, const uint8_t* w, int64_t out_f, int64_
        a barrier can wait out a time slice) */
     const int serial_rounding = n * in_f < QUANTIZE_PARALLEL_MIN;
     for (int64_t i = 0; serial_rounding && i < n; ++i) round_row(x, in_f, nb, i, xq, xp, path);
+#ifdef __linux__
+    /* a decode step's few rows (rounded above, one sweep of panels): on the spin team */
+    if (parallel && serial_rounding && n <= ROW_CHUNK && atomic_load(&team_spin_ns) >= 0) {
+        TeamJob job = {type, path, w, out_f, row_bytes, nb, n, panel, xq, xp, packs, pack_per, y};
+#ifdef HAVE_AVX2
+        if (tiled)
+            team_run(panel_chunk, &job, (out_f + panel - 1) / panel, threads - 1);
+        else
+#endif
+            team_run(rows_chunk, &job, (out_f + TILE - 1) / TILE, threads - 1);
+        free(packs);
+        free(xp);
+        free(xq);
+        return 0;
+    }
+#endif
 #pragma omp parallel num_threads(threads) if (parallel)
     {
         if (!serial_rounding) { /* the same for every thread: the construct (and its barrier) or not */
@@ -616,18 +719,9 @@ int32_t pdtop_quant_matmul(int32_t type, const uint8_t* w, int64_t out_f, int64_
             for (int64_t i0 = 0; i0 < n; i0 += ROW_CHUNK) {
                 const int64_t rows = n - i0 < ROW_CHUNK ? n - i0 : ROW_CHUNK;
 #pragma omp for schedule(static) nowait
-                for (int64_t c = 0; c < out_f; c += panel) {
-                    const int ncols = (int)(out_f - c < panel ? out_f - c : panel);
-#ifdef HAVE_VNNI512
-                    if (path == 2) {
-                        pack16(type, w + c * row_bytes, row_bytes, nb, ncols, pk);
-                        panel16(pk, xq + i0 * nb, nb, rows, y + i0 * out_f + c, out_f, ncols);
-                        continue;
-                    }
-#endif
-                    pack8(type, w + c * row_bytes, row_bytes, nb, ncols, pk);
-                    panel8(type, pk, xq + i0 * nb, nb, rows, y + i0 * out_f + c, out_f, ncols);
-                }
+                for (int64_t c = 0; c < out_f; c += panel)
+                    panel_cols(type, path, w, row_bytes, nb, c, (int)(out_f - c < panel ? out_f - c : panel), pk,
+                               xq + i0 * nb, rows, y + i0 * out_f, out_f);
             }
         } else
 #endif

@@ -23,6 +23,7 @@
    Each weight block is unpacked once for up to XR activation rows, and work is split over the OpenMP
    team by tiles of TILE weight rows. Built and checked by pdtop/engine/model/quant_kernels.py. */
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +44,7 @@ enum { Q5_0 = 6, Q5_1 = 7, Q4_K = 12, Q5_K = 13, Q6_K = 14 }; /* GGMLQuantizatio
 #define TILE 16
 #define XR 4
 #define PARALLEL_MIN (1 << 13) /* 32-weight dots below which one thread does it all */
+#define QUANTIZE_PARALLEL_MIN (1 << 16) /* activations below which one thread rounds them (as quant.c) */
 
 typedef struct { /* an activation block of 32 (Q8_0 / Q8_1) */
     float d, s;
@@ -214,6 +216,61 @@ static void rows_portable(int32_t type, const uint8_t* w, const void* x, int64_t
 
 #include "quant_k_x86.h"
 
+/* Row i of x rounded: per 256 (Q8_K) for the K types, per 32 for Q5 (and paired for the 512-bit path). */
+static void round_row_k(int32_t type, const float* x, int64_t in_f, int64_t nb, int64_t i, char* xq, void* xp) {
+    if (is_k(type))
+        quantize_256(x + i * in_f, nb, (X256*)xq + i * nb);
+    else
+        quantize_32(x + i * in_f, nb, (X32*)xq + i * nb);
+#ifdef HAVE_VNNI512
+    if (xp) pair_row((X32*)xq + i * nb, nb, (XPair*)xp + i * (nb / 2));
+#else
+    (void)xp;
+#endif
+}
+
+/* One matmul's arguments, for its tiles (OpenMP's loop or quant.c's spin team) */
+typedef struct {
+    int32_t type;
+    const uint8_t* w;
+    int64_t out_f, nb, n, row_bytes;
+    const char* xq;
+    size_t xsize;
+    const void* xp; /* XPair* where the 512-bit Q5 path runs, else NULL */
+    void (*rows)(int32_t, const uint8_t*, const void*, int64_t, int, float*);
+    float* y;
+} KJob;
+
+/* Output rows [t, t + TILE) of the job. */
+static void tile_k(void* arg, int64_t tile, int member) {
+    (void)member;
+    const KJob* j = arg;
+    const int64_t t = tile * TILE, end = t + TILE < j->out_f ? t + TILE : j->out_f, nb = j->nb;
+    for (int64_t i = 0; i < j->n; i += XR) {
+        const int nx = j->n - i < XR ? (int)(j->n - i) : XR;
+        const void* xi = j->xq + (size_t)(i * nb) * j->xsize;
+        for (int64_t r = t; r < end; ++r) {
+            float o[XR];
+#ifdef HAVE_VNNI512
+            if (j->xp) {
+                const int64_t np = nb / 2;
+                rows_q5_512(j->type, j->w + r * j->row_bytes, (const XPair*)j->xp + i * np, (const X32*)xi, nb, nx, o);
+                for (int c = 0; c < nx; ++c) j->y[(i + c) * j->out_f + r] = o[c];
+                continue;
+            }
+#endif
+            j->rows(j->type, j->w + r * j->row_bytes, xi, nb, nx, o);
+            for (int c = 0; c < nx; ++c) j->y[(i + c) * j->out_f + r] = o[c];
+        }
+    }
+}
+
+/* quant.c's pdtop_quant_team_run (its spin team, shared so that a caller has one team for both
+   files), set by quant_kernels.py; NULL: OpenMP's team runs every matmul */
+typedef int32_t (*TeamRunner)(void (*)(void*, int64_t, int), void*, int64_t, int32_t);
+static TeamRunner team_runner;
+void pdtop_quant_k_set_team(TeamRunner run) { team_runner = run; }
+
 /* y[i * out_f + r] = row r of w . x[i * in_f ...] for i < n, r < out_f; x rows contiguous, in_f a
    multiple of the type's block (32 or 256). Returns 0, or -1 for an unknown type, a bad in_f or no memory. */
 int32_t pdtop_quant_k_matmul(int32_t type, const uint8_t* w, int64_t out_f, int64_t in_f, const float* x,
@@ -223,58 +280,39 @@ int32_t pdtop_quant_k_matmul(int32_t type, const uint8_t* w, int64_t out_f, int6
     const size_t xsize = is_k(type) ? sizeof(X256) : sizeof(X32);
     char* xq = malloc(xsize * (size_t)(n * nb) + 1);
     if (!xq) return -1;
-    void (*rows)(int32_t, const uint8_t*, const void*, int64_t, int, float*) = rows_portable;
+    KJob job = {type, w, out_f, nb, n, nb * size, xq, xsize, NULL, rows_portable, y};
 #ifdef HAVE_AVX2
-    if (!portable) rows = rows_avx2;
+    if (!portable) job.rows = rows_avx2;
 #else
     (void)portable;
 #endif
+    void* xp = NULL;
 #ifdef HAVE_VNNI512
-    const int64_t np = nb / 2;
-    XPair* xp = NULL; /* the Q5 pairs, where the 512-bit path runs */
-    if (!portable && !is_k(type) && np && !(xp = malloc(sizeof(XPair) * (size_t)(n * np)))) {
+    /* the Q5 pairs, where the 512-bit path runs */
+    if (!portable && !is_k(type) && nb / 2 && !(xp = malloc(sizeof(XPair) * (size_t)(n * (nb / 2))))) {
         free(xq);
         return -1;
     }
+    job.xp = xp;
 #endif
-    const int64_t row_bytes = nb * size;
-    const int parallel = out_f * (in_f / 32) * n >= PARALLEL_MIN;
+    const int parallel = out_f * (in_f / 32) * n >= PARALLEL_MIN, tiles = (int)((out_f + TILE - 1) / TILE);
+    /* a decode's row or two: rounded here, then the tiles on the spin team where it runs */
+    if (parallel && team_runner && n * in_f < QUANTIZE_PARALLEL_MIN) {
+        for (int64_t i = 0; i < n; ++i) round_row_k(type, x, in_f, nb, i, xq, xp);
+        if (team_runner(tile_k, &job, tiles, omp_get_max_threads() - 1) == 0) {
+            free(xp);
+            free(xq);
+            return 0;
+        }
+    }
 #pragma omp parallel if (parallel)
     {
 #pragma omp for schedule(static)
-        for (int64_t i = 0; i < n; ++i) {
-            if (is_k(type))
-                quantize_256(x + i * in_f, nb, (X256*)xq + i * nb);
-            else
-                quantize_32(x + i * in_f, nb, (X32*)xq + i * nb);
-#ifdef HAVE_VNNI512
-            if (xp) pair_row((X32*)xq + i * nb, nb, xp + i * np);
-#endif
-        }
+        for (int64_t i = 0; i < n; ++i) round_row_k(type, x, in_f, nb, i, xq, xp);
 #pragma omp for schedule(static)
-        for (int64_t t = 0; t < out_f; t += TILE) {
-            const int64_t end = t + TILE < out_f ? t + TILE : out_f;
-            for (int64_t i = 0; i < n; i += XR) {
-                const int nx = n - i < XR ? (int)(n - i) : XR;
-                const void* xi = xq + (size_t)(i * nb) * xsize;
-                for (int64_t r = t; r < end; ++r) {
-                    float o[XR];
-#ifdef HAVE_VNNI512
-                    if (xp) {
-                        rows_q5_512(type, w + r * row_bytes, xp + i * np, (const X32*)xi, nb, nx, o);
-                        for (int c = 0; c < nx; ++c) y[(i + c) * out_f + r] = o[c];
-                        continue;
-                    }
-#endif
-                    rows(type, w + r * row_bytes, xi, nb, nx, o);
-                    for (int c = 0; c < nx; ++c) y[(i + c) * out_f + r] = o[c];
-                }
-            }
-        }
+        for (int64_t t = 0; t < tiles; ++t) tile_k(&job, t, 0);
     }
-#ifdef HAVE_VNNI512
     free(xp);
-#endif
     free(xq);
     return 0;
 }
