@@ -29,7 +29,7 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check pdtop tests bench
-	$(BIN)/mypy pdtop
+	$(BIN)/mypy pdtop bench
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 bench: $(STAMP)

@@ -214,6 +214,7 @@ def measured_with(name: str, dtype: str, dtypes: list[str]) -> bool:
 
 
 def run_turn(e: Engine, fig: str) -> None:
+    assert e.prefill_time is not None and e.decode_steps is not None  # a loaded engine's (not a table row's)
     values = [e.prefill_time()] if fig == "prefill" else e.decode_steps(int(fig[1:]))
     e.results.setdefault(fig, []).extend(values)
 
@@ -264,10 +265,10 @@ def main() -> int:
                     continue
                 try:
                     engines.append(ENGINES[name](dtype, args))
-                except ImportError as e:
-                    table.append(Engine(name, dtype, note=f"not installed ({e.name}); pip install '.[peers]'"))
-                except Exception as e:  # a peer that cannot load is reported, not fatal
-                    table.append(Engine(name, dtype, note=f"failed: {type(e).__name__}: {e}"[:100]))
+                except ImportError as exc:
+                    table.append(Engine(name, dtype, note=f"not installed ({exc.name}); pip install '.[peers]'"))
+                except Exception as exc:  # a peer that cannot load is reported, not fatal
+                    table.append(Engine(name, dtype, note=f"failed: {type(exc).__name__}: {exc}"[:100]))
         for fig in figures:
             for e in engines:  # warm-up turn, not counted
                 run_turn(e, fig)
