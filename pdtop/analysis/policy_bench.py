@@ -125,10 +125,18 @@ def _measured_round(engine: Engine, segment: int, start: float, observer: Observ
     running = list(engine.scheduler.running)  # the batch this round decodes, if it decodes
     before = [(r, r.num_cached, list(r.table.blocks)) for r in running]
     observer.before_round(engine)
+    began = engine.device.now()
     record = engine.step()
     if not record.decode_bs:
         observer.after_round(engine, record)
         return None
+    # A prefill that finished as the round began may join its decode batch (the cpu device's prefill side
+    # runs on its own cores): its row held one token fewer before this step.
+    known = {id(r) for r in running}
+    joined = [r for r in engine.scheduler.running
+              if id(r) not in known and len(r.token_times) >= 2 and r.token_times[-1] >= began]
+    before += [(r, r.num_cached - 1, list(r.table.blocks)) for r in joined]
+    running += joined
     info = observer.after_round(engine, record, running[0].token_times[-1])
     if record.decode_bs != len(running):
         raise EngineError(f"round {record.index} decoded {record.decode_bs} requests, {len(running)} were running")
