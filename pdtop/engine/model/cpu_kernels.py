@@ -326,6 +326,23 @@ def compiled_features(isa: str | None = None) -> set[str] | None:
     return {name for bit, name in ((1, "avx2"), (2, "avx512")) if bits & bit}
 
 
+# a kernel's checking function -> its library and C function
+_ENTRIES: dict[Callable[..., Any], tuple[str, str]] = {
+    decode_attention: ("decode_attention", "pdtop_decode_attention_f32"), silu_mul: ("silu_mul", "pdtop_silu_mul_f32"),
+    rope_kv: ("rope_kv", "pdtop_rope_kv_f32"), add_rms_norm: ("rms_norm", "pdtop_add_rms_norm_f32")}
+
+
+def c_entry(kernel: Callable[..., Any], isa: str | None = None) -> Any:
+    """The ctypes function behind `kernel` (one of `decode_attention`, `silu_mul`, `rope_kv`,
+    `add_rms_norm`), its argument types set, for callers that pass pointers themselves
+    (`cpu_decode`); None where that kernel is unavailable or failed its check."""
+    if kernel(isa) is None:
+        return None
+    library, symbol = _ENTRIES[kernel]
+    lib = _library(library, isa)
+    return None if lib is None else getattr(lib, symbol)
+
+
 def prepare() -> bool:
     """Build (or find) and check every kernel now, so a first build is said and done while a model
     loads rather than inside its first forward pass; whether they all are ready."""
