@@ -1,13 +1,13 @@
-"""The CPU decode fast path on a GGUF's blocks (`--dtype gguf`): a decode-only step's layers as plain
-C calls, nine per layer, into buffers kept across steps.
+"""The CPU decode fast path on a GGUF's blocks (`--dtype gguf`): a decode-only step's layers in one
+C call (csrc/decode_step.c), nine kernels per layer, into buffers kept across steps.
 
-At batch 1 a step's matmuls take a few milliseconds, and the generic layer forward (`llama.py`) used
-to add a large share on top: nn.Module attribute look-ups, a new tensor per kernel call, views,
-the checks of which kernel takes which tensor. Here all of that is done once when the model is
-built: each layer's C functions with their fixed arguments (weights, shapes), and per thread and
-batch size the argument tuples over reused buffers. A step only reads its own tensors' pointers
-(rotations, slots, contexts, the cache). The kernels and their order are the generic path's, so
-the results are bit for bit the same (`tests/engine/model/test_cpu_decode.py`).
+At batch 1 a step's matmuls take a few milliseconds, and the generic layer forward (`llama.py`)
+added a large share on top: nn.Module attribute look-ups, a new tensor per kernel call, views, the
+checks of which kernel takes which tensor, ~270 ctypes calls. Here the layers' C functions and
+fixed arguments (weights, shapes) are gathered once when the model is built, each thread keeps its
+activation buffers (grown to the largest batch it ran), and a step passes only its own tensors'
+pointers (rotations, slots, contexts, the cache). The kernels and their order are the generic
+path's, so the results are the same bit for bit (`tests/engine/model/test_cpu_decode.py`).
 
 `LlamaModel.forward_layers` asks `CpuDecode.run` first; it declines (None) whatever it does not
 cover, and the generic path runs: prefill and chunked steps (prompt segments), several length
@@ -16,8 +16,9 @@ dequantize + oneDNN wins (`QuantLinear.dense_rows`).
 """
 from __future__ import annotations
 
+import ctypes
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -30,43 +31,64 @@ if TYPE_CHECKING:
     from pdtop.engine.model.llama import ForwardBatch, LlamaModel
 
 MAX_ROWS = 256  # decode rows the fast path takes (its buffers grow to the largest batch seen)
+_P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+MATMULS = ("qkv", "o", "gate_up", "down")
 
 
-@dataclass(frozen=True)
-class _Layer:
-    """One layer's fixed arguments: its four matmuls and its two norms' (weight pointer, eps)."""
-    qkv: MatmulEntry
-    o: MatmulEntry
-    gate_up: MatmulEntry
-    down: MatmulEntry
-    attn_norm: tuple[int, float]
-    mlp_norm: tuple[int, float]
+class _Matmul(ctypes.Structure):
+    _fields_ = [("fn", _P), ("tails", _I), ("type", _I), ("w", _P), ("out_f", _I), ("in_f", _I), ("a", _I), ("b", _I)]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [*((name, _Matmul) for name in MATMULS), ("attn_norm", _P), ("mlp_norm", _P),
+                ("attn_eps", _F), ("mlp_eps", _F)]
+
+
+class _Model(ctypes.Structure):
+    _fields_ = [("norm", _P), ("rope_kv", _P), ("attend", _P), ("act", _P), ("dim", _I), ("h", _I), ("kvh", _I),
+                ("d", _I), ("ffn", _I), ("scale", _F)]
+
+
+BUFFERS = ("x", "qkv", "attn", "o", "gate_up", "act", "delta")
+
+
+class _BufferPtrs(ctypes.Structure):
+    _fields_ = [(name, _P) for name in BUFFERS]
 
 
 @dataclass
 class _Buffers:
-    """One thread's activations for up to `rows` rows, and its argument tuples by batch size."""
+    """One thread's activations for up to `rows` rows (`BUFFERS`: a norm's output, q|k|v, attention's
+    output, o's, gate|up, SwiGLU's, the MLP's output) and the struct of their pointers."""
     rows: int
-    x: torch.Tensor       # [rows, dim]: a norm's output, a matmul's input
-    qkv: torch.Tensor     # [rows, q | k | v]
-    attn: torch.Tensor    # [rows, heads * head_dim]
-    o: torch.Tensor       # [rows, dim]
-    gate_up: torch.Tensor  # [rows, 2 ffn]
-    act: torch.Tensor     # [rows, ffn]
-    delta: torch.Tensor   # [rows, dim]: the MLP's output, added by the next layer's norm
-    calls: dict[int, list[tuple[Any, ...]]] = field(default_factory=dict)
+    tensors: dict[str, torch.Tensor]
+    ptrs: _BufferPtrs
+
+
+def _address(fn: Any) -> int | None:
+    """Where a ctypes function's code is, for the C side to call."""
+    return ctypes.cast(fn, _P).value
+
+
+def _matmul(e: MatmulEntry) -> _Matmul:
+    fn, (qtype, w, out_f, in_f), tail = e
+    return _Matmul(_address(fn), len(tail), qtype, w, out_f, in_f, *tail, *([0] * (2 - len(tail))))
 
 
 class CpuDecode:
     """The fast path for one model; `build` returns None where a layer does not fit it."""
 
-    def __init__(self, model: LlamaModel, layers: list[_Layer], fns: tuple[Any, Any, Any, Any], max_rows: int):
+    def __init__(self, model: LlamaModel, layers: list[Any], fns: list[Any], step: Any, max_rows: int):
         cfg = model.config
-        self.layers, self.fns, self.max_rows = layers, fns, max_rows
-        self.dim, self.h, self.kvh, self.d = cfg.hidden, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.qkv_width = (self.h + 2 * self.kvh) * self.d
-        self.ffn = layers[0].down[1][3]  # the down projection's in_features
-        self.scale = self.d ** -0.5
+        self.ffn = layers[0].down.in_f  # the down projection's in_features
+        self.widths = {"x": cfg.hidden, "qkv": (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim,
+                       "attn": cfg.num_heads * cfg.head_dim, "o": cfg.hidden, "gate_up": 2 * self.ffn,
+                       "act": self.ffn, "delta": cfg.hidden}
+        self.model = _Model(*(_address(f) for f in fns), cfg.hidden, cfg.num_heads, cfg.num_kv_heads,
+                            cfg.head_dim, self.ffn, cfg.head_dim ** -0.5)
+        self.layers = (_Layer * len(layers))(*layers)
+        self.step, self.max_rows = step, max_rows
+        self.dim, self.kvh, self.d = cfg.hidden, cfg.num_kv_heads, cfg.head_dim
         self._local = threading.local()
 
     @classmethod
@@ -75,58 +97,36 @@ class CpuDecode:
         if (model.device.type != "cpu" or model.dtype != torch.float32 or cfg.qk_norm or cfg.hidden % 16
                 or cfg.head_dim % 16 or cfg.head_dim > 128 or cfg.num_heads // cfg.num_kv_heads > 16):
             return None
-        fns = tuple(cpu_kernels.c_entry(k) for k in (cpu_kernels.add_rms_norm, cpu_kernels.rope_kv,
-                                                       cpu_kernels.decode_attention, cpu_kernels.silu_mul))
-        if any(f is None for f in fns):
+        fns = [cpu_kernels.c_entry(k) for k in (cpu_kernels.add_rms_norm, cpu_kernels.rope_kv,
+                                                 cpu_kernels.decode_attention, cpu_kernels.silu_mul)]
+        lib = cpu_kernels._library("decode_step")
+        if lib is None or any(f is None for f in fns):
             return None
+        step = lib.pdtop_decode_layers
+        step.restype = _I
+        step.argtypes = [_P, _P, _I, _I, _P, _I, _P, _P, _P, _I, _I, _P, _P, _P, _I]
         layers, max_rows = [], MAX_ROWS
         for layer in model.decoder_layers:
             lins = (layer.attn.qkv, layer.attn.o, layer.mlp.gate_up, layer.mlp.down)
-            if not all(isinstance(m, QuantLinear) and m.bias is None for m in lins):
+            quant = [m for m in lins if isinstance(m, QuantLinear) and m.bias is None]
+            if len(quant) < 4 or quant[2].out_features % 32 or quant[2].out_features != 2 * quant[3].in_features:
                 return None
-            qkv, o, gate_up, down = lins
-            assert isinstance(qkv, QuantLinear) and isinstance(o, QuantLinear)
-            assert isinstance(gate_up, QuantLinear) and isinstance(down, QuantLinear)
-            if gate_up.out_features % 32 or gate_up.out_features != 2 * down.in_features:
-                return None
-            for m in (qkv, o, gate_up, down):
-                if m.dense_rows is not None:
-                    max_rows = min(max_rows, m.dense_rows - 1)
+            max_rows = min([max_rows, *(m.dense_rows - 1 for m in quant if m.dense_rows is not None)])
             an, mn = layer.attn_norm, layer.mlp_norm
-            layers.append(_Layer(qkv.entry, o.entry, gate_up.entry, down.entry,
-                                 (an.weight_f32.data_ptr(), an.eps), (mn.weight_f32.data_ptr(), mn.eps)))
+            layers.append(_Layer(*(_matmul(m.entry) for m in quant), an.weight_f32.data_ptr(), mn.weight_f32.data_ptr(),
+                                 an.eps, mn.eps))
         if max_rows < 1:
             return None
-        return cls(model, layers, (fns[0], fns[1], fns[2], fns[3]), max_rows)
+        return cls(model, layers, fns, step, max_rows)
 
     def _buffers(self, n: int) -> _Buffers:
         bufs: _Buffers | None = getattr(self._local, "bufs", None)
         if bufs is None or bufs.rows < n:
             rows = max(n, 2 * bufs.rows if bufs else 1)
-
-            def empty(width: int) -> torch.Tensor:
-                return torch.empty(rows, width, dtype=torch.float32)
-
-            bufs = _Buffers(rows, empty(self.dim), empty(self.qkv_width), empty(self.h * self.d), empty(self.dim),
-                            empty(2 * self.ffn), empty(self.ffn), empty(self.dim))
+            tensors = {name: torch.empty(rows, self.widths[name], dtype=torch.float32) for name in BUFFERS}
+            bufs = _Buffers(rows, tensors, _BufferPtrs(*(t.data_ptr() for t in tensors.values())))
             self._local.bufs = bufs
         return bufs
-
-    def _calls(self, bufs: _Buffers, n: int) -> list[tuple[Any, ...]]:
-        """Per layer: its matmuls' full argument tuples over `bufs` for `n` rows, and its norms' tails."""
-        calls = bufs.calls.get(n)
-        if calls is None:
-            x, qkv, attn, o = bufs.x.data_ptr(), bufs.qkv.data_ptr(), bufs.attn.data_ptr(), bufs.o.data_ptr()
-            gu, act, delta = bufs.gate_up.data_ptr(), bufs.act.data_ptr(), bufs.delta.data_ptr()
-
-            def mm(e: MatmulEntry, src: int, dst: int) -> tuple[Any, ...]:
-                return (e[0], (*e[1], src, n, dst, *e[2]))
-
-            calls = [(mm(lay.qkv, x, qkv), mm(lay.o, attn, o), mm(lay.gate_up, x, gu), mm(lay.down, act, delta),
-                      (*lay.attn_norm[:1], x, n, self.dim, lay.attn_norm[1]),
-                      (*lay.mlp_norm[:1], x, n, self.dim, lay.mlp_norm[1])) for lay in self.layers]
-            bufs.calls[n] = calls
-        return calls
 
     def run(self, hidden: torch.Tensor, batch: ForwardBatch, start: int, end: int,
             rot: torch.Tensor) -> torch.Tensor | None:
@@ -147,32 +147,11 @@ class CpuDecode:
                         and rot.is_contiguous())):
             return None
         bufs = self._buffers(n)
-        calls = self._calls(bufs, n)
-        norm, rope_kv, attend, act = self.fns
         h = hidden.clone(memory_format=torch.contiguous_format)  # the residual stream, summed into in place
-        hp, qkv, attn, gu, acts = h.data_ptr(), bufs.qkv.data_ptr(), bufs.attn.data_ptr(), \
-            bufs.gate_up.data_ptr(), bufs.act.data_ptr()
-        op, dp = bufs.o.data_ptr(), bufs.delta.data_ptr()
-        rp, sp, gp, lp, length = rot.data_ptr(), slots.data_ptr(), gather.data_ptr(), lens.data_ptr(), group.length
-        S, layer_bytes, base = data.shape[3], data.stride(0) * 4, data.data_ptr()
-        h_, kvh, d, width, ffn, scale = self.h, self.kvh, self.d, self.qkv_width, self.ffn, self.scale
-        for i in range(start, end):
-            (f_qkv, a_qkv), (f_o, a_o), (f_gu, a_gu), (f_down, a_down), attn_norm, mlp_norm = calls[i]
-            cache = base + i * layer_bytes
-            if i == start:
-                norm(hp, None, None, *attn_norm)
-            else:
-                norm(hp, dp, hp, *attn_norm)  # h += the last MLP's output, in place, and its norm
-            if f_qkv(*a_qkv):
-                raise MemoryError(f"quantized matmul failed (layer {i} qkv, {n} rows)")
-            rope_kv(qkv, width, rp, cache, sp, n, h_, kvh, d, S)
-            attend(qkv, width, cache, gp, lp, attn, n, h_, kvh, d, S, length, scale)
-            if f_o(*a_o):
-                raise MemoryError(f"quantized matmul failed (layer {i} o, {n} rows)")
-            norm(hp, op, hp, *mlp_norm)
-            if f_gu(*a_gu):
-                raise MemoryError(f"quantized matmul failed (layer {i} gate_up, {n} rows)")
-            act(gu, 2 * ffn, acts, n, ffn)
-            if f_down(*a_down):
-                raise MemoryError(f"quantized matmul failed (layer {i} down, {n} rows)")
-        return h.add_(bufs.delta[:n])
+        failed = self.step(ctypes.byref(self.model), self.layers, start, end, h.data_ptr(), n, ctypes.byref(bufs.ptrs),
+                           rot.data_ptr(), data.data_ptr(), data.stride(0), data.shape[3], slots.data_ptr(),
+                           gather.data_ptr(), lens.data_ptr(), group.length)
+        if failed:
+            layer, which = divmod(failed - 1, 4)
+            raise MemoryError(f"quantized matmul failed (layer {layer} {MATMULS[which]}, {n} rows)")
+        return h.add_(bufs.tensors["delta"][:n])
