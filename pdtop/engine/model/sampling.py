@@ -41,6 +41,22 @@ def greedy_tokens(logits: torch.Tensor, chunk: int = 128) -> torch.Tensor:
     n, vocab = logits.shape
     if vocab % chunk or logits.device.type != "cpu":
         return logits.argmax(dim=-1)
+    threads = torch.get_num_threads()
+    if n > SERIAL_ROWS or threads == 1:
+        return _chunked_argmax(logits, n, vocab, chunk)
+    # a few rows on this thread alone: the amax of a 49152-word row is an OpenMP region, and waking
+    # a PASSIVE team (beside the matmuls' spinning helpers) cost ~0.1 ms of a ~4 ms batch-1 step
+    torch.set_num_threads(1)
+    try:
+        return _chunked_argmax(logits, n, vocab, chunk)
+    finally:
+        torch.set_num_threads(threads)
+
+
+SERIAL_ROWS = 4  # rows up to which `greedy_tokens` runs on the calling thread alone
+
+
+def _chunked_argmax(logits: torch.Tensor, n: int, vocab: int, chunk: int) -> torch.Tensor:
     blocks = logits.view(n, vocab // chunk, chunk)
     first = blocks.amax(dim=-1).argmax(dim=-1)
     inner = blocks[torch.arange(n, device=logits.device), first].argmax(dim=-1)

@@ -352,6 +352,9 @@ def test_greedy_tokens_is_argmax():
     x[3] = 1.0                       # all equal
     x[4, -1] = 100.0                 # last position
     assert torch.equal(greedy_tokens(x), x.argmax(-1))
+    threads = torch.get_num_threads()
+    assert torch.equal(greedy_tokens(x[1:4]), x[1:4].argmax(-1))  # a few rows: on this thread alone
+    assert torch.get_num_threads() == threads  # and its thread count is back
     y = torch.randn(3, 1000, generator=g)  # vocab not a multiple of the chunk
     assert torch.equal(greedy_tokens(y), y.argmax(-1))
 
