@@ -3,7 +3,8 @@
 Decode attention over the paged KV cache (`csrc/decode_attention.c`), 2-3x faster than
 gathering each row's context and calling SDPA (the gather copies the whole context every
 layer); SwiGLU's `silu(gate) * up` (`csrc/silu_mul.c`), RMSNorm after the residual add
-(`csrc/rms_norm.c`), and RoPE with the K/V cache write (`csrc/rope_kv.c`) in one pass each; and `pin_team`
+(`csrc/rms_norm.c`), RoPE with the K/V cache write (`csrc/rope_kv.c`) and greedy decoding's argmax
+(`csrc/argmax.c`) in one pass each; and `pin_team`
 (`csrc/omp_team.c`), which pins a thread's OpenMP team to its cores.
 Building takes about half a second each (plain C, no torch headers) and the libraries are
 cached under `~/.cache/pdtop/kernels`, keyed by the source, the compiler and this CPU; the first
@@ -283,6 +284,32 @@ def add_rms_norm(isa: str | None = None) -> AddRmsNorm | None:
     return norm
 
 
+@functools.cache
+def argmax(isa: str | None = None) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """`f(x [n, vocab] float32, rows contiguous, vocab >= 1)` -> `x.argmax(-1)` (the first index of
+    each row's maximum, or of its first NaN), on the calling thread; None when unavailable."""
+    ptr, i64 = ctypes.c_void_p, ctypes.c_int64
+    fn = _c_function("argmax", "pdtop_argmax_f32", [ptr, i64, i64, i64, ptr], isa)
+    if fn is None:
+        return None
+
+    def first_max(x: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(x.shape[0], dtype=torch.int64)
+        fn(x.data_ptr(), x.stride(0), x.shape[0], x.shape[1], out.data_ptr())
+        return out
+
+    x = torch.randn(6, 1000, generator=torch.Generator().manual_seed(0))
+    x[1, 7] = x[1, 900] = 100.0  # a tie: the first index
+    x[2, 300] = x[2, 995] = float("nan")  # NaN wins, the first one
+    x[3] = 1.0  # all equal
+    x[4, -1] = 100.0  # in the tail past the last 16
+    x[5, 0] = float("nan")
+    if not torch.equal(first_max(x), x.argmax(-1)) or not torch.equal(first_max(x[:, :5]), x[:, :5].argmax(-1)):
+        _say_once("the CPU argmax kernel disagrees with torch here; the slower torch path runs")
+        return None
+    return first_max
+
+
 def fits_rope_kv(qkv: torch.Tensor, rot: torch.Tensor, cache: torch.Tensor, slots: torch.Tensor) -> bool:
     """Whether `rope_kv` takes these: float32 CPU tensors, qkv rows contiguous, rot complex64 with
     one rotation per row over the whole head, the cache and slots contiguous."""
@@ -326,10 +353,27 @@ def compiled_features(isa: str | None = None) -> set[str] | None:
     return {name for bit, name in ((1, "avx2"), (2, "avx512")) if bits & bit}
 
 
+# a kernel's checking function -> its library and C function
+_ENTRIES: dict[Callable[..., Any], tuple[str, str]] = {
+    decode_attention: ("decode_attention", "pdtop_decode_attention_f32"), silu_mul: ("silu_mul", "pdtop_silu_mul_f32"),
+    rope_kv: ("rope_kv", "pdtop_rope_kv_f32"), add_rms_norm: ("rms_norm", "pdtop_add_rms_norm_f32")}
+
+
+def c_entry(kernel: Callable[..., Any], isa: str | None = None) -> Any:
+    """The ctypes function behind `kernel` (one of `decode_attention`, `silu_mul`, `rope_kv`,
+    `add_rms_norm`), its argument types set, for callers that pass pointers themselves
+    (`cpu_decode`); None where that kernel is unavailable or failed its check."""
+    if kernel(isa) is None:
+        return None
+    library, symbol = _ENTRIES[kernel]
+    lib = _library(library, isa)
+    return None if lib is None else getattr(lib, symbol)
+
+
 def prepare() -> bool:
     """Build (or find) and check every kernel now, so a first build is said and done while a model
     loads rather than inside its first forward pass; whether they all are ready."""
-    return all(k() is not None for k in (decode_attention, silu_mul, rope_kv, add_rms_norm))
+    return all(k() is not None for k in (decode_attention, silu_mul, rope_kv, add_rms_norm, argmax))
 
 
 if __name__ == "__main__":  # `python -m pdtop.engine.model.cpu_kernels`: build them now (`make install` does)

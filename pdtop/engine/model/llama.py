@@ -31,6 +31,7 @@ from torch import nn
 from pdtop.engine.errors import EngineError
 from pdtop.engine.model import cpu_kernels, rope
 from pdtop.engine.model.config import ModelConfig
+from pdtop.engine.model.cpu_decode import CpuDecode
 from pdtop.engine.model.linear import Linear
 from pdtop.engine.model.paged_attention import prefix_attention
 from pdtop.engine.model.quant_linear import QuantLinear, QuantWeight, embedding, linear, weights_line
@@ -332,6 +333,8 @@ class LlamaModel(nn.Module):
         # "float32", or "gguf Q4_1+Q8_0 (avx2)" when matmuls run on the file's blocks (--dtype gguf)
         self.weights = weights_line(kept) if kept else str(dtype).removeprefix("torch.")
         self.inv_freq = rope.inv_freq(cfg, w.pop("rope_freqs", None), device=device)
+        # decode steps on the file's blocks as plain C calls (cpu_decode.py); None: the layers' forward
+        self.cpu_decode = CpuDecode.build(self) if kept else None
 
     @property
     def num_layers(self) -> int:
@@ -351,6 +354,10 @@ class LlamaModel(nn.Module):
         """Run layers [start, end) on the packed hidden states, writing their K/V into the cache; with a
         `timer`, tell it when each layer's attention and MLP ran."""
         rot = batch.rope(self)
+        if timer is None and self.cpu_decode is not None:
+            out = self.cpu_decode.run(hidden, batch, start, end, rot)
+            if out is not None:
+                return out
         delta = None
         if timer is None:
             for layer in self.layers[start:end]:

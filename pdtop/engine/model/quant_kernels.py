@@ -39,6 +39,10 @@ ROUNDING_TOL = 0.02  # vs dequantize(W) @ x, relative to the result's norm (int8
 TEAM_ROWS = 2731  # output rows from which a 96-column, 1-row matmul is split over threads (PARALLEL_MIN)
 
 
+# a matmul's C function, its leading arguments (type, blocks, out, in) and its trailing ones (path, tiled)
+MatmulEntry = tuple[Callable[..., int], tuple[int, ...], tuple[int, ...]]
+
+
 def block_len(qtype: int) -> int:
     """Weights per block: 256 for the K types, else 32 (a row's in_features must be a multiple)."""
     return 256 if qtype in K_TYPES else BLOCK
@@ -81,13 +85,8 @@ class QuantKernels:
              tiled: bool | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
         """`x -> matmul(qtype, w, in_f, x, ...)` with the checks and look-ups done once (a layer's
         weight: a batch-1 step makes ~120 of these calls, where each microsecond of Python shows)."""
-        if in_f % block_len(qtype):
-            raise ValueError(f"{QUANT_TYPES.get(qtype, qtype)} rows need in_features a multiple of "
-                             f"{block_len(qtype)}, not {in_f}")
-        fn, out_f, path = self._entry(qtype, "matmul"), w.shape[0], 0 if portable else path
-        tail = ((self.fast if path is None else path, -1 if tiled is None else int(tiled)) if qtype in BASE_TYPES
-                else (int(path == 0),))
-        head = (qtype, w.data_ptr(), out_f, in_f)
+        fn, head, tail = self.entry_args(qtype, w, in_f, portable, path=path, tiled=tiled)
+        out_f = w.shape[0]
 
         def run(x: torch.Tensor, _w: torch.Tensor = w) -> torch.Tensor:  # _w: the blocks outlive the pointer
             x = x.contiguous()
@@ -96,6 +95,18 @@ class QuantKernels:
                 raise MemoryError(f"quantized matmul failed ({QUANT_TYPES.get(qtype, qtype)}, {tuple(x.shape)})")
             return y
         return run
+
+    def entry_args(self, qtype: int, w: torch.Tensor, in_f: int, portable: bool = False, *,
+                   path: int | None = None, tiled: bool | None = None) -> MatmulEntry:
+        """`(fn, head, tail)` such that `fn(*head, x_ptr, n, y_ptr, *tail)` is `bind`'s matmul into `y`
+        (returning nonzero on failure); `w` must outlive the calls (`cpu_decode` calls it directly)."""
+        if in_f % block_len(qtype):
+            raise ValueError(f"{QUANT_TYPES.get(qtype, qtype)} rows need in_features a multiple of "
+                             f"{block_len(qtype)}, not {in_f}")
+        fn, path = self._entry(qtype, "matmul"), 0 if portable else path
+        tail = ((self.fast if path is None else path, -1 if tiled is None else int(tiled)) if qtype in BASE_TYPES
+                else (int(path == 0),))
+        return fn, (qtype, w.data_ptr(), w.shape[0], in_f), tail
 
     def rows(self, qtype: int, w: torch.Tensor, in_f: int, ids: torch.Tensor) -> torch.Tensor:
         """Rows `ids` of W dequantized: `[len(ids), in_f] float32` (ids must be in range)."""

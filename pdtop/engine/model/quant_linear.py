@@ -89,6 +89,8 @@ class QuantLinear(nn.Module):
         more = weight.qtype in quant_kernels.MORE_TYPES
         self.dense_rows = (MORE_DENSE_ROWS if more else DENSE_ROWS).get(kernels.fast_k if more else kernels.fast)
         self._matmul = kernels.bind(weight.qtype, weight.blocks, weight.in_features)
+        # the C call itself, for `cpu_decode`'s fast path (the blocks live as long as this layer)
+        self.entry = kernels.entry_args(weight.qtype, weight.blocks, weight.in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2:

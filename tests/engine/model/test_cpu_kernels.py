@@ -121,6 +121,23 @@ def test_swiglu_kernel_matches_torch(isa, rows, f):
     assert (act(x).double() - want).abs().max() <= 1e-5 * want.abs().max()
 
 
+@pytest.mark.parametrize("rows,vocab", [(1, 1), (3, 15), (5, 49152), (32, 1000)])
+def test_argmax_kernel_is_torchs_argmax_with_its_ties_and_nans(isa, rows, vocab):
+    first_max = cpu_kernels.argmax(isa)
+    assert first_max is not None
+    g = torch.Generator().manual_seed(vocab)
+    x = torch.randn(rows, vocab + 3, generator=g)[:, 2:-1]  # rows apart by more than their length
+    x[0, -1] = 50.0  # the last position
+    if rows > 2:
+        x[1, vocab // 3] = x[1, vocab // 2] = 50.0  # a tie: the first
+        x[2] = -0.0
+        x[2, vocab - 1] = 0.0  # equal to -0.0: the first
+    if rows > 4:
+        x[3, vocab - 7] = x[3, vocab - 2] = float("nan")  # the first NaN, past the maximum
+        x[4] = float("-inf")
+    assert torch.equal(first_max(x), x.argmax(-1))
+
+
 @pytest.mark.parametrize("rows,dim", [(1, 16), (32, 576), (600, 576)])  # the last: over the parallel threshold
 def test_rms_norm_kernel_matches_torch_with_and_without_the_residual_add(isa, rows, dim):
     norm = cpu_kernels.add_rms_norm(isa)
@@ -172,7 +189,8 @@ def test_rope_kv_refuses_what_it_does_not_take():
     assert not cpu_kernels.fits_rope_kv(qkv, rot, cache, slots.int())
 
 
-KERNELS = (cpu_kernels.decode_attention, cpu_kernels.silu_mul, cpu_kernels.rope_kv, cpu_kernels.add_rms_norm)
+KERNELS = (cpu_kernels.decode_attention, cpu_kernels.silu_mul, cpu_kernels.rope_kv, cpu_kernels.add_rms_norm,
+           cpu_kernels.argmax)
 
 
 def decode_logits(r, tokenizer) -> torch.Tensor:

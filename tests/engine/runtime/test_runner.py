@@ -342,9 +342,15 @@ def test_top_p_keeps_only_the_nucleus():
     assert sample_one(logits, SamplingParams(), None) == 0
 
 
-def test_greedy_tokens_is_argmax():
+@pytest.mark.parametrize("kernel", [True, False], ids=["C kernel", "torch"])
+def test_greedy_tokens_is_argmax(kernel, monkeypatch):
+    from pdtop.engine.model import cpu_kernels
     from pdtop.engine.model.sampling import greedy_tokens
 
+    if not kernel:
+        monkeypatch.setattr(cpu_kernels, "argmax", lambda isa=None: None)
+    elif cpu_kernels.argmax() is None:
+        pytest.skip("the CPU kernels are unavailable here")
     g = torch.Generator().manual_seed(0)
     x = torch.randn(5, 49152, generator=g)
     x[1, 7] = x[1, 40000] = 100.0  # a tie: the first index wins
@@ -352,6 +358,10 @@ def test_greedy_tokens_is_argmax():
     x[3] = 1.0                       # all equal
     x[4, -1] = 100.0                 # last position
     assert torch.equal(greedy_tokens(x), x.argmax(-1))
+    assert torch.equal(greedy_tokens(x[1:4]), x[1:4].argmax(-1))
+    many = x.repeat(4, 1)  # past C_ARGMAX_ROWS: torch's way whatever `kernel`
+    assert torch.equal(greedy_tokens(many), many.argmax(-1))
+    assert torch.equal(greedy_tokens(x[:, 5:40005]), x[:, 5:40005].argmax(-1))  # strided rows
     y = torch.randn(3, 1000, generator=g)  # vocab not a multiple of the chunk
     assert torch.equal(greedy_tokens(y), y.argmax(-1))
 
