@@ -19,7 +19,7 @@ from __future__ import annotations
 import ctypes
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeAlias
 
 import torch
 
@@ -27,8 +27,9 @@ from pdtop.engine.model import cpu_kernels
 from pdtop.engine.model.quant_kernels import MatmulEntry
 from pdtop.engine.model.quant_linear import QuantLinear
 
-if TYPE_CHECKING:
-    from pdtop.engine.model.llama import ForwardBatch, LlamaModel
+# The model (`LlamaModel`) and its `ForwardBatch` are typed Any here: llama.py imports this module.
+LlamaModel: TypeAlias = Any
+ForwardBatch: TypeAlias = Any
 
 MAX_ROWS = 256  # decode rows the fast path takes (its buffers grow to the largest batch seen)
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
