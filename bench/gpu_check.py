@@ -75,8 +75,8 @@ from pdtop.engine.request import Request, RequestStatus, SamplingParams  # noqa:
 from pdtop.engine.runtime.graph_counts import delta, replayed  # noqa: E402
 from pdtop.engine.runtime.runner import ModelRunner  # noqa: E402
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig  # noqa: E402
-from pdtop.engine.scheduling.scheduler import append_token  # noqa: E402
 from pdtop.engine.scheduling.splits import choose, prefill_layers_per_step  # noqa: E402
+from pdtop.engine.scheduling.warm_start import prefill_to_decoding  # noqa: E402
 from pdtop.telemetry.hardware.nvml_sampler import NvmlSampler  # noqa: E402
 
 MODEL = "synthetic:qwen3-8b"
@@ -199,12 +199,7 @@ def decoders(runner: ModelRunner, n: int, context: int, seed: int = 0) -> list[R
             for i in range(n)]
     per_batch = max(1, 8192 // context)
     for i in range(0, n, per_batch):
-        batch = reqs[i:i + per_batch]
-        for r in batch:
-            runner.admit(r)
-            r.status = RequestStatus.PREFILLING
-        for r, tok in zip(batch, runner.prefill(batch), strict=True):
-            append_token(r, tok, 0.0, ())
+        prefill_to_decoding(runner, reqs[i:i + per_batch])
     return reqs
 
 

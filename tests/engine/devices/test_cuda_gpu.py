@@ -149,9 +149,9 @@ def test_prefix_attention_takes_a_fused_kernel_not_math():
 
 def test_graph_decode_equals_eager_on_every_level(model):
     from pdtop.engine.devices.cuda import CudaDevice
-    from pdtop.engine.request import Request, RequestStatus, SamplingParams
+    from pdtop.engine.request import Request, SamplingParams
     from pdtop.engine.runtime.runner import ModelRunner
-    from pdtop.engine.scheduling.scheduler import append_token
+    from pdtop.engine.scheduling.warm_start import prefill_to_decoding
 
     dev = CudaDevice()
     runner = ModelRunner(model, 16384)
@@ -161,13 +161,9 @@ def test_graph_decode_equals_eager_on_every_level(model):
         info = runner.cuda.describe()["cuda_graphs"]
         assert info["streams"] == len(dev.groups)  # each split level's, the whole GPU's decode one, run_whole's
         assert not info["failed"] and info["graphs"] == info["streams"] * len(info["buckets"])
-        reqs = [Request(i, list(range(1000 + 7 * i, 1000 + 7 * i + n)), SamplingParams(max_tokens=8))
-                for i, n in enumerate((5, 200, 33))]
-        for r in reqs:
-            runner.admit(r)
-            r.status = RequestStatus.PREFILLING
-        for r, t in zip(reqs, runner.prefill(reqs), strict=True):
-            append_token(r, t, 0.0, ())
+        prompts = [list(range(1000 + 7 * i, 1000 + 7 * i + n)) for i, n in enumerate((5, 200, 33))]
+        reqs = prefill_to_decoding(runner, [Request(i, ids, SamplingParams(max_tokens=8))
+                                            for i, ids in enumerate(prompts)])
         for level in range(len(dev.groups)):
             dev.set_level(level)
             stream = dev.side_streams()[1]

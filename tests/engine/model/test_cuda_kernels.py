@@ -75,14 +75,11 @@ from pdtop.engine.request import Request, RequestStatus, SamplingParams
 from pdtop.engine.runtime.cuda_graphs import DecodeInputs
 from pdtop.engine.runtime.runner import ModelRunner
 from pdtop.engine.scheduling.scheduler import append_token
+from pdtop.engine.scheduling.warm_start import prefill_to_decoding
 
 runner = ModelRunner(load_model(None, dtype="float32"), kv_capacity_tokens=1024)
-reqs = [Request(i, list(range(100 + i, 100 + i + n)), SamplingParams(max_tokens=8)) for i, n in enumerate((5, 40, 90))]
-for r in reqs:
-    runner.admit(r)
-    r.status = RequestStatus.PREFILLING
-for r, t in zip(reqs, runner.prefill(reqs)):
-    append_token(r, t, 0.0, ())
+reqs = prefill_to_decoding(runner, [Request(i, list(range(100 + i, 100 + i + n)), SamplingParams(max_tokens=8))
+                                    for i, n in enumerate((5, 40, 90))])
 cpu = runner.next_logits(reqs)  # the CPU path: gathered context, SDPA
 inp = DecodeInputs.of(runner.kv, reqs)
 paged = PagedDecode(torch.from_numpy(inp.block_table), torch.from_numpy(inp.context_lens), runner.kv.block_size, 2)

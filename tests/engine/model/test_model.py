@@ -12,9 +12,10 @@ from chat_prompts import chat_ids, prompt_logits
 from pdtop.engine.errors import EngineError
 from pdtop.engine.model.llama import REFINE_TOP, ForwardBatch, Segment
 from pdtop.engine.model.synthetic import synthetic_model
-from pdtop.engine.request import Request, RequestStatus, SamplingParams
+from pdtop.engine.request import Request, SamplingParams
 from pdtop.engine.runtime.runner import ModelRunner
 from pdtop.engine.scheduling.scheduler import append_token, generate
+from pdtop.engine.scheduling.warm_start import prefill_to_decoding
 
 # Batched and lone runs use different matmul row counts, so oneDNN may sum in another order:
 # logits (magnitude ~10-30) may differ by float32 rounding, never by more than this.
@@ -144,13 +145,8 @@ def test_reference_answer_on_cuda():
 
 
 def _decoding(runner: ModelRunner, prompts: list[list[int]]) -> list[Request]:
-    reqs = [Request(i, ids, SamplingParams(max_tokens=16, ignore_eos=True)) for i, ids in enumerate(prompts)]
-    for r in reqs:
-        runner.admit(r)
-        r.status = RequestStatus.PREFILLING
-    for r, t in zip(reqs, runner.prefill(reqs), strict=True):
-        append_token(r, t, 0.0, ())
-    return reqs
+    return prefill_to_decoding(runner, [Request(i, ids, SamplingParams(max_tokens=16, ignore_eos=True))
+                                        for i, ids in enumerate(prompts)])
 
 
 @pytest.mark.cuda

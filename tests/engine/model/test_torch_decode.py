@@ -12,10 +12,10 @@ from pdtop.engine.model.llama import ForwardBatch
 from pdtop.engine.model.paged_attention import PagedDecode, reference
 from pdtop.engine.model.synthetic import synthetic_model
 from pdtop.engine.model.torch_decode import CHUNK_BYTES, RaggedDecode, chunk_entries, ragged_entries, torch_paged_decode
-from pdtop.engine.request import Request, RequestStatus, SamplingParams
+from pdtop.engine.request import Request, SamplingParams
 from pdtop.engine.runtime.cuda_graphs import _torch_variants, _triton_variants, check_attention
 from pdtop.engine.runtime.runner import ModelRunner
-from pdtop.engine.scheduling.scheduler import append_token
+from pdtop.engine.scheduling.warm_start import prefill_to_decoding
 
 PAGE, BLOCKS = 16, 40
 LENS = [1, 17, 100, 33, 64, 16, 1]  # odd lengths, one token, whole blocks; the last row is a graph's pad row
@@ -117,13 +117,8 @@ def test_a_padded_decode_step_matches_the_cpu_path():
 
     model = synthetic_model("synthetic:smollm2-135m", dtype="float32", num_layers=2, seed=3)
     runner = ModelRunner(model, kv_capacity_tokens=1024)
-    reqs = [Request(i, list(range(100 + i, 100 + i + n)), SamplingParams(max_tokens=8))
-            for i, n in enumerate((5, 40, 90))]
-    for r in reqs:
-        runner.admit(r)
-        r.status = RequestStatus.PREFILLING
-    for r, t in zip(reqs, runner.prefill(reqs), strict=True):
-        append_token(r, t, 0.0, ())
+    reqs = prefill_to_decoding(runner, [Request(i, list(range(100 + i, 100 + i + n)), SamplingParams(max_tokens=8))
+                                        for i, n in enumerate((5, 40, 90))])
     cpu = runner.next_logits(reqs)  # the CPU path: gathered context, SDPA
     kv = runner.kv
     inp = DecodeInputs.of(kv, reqs).padded(4, kv)

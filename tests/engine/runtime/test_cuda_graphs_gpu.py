@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from pdtop.engine.model.synthetic import synthetic_model
-from pdtop.engine.request import Request, RequestStatus, SamplingParams
+from pdtop.engine.request import Request, SamplingParams
 from pdtop.engine.runtime.cuda_graphs import CudaDecoder
 from pdtop.engine.runtime.graph_counts import GRAPHS_OFF, NO_BUCKET, NO_GRAPH, replayed
 from pdtop.engine.runtime.runner import ModelRunner
-from pdtop.engine.scheduling.scheduler import append_token
+from pdtop.engine.scheduling.warm_start import prefill_to_decoding
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -19,13 +19,8 @@ pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available()
 def decoding():
     model = synthetic_model("synthetic:smollm2-135m", dtype="bfloat16", device="cuda", num_layers=4, seed=7)
     runner = ModelRunner(model, kv_capacity_tokens=4096, cuda_graphs=False)
-    reqs = [Request(i, list(range(1000 + 7 * i, 1000 + 7 * i + n)), SamplingParams(max_tokens=8))
-            for i, n in enumerate((5, 200, 33))]
-    for r in reqs:
-        runner.admit(r)
-        r.status = RequestStatus.PREFILLING
-    for r, t in zip(reqs, runner.prefill(reqs), strict=True):
-        append_token(r, t, 0.0, ())
+    prompts = [list(range(1000 + 7 * i, 1000 + 7 * i + n)) for i, n in enumerate((5, 200, 33))]
+    reqs = prefill_to_decoding(runner, [Request(i, ids, SamplingParams(max_tokens=8)) for i, ids in enumerate(prompts)])
     gather = CudaDecoder(model, runner.kv, graphs=False, attention="sdpa-gather")
     runner.cuda = gather  # not paged: the runner gathers K/V and runs SDPA
     want = runner.next_logits(reqs).float().clone()
