@@ -169,3 +169,32 @@ def test_serve_says_which_weights_path_runs_before_the_kv_line(model_fp32):
     assert lines[0] == f"weights {model_fp32.weights}" and model_fp32.weights, lines
     assert lines[1].startswith("KV cache: 2,048 tokens"), lines
     assert runtime_lines({}) == []  # sim: devices describe no weights
+
+
+def test_clients_that_leave_during_prefill_never_stop_serve_on_the_cpu(procs):
+    """Issue 38 item 1: a long prompt POSTed to the API and its socket closed while it prefilled, twice,
+    made `pdtop serve --device cpu` exit 1 ("its prefill is in flight; finish it before freeing")."""
+    import json
+    import socket
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        api_port = s.getsockname()[1]
+    proc = start("serve", "--device", "cpu", "--workload", "none", "--port", "0", "--api-port", str(api_port))
+    procs.append(proc)
+    url_of(proc)
+    base = f"http://127.0.0.1:{api_port}"
+    model = httpx.get(f"{base}/v1/models", timeout=60).json()["data"][0]["id"]
+    for delay in (0.1, 0.3, 0.6, 1.0):
+        body = json.dumps({"model": model, "prompt": [(11 * i) % 40000 + 20 for i in range(1500)], "max_tokens": 8,
+                           "stream": delay > 0.5}).encode()
+        with socket.create_connection(("127.0.0.1", api_port)) as c:
+            c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            time.sleep(delay)  # closed while its prompt prefills
+    answer = httpx.post(f"{base}/v1/completions", json={"model": model, "prompt": "Hello", "max_tokens": 2},
+                        timeout=60)
+    assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 2
+    assert proc.poll() is None

@@ -87,6 +87,10 @@ class Executor(ABC, Generic[S]):
         prefill work: on CUDA, sampling syncs, so it must not sit in the launched work.
         """
 
+    def drop_prefill(self, state: S) -> None:
+        """Forget an in-flight prefill whose requests were all aborted, with no slice of it running;
+        its requests' KV can then be released. Nothing to forget by default."""
+
     @abstractmethod
     def _run_chunk(self, decode: list[Request], req: Request | None, n: int) -> ChunkTokens: ...
 
@@ -179,6 +183,9 @@ class ModelExecutor(Executor["PrefillState"]):
 
     def finish_prefill(self, state: PrefillState) -> list[int]:
         return self.runner.prefill_finish(state)
+
+    def drop_prefill(self, state: PrefillState) -> None:
+        self.runner.prefill_drop(state)
 
     def _run_chunk(self, decode: list[Request], req: Request | None, n: int) -> ChunkTokens:
         return self.runner.chunk_step(decode, req, n)

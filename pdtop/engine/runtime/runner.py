@@ -269,6 +269,14 @@ class ModelRunner:
             r.num_cached = r.prompt_len
         return tokens
 
+    def prefill_drop(self, state: PrefillState) -> None:
+        """Abandon an in-flight prefill (its requests were aborted) between slices: its activations go and
+        its requests may be freed. No slice of it may be running. Idempotent."""
+        with self._lock:
+            if state in self._in_flight:
+                self._in_flight.remove(state)
+        state.hidden = state.logits = state.greedy = None
+
     def prefill(self, reqs: list[Request]) -> list[int]:
         """Whole prefill in one call."""
         self.prefill_layers(state := self.prefill_begin(reqs), 0, self.config.num_layers)

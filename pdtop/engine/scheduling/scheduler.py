@@ -16,9 +16,8 @@ With greedy sampling the policies give the same tokens: only timing differs.
 
 The scheduler is the one owner of what a token means: `append_token` (`tokens.py`) appends
 it, moves the request's status along and decides "finished"; the executor only returns tokens.
-`abort` ends a request early (its client left, or a stop string matched) and frees its KV; a
-prefill whose requests were all aborted stops at the next round boundary with no slice running.
-"""
+`abort` ends a request early (its client left, or a stop string matched) and frees its KV; a prefill
+whose requests were all aborted stops, its state dropped, at the next boundary with no slice running."""
 from __future__ import annotations
 
 from collections import deque
@@ -235,6 +234,7 @@ class Scheduler(Generic[S]):
                 stats.requests.append(self._end(pf.reqs[0], reason, self.device.now()))
         elif not pf.in_flight and all(r.id in self._ending for r in pf.reqs):  # all its clients left:
             self.prefill, self.pdmux_chunk, now = None, None, self.device.now()  # no more of it runs, KV freed
+            self.executor.drop_prefill(pf.state)
             stats.requests += [self._end(r, self._ending.pop(r.id), now) for r in pf.reqs]
 
     def _step_pdmux(self, stats: RoundStats) -> None:
