@@ -1,5 +1,6 @@
-"""Requests put straight into decoding on a runner, without the scheduler: what benches and tests
-that time decode steps need first (admitted, prefilled in one batch, their first token appended)."""
+"""Requests put straight into decoding on a runner, without the scheduler: what tests that check decode
+steps need first (admitted, prefilled in one batch, their first token appended). `tests/` is on the
+path through its conftest, so a test anywhere imports it as `from warm_start import prefill_to_decoding`."""
 from __future__ import annotations
 
 from collections.abc import Sequence
