@@ -13,7 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 from gpu_targets import TARGETS, targets
 
@@ -211,15 +210,3 @@ def test_one_refused_level_fails_realized_and_the_others_are_measured(gpu_check)
     verdict, notes = targets({"mode": "gpu", "device": device, "levels": levels})
     assert verdict["realized_equals_requested"] is False and "level 5 [80, 52]" in notes["realized_equals_requested"]
     assert verdict["measured_sms_match_realized"] is True, notes  # the five split levels that ran, on their own SMs
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without a GPU")
-def test_without_a_gpu_the_check_still_writes_its_report(tmp_path):
-    """On a machine where torch sees no GPU the check exits 2, and still leaves its JSON: the environment,
-    why nothing else ran, and every target not measured."""
-    out = tmp_path / "gpu_check-nogpu.json"
-    r = subprocess.run([sys.executable, str(SCRIPT), "--out", str(out)], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and "no CUDA GPU visible to torch" in r.stderr, r.stdout + r.stderr
-    report = json.loads(out.read_text())
-    assert report["mode"] == "gpu" and report["environment"]["cuda_available"] is False
-    assert report["errors"]["cuda"].startswith("no CUDA GPU visible") and report["targets"] == dict.fromkeys(TARGETS)
