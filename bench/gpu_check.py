@@ -80,8 +80,8 @@ from pdtop.engine.request import Request, RequestStatus, SamplingParams  # noqa:
 from pdtop.engine.runtime.graph_counts import delta, replayed  # noqa: E402
 from pdtop.engine.runtime.runner import ModelRunner  # noqa: E402
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig  # noqa: E402
-from pdtop.engine.scheduling.scheduler import append_token  # noqa: E402
 from pdtop.engine.scheduling.splits import choose, prefill_layers_per_step  # noqa: E402
+from pdtop.engine.scheduling.tokens import append_token  # noqa: E402
 from pdtop.telemetry.hardware.nvml_sampler import NvmlSampler  # noqa: E402
 
 MODEL = "synthetic:qwen3-8b"
