@@ -31,11 +31,16 @@ gpu_slug() {  # "NVIDIA H100 80GB HBM3" -> h100, "NVIDIA H200" -> h200, "NVIDIA 
 }
 
 if ls .whl/*.whl >/dev/null 2>&1; then
-  # pip, else (a python3 without pip) the wheels unzipped: pure zips of a package and its .so, no deps
-  if timeout -k 5 30 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target /tmp/pdtop-site .whl/*.whl \
-    || timeout -k 5 30 "$PY" -c 'import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]' \
-      /tmp/pdtop-site .whl/*.whl; then
+  # pip, else (a python3 without pip) the wheels unzipped: pure zips of a package and its .so, no deps. A pip
+  # that refuses them (another Python than the wheels' 3.12) is believed: nothing is unzipped over it.
+  if timeout -k 5 10 "$PY" -m pip --version >/dev/null 2>&1; then
+    install=(timeout -k 5 30 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade
+             --target /tmp/pdtop-site .whl/*.whl)
+  else
+    install=(timeout -k 5 30 "$PY" -c 'import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]'
+             /tmp/pdtop-site .whl/*.whl)
+  fi
+  if "${install[@]}"; then
     export PYTHONPATH=/tmp/pdtop-site${PYTHONPATH:+:$PYTHONPATH}
   else
     echo "gpu_run: the carried wheels did not install; going on without them"
