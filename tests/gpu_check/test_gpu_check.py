@@ -210,3 +210,17 @@ def test_one_refused_level_fails_realized_and_the_others_are_measured(gpu_check)
     verdict, notes = targets({"mode": "gpu", "device": device, "levels": levels})
     assert verdict["realized_equals_requested"] is False and "level 5 [80, 52]" in notes["realized_equals_requested"]
     assert verdict["measured_sms_match_realized"] is True, notes  # the five split levels that ran, on their own SMs
+
+
+def test_sections_before_the_policies_leave_them_their_time(tmp_path, gpu_check):
+    """With 50 s of the budget left, a figure that needs 5 s beside the 90 s kept for the policies is
+    skipped, saying so, and the policies, which need 45 s, still run (issue 43 item 5)."""
+    elapsed = gpu_check.time.perf_counter() - gpu_check.STARTED
+    report = gpu_check.Report(tmp_path / "gpu_check.json", elapsed + 50.0, "gpu")
+    ran = []
+    report.run("decode_step", lambda: ran.append("decode_step"), need_s=5, reserve_s=90)
+    report.run("policies", lambda: ran.append("policies"), need_s=45)
+    assert ran == ["policies"]
+    saved = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert saved["skipped"]["decode_step"].endswith("about 5 s needed beside the 90 s kept for the policies")
+    assert "policies" in saved["seconds"] and set(saved["targets"]) == set(TARGETS)
