@@ -1,5 +1,7 @@
-"""`bench --url`'s datasets from files, sampled as `vllm bench serve` samples them
-(`vllm/benchmarks/datasets/`: `sharegpt.py`, `custom.py`, `utils.is_valid_sequence`,
+"""Datasets from files, sampled as `vllm bench serve` samples them, and the options that name them
+(vllm bench serve's names), which `bench --url` and `tune --launch` share.
+
+The readers follow `vllm/benchmarks/datasets/` (`sharegpt.py`, `custom.py`, `utils.is_valid_sequence`,
 `abstractions.maybe_oversample_requests`). Each gives prompts as `(text, max_tokens, prompt_len)`,
 the length counted with the local tokenizer (the server's `usage` replaces it when it reports one).
 
@@ -17,12 +19,16 @@ not what it should be raises DatasetError (a ValueError) with one line naming it
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import random
 import stat
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pdtop.engine.model.tokenizer import Tokenizer
 
 MAX_DATASET_BYTES = 1 << 30  # read whole, as vLLM does: bounded so a wrong path cannot exhaust memory
 CUSTOM_OUTPUT_LEN = 256  # vLLM's --custom-output-len default
@@ -128,3 +134,56 @@ def custom_prompts(path: str, encode: Callable[[str], list[int]], num: int, seed
         text = chat(prompt) if chat is not None else prompt
         samples.append((text, size, len(encode(text))))
     return _oversample(samples, num, seed)
+
+
+# ---- the options --------------------------------------------------------------------------------
+
+def add_dataset_arguments(g: argparse._ArgumentGroup, num_prompts: int | None = 1000) -> None:
+    """The flags; `num_prompts` None: --num-prompts is None unless given (its default is then 1000)."""
+    g.add_argument("--num-prompts", type=int, default=num_prompts, help="requests to send (default 1000)")
+    g.add_argument("--dataset-name", choices=("random", "sharegpt", "custom"), default="random",
+                   help="random: windows of pdtop's text; sharegpt: ShareGPT's JSON; custom: a JSONL of "
+                        '{"prompt", "output_len"} (default random)')
+    g.add_argument("--dataset-path", metavar="FILE", help="the sharegpt or custom dataset file")
+    g.add_argument("--sharegpt-output-len", type=int, default=None,
+                   help="max_tokens of every ShareGPT request (default: the token length of its gpt turn)")
+    g.add_argument("--custom-output-len", type=int, default=None,
+                   help="max_tokens of every custom request (default: its line's output_len, else 256)")
+    g.add_argument("--skip-chat-template", action="store_true",
+                   help="custom: send each prompt as written, not through the tokenizer's chat template")
+
+
+def dataset_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the dataset options, if anything (one line)."""
+    for name in ("num_prompts", "sharegpt_output_len", "custom_output_len"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            return f"--{name.replace('_', '-')} must be >= 1, got {value}"
+    if args.dataset_name == "random" and args.dataset_path:
+        return "--dataset-path needs --dataset-name sharegpt or custom (random makes its own prompts)"
+    if args.dataset_name != "random" and not args.dataset_path:
+        return f"--dataset-name {args.dataset_name} needs --dataset-path FILE"
+    return None
+
+
+def dataset_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The options besides the file that shape the sharegpt or custom dataset's prompts."""
+    if args.dataset_name == "sharegpt":
+        return {"sharegpt_output_len": args.sharegpt_output_len}
+    return {"custom_output_len": args.custom_output_len, "skip_chat_template": args.skip_chat_template}
+
+
+def dataset_prompts(args: argparse.Namespace, tokenizer: Tokenizer, num: int, seed: int) -> list[Sample]:
+    """The sharegpt or custom dataset's prompts, `(text, max_tokens, prompt tokens)`, in seeded order;
+    DatasetError (a ValueError, one line) when the file is not what it should be."""
+    if args.dataset_name == "sharegpt":
+        return list(sharegpt_prompts(args.dataset_path, tokenizer.encode, num, seed, args.sharegpt_output_len))
+
+    def chat(text: str) -> str:
+        return tokenizer.apply_chat_template([{"role": "user", "content": text}])
+
+    if not args.skip_chat_template and tokenizer.chat_template is None:
+        raise ValueError(f"{tokenizer.source}: no chat template for the custom prompts; "
+                         "pass --skip-chat-template to send them as written")
+    return list(custom_prompts(args.dataset_path, tokenizer.encode, num, seed, args.custom_output_len,
+                               None if args.skip_chat_template else chat))

@@ -1,7 +1,7 @@
 """A load generator for any OpenAI-compatible server (pdtop's, vLLM's, SGLang's), as `vllm bench serve`.
 
 Prompts (seeded windows of `input_len` tokens of pdtop's shipped text, cut with a GGUF
-tokenizer, or a dataset's, `analysis/bench_datasets.py`; sent as text, so any server's
+tokenizer, or a dataset's, `bench/datasets.py`; sent as text, so any server's
 tokenizer reads real words) go to `/v1/completions` as streaming requests, at `request_rate`
 per second (`inf`: all at once) with vLLM's arrivals (gamma gaps of shape `burstiness`, 1 is
 Poisson, scaled so the last is sent at num_prompts / rate) and at most `max_concurrency` in
@@ -73,6 +73,12 @@ class RequestResult:
     @property
     def tpot(self) -> float:
         return (self.latency - self.ttft) / (self.output_tokens - 1) if self.output_tokens > 1 else 0.0
+
+    def meets(self, goodput: dict[str, float]) -> bool:
+        """Every SLO (metric -> ms) met, as vLLM's `calculate_metrics` counts it: the SLO in seconds
+        against the value, a value equal to its SLO meeting it."""
+        value = {"ttft": self.ttft, "tpot": self.tpot, "e2el": self.latency}
+        return all(slo / 1e3 >= value[k] for k, slo in goodput.items())
 
 
 @dataclass
@@ -234,21 +240,26 @@ async def run_load(spec: LoadSpec, prompts: Sequence[Prompt], headers: dict[str,
         return results, run.end - start
 
 
+def metric_values(results: list[RequestResult]) -> dict[str, list[float]]:
+    """Seconds per metric over the completed requests, as vLLM pools them (TPOT of those with > 1 token)."""
+    done = [r for r in results if r.ok]
+    return {"ttft": [r.ttft for r in done], "tpot": [r.tpot for r in done if r.output_tokens > 1],
+            "itl": [g for r in done for g in r.itls], "e2el": [r.latency for r in done]}
+
+
 def _stats_ms(values: list[float]) -> dict[str, float]:
     return {"mean": float(np.mean(values)) * 1e3 if values else math.nan,
             "median": percentile(values, 50) * 1e3, "p99": percentile(values, 99) * 1e3}
 
 
 def summarize(spec: LoadSpec, results: list[RequestResult], duration: float) -> dict[str, Any]:
-    """vllm bench serve's figures, with the scenario."""
+    """vllm bench serve's figures, with the scenario (`pdtop bench --url --json`)."""
     done = [r for r in results if r.ok]
     inp, out = sum(r.prompt_tokens for r in done), sum(r.output_tokens for r in done)
-    good = None
-    if spec.goodput:
-        ms = {"ttft": lambda r: r.ttft, "tpot": lambda r: r.tpot, "e2el": lambda r: r.latency}
-        good = sum(all(ms[k](r) * 1e3 <= slo for k, slo in spec.goodput.items()) for r in done) / duration
+    good = sum(r.meets(spec.goodput) for r in done) / duration if spec.goodput else None
     scenario = asdict(spec)
     scenario["request_rate"] = "inf" if spec.request_rate == math.inf else spec.request_rate
+    values = metric_values(results)
     return {
         "scenario": scenario,
         "completed": len(done), "failed": len(results) - len(done),
@@ -256,33 +267,5 @@ def summarize(spec: LoadSpec, results: list[RequestResult], duration: float) -> 
         "duration_s": duration, "total_input_tokens": inp, "total_output_tokens": out,
         "request_throughput": len(done) / duration, "output_throughput": out / duration,
         "total_token_throughput": (inp + out) / duration, "goodput": good,
-        "ttft_ms": _stats_ms([r.ttft for r in done]),
-        "tpot_ms": _stats_ms([r.tpot for r in done if r.output_tokens > 1]),
-        "itl_ms": _stats_ms([g for r in done for g in r.itls]),
-        "e2el_ms": _stats_ms([r.latency for r in done]),
+        **{f"{name}_ms": _stats_ms(values[name]) for name in ("ttft", "tpot", "itl", "e2el")},
     }
-
-
-def table(summary: dict[str, Any]) -> str:
-    """`summarize`'s figures as a table (mean, median, p99 of each metric). `bench --url` prints vLLM's own
-    table instead, from `serve_result.result_table`; this stays for callers of the load generator."""
-    s = summary
-    lines = [f"{' Serving Benchmark Result ':=^60}",
-             f"{'Successful requests:':<40}{s['completed']:<10}",
-             f"{'Failed requests:':<40}{s['failed']:<10}",
-             f"{'Benchmark duration (s):':<40}{s['duration_s']:<10.2f}",
-             f"{'Total input tokens:':<40}{s['total_input_tokens']:<10}",
-             f"{'Total generated tokens:':<40}{s['total_output_tokens']:<10}",
-             f"{'Request throughput (req/s):':<40}{s['request_throughput']:<10.2f}",
-             f"{'Output token throughput (tok/s):':<40}{s['output_throughput']:<10.2f}",
-             f"{'Total token throughput (tok/s):':<40}{s['total_token_throughput']:<10.2f}"]
-    if s["goodput"] is not None:
-        lines.append(f"{'Request goodput (req/s):':<40}{s['goodput']:<10.2f}")
-    for key, title in (("ttft_ms", "Time to First Token"), ("tpot_ms", "Time per Output Token (excl. 1st token)"),
-                       ("itl_ms", "Inter-token Latency"), ("e2el_ms", "End-to-end Latency")):
-        short = key.split("_")[0].upper()
-        lines.append(f"{' ' + title + ' ':-^60}")
-        for stat, name in (("mean", "Mean"), ("median", "Median"), ("p99", "P99")):
-            lines.append(f"{f'{name} {short} (ms):':<40}{s[key][stat]:<10.2f}")
-    lines.append("=" * 60)
-    return "\n".join(lines)

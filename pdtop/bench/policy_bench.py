@@ -110,7 +110,7 @@ class Observer:
         return {}
 
 
-def _step_until_first_tokens(engine: Engine, reqs: list[Request]) -> list[float]:
+def step_until_first_tokens(engine: Engine, reqs: list[Request]) -> list[float]:
     """Step until each request has its first token (EngineError if one is rejected); their TTFTs."""
     while any(not r.token_times for r in reqs):
         rejected = next((r for r in reqs if r.finished and not r.token_times), None)
@@ -246,7 +246,7 @@ def run_policy(engine: Engine, sc: Scenario, progress: Progress | None = None,
                           "raise --kv-tokens or --gpu-memory-fraction, or lower --decode-bs")
     decoders = [engine.submit(engine.prompts.make(sc.decode_prompt), budget, ignore_eos=True)
                 for _ in range(sc.decode_bs)]
-    _step_until_first_tokens(engine, decoders)
+    step_until_first_tokens(engine, decoders)
     for _ in range(sc.warmup_rounds):
         engine.step()
     say(f"decoding: {len(decoders)} requests running")

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pdtop.analysis.metrics import percentile
-from pdtop.analysis.policy_bench import Observer
+from pdtop.bench.policy_bench import Observer
 from pdtop.engine.devices.cpu import CpuDevice
 from pdtop.engine.engine import Engine
 from pdtop.engine.records import RoundRecord

@@ -18,7 +18,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # numpy and the load generator load only when a result is made: `bench --help` stays fast
-    from pdtop.analysis.loadgen import LoadSpec, RequestResult
+    from pdtop.bench.loadgen import LoadSpec, RequestResult
 
 PERCENTILE_METRICS = ("ttft", "tpot", "itl", "e2el")
 DEFAULT_PERCENTILE_METRICS = "ttft,tpot,itl"
@@ -26,13 +26,6 @@ DETAILED_FIELDS = ("input_lens", "output_lens", "ttfts", "itls", "start_times", 
 BACKEND = "openai"  # vLLM's name for the /v1/completions request function pdtop's load generator matches
 _TITLES = {"ttft": ("TTFT", "Time to First Token"), "tpot": ("TPOT", "Time per Output Token (excl. 1st token)"),
            "itl": ("ITL", "Inter-token Latency"), "e2el": ("E2EL", "End-to-end Latency")}
-
-
-def metric_values(results: list[RequestResult]) -> dict[str, list[float]]:
-    """Seconds per metric over the completed requests, as vLLM pools them (TPOT of those with > 1 token)."""
-    done = [r for r in results if r.ok]
-    return {"ttft": [r.ttft for r in done], "tpot": [r.tpot for r in done if r.output_tokens > 1],
-            "itl": [g for r in done for g in r.itls], "e2el": [r.latency for r in done]}
 
 
 def percentile_word(p: float) -> str:
@@ -68,13 +61,12 @@ def result_json(spec: LoadSpec, results: list[RequestResult], duration: float, *
     """The object vLLM's `--save-result` writes, key for key, in its order."""
     import numpy as np
 
+    from pdtop.bench.loadgen import metric_values
+
     done = [r for r in results if r.ok]
     output_lens = [r.output_tokens if r.ok else 0 for r in results]
     total_in, total_out = sum(r.prompt_tokens for r in done), sum(output_lens)
-    good = None
-    if spec.goodput:
-        value = {"ttft": lambda r: r.ttft, "tpot": lambda r: r.tpot, "e2el": lambda r: r.latency}
-        good = sum(all(slo / 1e3 >= value[k](r) for k, slo in spec.goodput.items()) for r in done) / duration
+    good = sum(r.meets(spec.goodput) for r in done) / duration if spec.goodput else None
     peak_tokens, peak_requests = _peaks(done)
     out: dict[str, Any] = {
         "date": date, "endpoint_type": BACKEND, "backend": BACKEND, "label": label, "model_id": spec.model,

@@ -1,44 +1,57 @@
-"""`pdtop tune --launch`'s workload, sent over a server's OpenAI API, and its score, per request as
-`vllm bench serve --goodput` counts it.
+"""`pdtop tune --launch`'s workload, sent over a server's OpenAI API: `pdtop bench`'s scenario as HTTP
+requests, or a dataset's requests. Both give an `HttpRun` that `score.score_http` scores.
 
-The prompts are the load generator's (`loadgen.make_prompts`: seeded windows of pdtop's corpus,
-sent as text), each request is sent and measured as the load generator does, with a hook at the
-first token (`stream_one`, on `loadgen.stream_completion`, the request `pdtop bench --url` sends).
+Each request is sent and measured as the load generator sends and measures it
+(`loadgen.stream_completion`, the request `pdtop bench --url` sends: greedy, streaming, ignore_eos so
+every candidate streams the same tokens), after one uncounted warm-up request.
 
-The traffic is `pdtop bench`'s scenario (`Scenario`) as HTTP requests: `decode_bs` streaming
-requests decode all along (a closed loop: each that ends, after `decode_tokens` tokens, is
-replaced), and once each of them has its first token, `long_prompts` long prompts arrive: one
-after another (each when the previous one has finished its `long_max_tokens` tokens), or as
-Poisson arrivals at `request_rate` per second. The window runs from the first long prompt's
-send to the last one's end; decode requests still running then are cancelled and not counted.
-
-Scored over the requests that finished in the window: a request is good when its TTFT meets the
-TTFT SLO and its TPOT ((end - first token) / (tokens - 1), vLLM's `--goodput tpot:MS`) meets the
-ITL SLO; goodput is good requests per second of the window. The figures beside it, in
-`Measurement`: `itl_p99_s` is the p99 over requests of their TPOT (so a configuration meets the
-ITL SLO when 99% of its requests do), TTFT p99 over the requests, and prefill throughput (the
-long prompts' tokens over the time they waited for their first token).
+- The scenario (`run_http`; prompts from `text_prompts`, the load generator's seeded windows of
+  pdtop's corpus, sent as text): `decode_bs` streaming requests decode all along (a closed loop: each
+  that ends, after `decode_tokens` tokens, is replaced), and once each of them has its first token,
+  `long_prompts` long prompts arrive: one after another (each when the previous one has finished its
+  `long_max_tokens` tokens), or as Poisson arrivals at `request_rate` per second. The window runs
+  from the first long prompt's send to the last one's end; decode requests still running then are
+  cancelled and not counted.
+- A dataset (`run_dataset`; `DatasetTraffic`: `bench --url`'s reader, ShareGPT or a custom JSONL in
+  seeded order, `--num-prompts` of them), sent by the load generator's `run_load` at `--request-rate`
+  with Poisson arrivals (inf: all at once). The window runs from the first arrival to the last
+  completion, every request that finished is a sample, and every prompt counts towards prefill
+  throughput. The workload's identity (`DatasetTraffic.identity`: the file's SHA-256, its name and the
+  options that shape the prompts) goes into `--results`' header, so results of another dataset are
+  refused.
 """
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import math
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import numpy as np
 
-from pdtop.analysis.loadgen import LoadSpec, RequestResult, make_prompts, served_model, stream_completion
-from pdtop.analysis.metrics import percentile
-from pdtop.analysis.policy_bench import SCENARIOS, Scenario
-from pdtop.analysis.tune import Measurement, Slo, covered_s
+from pdtop.bench.datasets import Sample as Prompt
+from pdtop.bench.loadgen import (
+    LoadRun,
+    LoadSpec,
+    RequestResult,
+    WarmupFailed,
+    make_prompts,
+    run_load,
+    served_model,
+    stream_completion,
+)
+from pdtop.bench.policy_bench import SCENARIOS, Scenario
 from pdtop.engine.errors import EngineError
+from pdtop.tune.score import HttpRun, HttpSample
 
 WARMUP_TOKENS = 4  # the uncounted warm-up request's max_tokens
+T = TypeVar("T")
 
 
 def launch_scenario(kind: str) -> Scenario:
@@ -47,64 +60,8 @@ def launch_scenario(kind: str) -> Scenario:
     return dataclasses.replace(SCENARIOS[kind], decode_tokens=128, long_prompts=3)
 
 
-@dataclass
-class Sample:
-    """One request that finished in the window; times in seconds, `sent_s` from the window's start."""
-
-    long: bool
-    sent_s: float
-    ttft_s: float
-    latency_s: float
-    output_tokens: int
-    prompt_tokens: int
-    itls_s: list[float] = field(default_factory=list)
-
-    @property
-    def tpot_s(self) -> float:
-        n = self.output_tokens
-        return (self.latency_s - self.ttft_s) / (n - 1) if n > 1 else 0.0
-
-    def good(self, slo: Slo) -> bool:
-        return (slo.ttft_s is None or self.ttft_s <= slo.ttft_s) and self.tpot_s <= slo.itl_s
-
-    def to_json(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["itls_s"] = [round(x, 6) for x in self.itls_s]
-        return d
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Sample:
-        return cls(bool(d["long"]), float(d["sent_s"]), float(d["ttft_s"]), float(d["latency_s"]),
-                   int(d["output_tokens"]), int(d["prompt_tokens"]), [float(x) for x in d["itls_s"]])
-
-
-@dataclass
-class HttpRun:
-    samples: list[Sample]
-    window_s: float
-    errors: list[str]  # distinct errors of requests that failed (they are not samples)
-
-
-def score_http(run: HttpRun, slo: Slo) -> Measurement:
-    longs = [s for s in run.samples if s.long]
-    good = sum(s.good(slo) for s in run.samples)
-    waits = covered_s((s.sent_s, s.sent_s + s.ttft_s) for s in longs)
-    return Measurement(
-        itl_p99_s=percentile([s.tpot_s for s in run.samples if s.output_tokens > 1], 99),
-        ttft_p99_s=percentile([s.ttft_s for s in run.samples], 99),
-        prefill_tok_s=sum(s.prompt_tokens for s in longs) / waits if waits > 0 else math.nan,
-        goodput_rps=good / run.window_s if run.window_s > 0 else math.nan, good=good,
-        requests=len(run.samples), window_s=run.window_s)
-
-
-async def stream_one(client: httpx.AsyncClient, url: str, model: str, text: str, max_tokens: int,
-                     on_first: Callable[[], None] | None = None) -> RequestResult:
-    """One request as the load generator sends it (greedy, ignore_eos), `on_first()` at its first token:
-    the long prompts wait for every decode request to be streaming."""
-    return await stream_completion(client, url, model, text, max_tokens, True, on_first=on_first)
-
-
-def text_prompts(sc: Scenario, seed: int, token_ids: list[int], decode: Any) -> tuple[list[str], list[str]]:
+def text_prompts(sc: Scenario, seed: int, token_ids: list[int],
+                 decode: Callable[[list[int]], str]) -> tuple[list[str], list[str]]:
     """Seeded prompt texts (loadgen's windows of pdtop's corpus): decode-sized ones, then long ones."""
     def texts(n: int, length: int, salt: int) -> list[str]:
         spec = LoadSpec(url="", num_prompts=n, input_len=length, output_len=1, seed=seed * 1000 + salt)
@@ -119,7 +76,7 @@ async def _drive(url: str, sc: Scenario, rate: float, prompts: tuple[list[str], 
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0), limits=limits) as client:
         model = await served_model(client, base)
-        warm = await stream_one(client, base, model, prompts[0][0], WARMUP_TOKENS)  # not counted
+        warm = await stream_completion(client, base, model, prompts[0][0], WARMUP_TOKENS, True)  # not counted
         if not warm.ok:
             raise EngineError(f"the warm-up request failed: {warm.error}")
         decode_texts, long_texts = prompts
@@ -134,9 +91,9 @@ async def _drive(url: str, sc: Scenario, rate: float, prompts: tuple[list[str], 
             if started >= sc.decode_bs:
                 first.set()
 
-        async def send(text: str, max_tokens: int, long: bool, on_first: Any = None) -> bool:
-            sent = time.perf_counter()
-            res = await stream_one(client, base, model, text, max_tokens, on_first)
+        async def send(text: str, max_tokens: int, long: bool, on_first: Callable[[], None] | None = None) -> bool:
+            sent = time.perf_counter()  # on_first: the long prompts wait for every decode request to stream
+            res = await stream_completion(client, base, model, text, max_tokens, True, on_first=on_first)
             if not res.ok:
                 errors.add(res.error)
                 return False
@@ -178,7 +135,7 @@ async def _drive(url: str, sc: Scenario, rate: float, prompts: tuple[list[str], 
             for decoding in decoders:
                 decoding.cancel()
             await asyncio.gather(*decoders, return_exceptions=True)
-    samples = [Sample(long, sent - start, r.ttft, r.latency, r.output_tokens, r.prompt_tokens, r.itls)
+    samples = [HttpSample(long, sent - start, r.ttft, r.latency, r.output_tokens, r.prompt_tokens, r.itls)
                for t, long, sent, r in done if start < t <= end]
     return HttpRun(samples, end - start, sorted(errors))
 
@@ -187,12 +144,68 @@ def run_http(url: str, sc: Scenario, rate: float, prompts: tuple[list[str], list
              timeout_s: float = 600.0) -> HttpRun:
     """Warm the server at `url` (http://HOST:PORT) up, then run the scenario; EngineError when the
     decode requests never start or the run passes `timeout_s`."""
-    async def bounded() -> HttpRun:
+    return _bounded(_drive(url, sc, rate, prompts, seed, timeout_s), timeout_s)
+
+
+def file_digest(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+@dataclass
+class DatasetTraffic:
+    """A dataset's requests as a candidate's workload."""
+
+    name: str  # sharegpt | custom
+    path: str
+    prompts: list[Prompt]  # (text, max_tokens, prompt tokens), in the order they are sent
+    options: dict[str, Any] = field(default_factory=dict)  # what else shaped the prompts (output lengths, ...)
+    digest: str = ""  # the file's SHA-256 (computed when empty)
+
+    def __post_init__(self) -> None:
+        self.digest = self.digest or file_digest(self.path)
+
+    def identity(self) -> dict[str, Any]:
+        """What a results file must match (with the command, request rate and seed beside it)."""
+        return {"dataset": self.name, "file": os.path.basename(self.path), "sha256": self.digest,
+                "num_prompts": len(self.prompts), **self.options}
+
+    def describe(self) -> str:
+        tokens = [p[2] for p in self.prompts]
+        return (f"{len(self.prompts)} {self.name} requests from {os.path.basename(self.path)} "
+                f"(prompts {min(tokens)}..{max(tokens)} tokens)")
+
+    @property
+    def longest_prompt(self) -> int:
+        return max(p[2] for p in self.prompts)
+
+
+def run_dataset(url: str, traffic: DatasetTraffic, rate: float, seed: int = 0, timeout_s: float = 600.0) -> HttpRun:
+    """Warm the server at `url` (http://HOST:PORT) up, then send the dataset's requests; EngineError
+    when the warm-up fails or the run passes `timeout_s`."""
+    spec = LoadSpec(url=url + "/v1", num_prompts=len(traffic.prompts), request_rate=rate, seed=seed,
+                    ignore_eos=True, warmup=True)
+    record = LoadRun()
+    results, window = _bounded(run_load(spec, traffic.prompts, run=record), timeout_s)
+    start = record.start or 0.0
+    samples = [HttpSample(True, r.start_time - start, r.ttft, r.latency, r.output_tokens, r.prompt_tokens, r.itls)
+               for r in results if r.ok]
+    return HttpRun(samples, window, sorted({r.error for r in results if not r.ok}))
+
+
+def _bounded(work: Coroutine[Any, Any, T], timeout_s: float) -> T:
+    """Run `work` to its end within `timeout_s`; what goes wrong is one EngineError line."""
+    async def bounded() -> T:
         try:
-            return await asyncio.wait_for(_drive(url, sc, rate, prompts, seed, timeout_s), timeout_s)
+            return await asyncio.wait_for(work, timeout_s)
         except TimeoutError:
             raise EngineError(f"the workload did not finish within {timeout_s:g} s") from None
-        except httpx.HTTPError as exc:
+        except WarmupFailed as exc:
+            raise EngineError(f"the warm-up request failed: {exc}") from None
+        except (httpx.HTTPError, KeyError, IndexError, ValueError, TypeError) as exc:
             raise EngineError(f"{type(exc).__name__}: {exc}") from None
 
     return asyncio.run(bounded())

@@ -1,7 +1,7 @@
-"""`pdtop tune --policies pdmux,chunked,disagg`: which way, under the SLOs, on the same workload?
+"""The ways compared under the SLOs on the same workload (`pdtop tune --policies pdmux,chunked,disagg`).
 
 Each policy gets its best configuration, found on `pdtop tune`'s scenario and measured the same
-way (`tune_workload.measure`): pdmux by tune's own search over SGLang's knobs; chunked over its
+way (`engine_search.measure`): pdmux by tune's own search over SGLang's knobs; chunked over its
 chunk size; prefill-first and disagg (1P1D over the engine's link) have nothing to tune and are
 measured once. Reported per policy: the best configuration that meets the SLOs (else the closest),
 its figures, the devices it used and goodput per device, so disagg's second GPU is charged.
@@ -13,13 +13,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pdtop.analysis.policy_bench import Scenario
-from pdtop.analysis.tune import Measurement, Slo
-from pdtop.analysis.tune_report import describe_config
-from pdtop.analysis.tune_workload import check_fits, measure, tune
+from pdtop.bench.policy_bench import Scenario
 from pdtop.engine.engine import Engine
 from pdtop.engine.errors import EngineError
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
+from pdtop.tune.engine_search import check_fits, measure, tune
+from pdtop.tune.report import describe_config
+from pdtop.tune.score import Measurement, Slo
 
 CHUNK_SIZES = (128, 256, 512, 1024, 2048, 4096, 8192)
 TUNABLE = ("pdmux", "chunked", "prefill-first", "disagg")

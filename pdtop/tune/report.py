@@ -1,13 +1,31 @@
-"""What `pdtop tune` prints: the Pareto front as a table and a text plot, the chosen configuration
-against SGLang's default, and the same as one JSON object."""
+"""What a `pdtop tune` search found (`TuneReport`) and how it is printed: the Pareto front as a table
+and a text plot, the chosen configuration against SGLang's default, the same as one JSON object, and
+the chosen configuration as SGLang's YAML."""
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from pdtop.analysis.tune import Slo, Trial
-from pdtop.analysis.tune_workload import TuneReport
 from pdtop.engine.scheduling.pdmux_config import SGLANG_KEYS, PdmuxConfig, dump_pdmux_config
+from pdtop.tune.score import Slo
+from pdtop.tune.search import SearchRun, Trial
+
+if TYPE_CHECKING:
+    from pdtop.bench.policy_bench import Scenario
+
+
+@dataclass
+class TuneReport:
+    slo: Slo
+    scenario: Scenario
+    default: Trial  # SGLang's default configuration on the same workload
+    trials: list[Trial]  # every behaviour measured
+    front: list[Trial]
+    best: Trial | None  # best goodput among those that meet the SLOs
+    closest: list[Trial]  # nearest to the SLOs (when none meets them)
+    run: SearchRun
+    grid_size: int
 
 
 def describe_config(config: PdmuxConfig) -> str:
@@ -105,6 +123,25 @@ def comparison(report: TuneReport, itl: str = "ITL p99") -> list[str]:
     ratios = [ratio(b.itl_p99_s, d.itl_p99_s), ratio(b.ttft_p99_s, d.ttft_p99_s),
               ratio(b.prefill_tok_s, d.prefill_tok_s), ratio(b.goodput_rps, d.goodput_rps)]
     lines.append(f"{'chosen/default':<16}{ratios[0]:>10}{ratios[1]:>10}{ratios[2]:>15}{ratios[3]:>10}")
+    return lines
+
+
+def front_and_choice(report: TuneReport, out: str | None, itl: str = "ITL p99", notes: list[str] | None = None,
+                     kept_default: bool = False) -> list[str]:
+    """The text under a tune command's header: the front as a table and a plot, `notes` (failed launches),
+    then the chosen configuration against SGLang's default and the file written to `out`, or the closest
+    configurations when none meets the SLOs. `kept_default`: the best was within the noise of the default."""
+    slo = report.slo
+    marks = {id(report.default): "D"} | ({id(report.best): "*"} if report.best is not None else {})
+    lines = [f"Pareto front ({itl} against prefill throughput); * chosen, D SGLang's default",
+             *trial_table(report.front, slo, marks, itl), "", *front_plot(report, itl=itl), "", *(notes or [])]
+    if report.best is None:
+        return [*lines, "no configuration meets the SLOs; the closest:", *trial_table(report.closest, slo, itl=itl)]
+    lines.append("chosen: SGLang's default (no other configuration beat it by more than the noise)" if kept_default
+                 else "chosen: best goodput among the configurations that meet the SLOs")
+    lines += comparison(report, itl)
+    if out:
+        lines.append(f"wrote {out} (SGLang: --pdmux-config-path {out}; pdtop --config {out})")
     return lines
 
 

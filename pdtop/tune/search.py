@@ -1,5 +1,6 @@
 """The search behind `pdtop tune`: the PD multiplexing configuration that meets the SLOs with the
-most goodput, and the Pareto front of ITL p99 against prefill throughput.
+most goodput, and the Pareto front of ITL p99 against prefill throughput (a candidate's figures
+and the SLOs are `score`'s).
 
 A search space is a few families of grids (`Family`: ordered `Axis` values -> a `PdmuxConfig`).
 `ParetoSearch` is a pattern search on them, driven by `ask`/`tell` so that the same search runs
@@ -18,78 +19,14 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field
 
-from pdtop.analysis.metrics import percentile
 from pdtop.engine.errors import ConfigError
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
+from pdtop.tune.score import Measurement, Slo
 
 Point = tuple[str, tuple[int, ...]]  # (family name, index into each of its axes)
-
-
-@dataclass(frozen=True)
-class Measurement:
-    """One candidate's figures. Times in seconds; NaN where there was nothing to measure."""
-
-    itl_p99_s: float
-    ttft_p99_s: float
-    prefill_tok_s: float  # prompt tokens per second while prompts waited for their first token
-    goodput_rps: float  # requests per second of the window that met every SLO
-    good: int = 0
-    requests: int = 0
-    window_s: float = 0.0
-    decode_only_itl_s: float = math.nan  # median decode step with every unit to decode, nothing else
-
-
-@dataclass(frozen=True)
-class Slo:
-    itl_s: float
-    ttft_s: float | None = None
-
-    def excess(self, m: Measurement) -> float:
-        """The worst measured/target ratio over the SLOs: <= 1 meets them all (NaN counts as a miss)."""
-        ratios = [m.itl_p99_s / self.itl_s] + ([m.ttft_p99_s / self.ttft_s] if self.ttft_s else [])
-        return max(math.inf if math.isnan(r) else r for r in ratios)
-
-    def met(self, m: Measurement) -> bool:
-        return self.excess(m) <= 1.0
-
-
-@dataclass
-class RequestSample:
-    """What one request did in the measured window: its TTFT (None if it arrived before) and ITLs."""
-
-    ttft_s: float | None
-    itls_s: list[float]
-
-    def good(self, slo: Slo) -> bool:
-        ttft_ok = slo.ttft_s is None or self.ttft_s is None or self.ttft_s <= slo.ttft_s
-        return ttft_ok and (not self.itls_s or percentile(self.itls_s, 99) <= slo.itl_s)
-
-
-def covered_s(intervals: Iterable[tuple[float, float]]) -> float:
-    """Length of the union of `[start, end]` intervals."""
-    total, reach = 0.0, -math.inf
-    for start, end in sorted(intervals):
-        if end > reach:
-            total += end - max(start, reach)
-            reach = end
-    return total
-
-
-def score(samples: Sequence[RequestSample], slo: Slo, window_s: float, prompt_tokens: int, prefill_wait_s: float,
-          decode_only_itl_s: float = math.nan) -> Measurement:
-    """Figures of a window: ITL p99 over every request's ITLs, TTFT p99 over those that arrived in it,
-    prefill throughput (`prompt_tokens` over `prefill_wait_s`, the time prompts waited) and goodput."""
-    itls = [x for s in samples for x in s.itls_s]
-    ttfts = [s.ttft_s for s in samples if s.ttft_s is not None]
-    good = sum(s.good(slo) for s in samples)
-    return Measurement(
-        itl_p99_s=percentile(itls, 99), ttft_p99_s=percentile(ttfts, 99),
-        prefill_tok_s=prompt_tokens / prefill_wait_s if prefill_wait_s > 0 else math.nan,
-        goodput_rps=good / window_s if window_s > 0 else math.nan, good=good, requests=len(samples),
-        window_s=window_s, decode_only_itl_s=decode_only_itl_s)
 
 
 # ---- the space ------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Start an inference server from a command line, wait until it serves, and stop it for sure.
+"""Server supervision: start an inference server from a command line, wait until it serves, tell
+whether it died, and stop it for sure.
 
 What `pdtop tune --launch CMD` does for each candidate, as vLLM's `benchmarks/auto_tune` does
 by hand: `{config}` and `{port}` in CMD are replaced (shell-quoted) by the candidate's YAML
@@ -138,6 +139,18 @@ class Server:
 
     def fail(self, reason: str) -> LaunchError:
         return LaunchError(reason, log_tail(self.log_path))
+
+    def check_running(self, when: str) -> None:
+        """LaunchError if the command has ended (`when`: "during the run", say)."""
+        status = self.exited()
+        if status is not None:
+            raise self.fail(f"the server exited with status {status} {when}")
+
+    def failed_request(self, exc: EngineError) -> LaunchError:
+        """A request to the server failed with `exc`: that, and the exit status if the server died
+        (waiting a second for it)."""
+        status = self.exited(wait_s=1.0)
+        return self.fail(str(exc) + (f" (the server exited with status {status})" if status is not None else ""))
 
     def wait_ready(self, timeout_s: float, poll_s: float = 0.25) -> float:
         """Seconds until `/health` and then `/v1/models` answered 200; LaunchError on exit or timeout."""

@@ -1,9 +1,10 @@
-"""`pdtop tune --launch CMD`: the pattern search of `pdtop tune` over SGLang's knobs, each candidate
-measured on a server started for it (`launch.Server`), loaded over HTTP (`tune_http`), and stopped.
+"""`pdtop tune` on servers launched per candidate (`tune --launch CMD`): the search over SGLang's knobs,
+each candidate measured on a server started for it (`server_process.Server`), loaded over HTTP
+(`http_workload`), scored per request (`score.score_http`), and stopped.
 
 - Each candidate's YAML (`dump_pdmux_config`, what SGLang reads) and server log are kept in the
   log directory as `candidate-NNN.yaml` / `.log`.
-- The workload is the scenario (`tune_http`) or a dataset's requests (`tune_dataset`).
+- The workload is the scenario or a dataset's requests (`http_workload`).
 - Every measurement is appended to `--results` (JSON lines, per-request samples, so a new SLO
   re-scores them); a later run with the same command and workload (the scenario's keys, or the
   dataset file's digest and options), request rate and seed reuses them and goes on.
@@ -17,7 +18,6 @@ measured on a server started for it (`launch.Server`), loaded over HTTP (`tune_h
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -26,14 +26,14 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pdtop.analysis.launch import LaunchError, Server, free_port, substitute
-from pdtop.analysis.policy_bench import Scenario
-from pdtop.analysis.tune import Measurement, ParetoSearch, SearchRun, SearchSpace, Slo, closest_trials
-from pdtop.analysis.tune_dataset import DatasetTraffic, run_dataset
-from pdtop.analysis.tune_http import HttpRun, Sample, run_http, score_http
-from pdtop.analysis.tune_workload import TuneReport
-from pdtop.engine.errors import ConfigError, DeviceError, EngineError, FieldError
+from pdtop.bench.policy_bench import Scenario
+from pdtop.engine.errors import ConfigError, EngineError, FieldError
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig, dump_pdmux_config
+from pdtop.tune.http_workload import DatasetTraffic, run_dataset, run_http
+from pdtop.tune.report import TuneReport
+from pdtop.tune.score import HttpRun, HttpSample, Measurement, Slo, score_http
+from pdtop.tune.search import ParetoSearch, SearchRun, SearchSpace, closest_trials
+from pdtop.tune.server_process import LaunchError, Server, free_port, substitute
 
 FAILED = Measurement(math.nan, math.nan, math.nan, math.nan)
 RESULTS_VERSION = 1
@@ -97,7 +97,7 @@ class Outcome:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Outcome:
         config = PdmuxConfig(**d["config"])
-        run = (HttpRun([Sample.from_json(s) for s in d["samples"]], float(d["window_s"]), list(d["errors"]))
+        run = (HttpRun([HttpSample.from_json(s) for s in d["samples"]], float(d["window_s"]), list(d["errors"]))
                if d["ok"] else None)
         return cls(config, run, str(d.get("reason", "")), str(d.get("log_tail", "")), str(d.get("log", "")),
                    float(d.get("elapsed_s", 0.0)))
@@ -179,18 +179,13 @@ class LaunchTuner:
             run = (run_http(server.url, plan.scenario, plan.request_rate, self.prompts, plan.seed, plan.run_timeout_s)
                    if plan.dataset is None else
                    run_dataset(server.url, plan.dataset, plan.request_rate, plan.seed, plan.run_timeout_s))
-            status = server.exited()
-            if status is not None:
-                raise server.fail(f"the server exited with status {status} during the run")
+            server.check_running("during the run")
             if not run.samples:
                 raise server.fail("no request finished in the window" + (f": {run.errors[0]}" if run.errors else ""))
             return Outcome(config, run, log=server.log_path, elapsed_s=time.monotonic() - t0)
-        except LaunchError as exc:
-            return Outcome(config, None, exc.reason, exc.log_tail, server.log_path, time.monotonic() - t0)
-        except EngineError as exc:  # requests failed: did the server die?
-            status = server.exited(wait_s=1.0)
-            reason = str(exc) + (f" (the server exited with status {status})" if status is not None else "")
-            return Outcome(config, None, reason, server.fail("").log_tail, server.log_path, time.monotonic() - t0)
+        except EngineError as exc:  # LaunchError: the server's fault; another: a request failed (did it die?)
+            failure = exc if isinstance(exc, LaunchError) else server.failed_request(exc)
+            return Outcome(config, None, failure.reason, failure.log_tail, server.log_path, time.monotonic() - t0)
         finally:
             server.stop()
 
@@ -270,49 +265,3 @@ def _spread(values: list[float]) -> float:
     return max(finite) - min(finite) if len(finite) > 1 else 0.0
 
 
-def dataset_space_scenario(sc: Scenario, dataset: DatasetTraffic) -> Scenario:
-    """The scenario a dataset's search space is built for: budgets in layers of its longest prompt, and
-    decode batches of 1 up to its requests (at most `sc.decode_bs + sc.long_prompts`, the scenario's most)."""
-    most = max(1, min(len(dataset.prompts), sc.decode_bs + sc.long_prompts))
-    return dataclasses.replace(sc, decode_bs=1, long_prompts=most - 1, long_tokens=dataset.longest_prompt)
-
-
-def launch_space_for(device: str, model: str | None, sc: Scenario) -> tuple[SearchSpace, str]:
-    """The search space of the device the launched server runs on (its split table, the model's
-    layer count), and the device kind; no model is loaded and no GPU memory is taken."""
-    from pdtop.analysis.tune_workload import pdmux_space
-    from pdtop.engine.build import parse_device
-    from pdtop.engine.model.config import synthetic_config
-    from pdtop.engine.scheduling.splits import SplitTable
-
-    where = parse_device(device)
-    config = PdmuxConfig()
-    if where.gpu is not None:
-        table = SplitTable.for_gpu(where.gpu.sms, where.gpu.cc_major, config)
-    elif where.kind == "cpu":
-        from pdtop.engine.devices.cpu import usable_cores
-
-        table = SplitTable.for_cpu(len(usable_cores()), config)
-    else:  # asked in a child process, so no CUDA context of pdtop's stays beside the servers
-        import subprocess
-        import sys
-
-        code = ("import json, sys\nfrom pdtop.engine.devices.cuda_setup import cuda_device_info as i\n"
-                f"try:\n    print(json.dumps(i({where.index})))\n"
-                "except Exception as exc:\n    sys.exit(str(exc))")
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-        if proc.returncode != 0:
-            raise DeviceError((proc.stderr.strip().splitlines() or ["cuda device unavailable"])[-1])
-        info = json.loads(proc.stdout)
-        table = SplitTable.for_gpu(info["sms"], info["major"], config)
-    if model and not model.startswith("synthetic:"):
-        from pdtop.engine.model.loader import read_config
-
-        layers = read_config(model).num_layers
-    elif model or where.gpu is not None:
-        layers = synthetic_config(model or "synthetic:qwen3-8b").num_layers
-    else:
-        from pdtop.engine.model.loader import default_model_path, read_config
-
-        layers = read_config(default_model_path()).num_layers
-    return pdmux_space(table, sc, layers), where.kind
