@@ -1,24 +1,11 @@
 """The search on synthetic cost landscapes: it finds the known optimum without measuring the whole grid."""
 from __future__ import annotations
 
-import itertools
 import math
 
-from pdtop.analysis.tune import (
-    Axis,
-    Family,
-    Measurement,
-    ParetoSearch,
-    RequestSample,
-    SearchSpace,
-    Slo,
-    Trial,
-    covered_s,
-    pareto_front,
-    run_search,
-    score,
-)
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
+from pdtop.tune.score import Measurement, Slo
+from pdtop.tune.search import Axis, Family, ParetoSearch, SearchSpace, Trial, pareto_front, run_search
 
 SLO = Slo(itl_s=14.5e-3)
 
@@ -101,23 +88,3 @@ def test_pareto_front_keeps_the_undominated():
     assert pareto_front([e, d, c, b, a]) == [a, b]
     unmeasured = trial(math.nan, 500)  # no ITL: ranked as the worst ITL
     assert pareto_front([unmeasured, a]) == [a, unmeasured]
-
-
-def test_score_counts_requests_that_meet_every_slo():
-    slo = Slo(itl_s=0.010, ttft_s=0.5)
-    samples = [
-        RequestSample(None, [0.008] * 50),  # arrived before the window: only ITL counts
-        RequestSample(None, [0.008] * 98 + [0.030] * 2),  # p99 over the SLO
-        RequestSample(0.4, [0.009, 0.009]),
-        RequestSample(0.6, []),  # TTFT over
-    ]
-    m = score(samples, slo, window_s=2.0, prompt_tokens=8192, prefill_wait_s=0.5, decode_only_itl_s=0.007)
-    assert (m.good, m.requests) == (2, 4) and m.goodput_rps == 1.0
-    assert m.prefill_tok_s == 8192 / 0.5 and m.ttft_p99_s <= 0.6
-    assert m.itl_p99_s > 0.010 and not slo.met(m)
-
-
-def test_covered_time_counts_overlaps_once():
-    assert covered_s([(0, 1), (0.5, 2), (3, 4)]) == 3.0
-    assert covered_s([]) == 0.0
-    assert covered_s(itertools.repeat((1.0, 2.0), 3)) == 1.0

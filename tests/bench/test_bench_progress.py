@@ -8,9 +8,9 @@ import json
 
 from rich.console import Console
 
-from pdtop.analysis.policy_bench import QUICK, SCENARIOS, run_bench
+from pdtop.bench.cli import BenchProgress
+from pdtop.bench.policy_bench import QUICK, SCENARIOS, run_bench
 from pdtop.cli import main
-from pdtop.commands._bench_progress import BenchProgress
 from pdtop.engine.build import build_engine
 
 

@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from pdtop.analysis.loadgen import LoadSpec, RequestResult, summarize
-from pdtop.analysis.serve_result import result_filename, result_json, result_table
+from pdtop.bench.loadgen import LoadSpec, RequestResult, summarize
+from pdtop.bench.vllm_result import result_filename, result_json, result_table
 
 
 def request(start: float, ttft: float, itls: list[float], ok: bool = True) -> RequestResult:

@@ -13,7 +13,7 @@ import pytest
 from openai_stub import StubServer
 from sigint import interrupt
 
-from pdtop.analysis.loadgen import arrival_offsets
+from pdtop.bench.loadgen import arrival_offsets
 from pdtop.cli import main
 
 PDTOP = [sys.executable, "-m", "pdtop"]

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from pdtop.analysis.round_trace import ATTRIBUTES, slow_step_report
+from pdtop.bench.round_trace import ATTRIBUTES, slow_step_report
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +87,7 @@ def test_trace_rows_say_where_the_round_ran_and_the_report_reads_them(bench):
 
 def test_the_default_cpu_scenario_fits_the_default_cpu_kv_cache(model_fp32):
     """`pdtop bench --device cpu` with no flags must run, not stop at its KV check."""
-    from pdtop.analysis.policy_bench import SCENARIOS
+    from pdtop.bench.policy_bench import SCENARIOS
     from pdtop.engine.runtime.kv_sizing import CPU_KV_TOKENS
 
     sc = SCENARIOS["cpu"]

@@ -1,5 +1,5 @@
 """`pdtop tune` end to end on sim:H100, its bad input, and real rounds on this machine's CPU (on CUDA:
-tests/analysis/test_tune_cuda.py, which the GPU machine can collect)."""
+tests/tune/test_tune_cuda.py, which the GPU machine can collect)."""
 from __future__ import annotations
 
 import itertools
@@ -12,14 +12,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pdtop.analysis.policy_bench import SCENARIOS
-from pdtop.analysis.tune import Slo
-from pdtop.analysis.tune_report import best_yaml
-from pdtop.analysis.tune_workload import check_fits, measure, parse_workload, tune
+from pdtop.bench.policy_bench import SCENARIOS
 from pdtop.cli import main
 from pdtop.engine.build import build_engine
 from pdtop.engine.errors import PromptError
 from pdtop.engine.scheduling.pdmux_config import SGLANG_KEYS, PdmuxConfig, load_pdmux_config
+from pdtop.tune.cli import parse_workload
+from pdtop.tune.engine_search import check_fits, measure, tune
+from pdtop.tune.report import best_yaml
+from pdtop.tune.score import Slo
 
 ROOT = Path(__file__).resolve().parents[2]
 SLO_ITL_MS = 10.25  # between the seed scenario's decode-only ITL (8.9 ms) and SGLang's default (11.6 ms)

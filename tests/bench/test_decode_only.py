@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pdtop.analysis.metrics import summary_ms
-from pdtop.analysis.policy_bench import decode_only_itls
+from pdtop.bench.policy_bench import decode_only_itls
 from pdtop.engine.build import build_engine
 
 
