@@ -27,10 +27,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pdtop.analysis.metrics import percentile
+from pdtop.engine.description import EngineConfig
 from pdtop.engine.records import RequestRecord, RoundRecord
 from pdtop.engine.scheduling.commands import AutoLevel, EngineCommand, PinLevel, Set
 from pdtop.engine.scheduling.pdmux_config import SGLANG_KEYS, PdmuxConfig
-from pdtop.telemetry.events import ConfigEvent, EngineConfig
+from pdtop.telemetry.events import ConfigEvent
 from pdtop.tune.score import RequestSample, Slo, covered_s, score
 from pdtop.tune.search import Axis, Family, ParetoSearch, SearchSpace, Trial
 
