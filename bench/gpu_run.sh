@@ -42,7 +42,7 @@ echo "gpu_run: ${SECONDS} s before the check; it gets ${check_s} s (budget $((ch
 timeout -k 10 "$check_s" "$PY" bench/gpu_check.py --out "$OUT/gpu_check.json" --budget $((check_s - 10)) 2>&1 \
   | tee "$OUT/gpu_check.log"
 rc=${PIPESTATUS[0]}; echo "gpu_run: gpu_check exit $rc$( [ "$rc" = 124 ] && echo ': timed out')"
-tests="tests/engine/devices/test_cuda.py tests/engine/devices/test_cuda_gpu.py tests/engine/runtime/test_cuda_graphs_gpu.py tests/engine/model/test_model.py tests/analysis/test_tune_cuda.py"
+tests="tests/engine/devices/test_cuda.py tests/engine/devices/test_cuda_gpu.py tests/engine/runtime/test_cuda_graphs_gpu.py tests/engine/model/test_model.py tests/tune/test_tune_cuda.py"
 if "$PY" -c "import websockets, orjson" 2>/dev/null; then  # tests/telemetry's conftest needs them (carried as wheels)
   tests="$tests tests/telemetry/test_nvml_sampler.py"
 fi
