@@ -71,7 +71,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from pdtop.analysis.metrics import percentile, summary_ms  # noqa: E402
-from pdtop.analysis.policy_bench import SCENARIOS, Scenario, decode_only_itls, run_policy  # noqa: E402
+from pdtop.bench.policy_bench import SCENARIOS, Scenario, decode_only_itls, run_policy  # noqa: E402
 from pdtop.engine.build import build_engine  # noqa: E402
 from pdtop.engine.devices.base import Work  # noqa: E402
 from pdtop.engine.devices.green_ctx import bindings_version  # noqa: E402

@@ -69,7 +69,7 @@ tests="tests/engine/devices/test_cuda.py tests/engine/devices/test_cuda_gpu.py t
 if timeout -k 2 10 "$PY" -c "import websockets, orjson" 2>/dev/null; then  # tests/telemetry's conftest needs them
   tests="$tests tests/telemetry/test_nvml_sampler.py"
 fi
-tests="$tests tests/analysis/test_tune_cuda.py"
+tests="$tests tests/tune/test_tune_cuda.py"
 # the tests get whatever the check left of the total, at least their floor
 pytest_s=$(( TOTAL - SECONDS - 5 ))
 [ "$pytest_s" -lt "$TESTS_MIN_S" ] && pytest_s=$TESTS_MIN_S
