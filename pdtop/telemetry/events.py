@@ -3,7 +3,7 @@
 Every event on the wire is a flat JSON object with `type` and `v`. The engine's records
 (`pdtop.engine.records`) are the `round`, `request` and `transfer` payloads, and a `ConfigChange` plus
 the whole configuration is a `config` event; the engine's description and configuration
-(`hello.engine`) are its records too (`pdtop.engine.description`, re-exported here).
+(`hello.engine`) are its records too (`pdtop.engine.description`).
 Telemetry adds the rest here. Consumers turn a received object into one of these classes
 with `pdtop.telemetry.decode.decode_event`, once, and read typed attributes from then on;
 `pdtop.telemetry.encode` writes them.
@@ -14,12 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-# the engine's description and configuration are the engine's records, re-exported (`X as X`) with the rest
-from pdtop.engine.description import DeviceDescription as DeviceDescription
-from pdtop.engine.description import EngineConfig as EngineConfig
-from pdtop.engine.description import EngineDescription as EngineDescription
-from pdtop.engine.description import Limits as Limits
-from pdtop.engine.description import Totals as Totals
+from pdtop.engine.description import EngineConfig, EngineDescription
 from pdtop.engine.records import ConfigChange, KvTransfer, RequestRecord, RoundRecord
 
 PROTOCOL_VERSION = 1

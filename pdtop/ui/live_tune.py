@@ -38,10 +38,11 @@ from pdtop.analysis.tune import (
     covered_s,
     score,
 )
+from pdtop.engine.description import EngineConfig
 from pdtop.engine.records import RequestRecord, RoundRecord
 from pdtop.engine.scheduling.commands import AutoLevel, EngineCommand, PinLevel, Set
 from pdtop.engine.scheduling.pdmux_config import SGLANG_KEYS, PdmuxConfig
-from pdtop.telemetry.events import ConfigEvent, EngineConfig
+from pdtop.telemetry.events import ConfigEvent
 
 Send = Callable[[EngineCommand], Awaitable[Any]]
 MAX_SAMPLES = 20_000  # requests (and round gaps) kept per window: bounded memory under any request rate

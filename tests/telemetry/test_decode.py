@@ -8,7 +8,7 @@ import json
 import pytest
 from conftest import make_engine
 
-from pdtop.engine.description import IF_SET
+from pdtop.engine.description import IF_SET, DeviceDescription, EngineConfig, EngineDescription
 from pdtop.engine.records import ConfigChange, RequestRecord, RoundRecord
 from pdtop.engine.scheduling import pdmux_config
 from pdtop.engine.scheduling.commands import Inject, Set
@@ -17,10 +17,7 @@ from pdtop.telemetry.decode import EventError, UnknownEventType, decode_event
 from pdtop.telemetry.events import (
     Batch,
     ConfigEvent,
-    DeviceDescription,
     Dropped,
-    EngineConfig,
-    EngineDescription,
     ErrorNotice,
     Hello,
     Hw,

@@ -14,9 +14,9 @@ from typing import Any
 
 import psutil
 
+from pdtop.quiet_log import QuietLog
 from pdtop.telemetry.encode import hw_event
 from pdtop.telemetry.hardware.nvml_sampler import NvmlSampler
-from pdtop.telemetry.quiet_log import QuietLog
 
 log = logging.getLogger("pdtop.telemetry.hardware.hw")
 

@@ -33,8 +33,8 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 from websockets.typing import Origin
 
+from pdtop.quiet_log import QuietLog
 from pdtop.telemetry.encode import dropped_event, encode, error_event, hello_event, reply_event
-from pdtop.telemetry.quiet_log import QuietLog
 from pdtop.telemetry.recording.record_dir import open_new_in, recordings_dir
 from pdtop.telemetry.recording.recorder import Recorder, RecordingError
 from pdtop.telemetry.server.auth import TokenGate

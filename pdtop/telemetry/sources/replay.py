@@ -18,9 +18,10 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+from pdtop.engine.description import EngineConfig
 from pdtop.telemetry.decode import EventError, decode_event
 from pdtop.telemetry.encode import seek_event
-from pdtop.telemetry.events import ConfigEvent, EngineConfig, Hello, Reply
+from pdtop.telemetry.events import ConfigEvent, Hello, Reply
 from pdtop.telemetry.recording.reader import Recording, read_recording
 from pdtop.telemetry.server.commands import Command
 from pdtop.telemetry.sources.source import ControlRefused
