@@ -49,32 +49,43 @@ def plain(value: Any) -> Any:
     itself, one with `IF_SET` is left out while None, one with `ABSENT` is no key and names the fields
     left out. Inside values typed `Any` (`runtime`, a device's facts) lists and dicts are copied and
     tuples become lists too; anything else is written as it is."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        plan, absent_field = _wire_fields(value.__class__)
-        absent = getattr(value, absent_field) if absent_field else ()
-        out: dict[str, Any] = {}
-        flat: dict[str, Any] = {}
-        for name, kind in plan:
-            v = getattr(value, name)
-            if kind == "flat":
-                flat = v
-            elif not ((kind == "if_set" and v is None) or name in absent):
-                out[name] = plain(v)
+    cls = value.__class__
+    if cls in _SCALARS:  # most values: the cheapest test first
+        return value
+    if cls is list or cls is tuple:
+        return [v if v.__class__ in _SCALARS else plain(v) for v in value]
+    if cls is dict:
+        return {k: plain(v) for k, v in value.items()}
+    plan = _wire_fields(cls)
+    if plan is None:  # not a dataclass
+        return value
+    fields, absent_field = plan
+    absent = getattr(value, absent_field) if absent_field else ()
+    out: dict[str, Any] = {}
+    flat: dict[str, Any] = {}
+    for name, kind in fields:
+        v = getattr(value, name)
+        if kind == "flat":
+            flat = v
+        elif not (name in absent or (kind == "if_set" and v is None)):
+            out[name] = v if v.__class__ in _SCALARS else plain(v)
+    if flat:
         clash = out.keys() & flat.keys()
         if clash:  # one key, two values
-            raise ValueError(f"{value.__class__.__name__}: extra keys named like its fields: {sorted(clash)}")
+            raise ValueError(f"{cls.__name__}: extra keys named like its fields: {sorted(clash)}")
         out.update({k: plain(v) for k, v in flat.items()})
-        return out
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    if isinstance(value, dict):
-        return {k: plain(v) for k, v in value.items()}
-    return value
+    return out
+
+
+_SCALARS = frozenset((int, float, str, bool, type(None)))
 
 
 @functools.cache
-def _wire_fields(cls: type) -> tuple[tuple[tuple[str, str | None], ...], str | None]:
-    """(field name, `WIRE` kind) of each field on the wire, and the `ABSENT` field's name (None: none)."""
+def _wire_fields(cls: type) -> tuple[tuple[tuple[str, str | None], ...], str | None] | None:
+    """(field name, `WIRE` kind) of each field of a dataclass that is on the wire, and its `ABSENT` field's
+    name (None: none); None for a class that is no dataclass."""
+    if not dataclasses.is_dataclass(cls):
+        return None
     kinds = [(f.name, f.metadata.get(WIRE)) for f in dataclasses.fields(cls)]
     return (tuple((name, kind) for name, kind in kinds if kind != "absent"),
             next((name for name, kind in kinds if kind == "absent"), None))
