@@ -31,7 +31,10 @@ except ImportError:
 
 def wire(event: Event) -> dict[str, Any]:
     """An event as its JSON object: its `type`, the protocol version, its fields."""
-    return {"type": EVENT_TYPES[event.__class__], "v": PROTOCOL_VERSION, **plain(event)}
+    kind = EVENT_TYPES.get(event.__class__)
+    if kind is None:
+        raise TypeError(f"not an event: {event.__class__.__name__}")
+    return {"type": kind, "v": PROTOCOL_VERSION, **plain(event)}
 
 
 def encode(event: Event | dict[str, Any]) -> str:
@@ -114,7 +117,7 @@ def reply_event(msg_id: Any, ok: bool, field: str | None = None, reason: str | N
     """The `reply` to one control message, as its JSON object: ok, or the field at fault and why;
     `extra` sets `Reply`'s other fields (`path`, `readonly`)."""
     error = None if ok else ReplyError(field, reason or "")
-    return wire(Reply(msg_id, ok, error, **extra))
+    return wire(Reply(id=msg_id, ok=ok, error=error, **extra))
 
 
 def _finite(value: Any) -> Any:

@@ -171,8 +171,9 @@ class ScrapedSplit:
 @dataclass
 class Disagg:
     """`metrics.disagg`: prefill/decode disaggregation figures (SGLang's PD metrics, vLLM's NIXL ones);
-    each null where the page lacks it. Latency, speed and size are p50 over the window (a histogram)
-    or the latest value (older SGLang's gauges); failures count the window's increase."""
+    each None where the page lacks it (left out of the object: `absent`) or has it with nothing observed
+    yet (null). Latency, speed and size are p50 over the window (a histogram) or the latest value (older
+    SGLang's gauges); failures count the window's increase."""
 
     prefill_bootstrap_queue: float | str | None = None  # requests (prefill server)
     prefill_inflight_queue: float | str | None = None
@@ -191,8 +192,9 @@ class Disagg:
 @dataclass
 class Metrics:
     """One scrape of a Prometheus `/metrics` page, as the panels show it. A figure the server does not
-    expose is null and named in `not_exposed`; a rate is also null on the first scrape (nothing to compare
-    yet). A figure whose value was not finite is the string "NaN", "+Inf" or "-Inf"."""
+    expose is None, named in `not_exposed` and left out of the object (`absent`); a rate is also None on
+    the first scrape (nothing to compare yet), but written as null. A figure whose value was not finite
+    is the string "NaN", "+Inf" or "-Inf"."""
 
     time: float  # Unix seconds
     window_s: float  # seconds the rates and percentiles cover (0 on the first scrape)
