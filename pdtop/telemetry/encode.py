@@ -62,7 +62,15 @@ def plain(value: Any) -> Any:
     plan = _wire_fields(cls)
     if plan is None:  # not a dataclass
         return value
-    fields, absent_field = plan
+    fields, absent_field, simple = plan
+    if simple:
+        d = getattr(value, "__dict__", None)
+        if d is not None and len(d) == len(fields):  # its fields, in field order: a copy is a third faster
+            copy = d.copy()
+            for k, v in d.items():
+                if v.__class__ not in _SCALARS:
+                    copy[k] = plain(v)
+            return copy
     absent = getattr(value, absent_field) if absent_field else ()
     out: dict[str, Any] = {}
     flat: dict[str, Any] = {}
@@ -84,14 +92,15 @@ _SCALARS = frozenset((int, float, str, bool, type(None)))
 
 
 @functools.cache
-def _wire_fields(cls: type) -> tuple[tuple[tuple[str, str | None], ...], str | None] | None:
-    """(field name, `WIRE` kind) of each field of a dataclass that is on the wire, and its `ABSENT` field's
-    name (None: none); None for a class that is no dataclass."""
+def _wire_fields(cls: type) -> tuple[tuple[tuple[str, str | None], ...], str | None, bool] | None:
+    """(field name, `WIRE` kind) of each field of a dataclass that is on the wire, its `ABSENT` field's name
+    (None: none), and whether every field is simply a key (the engine's records); None for no dataclass."""
     if not dataclasses.is_dataclass(cls):
         return None
     kinds = [(f.name, f.metadata.get(WIRE)) for f in dataclasses.fields(cls)]
     return (tuple((name, kind) for name, kind in kinds if kind != "absent"),
-            next((name for name, kind in kinds if kind == "absent"), None))
+            next((name for name, kind in kinds if kind == "absent"), None),
+            bool(kinds) and all(kind is None for _, kind in kinds))
 
 
 _RECORD_HEADS = {cls: f'{{"type":"{EVENT_TYPES[cls]}","v":{PROTOCOL_VERSION},'.encode()
