@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 from websockets.asyncio.server import ServerConnection, broadcast
 
-from pdtop.telemetry.encode import dropped_event, encode
-from pdtop.telemetry.events import PROTOCOL_VERSION
+from pdtop.telemetry.encode import encode
+from pdtop.telemetry.events import PROTOCOL_VERSION, Dropped
 from pdtop.telemetry.server.client_queue import ClientQueue
 from pdtop.telemetry.server.rate import TokenBucket
 
@@ -62,7 +62,7 @@ def fan_out(clients: list[Client], frames: list[str], shed_before: int, shed_tot
             for frame in frames:
                 q.put(frame)
     if direct:
-        lost_note = [encode(dropped_event(shed))] if shed else []
+        lost_note = [encode(Dropped(shed))] if shed else []
         broadcast(direct, _batch(lost_note + frames))
 
 

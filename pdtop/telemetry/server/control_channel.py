@@ -12,8 +12,8 @@ from typing import Any, Protocol
 
 from pdtop.engine.errors import ControlError
 from pdtop.engine.scheduling.commands import EngineCommand
+from pdtop.quiet_log import QuietLog
 from pdtop.telemetry.encode import reply_event
-from pdtop.telemetry.quiet_log import QuietLog
 from pdtop.telemetry.recording.recorder import Recorder, RecordingError
 from pdtop.telemetry.server.auth import TokenGate
 from pdtop.telemetry.server.clients import Client

@@ -33,8 +33,9 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 from websockets.typing import Origin
 
-from pdtop.telemetry.encode import dropped_event, encode, error_event, hello_event, reply_event
-from pdtop.telemetry.quiet_log import QuietLog
+from pdtop.quiet_log import QuietLog
+from pdtop.telemetry.encode import encode, reply_event, wire
+from pdtop.telemetry.events import Dropped, ErrorNotice, Event, Hello
 from pdtop.telemetry.recording.record_dir import open_new_in, recordings_dir
 from pdtop.telemetry.recording.recorder import Recorder, RecordingError
 from pdtop.telemetry.server.auth import TokenGate
@@ -110,7 +111,7 @@ class TelemetryServer:
         """A client's engine command, checked and queued by the engine (ControlError: refused)."""
         self.engine.control(command, client=client)
 
-    def publish(self, event: dict[str, Any]) -> None:
+    def publish(self, event: Event) -> None:
         """Queue a ready-made event (the hardware sampler's); thread-safe, never blocks."""
         self._inbox.publish(event)
 
@@ -181,7 +182,7 @@ class TelemetryServer:
         `confined=False` any file, created or overwritten (the operator's `--record`)."""
         if self.recorder is not None:
             raise RecordingError(f"already recording to {str(self.recorder.path)!r}")
-        hello = self._hello("recorder", True)
+        hello = wire(self._hello("recorder", True))
         if confined:
             real, file = open_new_in(self.record_dir, path)
             try:
@@ -217,7 +218,7 @@ class TelemetryServer:
         """A write failed (a full disk): the recording stops, every client is told, the stream goes on."""
         rec, self.recorder = self.recorder, None
         log.warning("recording stopped: %s", exc)
-        note = encode(error_event("path", f"recording to {str(rec.path) if rec else '?'!r} stopped: {exc}"))
+        note = encode(ErrorNotice("path", f"recording to {str(rec.path) if rec else '?'!r} stopped: {exc}"))
         for client in list(self.clients.values()):
             self._send_priority(client, note)
 
@@ -261,7 +262,7 @@ class TelemetryServer:
         self.events_shed += shed
         recorder_lost = shed_total - max(shed_before, self._recorder_shed_base)
         if recorder_lost > 0:
-            self._record(encode(dropped_event(recorder_lost)))
+            self._record(encode(Dropped(recorder_lost)))
         configs: list[str] = []
         for item in items:
             self._record(item.text)
@@ -292,8 +293,8 @@ class TelemetryServer:
             task.add_done_callback(self._closing.discard)
 
     # -- one connection --------------------------------------------------------------
-    def _hello(self, client_id: str, readonly: bool) -> dict[str, Any]:
-        return hello_event(client_id, readonly, self.engine.describe(), self.api_url)
+    def _hello(self, client_id: str, readonly: bool) -> Hello:
+        return Hello(client_id=client_id, readonly=readonly, engine=self.engine.describe(), api=self.api_url)
 
     def _admit(self, ws: ServerConnection, request: Request) -> Response | None:
         """Before the handshake completes: refuse a connection over `max_clients` (HTTP 503)."""
@@ -316,7 +317,7 @@ class TelemetryServer:
         try:
             await ws.send(encode(self._hello(client_id, not authorized)))  # before any other frame
             if given is not None and not authorized:
-                await ws.send(encode(error_event("token", "wrong token; this connection is read-only")))
+                await ws.send(encode(ErrorNotice("token", "wrong token; this connection is read-only")))
             self.clients[client_id] = client
             self._listen(True)
             self._inbox.refill(max(0, int(self._budget)))
@@ -349,7 +350,7 @@ class TelemetryServer:
                     if q.priority:
                         frame = q.priority.popleft()
                     elif q.dropped:
-                        frame = encode(dropped_event(q.take_dropped()))
+                        frame = encode(Dropped(q.take_dropped()))
                     else:
                         frame = q.pop_stream()
                     await ws.send(frame)
