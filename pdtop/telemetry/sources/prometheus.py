@@ -89,8 +89,8 @@ class PrometheusSource(ReadOnlySource):
         if url is None and (split is None or split.follower is None):
             raise ValueError("a /metrics URL, or an SGLang log (--sglang-log) to read the figures from")
         self._fetch_url = metrics_url(url) if url is not None else None
-        self.url = shown_url(self._fetch_url) if self._fetch_url is not None else \
-            f"SGLang log {split.follower.name}"  # type: ignore[union-attr]
+        self.url = visible(shown_url(self._fetch_url), 300) if self._fetch_url is not None else \
+            visible(f"SGLang log {split.follower.name}", 300)  # type: ignore[union-attr]
         self.token, self.interval, self.want_model = token, interval, model_name
         self.window_s, self.max_bytes, self.timeout, self.clock = window_s, max_bytes, timeout, clock
         self.split = split
@@ -232,7 +232,8 @@ class PrometheusSource(ReadOnlySource):
         if self.state != "live" or (engine, model, models) != (self.engine, self.model, self.models):
             if (engine, model) != (self.engine, self.model):
                 if self.engine is not None:
-                    out.append(ErrorNotice("metrics", f"now showing {ENGINE_NAMES[engine]} model {model}"))
+                    out.append(ErrorNotice("metrics", f"now showing {ENGINE_NAMES[engine]} model "
+                                                      f"{visible(str(model), 200)}"))
                 self._window = Window(self.window_s)
             self.engine, self.model, self.models = engine, model, models
             self.state = "live"
@@ -251,8 +252,8 @@ class PrometheusSource(ReadOnlySource):
     def _pick_model(self, page: Page) -> str | None:
         if self.want_model is not None:
             if self.want_model not in page.models:
-                has = ", ".join(page.models) if page.models else "no model_name label"
-                raise ScrapeError(f"no model {self.want_model!r} on the page (it has {has})")
+                has = visible(", ".join(page.models), 300) if page.models else "no model_name label"
+                raise ScrapeError(f"no model {visible(self.want_model, 200)!r} on the page (it has {has})")
             return self.want_model
         if self.model in page.models:
             return self.model
