@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
@@ -79,18 +79,23 @@ class PrometheusSource(ReadOnlySource):
     def __init__(self, url: str | None, *, token: str | None = None, interval: float = DEFAULT_INTERVAL_S,
                  model_name: str | None = None, window_s: float = DEFAULT_WINDOW_S,
                  max_bytes: int = MAX_PAGE_BYTES, timeout: float = 5.0,
-                 clock: Callable[[], float] = time.time, split: SglangSplit | None = None) -> None:
+                 clock: Callable[[], float] = time.time, split: SglangSplit | None = None,
+                 page: Callable[[], Awaitable[str]] | None = None) -> None:
         """`clock`: the Unix time of a read (its `metrics` event's `time`, and what rates divide by);
         `split`: an SGLang server's split from its log or config, added to each `metrics` event. No `url`:
-        the log's batch lines are the reads (the `split` must follow a log)."""
+        the log's batch lines are the reads (the `split` must follow a log). `page`: where the page's text
+        comes from instead of `url` (a gateway's /engine_metrics for a gRPC worker; it raises ScrapeError)."""
         super().__init__()
         if not interval > 0:
             raise ValueError(f"the interval must be positive, got {interval:g}")
         if url is None and (split is None or split.follower is None):
             raise ValueError("a /metrics URL, or an SGLang log (--sglang-log) to read the figures from")
-        self._fetch_url = metrics_url(url) if url is not None else None
-        self.url = visible(shown_url(self._fetch_url), 300) if self._fetch_url is not None else \
-            visible(f"SGLang log {split.follower.name}", 300)  # type: ignore[union-attr]
+        self._page = page
+        self._fetch_url = metrics_url(url) if url is not None and page is None else None
+        if url is None:
+            self.url = visible(f"SGLang log {split.follower.name}", 300)  # type: ignore[union-attr]
+        else:
+            self.url = visible(shown_url(self._fetch_url or url), 300)
         self.token, self.interval, self.want_model = token, interval, model_name
         self.window_s, self.max_bytes, self.timeout, self.clock = window_s, max_bytes, timeout, clock
         self.split = split
@@ -124,9 +129,12 @@ class PrometheusSource(ReadOnlySource):
                 while not self._closed:
                     started = time.monotonic()
                     try:
-                        if self._fetch_url is None:
+                        if self._page is not None:
+                            text, content_type = await self._page(), ""
+                        elif self._fetch_url is None:
                             raise NoPage("")
-                        text, content_type = await self._fetch(client, self._fetch_url)
+                        else:
+                            text, content_type = await self._fetch(client, self._fetch_url)
                         page = _read(text, content_type) if len(text) <= INLINE_PARSE_CHARS else \
                             await asyncio.to_thread(_read, text, content_type)
                         out = self._scraped(page, self.clock())
