@@ -11,7 +11,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 
 from pdtop.telemetry.events import Metrics, ScrapeTarget
-from pdtop.telemetry.scrape.names import ENGINE_NAMES
+from pdtop.telemetry.scrape.names import ENGINE_NAMES, FIELDS
 from pdtop.visible import visible
 
 NOT_EXPOSED = "not exposed by this engine"
@@ -84,6 +84,12 @@ class ScrapeView:
 
     def exposed(self, name: str) -> bool:
         return self.latest is not None and name not in self.latest.not_exposed
+
+    @property
+    def log_only(self) -> bool:
+        """Every figure of the latest read came from SGLang's log: there is no /metrics page."""
+        m = self.latest
+        return m is not None and m.log is not None and all(f in m.log.fields for f in FIELDS if self.exposed(f))
 
     def copy(self) -> ScrapeView:
         return ScrapeView(self.target, self.latest, deque(self.history, maxlen=self.history.maxlen), self.scrapes,

@@ -47,6 +47,7 @@ class SglangSplit:
 
     def fill(self, read: Metrics) -> None:
         """Put the log's batch figures into `read` where the page lacks them; `read.log` names them."""
+        self.poll()
         batch = self.log.totals()
         if batch is None:
             return
@@ -78,7 +79,8 @@ class SglangSplit:
     def log_read(self, t: float) -> Metrics | None:
         """A `metrics` event at Unix time `t` from the log alone (there is no page); None before the log's
         first batch line."""
-        self.poll()
+        if self.follower is not None:
+            self.poll()
         if self.log.totals() is None:
             return None
         read = Metrics(t, 0.0, not_exposed=list(FIELDS), absent=frozenset((*FIELDS, "itl_read_p50_s")))
