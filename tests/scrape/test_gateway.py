@@ -17,8 +17,10 @@ import pytest
 from pdtop.telemetry.decode import decode_event
 from pdtop.telemetry.sources.fleet import FleetSource
 from pdtop.telemetry.sources.router import NotARouter, list_workers, probe_router
+from pdtop.ui.app import PdtopApp
 
 from .conftest import next_of
+from .conftest import until_shown as until
 from .disagg_servers import GatewayServer, SglangPdMetrics
 from .servers import PageServer, SglangMetrics, VllmMetrics
 
@@ -48,6 +50,12 @@ async def test_a_dp_aware_workers_ranks_are_one_row_read_once():
         assert row.dp_ranks == [0, 1, 2, 3] and row.metrics.running == 8 and row.address == base.split("//")[1]
         reads = sum(path == "/metrics" for path, _ in sglang.server.requests)
         assert reads <= row.reads + 2  # once a read, not once per rank
+        app = PdtopApp(FleetSource([], router=gateway.url, interval=0.1), interval_s=0.05)
+        async with app.run_test(size=(160, 48)) as pilot:  # one row on the fleet screen, its ranks counted
+            table = lambda: "\n".join(t.plain for t in app.screen.query_one("FleetTable").lines)  # noqa: E731
+            await until(pilot, lambda: "DP×4" in table() and "live" in table(), "the row")
+            assert len(app.screen.query_one("FleetTable").lines) == 1
+            await app.source.close()
     finally:
         await source.close()
         gateway.close()

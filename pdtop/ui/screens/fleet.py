@@ -173,7 +173,8 @@ class FleetScreen(Screen[None]):
         state = s.state if s.reason is None else f"{s.state}: {visible(s.reason, 200)}"
         kv = number(m.kv_usage) if m is not None else None
         role = visible(s.role, 10)
-        cells = [role, visible(s.address, 60), state, _n(m.running if m else None), _n(m.waiting if m else None),
+        address = visible(s.address, 60) + (f" DP×{len(s.dp_ranks)}" if s.dp_ranks else "")  # a gateway's ranks
+        cells = [role, address, state, _n(m.running if m else None), _n(m.waiting if m else None),
                  fmt.percent(kv), _p99(m, "ttft"), _p99(m, "itl"), _n(m.generation_tokens_per_s if m else None),
                  queues(s), visible(s.engine or "?", 10)]
         line = Text(self._line(cells, wide), "dim" if s.state != "live" else "", no_wrap=True, overflow="crop")
