@@ -160,6 +160,7 @@ class FleetSource(ReadOnlySource):
                         await asyncio.wait_for(self._wake.wait(), self.interval)
         finally:
             for m in self.members:
+                m.source.stop()  # (a cancellation alone can be lost)
                 if m.task is not None:
                     m.task.cancel()
             await asyncio.gather(*(m.task for m in self.members if m.task is not None), return_exceptions=True)

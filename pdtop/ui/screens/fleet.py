@@ -154,7 +154,7 @@ class FleetScreen(Screen[None]):
             head.append(f" · {stale} stale", "bold " + self.app.theme_variables.get("error", "red"))
         head.append(f" · read every {fmt.duration(fleet.target.interval_s)}", "dim")
         if fleet.target.router:
-            head.append(f" · router {fleet.target.router}", "dim")
+            head.append(f" · router {visible(fleet.target.router, 100)}", "dim")
         return head
 
     @staticmethod
