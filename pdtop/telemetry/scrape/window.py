@@ -36,8 +36,11 @@ class Window:
         corrected: dict[Key, float] = {}
         offsets: dict[Key, float] = {}
         since: dict[Key, float] = {}
+        cost = 0  # bytes this scrape holds: a series new since the previous scrape brings its own strings
         for key, value in values.items():
             last = self._raw.get(key)
+            cost += _ENTRY_BYTES if last is not None else \
+                _ENTRY_BYTES + len(key[0]) + sum(len(k) + len(v) for k, v in key[1])
             offset = self._offset.get(key, 0.0) if last is not None else 0.0  # a series back from a gap is new
             if last is not None and value < last:
                 offset += last
@@ -45,7 +48,6 @@ class Window:
             offsets[key], corrected[key] = offset, value + offset
             since[key] = self._since.get(key, t) if last is not None else t
         self._raw, self._offset, self._since = dict(values), offsets, since
-        cost = sum(len(name) + _ENTRY_BYTES + sum(len(k) + len(v) for k, v in labels) for name, labels in values)
         self._scrapes.append((t, corrected))
         self._costs.append(cost)
         self.bytes += cost
