@@ -157,3 +157,32 @@ def test_record_prints_a_hostile_redirect_as_escapes(tmp_path):
         server.close()
     assert done.returncode == 0
     assert "redirected to http://x/\\x1b]52;c;SGVsbG8=\\x07" in done.stderr and "\x1b" not in done.stderr
+
+
+async def test_escapes_in_a_recordings_model_name_are_shown_as_escapes_in_replay(tmp_path):
+    """A recording is outside input too: a scraped page's model and an engine's model, replayed."""
+    from pdtop.engine.build import build_engine
+    from pdtop.telemetry.encode import wire
+    from pdtop.telemetry.events import Hello, ScrapeTarget
+    from pdtop.telemetry.recording.recorder import Recorder
+    from pdtop.telemetry.sources.replay import ReplaySource
+
+    engine = build_engine(device="sim:H100", model="synthetic:qwen3-8b")
+    try:
+        description = engine.describe()
+    finally:
+        engine.close()
+    description.model = EVIL
+    scrape = ScrapeTarget("http://gpu-box:8000/metrics", "vllm", EVIL, [EVIL], 1.0, 30.0)
+    for hello in (Hello(client_id="scrape", readonly=True, engine=None, scrape=scrape),
+                  Hello(client_id="recorder", readonly=True, engine=description)):
+        path = tmp_path / f"{hello.client_id}.ndjson"
+        recorder = Recorder(path, wire(hello))
+        recorder.write('{"type":"error","v":1,"field":"metrics","reason":"x"}', t=0.1)
+        recorder.close()
+        app = PdtopApp(ReplaySource(path, speed=16.0), interval_s=0.05)
+        async with app.run_test(size=(160, 48)) as pilot:
+            await until(pilot, lambda app=app: app.state.hello, "the hello")
+            header = header_text(app)
+            assert "\\x1b]0;pwned\\x07" in header and "\x1b" not in header and "\x07" not in header
+            await app.source.close()
