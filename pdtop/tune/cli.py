@@ -297,7 +297,7 @@ def _run_launch(args: argparse.Namespace, slo: Slo, budget_s: float | None) -> i
     from pdtop.engine.model.tokenizer import Tokenizer
     from pdtop.engine.scheduling.workload import corpus_text
     from pdtop.tune.http_workload import launch_scenario, text_prompts
-    from pdtop.tune.server_process import check_template, signals_as_exit
+    from pdtop.tune.server_process import check_template, signals_as_exit, substitute
     from pdtop.tune.server_search import LaunchPlan, LaunchTuner, tune_launch
     from pdtop.tune.space import dataset_space_scenario, device_default, space_for_device
 
@@ -323,6 +323,8 @@ def _run_launch(args: argparse.Namespace, slo: Slo, budget_s: float | None) -> i
         space, kind = space_for_device(args.device, args.model, sc if dataset is None else dataset_space_scenario(
             sc, dataset))
         log_dir = args.log_dir or (args.results + ".logs" if args.results else tempfile.mkdtemp(prefix="pdtop-tune-"))
+        substitute(args.launch, {"{config}": os.path.abspath(os.path.join(log_dir, "candidate-001.yaml")),
+                                 "{port}": "1", "{control_port}": "1"})  # a shell in it would read the path
         os.makedirs(log_dir, exist_ok=True)
         default = device_default(kind)
         plan = LaunchPlan(args.launch, sc, rate, slo, default, startup or 600.0, budget_s=budget_s or math.inf,

@@ -170,7 +170,8 @@ class LaunchTuner:
         with open(base + ".yaml", "w", encoding="utf-8") as f:
             f.write(dump_pdmux_config(config, f"pdtop tune --launch candidate {self.launched}"))
         port = free_port()
-        server = Server(substitute(self.plan.command, os.path.abspath(base + ".yaml"), port), port, base + ".log")
+        command = substitute(self.plan.command, {"{config}": os.path.abspath(base + ".yaml"), "{port}": str(port)})
+        server = Server(command, port, base + ".log")
         t0 = time.monotonic()
         try:
             server.start()

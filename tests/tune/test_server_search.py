@@ -173,13 +173,36 @@ def test_a_results_file_of_another_workload_is_refused_in_one_line(tmp_path, cap
 def test_a_command_that_never_serves_stops_the_search_in_one_line(tmp_path, capsys):
     """Every launch failing from the first is the command's fault, not a configuration's: after 4,
     one line and exit 2, and the 4 are in --results."""
-    argv = ["tune", "--launch", "echo no such server on {port}; exit 7", "--device", "cpu", "--slo-itl-ms", "50",
-            "--results", str(tmp_path / "runs.jsonl")]
+    argv = ["tune", "--launch", "sh -c 'echo no such server on $0; exit 7' {port}", "--device", "cpu",
+            "--slo-itl-ms", "50", "--results", str(tmp_path / "runs.jsonl")]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("pdtop tune: error: the first 4 launches all failed, so the command is wrong")
     assert "exited with status 7" in err[-1]
     assert [r["ok"] for r in records(tmp_path)] == [False] * 4
+
+
+@pytest.mark.parametrize("quoted", ["'{config}'", '"{config}"', "{config}"])
+def test_no_quoting_of_a_placeholder_runs_shell_text_from_a_directory_name(tmp_path, monkeypatch, quoted):
+    """Issue 38 item 15: with `'{config}'` in the template, a log directory named `t;touch …;#` ran
+    `touch`. The template is split into words first and each filled in as one argument, no shell."""
+    monkeypatch.chdir(tmp_path)
+    evil = tmp_path / ('t";touch PWNED;#' if quoted.startswith('"') else "t;touch PWNED;#")
+    command = standin(tmp_path).replace("{config}", quoted)
+    rc, _ = tune(tmp_path, command, "--max-candidates", "1", "--log-dir", str(evil))
+    assert not (tmp_path / "PWNED").exists()
+    assert rc in (0, 1) and records(tmp_path)[0]["ok"]  # the server got the path as one argument
+    assert str(evil / "candidate-001.yaml") in (evil / "candidate-001.log").read_text()
+
+
+def test_a_shell_in_the_template_gets_no_shell_text(tmp_path, capsys):
+    """A template that runs a shell itself would read a value as script text: refused in one line."""
+    argv = ["tune", "--launch", "sh -c 'serve --config {config} --port {port}'", "--device", "cpu",
+            "--slo-itl-ms", "50", "--log-dir", str(tmp_path / "a;b")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "shell text" in err
+    assert not list((tmp_path / "a;b").glob("candidate-*"))
 
 
 def test_a_command_without_port_is_refused(capsys):
