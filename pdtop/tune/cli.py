@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 from pdtop.bench.datasets import add_dataset_arguments, dataset_options, dataset_problem, dataset_prompts
 from pdtop.commands.common import INPUT_ERRORS, cuda_missing, fail, json_text, positive_number
 from pdtop.engine.errors import DeviceError, EngineError, FieldError
+from pdtop.engine.scheduling.pdmux_config import SGLANG_MAIN, SGLANG_RELEASE, SGLANG_TARGETS
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -90,6 +91,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-tokens", type=int, default=None, metavar="N", help="KV cache size in tokens")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", metavar="FILE", help="write the chosen configuration as SGLang's pdmux YAML")
+    p.add_argument("--sglang-version", default=SGLANG_RELEASE, metavar="V",
+                   help=f"the SGLang that reads --out: {SGLANG_RELEASE} (default, the latest release: its four keys "
+                   f"and meaning) or {SGLANG_MAIN} (sgl-project/sglang 337ee8ed: also max_split_forward_layers and "
+                   "overlap_decode_full_sm); the search covers what it reads")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
     p.add_argument("--policies", metavar="P,...",
                    help="compare the ways instead (pdmux, chunked, prefill-first, disagg): the best configuration "
@@ -128,6 +133,9 @@ def run(args: argparse.Namespace) -> int:
         budget = positive_number("--budget-s", args.budget_s)
         if args.kv_tokens is not None and args.kv_tokens < 1:
             raise ValueError(f"--kv-tokens must be >= 1, got {args.kv_tokens}")
+        if args.sglang_version not in SGLANG_TARGETS:
+            raise ValueError(f"--sglang-version: pdtop knows {SGLANG_RELEASE} (the latest release) and {SGLANG_MAIN} "
+                             f"(sgl-project/sglang at 337ee8ed), got {args.sglang_version!r}")
         if args.out and not os.access(os.path.dirname(os.path.abspath(args.out)), os.W_OK):
             raise ValueError(f"--out {args.out}: its directory does not exist or cannot be written")
     except ValueError as exc:
@@ -157,7 +165,8 @@ def run(args: argparse.Namespace) -> int:
         make_engine = _engine_factory(args, where.kind)
         real = where.kind != "sim"
         budget_s = budget or (REAL_BUDGET_S if real else SIM_BUDGET_S)
-        report = tune(make_engine, sc, slo, budget_s - (time.monotonic() - started), _progress(budget_s, real, started))
+        report = tune(make_engine, sc, slo, budget_s - (time.monotonic() - started), _progress(budget_s, real, started),
+                      args.sglang_version, args.seed)
     except INPUT_ERRORS as exc:
         return fail("tune", exc)
     load = os.getloadavg()
@@ -193,7 +202,7 @@ def _engine_factory(args: argparse.Namespace, kind: str) -> Callable[[], Engine]
     return make
 
 
-def _progress(budget_s: float, real: bool, started: float) -> Callable[[Trial, float], None]:
+def _progress(budget_s: float, real: bool, started: float) -> Callable[[Trial, Measurement], None]:
     """Real devices: one line per candidate on stderr. sim: one line rewritten, on a terminal only.
     The seconds shown count from `started`, the command's start, as the budget does."""
     from pdtop.tune.report import describe_config
@@ -201,11 +210,10 @@ def _progress(budget_s: float, real: bool, started: float) -> Callable[[Trial, f
     count = 0
     tty = sys.stderr.isatty()
 
-    def show(trial: Trial, _elapsed: float) -> None:
+    def show(trial: Trial, r: Measurement) -> None:
         nonlocal count
         elapsed = time.monotonic() - started
         count += 1
-        r = trial.result
         line = (f"pdtop tune: [{count}] {elapsed:.0f}/{budget_s:.0f} s  ITL p99 {r.itl_p99_s * 1e3:.2f} ms  "
                 f"prefill {r.prefill_tok_s:,.0f} tok/s  goodput {r.goodput_rps:.2f}/s  {describe_config(trial.config)}")
         if real:
@@ -225,7 +233,7 @@ def _write(path: str, report: TuneReport, device: str) -> None:
 
 
 def _text(report: TuneReport, args: argparse.Namespace, load: tuple[float, float, float]) -> list[str]:
-    from pdtop.tune.report import front_and_choice
+    from pdtop.tune.report import front_and_choice, sglang_name
 
     sc, slo, run = report.scenario, report.slo, report.run
     if sys.stderr.isatty() and not args.device.startswith(("cpu", "cuda")):
@@ -236,8 +244,9 @@ def _text(report: TuneReport, args: argparse.Namespace, load: tuple[float, float
         f"{sc.long_prompts} prompts of {sc.long_tokens} tokens arrive; seed {args.seed}",
         f"SLO: ITL p99 <= {slo.itl_s * 1e3:g} ms{ttft}; decode-only ITL "
         f"{report.default.result.decode_only_itl_s * 1e3:.2f} ms",
-        f"searched {run.measured} configurations ({run.points} of {report.grid_size} grid points) in "
-        f"{run.elapsed_s:.1f} s{'' if run.complete else ', stopped by --budget-s'}; "
+        f"searched {len(report.trials)} configurations of {report.grid_size:,} grid points (Optuna TPE, for "
+        f"{sglang_name(report.space.sglang)}) in {run.elapsed_s:.1f} s"
+        f"{'' if run.complete else ', stopped by --budget-s'}; "
         f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}",
         "",
         *front_and_choice(report, args.out),
@@ -292,14 +301,14 @@ def _run_policies(args: argparse.Namespace, slo: Slo, budget: float | None) -> i
 # ---- --launch: a server per candidate -----------------------------------------------------
 
 def _run_launch(args: argparse.Namespace, slo: Slo, budget_s: float | None) -> int:
-    from pdtop.engine.build import parse_device
     from pdtop.engine.model.loader import default_model_path
     from pdtop.engine.model.tokenizer import Tokenizer
     from pdtop.engine.scheduling.workload import corpus_text
     from pdtop.tune.http_workload import launch_scenario, text_prompts
     from pdtop.tune.server_process import check_template, signals_as_exit, substitute
-    from pdtop.tune.server_search import LaunchPlan, LaunchTuner, tune_launch
-    from pdtop.tune.space import dataset_space_scenario, device_default, space_for_device
+    from pdtop.tune.server_search import LaunchPlan, LaunchRunner, tune_launch
+    from pdtop.tune.sglang_server import check_command, rules_line
+    from pdtop.tune.space import dataset_space_scenario, device_default, first_guess, space_for_device
 
     try:
         check_template(args.launch)
@@ -314,33 +323,39 @@ def _run_launch(args: argparse.Namespace, slo: Slo, budget_s: float | None) -> i
         rate = positive_number("--request-rate", args.request_rate, allow_inf=True) or math.inf
         if args.max_candidates is not None and args.max_candidates < 1:
             raise ValueError(f"--max-candidates must be >= 1, got {args.max_candidates}")
-        kind = parse_device(args.device).kind
-        sc = launch_scenario(kind)
+        from pdtop.engine.build import parse_device
+
+        sc = launch_scenario(parse_device(args.device).kind)
         if args.workload:
             sc = parse_workload(args.workload, sc)
         tok = Tokenizer.from_gguf(args.tokenizer or default_model_path())
         dataset = _dataset(args, tok)
-        space, kind = space_for_device(args.device, args.model, sc if dataset is None else dataset_space_scenario(
-            sc, dataset))
+        found = space_for_device(args.device, args.model, sc if dataset is None else dataset_space_scenario(
+            sc, dataset), args.sglang_version)
+        space, kind = found.space, found.kind
         log_dir = args.log_dir or (args.results + ".logs" if args.results else tempfile.mkdtemp(prefix="pdtop-tune-"))
-        substitute(args.launch, {"{config}": os.path.abspath(os.path.join(log_dir, "candidate-001.yaml")),
-                                 "{port}": "1", "{control_port}": "1"})  # a shell in it would read the path
+        check_command(substitute(args.launch, {"{config}": os.path.abspath(os.path.join(log_dir, "candidate-001.yaml")),
+                                               "{port}": "1", "{control_port}": "1"}).argv, args.sglang_version)
         os.makedirs(log_dir, exist_ok=True)
         default = device_default(kind)
         plan = LaunchPlan(args.launch, sc, rate, slo, default, startup or 600.0, budget_s=budget_s or math.inf,
                           max_candidates=args.max_candidates, log_dir=log_dir, results=args.results, seed=args.seed,
-                          dataset=dataset, tokenizer=os.path.basename(args.tokenizer) if args.tokenizer else None)
+                          dataset=dataset, tokenizer=os.path.basename(args.tokenizer) if args.tokenizer else None,
+                          control="{control_port}" in args.launch, sglang=args.sglang_version)
         prompts = ([], []) if dataset else text_prompts(sc, args.seed, tok.encode(corpus_text()), tok.decode)
-        tuner = LaunchTuner(plan, space, prompts, kind)
+        runner = LaunchRunner(plan, space, prompts, kind, _launch_progress(plan.budget_s))
+        guess = (first_guess(space, found.spec, found.model, sc, slo)
+                 if found.spec is not None and dataset is None else None)
     except (EngineError, OSError, ValueError) as exc:
         return fail("tune", exc)
-    print(f"pdtop tune: candidates' YAML and logs in {log_dir}", file=sys.stderr, flush=True)
+    for line in [f"candidates' YAML and logs in {log_dir}", rules_line(args.sglang_version), *space.notes]:
+        print(f"pdtop tune: {line}", file=sys.stderr, flush=True)
     try:
         with signals_as_exit():
-            lr = tune_launch(tuner, _launch_progress(plan.budget_s))
+            lr = tune_launch(runner, guess)
     except KeyboardInterrupt:
         where = f"; {args.results} keeps what was measured" if args.results else ""
-        print(f"pdtop tune: interrupted after {len(tuner.outcomes)} candidates, no server left running{where}",
+        print(f"pdtop tune: interrupted after {len(runner.outcomes)} candidates, no server left running{where}",
               file=sys.stderr)
         return 130
     except INPUT_ERRORS as exc:
@@ -364,7 +379,8 @@ def _launch_progress(budget_s: float) -> Callable[[Outcome, Measurement, float],
 
     def show(o: Outcome, m: Measurement, elapsed: float) -> None:
         budget = "" if budget_s == math.inf else f"/{budget_s:.0f}"
-        head = f"pdtop tune: [{elapsed:.0f}{budget} s] {describe_config(o.config)}: "
+        how = "live" if o.live else f"launch {o.launch}"
+        head = f"pdtop tune: [{elapsed:.0f}{budget} s, {how}] {describe_config(o.config)}: "
         if o.run is None:
             tail = o.log_tail.splitlines()[-1:] or [""]
             print(f"{head}failed: {o.reason} (log {o.log}){': ' + tail[0][:120] if tail[0] else ''}",
@@ -380,6 +396,7 @@ def _launch_progress(budget_s: float) -> Callable[[Outcome, Measurement, float],
 def _launch_report(args: argparse.Namespace, lr: LaunchReport, kind: str, log_dir: str,
                    dataset: DatasetTraffic | None) -> int:
     from pdtop.tune.report import best_yaml, front_and_choice, report_json
+    from pdtop.tune.sglang_server import rules_line
 
     report, load = lr.report, os.getloadavg()
     if args.out and report.best is not None:
@@ -390,6 +407,7 @@ def _launch_report(args: argparse.Namespace, lr: LaunchReport, kind: str, log_di
     if args.json:
         out = report_json(report, args.device, load) | {
             "launch": {"command": args.launch, "log_dir": log_dir, "results": args.results, "reused": lr.reused,
+                       "live": lr.live, "sglang_rules": rules_line(args.sglang_version),
                        "noise_goodput_rps": lr.noise_rps,
                        "itl_p99_ms_is": "the p99 over requests of each request's TPOT",
                        "kept_default_within_noise": lr.kept_default,
@@ -405,9 +423,11 @@ def _launch_report(args: argparse.Namespace, lr: LaunchReport, kind: str, log_di
         f"{sc.long_prompts} prompts of {sc.long_tokens} tokens arrive")
     lines = [f"pdtop tune --launch for {args.device}: {traffic}",
              f"SLO per request (vllm bench serve --goodput): TPOT <= {slo.itl_s * 1e3:g} ms{ttft}",
-             f"{run.measured} candidates ({lr.reused} reused from --results, {len(lr.failures)} failed) in "
-             f"{run.elapsed_s:.0f} s{'' if run.complete else ', stopped by --budget-s or --max-candidates'}; "
-             f"noise (goodput between repeats) {lr.noise_rps:.2f}/s; load average {load[0]:.2f}", "",
+             f"{run.measured} measurements of {len(report.trials)} configurations on {run.launches} servers "
+             f"({lr.live} set live on a running one, {lr.reused} reused from --results, {len(lr.failures)} failed) "
+             f"in {run.elapsed_s:.0f} s{'' if run.complete else ', stopped by --budget-s or --max-candidates'}; "
+             f"noise (goodput between repeats) {lr.noise_rps:.2f}/s; load average {load[0]:.2f}",
+             rules_line(args.sglang_version), "",
              *front_and_choice(report, args.out, TPOT, [f"failed: {o.reason} (log {o.log})" for o in lr.failures],
                                lr.kept_default)]
     print("\n".join(lines))
@@ -417,6 +437,9 @@ def _launch_report(args: argparse.Namespace, lr: LaunchReport, kind: str, log_di
 
 def parse_workload(text: str, base: Scenario) -> Scenario:
     """`decode_bs=64,long_tokens=16384` (or a YAML file of those keys) over `base`; FieldError if malformed."""
+    if "=" not in text and not os.path.isfile(text) and (os.sep in text or text.endswith((".yaml", ".yml", ".json"))):
+        what = "is a directory, not a workload file" if os.path.isdir(text) else "no such workload file"
+        raise FieldError(text, f"{what} (a YAML mapping of {', '.join(WORKLOAD_KEYS)}, or KEY=VALUE,...)", "workload ")
     if "=" not in text and os.path.isfile(text):
         import yaml
 

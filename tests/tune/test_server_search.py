@@ -2,6 +2,8 @@
 started, loaded over HTTP, and stopped per candidate; nothing left running, ever."""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import signal
@@ -149,11 +151,14 @@ def test_a_search_resumes_from_its_results(tmp_path):
     command = standin(tmp_path)
     tune(tmp_path, command, "--max-candidates", "2")
     assert len(records(tmp_path)) == 2
+    assert (tmp_path / "runs.jsonl.optuna").exists()  # the search's study, beside the results
     _, out = tune(tmp_path, command, "--max-candidates", "2")
-    assert out["launch"]["reused"] == 2 and out["search"]["measured"] == 4
+    assert out["launch"]["reused"] == 2 and out["search"]["launches"] == 2 and out["search"]["measured"] == 2
     recs = records(tmp_path)
     assert len(recs) == 4 and recs[2]["config"] != recs[0]["config"]  # new candidates, not the default again
     assert len(pids(tmp_path)) == 4
+    _, out = tune(tmp_path, command, "--max-candidates", "1", "--slo-itl-ms", "40")  # another SLO: a new study
+    assert out["launch"]["reused"] == 4 and out["search"]["launches"] == 1  # from --results, re-scored
 
 
 def test_a_results_file_of_another_workload_is_refused_in_one_line(tmp_path, capsys):
@@ -215,23 +220,33 @@ def test_tune_launch_runs_pdtop_serve(tmp_path):
     is the chosen candidate's, which pdtop's loader reads back."""
     from pdtop.engine.scheduling.pdmux_config import load_pdmux_config
 
-    command = (f"{sys.executable} -m pdtop serve --device sim:H100 --workload none --port 0 "
+    command = (f"{sys.executable} -m pdtop serve --device sim:H100 --workload none --port {{control_port}} "
                "--config {config} --api-port {port}")
     argv = ["tune", "--launch", command, "--device", "sim:H100", "--slo-itl-ms", "40", "--json",
             "--workload", "decode_bs=4,decode_prompt=256,long_tokens=2048,long_prompts=1,decode_tokens=16",
-            "--max-candidates", "3", "--log-dir", str(tmp_path / "logs"), "--out", str(tmp_path / "best.yaml")]
+            "--max-candidates", "2", "--log-dir", str(tmp_path / "logs"), "--out", str(tmp_path / "best.yaml"),
+            "--results", str(tmp_path / "runs.jsonl")]
     old = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = str(ROOT)
+    buf = io.StringIO()
     try:
-        rc = main(argv)
+        with contextlib.redirect_stdout(buf):
+            rc = main(argv)
     finally:
         os.environ.pop("PYTHONPATH") if old is None else os.environ.__setitem__("PYTHONPATH", old)
     assert rc == 0
+    out = json.loads(buf.getvalue())
+    recs = records(tmp_path)
+    # cheap before expensive: the candidates with the running server's SM layout were set live over
+    # pdtop's websocket (the server confirmed each in a config event); only a new layout got a new server
+    live = [r for r in recs if r["live"]]
+    assert out["search"]["launches"] == 2 and len(live) == out["launch"]["live"] >= 2
+    assert len({r["launch"] for r in recs}) == 2 and all(r["ok"] for r in recs)
     logs = sorted((tmp_path / "logs").glob("candidate-*.log"))
-    assert len(logs) == 3 and all("api on http://" in p.read_text() for p in logs)
+    assert len(logs) == 2 and all("api on http://" in p.read_text() for p in logs)
     best = load_pdmux_config(str(tmp_path / "best.yaml"))
     yamls = [load_pdmux_config(str(p)) for p in sorted((tmp_path / "logs").glob("candidate-*.yaml"))]
-    assert best in yamls
+    assert len(yamls) == len(recs) and best in yamls
     assert not processes_naming(str(tmp_path))
 
 
