@@ -370,7 +370,8 @@ def main() -> None:
     for name, methods in rows.items():
         for method, rs in methods.items():
             firsts = [math.inf if r["first"] is None else r["first"] for r in rs]
-            stops = sorted({r["stop"] for r in rs})
+            kinds = [r["stop"].split(" in ")[0] for r in rs]  # "no gain beyond the noise in 40 candidates ..."
+            stops = [f"{k} x{kinds.count(k)}" for k in sorted(set(kinds))]
             print(f"{name:<10} {method:<9} {med(rs, 'first'):>14g} [{min(firsts):g}-{max(firsts):g}]".ljust(49)
                   + f"{med(rs, 'launches'):>9g} {med(rs, 'candidates'):>11g} "
                   f"{med(rs, 'of_grid_best') * 100:>12.1f}% [{min(r['of_grid_best'] for r in rs) * 100:.0f}-"

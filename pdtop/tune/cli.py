@@ -395,13 +395,13 @@ def _launch_progress(budget_s: float) -> Callable[[Outcome, Measurement, float],
 
 def _launch_report(args: argparse.Namespace, lr: LaunchReport, kind: str, log_dir: str,
                    dataset: DatasetTraffic | None) -> int:
-    from pdtop.tune.report import best_yaml, front_and_choice, report_json
+    from pdtop.tune.report import HTTP_WINDOW, best_yaml, front_and_choice, report_json
     from pdtop.tune.sglang_server import rules_line
 
     report, load = lr.report, os.getloadavg()
     if args.out and report.best is not None:
         with open(args.out, "w", encoding="utf-8") as f:
-            f.write(best_yaml(report, f"{args.device} (servers launched by --launch)", kind, TPOT))
+            f.write(best_yaml(report, f"{args.device} (servers launched by --launch)", kind, TPOT, HTTP_WINDOW))
     failures = [{"config": o.config.to_dict(), "reason": o.reason, "log": o.log, "log_tail": o.log_tail}
                 for o in lr.failures]
     if args.json:

@@ -57,7 +57,12 @@ def sglang_name(sglang: str) -> str:
     return SGLANG_MAIN_NAME if sglang == SGLANG_MAIN else f"SGLang {SGLANG_RELEASE}"
 
 
-def best_yaml(report: TuneReport, device: str, kind: str, itl: str = "ITL p99", window: str = "") -> str:
+ENGINE_WINDOW = ("over tune's window, which the SLO is held against; pdtop bench --config runs the decode "
+                 "requests longer before the long prompts and reads a little higher (docs/tune.md)")
+HTTP_WINDOW = "over the requests of the candidate's window, each request's TPOT against the ITL SLO"
+
+
+def best_yaml(report: TuneReport, device: str, kind: str, itl: str = "ITL p99", window: str = ENGINE_WINDOW) -> str:
     """The chosen configuration as the YAML the target SGLang reads, as it was measured: a budget left to
     the device is written as the device's (4,096 on cpu), so feeding the file back runs what was measured.
     The header says which SGLang reads it with the meaning it was measured with, what that SGLang's
@@ -67,7 +72,8 @@ def best_yaml(report: TuneReport, device: str, kind: str, itl: str = "ITL p99", 
     ttft = f", TTFT p99 <= {slo.ttft_s * 1e3:g} ms" if slo.ttft_s else ""
     comment = (f"pdtop tune on {device}: SLO {itl} <= {slo.itl_s * 1e3:g} ms{ttft}\n"
                f"measured: {itl} {r.itl_p99_s * 1e3:.2f} ms, TTFT p99 {r.ttft_p99_s * 1e3:.0f} ms, "
-               f"prefill {r.prefill_tok_s:.0f} tok/s, goodput {r.goodput_rps:.2f} req/s{window}\n"
+               f"prefill {r.prefill_tok_s:.0f} tok/s, goodput {r.goodput_rps:.2f} req/s\n"
+               f"  {window}\n"
                f"for {sglang_name(sglang)}: it reads these keys as pdtop measured them"
                + (" (SGLang 0.5.23 would skip max_split_forward_layers and overlap_decode_full_sm)"
                   if sglang == SGLANG_MAIN else "") + "\n"
@@ -204,6 +210,8 @@ def front_and_choice(report: TuneReport, out: str | None, itl: str = "ITL p99", 
     lines.append("chosen: SGLang's default (no other configuration beat it by more than the noise)" if kept_default
                  else "chosen: best goodput among the configurations that meet the SLOs")
     lines += comparison(report, itl)
+    if itl == "ITL p99":
+        lines.append(f"figures {ENGINE_WINDOW}")
     if out:
         lines.append(f"wrote {out} (SGLang: --pdmux-config-path {out}; pdtop --config {out})")
     return lines

@@ -62,6 +62,7 @@ LIVE_TRIALS = 5  # proposals in a row on one running server before its restart k
 LAUNCH_PATIENCE = 8  # and, where candidates start servers, servers started without a gain: stop
 NEAR = 3  # configurations measured again near the best (noisy devices)
 NOISE_MULT = 3.0  # an effect up to this many times the spread of a repeat is within the noise
+NOISE_FLOOR = 0.03  # on a noisy device, and at least this share of the score (one repeat is a rough estimate)
 FAILED_SCORE = -1e6  # a candidate that could not be measured (a server that did not start)
 
 
@@ -431,10 +432,13 @@ class AdaptiveSearch:
 
     def within_noise(self, scores: list[float]) -> bool:
         """Scores (of groups of trials) no further apart than the noise allows, on one side of the SLOs (a
-        spread of two repeats is a rough estimate of the noise: up to `NOISE_MULT` times it)."""
+        spread of two repeats is a rough estimate of the noise: up to `NOISE_MULT` times it, and on a
+        noisy device at least `NOISE_FLOOR` of the score)."""
         if min(scores) < 0 <= max(scores):
             return False
-        return max(scores) - min(scores) <= NOISE_MULT * self.noise_at(min(scores)) + 1e-12
+        noise = self.noise_at(min(scores))
+        floor = NOISE_FLOOR * max(abs(x) for x in scores) if noise > 0 else 0.0
+        return max(scores) - min(scores) <= NOISE_MULT * noise + floor + 1e-12
 
     @property
     def all_frozen(self) -> bool:
@@ -444,9 +448,18 @@ class AdaptiveSearch:
 
     def nothing_mattered(self) -> bool:
         """Every knob was fixed because its effect was within the noise (none was ever seen to matter)."""
-        return self.all_frozen and all(e.within_noise for e in self.effects())
+        return self.flat() or (self.all_frozen and all(e.within_noise for e in self.effects()))
+
+    def flat(self) -> bool:
+        """Every measured trial within the noise of the others, over enough trials and SM layouts to tell:
+        whatever the knobs, the figures are the same."""
+        scored = [t for t in self.trials.values() if score(t.result, self.slo) > FAILED_SCORE]
+        return (len(scored) >= FREEZE_AFTER and len({restart_key(t.config) for t in scored}) >= 3
+                and self.within_noise([score(t.result, self.slo) for t in scored]))
 
     def stop_reason(self) -> str | None:
+        if self.flat():
+            return "no knob matters"
         if self.all_frozen:
             return "no knob matters" if self.nothing_mattered() else "every knob settled"
         if self.duplicates >= DUPLICATES:
