@@ -1,25 +1,28 @@
 """Find the PD multiplexing configuration (SGLang's sm_group_num, manual_divisions,
-split_forward_token_budget, max_split_forward_layers, decode_bs_divisor, overlap_decode_full_sm)
-that meets the SLOs with the best goodput, for a device, model and workload, and write it as
-SGLang's --pdmux-config-path YAML.
+split_forward_token_budget, decode_bs_divisor; with --sglang-version main also
+max_split_forward_layers and overlap_decode_full_sm) that meets the SLOs with the best goodput, for a
+device, model and workload, and write it as the --pdmux-config-path YAML that SGLang reads.
 
 Each candidate runs `pdtop bench`'s seeded scenario (requests decoding while long prompts arrive
 one after another; --workload changes it) and is measured for ITL p99, TTFT p99, prefill
 throughput (prompt tokens/s while prompts wait) and goodput (requests/s that meet every SLO).
-The search is a coarse grid refined around the Pareto front (docs/tune.md). Printed: the front
-(ITL p99 against prefill throughput) as a table and a plot, and the chosen configuration against
-SGLang's default on the same workload. Exit status 1 when no configuration meets the SLOs (the
-closest are shown), 2 for bad input.
+The search is adaptive (Optuna's TPE, starting from SGLang's default and the roofline's guess; knobs
+whose effect is within the noise stop varying; docs/tune.md). Printed: the candidates, which knobs
+mattered, the front (ITL p99 against prefill throughput) as a table and a plot, and the chosen
+configuration against SGLang's default on the same workload. Exit status 1 when no configuration
+meets the SLOs (the closest are shown), 2 for bad input (an ITL SLO below what decode alone
+achieves too).
 
-On sim: devices the search runs to the end in seconds; on cpu and cuda it runs real rounds,
-shows each candidate as it goes and stops at --budget-s.
+On sim: devices the search runs in seconds; on cpu and cuda it runs real rounds, shows each
+candidate as it goes and stops at --budget-s.
 
 Examples:
   pdtop tune --slo-itl-ms 10.25 --out best.yaml      (then: pdtop --config best.yaml)
   pdtop tune --device sim:H200 --slo-itl-ms 8 --slo-ttft-ms 600 --json
-  pdtop tune --device sim:H100 --slo-itl-ms 12 --workload decode_bs=64,long_tokens=16384
-  pdtop tune --device cpu --slo-itl-ms 80 --budget-s 300
-  pdtop tune --slo-itl-ms 20 --slo-ttft-ms 1000 --policies pdmux,chunked,disagg --link rdma100
+  pdtop tune --device sim:H100 --slo-itl-ms 14 --workload decode_bs=64,long_tokens=16384 --budget-s 10
+  pdtop tune --slo-itl-ms 12 --sglang-version main --budget-s 20
+  pdtop tune --device cpu --slo-itl-ms 400 --budget-s 10
+  pdtop tune --slo-itl-ms 20 --slo-ttft-ms 1000 --policies pdmux,chunked,disagg --link rdma100 --budget-s 20
 """
 from __future__ import annotations
 
@@ -54,24 +57,31 @@ WORKLOAD_KEYS = ("decode_bs", "decode_prompt", "long_tokens", "long_prompts", "s
 TPOT = "TPOT p99"  # what the tables' ITL column holds under --launch
 BAD_INPUT: tuple[type[BaseException], ...] = (*INPUT_ERRORS, ValueError)  # ValueError: a bad --policies
 LAUNCH_HELP = """\
---launch runs each candidate on a server started for it, as vLLM's benchmarks/auto_tune does:
-{config} in CMD becomes the candidate's YAML file and {port} a free loopback port; the command
-runs in its own process group, is ready when /health and then /v1/models answer 200 (within
---startup-timeout), gets one uncounted warm-up request, then the workload over its OpenAI API
-(decode_bs streaming requests decoding while long prompts arrive one after another, or at
---request-rate; or, with --dataset-path, the dataset's requests as `pdtop bench --url` reads and
-sends them: --dataset-name sharegpt|custom, --num-prompts of them in seeded order, at --request-rate
-per second, Poisson, default all at once, each with ignore_eos), and is stopped (SIGTERM to the
-group, SIGKILL after 10 s, until the port is free). No server outlives pdtop: not on success,
-error, Ctrl+C or SIGTERM. A request is good, as `vllm bench serve --goodput ttft:MS tpot:MS`
-counts it, when its TTFT meets --slo-ttft-ms and its TPOT (not its p99 gap) meets --slo-itl-ms.
---device and --model name what the server runs, for the search space; nothing is loaded here.
---results remembers the workload (the scenario's keys, or the dataset file's SHA-256 and
-options): a resume with another one is refused.
-  pdtop tune --launch 'pdtop serve --device cpu --workload none --port 0 --config {config} --api-port {port}' \\
-             --device cpu --slo-itl-ms 300 --budget-s 900 --results runs.jsonl --out best.yaml
-  pdtop tune --launch 'python -m sglang.launch_server --model-path M --enable-pdmux \\
-             --pdmux-config-path {config} --port {port}' --slo-itl-ms 30 --slo-ttft-ms 2000 --budget-s 3600 \\
+--launch runs each candidate on a server started for it, as vLLM's benchmarks/auto_tune does, or
+sets it live on the one running: CMD is split into words as a shell would, and {config} (the
+candidate's YAML), {port} and {control_port} (free loopback ports) are filled into each word as one
+argument, no shell reading them. With {control_port} (pdtop serve --port, or SGLang with pdtop's plugin:
+PDTOP_SGLANG_PORT={control_port}), a candidate with the running server's SM counts is set on it live
+over pdtop's websocket protocol; only other SM counts start a new server. A server runs in its own
+process group, is ready when /health and then /v1/models answer 200 (within --startup-timeout), gets
+one uncounted warm-up request, then the workload over its OpenAI API (decode_bs streaming requests
+decoding while long prompts arrive one after another, or at --request-rate; or, with --dataset-path,
+the dataset's requests as `pdtop bench --url` reads and sends them: --dataset-name sharegpt|custom,
+--num-prompts of them in seeded order, at --request-rate per second, Poisson, default all at once,
+each with ignore_eos), and is stopped (SIGTERM to the group, SIGKILL after 10 s, until the port is
+free). No server outlives pdtop: not on success, error, Ctrl+C or SIGTERM. A request is good, as
+`vllm bench serve --goodput ttft:MS tpot:MS` counts it, when its TTFT meets --slo-ttft-ms and its TPOT
+(not its p99 gap) meets --slo-itl-ms. --device and --model name what the server runs, for the search
+space; nothing is loaded here. --results remembers the workload (the scenario's keys, or the dataset
+file's SHA-256 and options): a resume with another one is refused; the search's study is kept beside
+it (FILE.optuna). SGLang 0.5.23 starts --enable-pdmux only with --chunked-prefill-size -1 and
+--disable-overlap-schedule (and no pipeline parallelism or disaggregation): a command without them is
+refused before anything is launched.
+  pdtop tune --launch 'pdtop serve --device sim:H100 --workload none --port {control_port} --config {config} \\
+             --api-port {port}' --device sim:H100 --slo-itl-ms 30 --max-candidates 3 --results runs.jsonl
+  pdtop tune --launch 'PDTOP_SGLANG_PORT={control_port} python -m sglang.launch_server --model-path M \\
+             --enable-pdmux --pdmux-config-path {config} --chunked-prefill-size -1 --disable-overlap-schedule \\
+             --port {port}' --slo-itl-ms 30 --slo-ttft-ms 2000 --budget-s 3600 \\
              --dataset-name sharegpt --dataset-path ShareGPT_V3.json --num-prompts 200 --request-rate 4
 """
 

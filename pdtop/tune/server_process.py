@@ -89,10 +89,16 @@ _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
 _SHELL_SAFE = re.compile(r"[A-Za-z0-9_./@%+=:,-]*")
 
 
+def words_of(command: str) -> list[str]:
+    """`command` split into words as a shell would: quotes, escapes, and a backslash before a newline
+    continuing the line."""
+    return shlex.split(command.replace("\\\n", ""))
+
+
 def check_template(command: str) -> None:
     """ValueError (one line) unless `command` splits into words (shell quoting) and names `{port}`."""
     try:
-        words = shlex.split(command)
+        words = words_of(command)
     except ValueError as exc:
         raise ValueError(f"--launch: cannot parse the command: {exc}") from None
     if "{port}" not in command:
@@ -119,7 +125,7 @@ def substitute(command: str, values: dict[str, str]) -> Launch:
     template (`'{config}'`, `"{config}"`) lets a path such as `t;touch x;#` run anything. Leading
     `NAME=VALUE` words set variables, as in a shell. A template that runs a shell itself (`sh -c
     '... {config}'`) hands it the values as script text: ValueError unless each value is shell-safe."""
-    words = shlex.split(command)
+    words = words_of(command)
 
     def fill(word: str) -> str:
         for name, value in values.items():

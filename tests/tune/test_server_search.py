@@ -210,6 +210,20 @@ def test_a_shell_in_the_template_gets_no_shell_text(tmp_path, capsys):
     assert not list((tmp_path / "a;b").glob("candidate-*"))
 
 
+@pytest.mark.parametrize("flags,said", [
+    ("", "chunked prefill"), ("--chunked-prefill-size -1", "overlap schedule"),
+    ("--chunked-prefill-size -1 --disable-overlap-schedule --pp-size 2", "--pp-size 2")])
+def test_what_the_release_refuses_beside_enable_pdmux_is_refused_before_any_launch(tmp_path, capsys, flags, said):
+    """SGLang 0.5.23 (validation_hook.py) refuses --enable-pdmux with chunked prefill (on by default),
+    the overlap schedule (on by default) or pipeline parallelism: every launch would fail."""
+    command = f"python -m sglang.launch_server --enable-pdmux --pdmux-config-path {{config}} --port {{port}} {flags}"
+    argv = ["tune", "--launch", command, "--device", "sim:H100", "--slo-itl-ms", "30", "--log-dir", str(tmp_path / "l")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "SGLang 0.5.23 refuses --enable-pdmux with" in err and said in err
+    assert not (tmp_path / "l").exists()
+
+
 def test_a_command_without_port_is_refused(capsys):
     assert main(["tune", "--launch", "serve --config {config}", "--slo-itl-ms", "50"]) == 2
     assert "{port}" in capsys.readouterr().err

@@ -126,7 +126,10 @@ def test_last_matching_row_wins_with_equal_and_zero_thresholds():
     assert [SplitTable.for_gpu(132, 9, config).choose(bs, True, config) for bs in (1, 15, 16, 40)] == [1, 1, 3, 3]
 
 
-def test_the_cli_takes_a_users_file_and_warns_on_stderr(capsys):
+def test_the_cli_takes_a_users_file_and_warns_on_stderr(capsys, monkeypatch):
+    from pdtop.engine.scheduling import pdmux_config
+
+    monkeypatch.setattr(pdmux_config, "_warned", set())  # once per process
     path = str(USERS / "zero_thresholds.yaml")
     out = run_levels(["--gpu", "H100", "--config", path, "--json"])
     assert out["groups"] == [[132, 0], [112, 20], [96, 36], [72, 60], [0, 132]]
@@ -248,3 +251,22 @@ def test_serve_bench_and_the_dashboard_refuse_in_one_line(tmp_path, capsys, comm
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if "error" in line]
     assert len(lines) == 1 and "sm_group_num" in lines[0] and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("major", [10, 12])
+def test_compute_capability_10_and_12_have_no_automatic_split_in_the_release(capsys, monkeypatch, major):
+    """SGLang 0.5.23's get_arch_constraints raises "Unsupported compute capability" there: pdtop's own
+    engine keeps the 9.x rule and says so in one line; tune searches and writes manual divisions only."""
+    from pdtop.bench.policy_bench import SCENARIOS
+    from pdtop.engine.scheduling import pdmux_config
+    from pdtop.tune.space import pdmux_space
+
+    monkeypatch.setattr(pdmux_config, "_warned", set())  # once per process: this test's process may have said it
+    table = SplitTable.for_gpu(148, major, PdmuxConfig())
+    assert table.groups == SplitTable.for_gpu(148, 9, PdmuxConfig()).groups
+    err = capsys.readouterr().err
+    assert f"compute capability {major}.x: SGLang 0.5.23 has no automatic split" in err and err.count("\n") <= 1
+    manual = SplitTable.for_gpu(148, major, PdmuxConfig(sm_group_num=3, manual_divisions=[[104, 44, 1]]))
+    space = pdmux_space(manual, SCENARIOS["sim"], 36)
+    assert {f.name for f in space.families} == {"manual", "manual2"}
+    assert any("manual divisions only" in note and "0.5.23" in note for note in space.notes)
