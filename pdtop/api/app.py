@@ -4,19 +4,19 @@ A request is checked (400 naming the field, 404 for another model), tokenized (c
 the model's own template), then enqueued in the engine (503 with Retry-After when the waiting
 queue is full). Streaming answers are server-sent events, one chunk per engine round, then
 `data: [DONE]`. A client that goes away aborts its request, which frees its KV at the next
-round boundary. With a token, `/v1/*` needs `Authorization: Bearer TOKEN` (as vLLM's `--api-key`).
+round boundary. With a token, `/v1/*` needs `Authorization: Bearer TOKEN` (as vLLM's `--api-key`):
+checked by the connection (`connections.py`) before the body is read.
 """
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import secrets
 import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
@@ -120,17 +120,10 @@ class _ClientGone(Exception):
     """The client left before its request was read: nobody to answer."""
 
 
-def create_app(served: Served, token: str | None = None, quiet: QuietLog | None = None) -> FastAPI:
+def create_app(served: Served, quiet: QuietLog | None = None) -> FastAPI:
     """The routes. `quiet`: where what clients can repeat is logged (once per kind, then counted)."""
     app = FastAPI(title="pdtop", docs_url=None, redoc_url=None, openapi_url=None)
     quiet = quiet or QuietLog(log)
-
-    async def authorized(request: Request) -> None:
-        if token is None:
-            return
-        given = request.headers.get("authorization", "")
-        if not (given.startswith("Bearer ") and hmac.compare_digest(given[7:].encode(), token.encode())):
-            raise APIError(401, "a valid 'Authorization: Bearer TOKEN' header is required", code="invalid_api_key")
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError) -> JSONResponse:
@@ -159,12 +152,12 @@ def create_app(served: Served, token: str | None = None, quiet: QuietLog | None 
     async def metrics() -> Response:
         return Response(served.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    @app.get("/v1/models", dependencies=[Depends(authorized)])
+    @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": served.model_id, "object": "model", "created": served.created,
                                             "owned_by": "pdtop", "max_model_len": served.context}]}
 
-    @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
+    @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
         body = parse_body(await _read(request), request.headers.get("content-type"), ChatRequest)
         served.check_model(body.model)
@@ -172,7 +165,7 @@ def create_app(served: Served, token: str | None = None, quiet: QuietLog | None 
         return await answer(request, served.model_id, served.abort, served.start([prompt], body, "messages"), body,
                             len(prompt), True)
 
-    @app.post("/v1/completions", dependencies=[Depends(authorized)])
+    @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         body = parse_body(await _read(request), request.headers.get("content-type"), CompletionRequest)
         served.check_model(body.model)

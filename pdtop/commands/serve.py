@@ -242,10 +242,12 @@ async def _serve(engine: Engine, args: argparse.Namespace) -> int:
     from pdtop.telemetry.hardware.hw import HwSampler
     from pdtop.telemetry.recording.recorder import RecordingError
     from pdtop.telemetry.server.server import TelemetryServer
+    from pdtop.token_gate import GuessBudget
 
+    guesses = GuessBudget()  # wrong tokens count the same on both ports
     try:
         server = TelemetryServer(engine, args.host, args.port, token=args.token, allow_origins=args.allow_origin,
-                                 record_dir=args.record_dir, max_clients=args.max_clients)
+                                 record_dir=args.record_dir, max_clients=args.max_clients, guesses=guesses)
     except ValueError as exc:
         return fail("serve", exc)
     api = None
@@ -263,7 +265,8 @@ async def _serve(engine: Engine, args: argparse.Namespace) -> int:
         from pdtop.api.server import ApiServer
 
         try:
-            api = ApiServer(engine, args.host, args.api_port, token=args.token, allow_origins=args.allow_origin)
+            api = ApiServer(engine, args.host, args.api_port, token=args.token, allow_origins=args.allow_origin,
+                            guesses=guesses)
             await api.start()
         except INPUT_ERRORS as exc:
             await server.stop()
