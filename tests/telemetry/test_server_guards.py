@@ -129,7 +129,7 @@ async def test_watchers_without_the_token_leave_room_for_the_operator(engine):
             except InvalidStatus as exc:
                 assert exc.response.status_code == 503
                 refused += 1
-        assert refused == server.reserved == 8 and len(watchers) == 56
+        assert refused == 8 and len(watchers) == 56 and server.reserved == 8
         operators = [await Raw.open(server.url + "/?token=s3cret") for _ in range(server.reserved)]
         for op in operators:
             await op.wait(lambda c: c.events)
