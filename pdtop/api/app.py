@@ -25,7 +25,7 @@ from pdtop.api.answers import answer
 from pdtop.api.errors import APIError, bad_request
 from pdtop.api.metrics import EngineMetrics
 from pdtop.api.prompts import chat_prompt, completion_prompts
-from pdtop.api.schemas import MAX_BODY_BYTES, ChatRequest, CompletionRequest, parse_body
+from pdtop.api.schemas import MAX_BODY_BYTES, Body, ChatRequest, CompletionRequest, parse_body
 from pdtop.api.streams import Chunk, Completion, Mailbox
 from pdtop.engine.errors import PromptError, QueueFullError
 from pdtop.engine.request import SamplingParams
@@ -37,6 +37,7 @@ if TYPE_CHECKING:  # annotations only
 
 log = logging.getLogger("pdtop.api")
 COMPLETIONS_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to the rest of the context
+INLINE_BODY_BYTES = 64 << 10  # bodies up to this size are parsed on the event loop (well under a millisecond)
 
 
 class Served:
@@ -124,6 +125,7 @@ def create_app(served: Served, quiet: QuietLog | None = None) -> FastAPI:
     """The routes. `quiet`: where what clients can repeat is logged (once per kind, then counted)."""
     app = FastAPI(title="pdtop", docs_url=None, redoc_url=None, openapi_url=None)
     quiet = quiet or QuietLog(log)
+    parsing = asyncio.Semaphore(1)  # large bodies parsed at once (`_parse`)
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError) -> JSONResponse:
@@ -159,7 +161,7 @@ def create_app(served: Served, quiet: QuietLog | None = None) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
-        body = parse_body(await _read(request), request.headers.get("content-type"), ChatRequest)
+        body = await _parse(request, ChatRequest, parsing)
         served.check_model(body.model)
         prompt = await chat_prompt(body, served.tokenizer, served.context)
         return await answer(request, served.model_id, served.abort, served.start([prompt], body, "messages"), body,
@@ -167,13 +169,24 @@ def create_app(served: Served, quiet: QuietLog | None = None) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        body = parse_body(await _read(request), request.headers.get("content-type"), CompletionRequest)
+        body = await _parse(request, CompletionRequest, parsing)
         served.check_model(body.model)
         prompts = await completion_prompts(body, served.tokenizer, served.context)
         return await answer(request, served.model_id, served.abort, served.start(prompts, body, "prompt"), body,
                             sum(len(p) for p in prompts), False)
 
     return app
+
+
+async def _parse(request: Request, model: type[Body], one_at_a_time: asyncio.Semaphore) -> Body:
+    """The body, checked. A large one on a worker thread, one such at a time: parsing holds the GIL, but
+    only for one bounded C call at a time (`body_shape`), so the event loop takes turns with it (with
+    several parsing threads it would wait for each of theirs)."""
+    raw, content_type = await _read(request), request.headers.get("content-type")
+    if len(raw) <= INLINE_BODY_BYTES:
+        return parse_body(raw, content_type, model)
+    async with one_at_a_time:
+        return await asyncio.to_thread(parse_body, raw, content_type, model)
 
 
 async def _read(request: Request) -> bytes:

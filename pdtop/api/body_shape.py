@@ -7,10 +7,11 @@ counted, with `str.count` over the text between its strings and one step per str
 refused (400) past what a request may hold:
 - `MAX_CONTAINERS` objects and arrays (messages, content parts, prompts);
 - `MAX_ITEMS` items of arrays and members of objects (counted by their commas): a 128K-token
-  prompt as token ids, twice over;
+  prompt as token ids, and the rest of the request;
 - `MAX_STRINGS` strings, keys included.
 Punctuation inside a string is not counted: a prompt of code is one string. The count stops
-at the first limit passed, so a hostile body costs at most about `MAX_STRINGS` steps.
+at the first limit passed, so a hostile body costs at most about `MAX_STRINGS` steps, and no
+step holds the GIL for long (the text between strings is counted `WINDOW` characters at a time).
 """
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ from json.decoder import scanstring  # type: ignore[attr-defined]  # C, linear; 
 from pdtop.api.errors import bad_request
 
 MAX_CONTAINERS = 4096
-MAX_ITEMS = 1 << 18
+MAX_ITEMS = (1 << 17) + 1024
 MAX_STRINGS = 1 << 14
+WINDOW = 1 << 16  # characters counted at once
 
 
 def check_shape(text: str) -> None:
@@ -32,12 +34,14 @@ def check_shape(text: str) -> None:
     while True:
         quote = text.find('"', pos)
         end = len(text) if quote < 0 else quote
-        containers += text.count("{", pos, end) + text.count("[", pos, end)
-        items += text.count(",", pos, end)
-        if containers > MAX_CONTAINERS:
-            raise _too_many(f"{MAX_CONTAINERS} objects and arrays")
-        if items > MAX_ITEMS:
-            raise _too_many(f"{MAX_ITEMS} items (numbers, strings, members)")
+        for window in range(pos, end, WINDOW):  # between strings, a window at a time: stop at the first too many
+            stop = min(end, window + WINDOW)
+            containers += text.count("{", window, stop) + text.count("[", window, stop)
+            items += text.count(",", window, stop)
+            if containers > MAX_CONTAINERS:
+                raise _too_many(f"{MAX_CONTAINERS} objects and arrays")
+            if items > MAX_ITEMS:
+                raise _too_many(f"{MAX_ITEMS} items (numbers, strings, members)")
         if quote < 0:
             return
         strings += 1

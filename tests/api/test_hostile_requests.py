@@ -90,7 +90,7 @@ def test_bodies_of_too_many_values_are_refused_before_they_are_parsed(gated, sha
 
 
 @pytest.mark.parametrize(("model", "body"), [
-    (CompletionRequest, {"prompt": [1000] * (MAX_ITEMS - 64)}),  # a 128K-token prompt as ids, twice over
+    (CompletionRequest, {"prompt": [1000] * (MAX_ITEMS - 64)}),  # a 128K-token prompt as ids
     (CompletionRequest, {"prompt": "{[a, b], c}, " * 200_000}),  # punctuation in a string is not counted
     (CompletionRequest, {"prompt": ["x"] * 64}),
     (ChatRequest, {"messages": [{"role": "user", "content": "hi"}] * (MAX_CONTAINERS - 2)}),
