@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from pdtop.bench.loadgen import LoadSpec, RequestResult, summarize
+from pdtop.bench.loadgen import LoadSpec, summarize
+from pdtop.bench.openai_request import RequestResult
 from pdtop.bench.vllm_result import result_filename, result_json, result_table
 
 
