@@ -129,6 +129,7 @@ def json_list_items(f: IO[str], path: str) -> Iterator[Any]:
     else:
         while True:
             while True:  # parse one item; read on while it runs past the buffer
+                item, end = None, -1
                 try:
                     item, end = decoder.raw_decode(buf, pos)
                     if end < len(buf) or eof:  # a number at the buffer's end may go on
@@ -141,9 +142,11 @@ def json_list_items(f: IO[str], path: str) -> Iterator[Any]:
                     raise DatasetError(f"{path}: entry {index} is nested deeper than the JSON parser goes "
                                        "(a ShareGPT entry is 3 levels deep)") from None
                 if len(buf) - pos > MAX_ENTRY_CHARS:
-                    raise DatasetError(f"{path}: entry {index} is over {MAX_ENTRY_CHARS} characters, "
-                                       "more than one entry may have")
+                    break
                 fill()
+            if (end if end >= 0 else len(buf)) - pos > MAX_ENTRY_CHARS:
+                raise DatasetError(f"{path}: entry {index} is over {MAX_ENTRY_CHARS} characters, "
+                                   "more than one entry may have")
             yield item
             del item
             pos, index = end, index + 1
@@ -154,6 +157,7 @@ def json_list_items(f: IO[str], path: str) -> Iterator[Any]:
             if c != ",":
                 raise DatasetError(f"{path}: not JSON (after entry {index - 1}: expected ',' or ']')")
             pos += 1
+            next_char()
     if next_char():
         raise DatasetError(f"{path}: not JSON (more after the list)")
 

@@ -33,7 +33,7 @@ import httpx
 import numpy as np
 
 from pdtop.analysis.metrics import percentile
-from pdtop.bench.openai_request import Endpoint, RequestResult, served_model, server_base, stream_request
+from pdtop.bench.openai_request import STALL_S, Endpoint, RequestResult, served_model, server_base, stream_request
 
 SLO_METRICS = ("ttft", "tpot", "e2el")
 READY_RETRY_S = 5.0  # vLLM's wait_for_endpoint retry interval
@@ -68,6 +68,7 @@ class LoadSpec:
     ready_check_timeout_s: int = 0  # vLLM's ready check instead of the warm-up (0: none)
     num_warmups: int = 0  # vLLM's uncounted copies of the first prompt after that
     ramp_up: RampUp | None = None
+    stall_s: float = STALL_S  # a started stream silent this long fails
 
     def __post_init__(self) -> None:
         self.url = server_base(self.url)
@@ -148,7 +149,7 @@ def arrival_offsets(n: int, request_rate: float, burstiness: float = 1.0, seed: 
 def endpoint(spec: LoadSpec) -> Endpoint:
     """Where the spec's requests go (its model known)."""
     return Endpoint(url=spec.url + spec.endpoint, model=spec.model or "", backend=spec.backend,
-                    ignore_eos=spec.ignore_eos, sampling=spec.sampling)
+                    ignore_eos=spec.ignore_eos, sampling=spec.sampling, stall_s=spec.stall_s)
 
 
 async def _one(client: httpx.AsyncClient, ep: Endpoint, prompt: Prompt) -> RequestResult:

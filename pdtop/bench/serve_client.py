@@ -29,7 +29,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from pdtop.bench.datasets import add_dataset_arguments, dataset_problem, dataset_prompts
-from pdtop.bench.openai_request import BACKENDS, server_base, shown
+from pdtop.bench.openai_request import BACKENDS, STALL_S, server_base, shown
 from pdtop.bench.vllm_result import DEFAULT_PERCENTILE_METRICS, PERCENTILE_METRICS
 from pdtop.commands.common import INPUT_ERRORS, fail, json_text
 
@@ -107,6 +107,9 @@ def add_arguments(p: argparse.ArgumentParser) -> list[argparse.Action]:
                    help="a GGUF or a Hugging Face tokenizer folder that cuts and counts the prompts "
                         "(default SmolLM2's)")
     g.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
+    g.add_argument("--stall-timeout-sec", type=float, default=STALL_S, metavar="S",
+                   help=f"a request whose stream, once it has sent a token, is silent for S seconds fails "
+                        f"(pdtop's; default {STALL_S:g}; the first token may take vLLM's 6 h)")
     return p._actions[first:]
 
 
@@ -212,6 +215,8 @@ def check(args: argparse.Namespace) -> str | None:
         return f"--request-rate must be > 0 (or inf), got {args.request_rate}"
     if not args.burstiness > 0:
         return f"--burstiness must be > 0, got {args.burstiness}"
+    if not 0 < args.stall_timeout_sec < math.inf:
+        return f"--stall-timeout-sec must be > 0, got {args.stall_timeout_sec}"
     if not 0 <= args.random_range_ratio < 1:
         return f"--random-range-ratio must be in [0, 1), got {args.random_range_ratio}"
     for name in SAMPLING:
@@ -258,7 +263,7 @@ def spec_of(args: argparse.Namespace) -> LoadSpec:
                     ignore_eos=args.ignore_eos, goodput=goodput, burstiness=args.burstiness, sampling=sampling,
                     warmup=args.warmup and args.ready_check_timeout_sec is None,
                     ready_check_timeout_s=args.ready_check_timeout_sec or 0, num_warmups=args.num_warmups,
-                    ramp_up=ramp or None)
+                    ramp_up=ramp or None, stall_s=args.stall_timeout_sec)
 
 
 def _prompts(args: argparse.Namespace, spec: LoadSpec, tokenizer: Tokenizer) -> list[Prompt]:
