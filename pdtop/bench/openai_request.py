@@ -14,7 +14,7 @@ may answer it.
   for the result's `model_id` (vLLM 0.33 reads both).
 
 A server is not trusted. A line of the stream is at most MAX_LINE_BYTES, a response at most
-`2 * max_tokens + EXTRA_LINES` lines and `TEXT_CHARS_PER_TOKEN * max_tokens + EXTRA_TEXT` characters of
+`4 * max_tokens + EXTRA_LINES` lines and `TEXT_CHARS_PER_TOKEN * max_tokens + EXTRA_TEXT` characters of
 text (what a request keeps: its text and one float a token), a `/v1/models` answer MAX_BODY_BYTES
 and an error body ERROR_BODY_BYTES. Once a stream has sent its first token, STALL_S of silence
 ends it; before that a request waits up to REQUEST_TIMEOUT_S (vLLM's six hours: a queued request's
@@ -37,7 +37,7 @@ import httpx
 # vLLM 0.33's request functions for text generation: backend -> the URL's ending it checks for
 BACKENDS = {"openai": "completions", "vllm": "completions", "openai-chat": "chat/completions"}
 MAX_LINE_BYTES = 256 << 10
-EXTRA_LINES = 4096  # besides two a token: a chat stream's role chunk, usage, comments
+EXTRA_LINES = 4096  # besides four a token (an event and its blank line are two): role chunk, usage, pings
 TEXT_CHARS_PER_TOKEN = 256  # a token's text is a few characters; the longest vocabulary entries ~100
 EXTRA_TEXT = 64 << 10
 MAX_BODY_BYTES = 1 << 20  # GET /v1/models
@@ -209,7 +209,7 @@ async def stream_request(client: httpx.AsyncClient, ep: Endpoint, text: str, max
     its first token. A failure is in the result (`ok` False, `error` one shown line), not raised."""
     chat = ep.backend == "openai-chat"
     res = RequestResult(ok=False, prompt_tokens=prompt_tokens)
-    most_lines, most_chars = 2 * max_tokens + EXTRA_LINES, TEXT_CHARS_PER_TOKEN * max_tokens + EXTRA_TEXT
+    most_lines, most_chars = 4 * max_tokens + EXTRA_LINES, TEXT_CHARS_PER_TOKEN * max_tokens + EXTRA_TEXT
     chunks, lines, chars, pieces = 0, 0, 0, []
     loop = asyncio.get_running_loop()
     give_up = loop.time() + REQUEST_TIMEOUT_S
@@ -225,12 +225,10 @@ async def stream_request(client: httpx.AsyncClient, ep: Endpoint, text: str, max
             async for line in _lines(r):
                 if chunks:  # a started stream may not fall silent
                     deadline.move(min(give_up, loop.time() + ep.stall_s))
-                if not line or line.startswith(b":"):  # event separators, comments (pings)
-                    continue
-                lines += 1
+                lines += 1  # every line counts: blank ones and comments (pings) could come without end too
                 if lines > most_lines:
                     raise ServerError(f"the stream ran past {most_lines} lines for max_tokens {max_tokens}")
-                if not line.startswith(b"data:"):
+                if not line.startswith(b"data:"):  # event separators, comments, event:/id:/retry: fields
                     continue
                 payload = line[5:].strip()
                 if payload == b"[DONE]":

@@ -3,6 +3,7 @@
 
 Modes (`mode`), each on `POST /v1/completions` unless said:
 - `endless`: token events without end (up to `limit` bytes, then the connection closes, no `[DONE]`);
+- `pings`: SSE comments without end, and no token (the same);
 - `long_line`: one `data: ` line that never ends (`limit` bytes);
 - `silent`: one token, then nothing, the connection held open until the server closes;
 - `models`: `GET /v1/models` is a valid listing padded to `limit` bytes;
@@ -74,6 +75,12 @@ class HostileServer:
             def _endless(self) -> None:
                 self._head(200, "text/event-stream")
                 block = TOKEN * 1024
+                while server.sent < server.limit:
+                    self._write(block)
+
+            def _pings(self) -> None:
+                self._head(200, "text/event-stream")
+                block = b": ping\n\n" * 8192
                 while server.sent < server.limit:
                     self._write(block)
 
