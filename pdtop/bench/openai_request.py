@@ -30,9 +30,10 @@ import json
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
+if TYPE_CHECKING:  # httpx loads with the first request: `pdtop bench --help` stays fast
+    import httpx
 
 # vLLM 0.33's request functions for text generation: backend -> the URL's ending it checks for
 BACKENDS = {"openai": "completions", "vllm": "completions", "openai-chat": "chat/completions"}
@@ -207,6 +208,8 @@ async def stream_request(client: httpx.AsyncClient, ep: Endpoint, text: str, max
                          prompt_tokens: int = 0, on_first: Callable[[], None] | None = None) -> RequestResult:
     """One streaming request, measured: TTFT, each token gap, latency, the text; `on_first()` is called at
     its first token. A failure is in the result (`ok` False, `error` one shown line), not raised."""
+    import httpx
+
     chat = ep.backend == "openai-chat"
     res = RequestResult(ok=False, prompt_tokens=prompt_tokens)
     most_lines, most_chars = 4 * max_tokens + EXTRA_LINES, TEXT_CHARS_PER_TOKEN * max_tokens + EXTRA_TEXT

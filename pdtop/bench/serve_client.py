@@ -348,13 +348,15 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:  # a dataset or tokenizer folder that is not what it should be
         return _fail(exc)
     where = base_url(args)
+
+    def unusable(exc: Exception) -> str:
+        return f"cannot use {where}: {exc if isinstance(exc, ServerError) else f'{type(exc).__name__}: {exc}'}"
+
     try:
         if spec.model is None:
             spec.model, spec.model_id = asyncio.run(_served(spec, headers))
-    except ServerError as exc:
-        return _fail(f"cannot use {where}: {exc}")
-    except httpx.HTTPError as exc:
-        return _fail(f"cannot use {where}: {type(exc).__name__}: {exc}")
+    except (ServerError, httpx.HTTPError) as exc:
+        return _fail(unusable(exc))
     except KeyboardInterrupt:
         print("pdtop bench: interrupted while asking the server for its model", file=sys.stderr)
         return 130
@@ -375,10 +377,8 @@ def run(args: argparse.Namespace) -> int:
             results, duration = asyncio.run(run_load(spec, prompts, headers, lambda _: progress.advance(bar), record))
         except WarmupFailed as exc:
             problem = f"the warm-up request to {where} failed: {exc}"
-        except ServerError as exc:
-            problem = f"cannot use {where}: {exc}"
-        except httpx.HTTPError as exc:
-            problem = f"cannot use {where}: {type(exc).__name__}: {exc}"
+        except (ServerError, httpx.HTTPError) as exc:
+            problem = unusable(exc)
         except KeyboardInterrupt:
             results, duration, interrupted = record.finished(), record.duration(), True
     if problem:  # after the bar is gone, so the line is the only one
