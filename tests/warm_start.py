@@ -1,12 +1,13 @@
-"""Requests put straight into decoding on a runner, without the scheduler: what benches and tests
-that time decode steps need first (admitted, prefilled in one batch, their first token appended)."""
+"""Requests put straight into decoding on a runner, without the scheduler: what tests that check decode
+steps need first (admitted, prefilled in one batch, their first token appended). `tests/` is on the
+path through its conftest, so a test anywhere imports it as `from warm_start import prefill_to_decoding`."""
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from pdtop.engine.request import Request, RequestStatus
 from pdtop.engine.runtime.runner import ModelRunner
-from pdtop.engine.scheduling.scheduler import append_token
+from pdtop.engine.scheduling.tokens import append_token
 
 
 def prefill_to_decoding(runner: ModelRunner, reqs: Sequence[Request]) -> list[Request]:

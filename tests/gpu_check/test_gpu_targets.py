@@ -1,13 +1,13 @@
-"""bench/gpu_check.py's verdict (`analysis/gpu_targets.py`) on hand-built reports: every target is
-always there, met, not met, or not measured (issue 30, item 4)."""
+"""bench/gpu_check.py's verdict (`bench/gpu_targets.py`) on hand-built reports: every target is
+always there, met, not met, or not measured (issue 30, item 4), and none passes by accident: dropped
+levels, a run with no split level, shared SMs and replayed logits that differ from eager fail (issue 43)."""
 from __future__ import annotations
 
 import copy
 import json
 
 import pytest
-
-from pdtop.analysis.gpu_targets import TARGETS, measured_count, targets, verdict_word
+from gpu_targets import TARGETS, measured_count, targets, verdict_word
 
 
 def _figure(replayed: bool | None = True, host_over_gpu: float = 0.04) -> dict:
@@ -21,12 +21,16 @@ def report_all_met() -> dict:
     """A 132-SM report as gpu_check writes it, with v30driver's `measured_sms` and v30graphs'
     `graph_replayed`, where every target is met."""
     pairs = [(132, 0), (80, 52), (64, 68), (0, 132)]
-    levels = [{"level": i, "requested": list(p), "realized": list(p)} for i, p in enumerate(pairs)]
+    levels = [{"level": i, "requested": list(p), "realized": list(p), "graph_vs_eager": {"ok": True}}
+              for i, p in enumerate(pairs)]
     for x in levels[1:3]:  # the split levels: %smid's count first, the timed estimate beside it
         p, d = x["realized"]
-        x["measured_sms"] = {"prefill": p, "decode": {"smid_distinct": d - 1, "timed_sms": d - 12.0}}
+        x["measured_sms"] = {"prefill": p, "decode": {"smid_distinct": d - 1, "timed_sms": d - 12.0},
+                             "shared_smids": 0}
     return {
         "mode": "gpu", "levels": levels,
+        "device": {"sms": 132, "levels_requested": [list(p) for p in pairs], "dropped_levels": []},
+        "policies": {"pdmux": {"levels": [list(p) for p in pairs]}},
         "decode_step": {"graph": {"alone_whole_gpu": _figure(), "alone_decode_side": _figure(),
                                   "under_prefill": _figure(), "level": {"index": 1, "realized": [80, 52]}}},
         "overlap": [{"level": 1, "realized": [80, 52], "graph_replayed": True},
@@ -43,7 +47,8 @@ def test_every_target_met():
 
 @pytest.mark.parametrize(("target", "spoil"), [
     ("realized_equals_requested", lambda r: r["levels"][1].update(realized=[88, 44],
-                                                                  measured_sms={"prefill": 88, "decode": 44})),
+                                                                  measured_sms={"prefill": 88, "decode": 44,
+                                                                                "shared_smids": 0})),
     ("measured_sms_match_realized", lambda r: r["levels"][2]["measured_sms"].update(decode=132)),
     ("graphs_replayed_on_every_level", lambda r: r["overlap"][1].update(graph_replayed=False)),
     ("graphs_replayed_on_every_level", lambda r: r["decode_step"]["graph"]["alone_whole_gpu"].update(
@@ -68,7 +73,8 @@ def test_missing_sections_are_not_measured_never_left_out():
     cases = {
         "measured_sms_match_realized": lambda r: r["levels"][1].pop("measured_sms"),
         "graphs_replayed_on_every_level": lambda r: r["overlap"][0].pop("graph_replayed"),
-        "graph_host_under_10pct_of_gpu": lambda r: r["decode_step"].pop("graph"),
+        "graph_host_under_10pct_of_gpu": lambda r: (r["decode_step"].pop("graph"),
+                                                    r["levels"][-1].pop("graph_vs_eager")),
         "pdmux_itl_p99_within_1.3x_decode_only": lambda r: r["itl_ms"].update(decode_only=None),
         "pdmux_itl_p99_at_most_quarter_of_chunked_2048": lambda r: r["itl_ms"].pop("chunked_2048"),
     }
@@ -77,7 +83,8 @@ def test_missing_sections_are_not_measured_never_left_out():
         spoil(report)
         got, _ = targets(report)
         want = {**dict.fromkeys(TARGETS, True), target: None}
-        if target == "graph_host_under_10pct_of_gpu":  # the whole-GPU figure held the last level's only flag
+        if target == "graph_host_under_10pct_of_gpu":  # the whole-GPU figure held the last level's only
+                # replay flag (beside its one-step comparison, also taken away here)
             want["graphs_replayed_on_every_level"] = None
         assert got == want, target
 
@@ -140,3 +147,89 @@ def test_an_overlap_row_may_hold_its_flag_in_a_figure():
     verdict, notes = targets(report)
     assert verdict["graphs_replayed_on_every_level"] is False and notes["graphs_replayed_on_every_level"] == (
         "eager on levels [2]")
+
+
+def _only_whole_device(report: dict) -> dict:
+    """What a GPU run whose driver refused every split level records: the table as requested, each split
+    level dropped with the driver's reason, and the two whole-device levels that ran."""
+    table = report["device"]["levels_requested"]
+    report["device"]["dropped_levels"] = [{"level": i, "requested": g, "reason": "cuGreenCtxCreate failed: X"}
+                                          for i, g in enumerate(table) if 0 not in g]
+    report["levels"] = [{"level": 0, "requested": table[0], "realized": table[0], "measured_sms": None,
+                         "graph_vs_eager": {"ok": True}},
+                        {"level": 1, "requested": table[-1], "realized": table[-1], "measured_sms": None,
+                         "graph_vs_eager": {"ok": True}}]
+    report["decode_step"]["graph"]["level"] = {"index": 1, "realized": table[-1]}
+    report["overlap"] = []
+    report["policies"]["pdmux"]["levels"] = [table[0], table[-1]]
+    return report
+
+
+def test_a_report_holding_only_the_whole_device_levels_does_not_pass():
+    """Issue 43 item 1: the levels the driver refused are not "as requested", a GPU run with no split level
+    measured nothing isolated, and pdmux's ITL there is not pdmux on split SMs."""
+    verdict, notes = targets(_only_whole_device(report_all_met()))
+    assert verdict["realized_equals_requested"] is False
+    assert notes["realized_equals_requested"].startswith("dropped: level 1 [80, 52] (cuGreenCtxCreate failed")
+    assert verdict["measured_sms_match_realized"] is False and "no split level ran" in notes[
+        "measured_sms_match_realized"]
+    assert verdict["pdmux_itl_p99_within_1.3x_decode_only"] is None
+    assert verdict["pdmux_itl_p99_at_most_quarter_of_chunked_2048"] is None
+    assert "no split level" in notes["pdmux_itl_p99_at_most_quarter_of_chunked_2048"]
+    assert sum(v is True for v in verdict.values()) == 2  # the whole-GPU graph figures, which stand as they are
+
+
+def test_one_dropped_level_fails_realized_even_when_the_rest_match():
+    report = report_all_met()
+    report["device"]["levels_requested"].insert(2, [60, 4])
+    report["device"]["dropped_levels"] = [{"level": 2, "requested": [60, 4], "reason": "cannot carve it"}]
+    verdict, notes = targets(report)
+    assert verdict == {**dict.fromkeys(TARGETS, True), "realized_equals_requested": False}, notes
+    assert "level 2 [60, 4] (cannot carve it)" in notes["realized_equals_requested"]
+
+
+def test_levels_without_the_requested_table_are_not_as_requested():
+    """A report that lost the table (or a level) cannot say every level ran as requested."""
+    report = report_all_met()
+    del report["device"]["levels_requested"]
+    assert targets(report)[0]["realized_equals_requested"] is None
+    report = report_all_met()
+    report["device"]["levels_requested"].insert(1, [96, 36])  # asked for, not run, not reported dropped
+    verdict, notes = targets(report)
+    assert verdict["realized_equals_requested"] is False and "not the table requested" in notes[
+        "realized_equals_requested"]
+
+
+def test_sides_on_shared_sms_fail_the_sm_target():
+    """Issue 43 item 2: the right counts on overlapping SMs are not a split."""
+    report = report_all_met()
+    report["levels"][2]["measured_sms"]["shared_smids"] = 8
+    verdict, notes = targets(report)
+    assert verdict == {**dict.fromkeys(TARGETS, True), "measured_sms_match_realized": False}, notes
+    assert notes["measured_sms_match_realized"] == "level 2's sides share 8 SMs"
+    report["levels"][2]["measured_sms"]["shared_smids"] = None  # not measured (one side's probe failed)
+    assert targets(report)[0]["measured_sms_match_realized"] is None
+
+
+def test_an_overlapped_level_may_share_its_sms():
+    """SGLang's overlapped level runs decode on the whole device by design: its shared SMs are no fault."""
+    report = report_all_met()
+    report["levels"][2].update(requested=[64, 132], realized=[64, 132],
+                               measured_sms={"prefill": 64, "decode": 132, "shared_smids": 64})
+    report["device"]["levels_requested"][2] = [64, 132]
+    report["policies"]["pdmux"]["levels"][2] = [64, 132]
+    verdict, notes = targets(report)
+    assert verdict["measured_sms_match_realized"] is True, notes
+
+
+def test_replayed_logits_that_differ_from_eager_fail_the_graph_target():
+    """Issue 43 item 3: `graph_replayed` counts replays; the one-step comparison says they compute the
+    same logits. A level the comparison did not reach is not measured."""
+    report = report_all_met()
+    report["levels"][2]["graph_vs_eager"] = {"ok": False, "replayed": True, "max_abs_diff": 9.0}
+    verdict, notes = targets(report)
+    assert verdict == {**dict.fromkeys(TARGETS, True), "graphs_replayed_on_every_level": False}, notes
+    assert notes["graphs_replayed_on_every_level"] == (
+        "replayed logits differ from eager (or did not replay) on levels [2]")
+    report["levels"][2]["graph_vs_eager"] = {"ok": None}
+    assert targets(report)[0]["graphs_replayed_on_every_level"] is None
