@@ -37,6 +37,11 @@ from pdtop.tune.search import AdaptiveSearch, Trial, closest_trials, run_search
 from pdtop.tune.space import device_default, first_guess, pdmux_space
 
 WARMUP_ROUNDS = 8  # decode-only rounds before the candidate is applied
+UNMEASURED = Measurement(math.nan, math.nan, math.nan, math.nan)
+
+
+class DecodeRanOut(EngineError):
+    """The decode requests finished before the long prompts did: the window cannot be measured."""
 
 
 def decode_max_tokens(engine: Engine, sc: Scenario) -> int:
@@ -92,8 +97,8 @@ def measure(engine: Engine, sc: Scenario, slo: Slo, config: PdmuxConfig, deadlin
             engine.step()
     end = engine.device.now()
     if any(r.finished for r in decoders):
-        raise EngineError("the decode requests finished before the long prompts did; raise the workload's "
-                          "decode_tokens")
+        raise DecodeRanOut("the decode requests finished before the long prompts did; raise the workload's "
+                           "decode_tokens")
     samples = [RequestSample(r.ttft if r.arrival >= start else None,
                              [b - a for a, b in itertools.pairwise(r.token_times) if start < b <= end])
                for r in decoders + longs]
@@ -131,6 +136,7 @@ class EngineRunner:
     deadline: float  # time.monotonic()
     deterministic: bool
     launches: int = 0
+    runs: int = 0
     longest_s: float = 0.0
 
     def live(self) -> PdmuxConfig | None:
@@ -140,12 +146,20 @@ class EngineRunner:
         return time.monotonic() + self.longest_s <= self.deadline
 
     def measure(self, config: PdmuxConfig, repeat: int) -> Measurement:
+        """`config`'s figures on a fresh engine; a candidate so slow that the decode requests ran out before
+        its long prompts did is unmeasured (it misses every SLO), SGLang's default so slow is an error (the
+        workload's decode_tokens are too few)."""
         engine = self.make_engine()
         start = time.monotonic()
         try:
             return measure(engine, self.sc, self.slo, config, self.deadline)
+        except DecodeRanOut:
+            if self.runs == 0:  # the first candidate: SGLang's default
+                raise
+            return UNMEASURED
         finally:
             engine.close()
+            self.runs += 1
             self.longest_s = max(self.longest_s, time.monotonic() - start)
 
 
