@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Generic
 from pdtop.engine.control_queue import ControlQueue
 from pdtop.engine.description import EngineConfig, EngineDescription, Limits, Totals
 from pdtop.engine.devices.base import Device
-from pdtop.engine.errors import ControlError, EngineError, FieldError, PromptError, QueueFullError
+from pdtop.engine.errors import ControlError, EngineError, FieldError, QueueFullError
 from pdtop.engine.intake import Intake
 from pdtop.engine.records import ConfigChange, ControlFailure, RequestRecord, RoundRecord
 from pdtop.engine.request import Request, SamplingParams
@@ -273,21 +273,6 @@ class Engine(Generic[S]):
         """Thread-safe: end `req` at the next round boundary with `reason` ("abort": its client left,
         "stop": a stop string matched); its KV is freed then (after its prefill, if one is in flight)."""
         self.intake.abort(req, reason)
-
-    def check_request(self, prompt_tokens: int, params: SamplingParams) -> None:
-        """PromptError if such a request could never run here: bad sampling parameters, an empty
-        prompt, prompt + max_tokens past the context, or more KV than the whole cache."""
-        params.validate()
-        if prompt_tokens < 1:
-            raise PromptError("empty prompt: a request needs at least one token")
-        context = self.executor.cfg.max_context
-        if prompt_tokens + params.max_tokens > context:
-            raise PromptError(f"prompt of {prompt_tokens} tokens + max_tokens {params.max_tokens} exceeds the "
-                              f"model's context of {context} tokens")
-        pool = self.executor.pool
-        if pool.blocks_for(prompt_tokens + params.max_tokens) > pool.num_blocks:
-            raise PromptError(f"KV cache too small: prompt of {prompt_tokens} tokens + max_tokens "
-                              f"{params.max_tokens}; the whole cache holds {pool.capacity_tokens}")
 
     def _arrive(self, arrival: Arrival) -> Request | None:
         cfg = self.executor.cfg

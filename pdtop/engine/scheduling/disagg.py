@@ -147,7 +147,7 @@ class DisaggPair(Generic[S]):
             if items and total + n > self.max_prefill_tokens:
                 break
             try:
-                self.prefill.admit_prompt(item.req)
+                self.prefill.admit(item.req, promise=False)
             except KVCapacityError:
                 break
             except EngineError as exc:  # the model cannot take it: its reservation goes back
@@ -164,7 +164,7 @@ class DisaggPair(Generic[S]):
             return
         reqs = [i.req for i in items]
         state = self.prefill.prefill_begin(reqs)
-        work: Work[object] = self.prefill.prefill(state, reqs, 0, self.prefill.cfg.num_layers)
+        work: Work[object] = self.prefill.prefill_work(state, reqs, 0, self.prefill.cfg.num_layers)
         self.device.submit_prefill(work)
         self.batch = _Batch(items, state, work, total, self.device.now())
 
@@ -176,7 +176,7 @@ class DisaggPair(Generic[S]):
         self.batch = None
         ended = self.device.prefill_ended()
         per_token = self.decode.cfg.kv_bytes_per_token(self.decode.dtype_bytes)
-        for item, token in zip(b.items, self.prefill.finish_prefill(b.state), strict=True):
+        for item, token in zip(b.items, self.prefill.prefill_finish(b.state), strict=True):
             req, n = item.req, item.req.prompt_len
             t = Transfer(req, token, item.table, n * per_token, item.at, ended)
             self.link.send(t, functools.partial(self.decode.copy_kv_from, self.prefill, req.table, item.table, n))
@@ -216,7 +216,7 @@ class DisaggPair(Generic[S]):
         """Transfers ended: each request's prefill blocks freed, its decode slots now its table."""
         out = self.link.done(self.device.now())
         for t in out:
-            self.prefill.release(t.req)
+            self.prefill.free(t.req)
             t.req.table = t.table
             self.finished.append(KvTransfer(t.end, t.req.id, t.nbytes, t.reserved, t.start, t.end, self.link.name))
         return out

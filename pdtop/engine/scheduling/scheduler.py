@@ -110,7 +110,7 @@ class Scheduler(Generic[S]):
     def _end(self, req: Request, reason: str, now: float) -> RequestRecord:
         """Finish `req` early (not through `append_token`): status, reason, KV released; its finish record."""
         req.status, req.finish_reason = RequestStatus.FINISHED, reason
-        self.executor.release(req)
+        self.executor.free(req)
         return self._finish_record(req, now)
 
     @staticmethod
@@ -167,7 +167,7 @@ class Scheduler(Generic[S]):
             stats.requests.append(RequestRecord("first_token", req.id, now, req.prompt_len, 1, req.ttft,
                                                 source=req.source))
         if finished:
-            self.executor.release(req)
+            self.executor.free(req)
             stats.requests.append(self._finish_record(req, now))
 
     def _join_decode(self, reqs: list[Request], tokens: list[int], stats: RoundStats, at: float | None = None) -> None:
@@ -182,7 +182,7 @@ class Scheduler(Generic[S]):
 
     def _decode(self, stats: RoundStats, whole: bool) -> None:
         batch = list(self.running)
-        work = self.executor.decode(batch)
+        work = self.executor.decode_work(batch)
         t0 = self.device.now()
         tokens = self.device.run_whole(work) if whole else self.device.run_decode(work)
         now = self.device.now()
@@ -225,7 +225,7 @@ class Scheduler(Generic[S]):
             pf.charged = 0.0
         if pf.layers_done == self.num_layers:
             self.prefill = None
-            tokens = self.executor.finish_prefill(pf.state)
+            tokens = self.executor.prefill_finish(pf.state)
             if tokens or not pf.reqs:
                 self.pdmux_chunk = None
                 self._join_decode(pf.reqs, tokens, stats)
@@ -234,7 +234,7 @@ class Scheduler(Generic[S]):
                 stats.requests.append(self._end(pf.reqs[0], reason, self.device.now()))
         elif not pf.in_flight and all(r.id in self._ending for r in pf.reqs):  # all its clients left:
             self.prefill, self.pdmux_chunk, now = None, None, self.device.now()  # no more of it runs, KV freed
-            self.executor.drop_prefill(pf.state)
+            self.executor.prefill_drop(pf.state)
             stats.requests += [self._end(r, self._ending.pop(r.id), now) for r in pf.reqs]
 
     def _step_pdmux(self, stats: RoundStats) -> None:
@@ -260,7 +260,7 @@ class Scheduler(Generic[S]):
                            whole_alone=self.device.kind != "cpu")  # SGLang's; the SLO rule may take more
             pf.layers_per_round = self.levels.slice_layers(k, pf.submitted_end, self.num_layers, self.config)
             end = min(self.num_layers, pf.submitted_end + pf.layers_per_round)
-            work = self.executor.prefill(pf.state, pf.reqs, pf.submitted_end, end, pf.span)
+            work = self.executor.prefill_work(pf.state, pf.reqs, pf.submitted_end, end, pf.span)
             self.device.submit_prefill(work)
             pf.submitted_end = end
             pf.in_flight.append((end, work))
@@ -277,11 +277,11 @@ class Scheduler(Generic[S]):
             self._set_level(0 if self.pinned is None else self.pinned)
             stats.split = (self.device.units, 0)
             state = self.executor.prefill_begin(reqs)
-            work = self.executor.prefill(state, reqs, 0, self.num_layers)
+            work = self.executor.prefill_work(state, reqs, 0, self.num_layers)
             stats.flops += work.flops
             stats.bytes += work.bytes
             self.device.run_whole(work)
-            self._join_decode(reqs, self.executor.finish_prefill(state), stats)
+            self._join_decode(reqs, self.executor.prefill_finish(state), stats)
         elif self.running:
             self._set_level(n - 1 if self.pinned is None else self.pinned)
             stats.split = (0, self.device.units)
@@ -297,7 +297,7 @@ class Scheduler(Generic[S]):
             return
         n = min(self.config.chunk_size, req.prompt_len - req.num_cached) if req else 0
         batch = list(self.running)
-        work = self.executor.chunk(batch, req, n)
+        work = self.executor.chunk_work(batch, req, n)
         stats.split = (self.device.units, self.device.units)
         t0 = self.device.now()
         tokens, first = self.device.run_whole(work)

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from pdtop.engine.request import Request, RequestStatus
 from pdtop.engine.runtime.runner import ModelRunner
-from pdtop.engine.scheduling.scheduler import append_token
+from pdtop.engine.scheduling.tokens import append_token
 
 
 def prefill_to_decoding(runner: ModelRunner, reqs: Sequence[Request]) -> list[Request]:

@@ -84,7 +84,7 @@ def test_cpu_kv_really_moves_and_text_equals_generate(model_fp32, tokenizer):
         engine.run_until_idle()
         pair = engine.scheduler.pair
         assert pair is not None
-        a, b = pair.prefill.runner.kv.data, engine.executor.runner.kv.data  # type: ignore[attr-defined]
+        a, b = pair.prefill.kv.data, engine.executor.kv.data  # type: ignore[attr-defined]
         assert a.data_ptr() != b.data_ptr()  # two pools
         assert req.output_ids == want and tokenizer.decode(want).startswith("The capital of France is Paris")
         assert len(other.output_ids) == 20

@@ -11,8 +11,8 @@ from pdtop.engine.request import Request, SamplingParams
 from pdtop.engine.roofline import cost
 from pdtop.engine.scheduling.commands import Set
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig, dump_pdmux_config, load_pdmux_config
-from pdtop.engine.scheduling.scheduler import generate
 from pdtop.engine.scheduling.splits import prefill_layers_per_step
+from pdtop.engine.scheduling.tokens import generate
 
 TEXT = ("The river runs past the old mill, under the stone bridge and out across the fields towards "
         "the sea, where the fishing boats wait for the tide. ")
