@@ -42,7 +42,7 @@ from pdtop.engine.scheduling.commands import (
     Set,
 )
 from pdtop.engine.scheduling.control import Change, check
-from pdtop.engine.scheduling.disagg import check_disagg_command
+from pdtop.engine.scheduling.disagg import check_disagg
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
 from pdtop.engine.scheduling.scheduler import Scheduler
 from pdtop.engine.scheduling.splits import SplitTable
@@ -162,7 +162,11 @@ class Engine(Generic[S]):
                                       or (isinstance(command, Set) and "workload_rate" in command.values)):
             raise ControlError("workload", "no workload runs here (started without one: --workload none); "
                                            "requests come from the API and injects only")
-        check_disagg_command(command, self.scheduler.policy, self.device)
+        if isinstance(command, Set) and command.values.get("policy") == "disagg":
+            check_disagg(self.device)
+        elif isinstance(command, PinLevel) and self.scheduler.policy == "disagg":
+            raise ControlError("level", "under disagg each instance keeps its own units: switch to pdmux to pin "
+                                        "a level")
         if isinstance(command, Inject):
             try:
                 self.intake.hold(self._inject_tokens(command), self.device.now())
@@ -214,10 +218,10 @@ class Engine(Generic[S]):
         if policy is not None:
             if s.prefill_in_flight and policy != s.policy:
                 self._deferred_policy = (policy, client)  # switched once in-flight prefill is done
-                s.next_policy = policy
+                s.draining = True
             else:
                 note("policy", s.policy, policy)
-                s.set_policy(policy)
+                s.switch(policy)
         if rate is not None and w is not None:
             note("workload_rate", w.spec.rate, rate)
             w.set_rate(rate, self.device.now())
@@ -227,7 +231,7 @@ class Engine(Generic[S]):
         if self._deferred_policy and not s.prefill_in_flight:
             (policy, client), self._deferred_policy = self._deferred_policy, None
             old = s.policy
-            s.set_policy(policy)
+            s.switch(policy)
             if old != policy:
                 self._report(ConfigChange(self.device.now(), s.round_index, {"policy": {"old": old, "new": policy}},
                                           client))
@@ -338,10 +342,8 @@ class Engine(Generic[S]):
         record, requests = s.step()
         s.levels.learn(record, self.config, s.table)  # the level rule's model
         self._pace()  # a paced virtual clock: report the round when wall time reaches its end
-        for r in requests:
+        for r in requests:  # and under disagg the prefill instance's rounds and KV transfers
             self._report(r)
-        for done in s.pair.drain() if s.pair is not None else ():  # disagg: prefill rounds, KV transfers
-            self._report(done)
         self._report(record)
         if self._watchers:
             self._watchers.notify(self._stop)
@@ -377,6 +379,5 @@ class Engine(Generic[S]):
         return n
 
     def close(self) -> None:
-        if self.scheduler.pair is not None:
-            self.scheduler.pair.close()
+        self.scheduler.close()
         self.device.close()

@@ -12,15 +12,16 @@ from typing import Any
 
 @dataclass
 class PrefillProgress:
-    """One in-flight prefill batch (pdmux; or one chunk of a prompt under `chunked_prefill_size`) or chunked
-    prefill request."""
+    """One in-flight prefill batch (pdmux; or one prompt chunk by chunk under `chunked_prefill_size`), chunked
+    prefill request or disagg prefill batch."""
 
     request_ids: list[int]
     tokens: int  # prompt tokens in this prefill
-    layers_done: int  # layers (pdmux) or, for chunked, tokens done expressed as layers*tokens_done/tokens
+    # the share of `tokens` done, in layers: each token through every layer counts `layers_total` (every policy)
+    layers_done: int
     layers_total: int
     layers_per_round: int  # k = min(L, max(1, budget // tokens)); 0 for chunked/prefill-first
-    # chunked: prompt tokens prefilled so far; a pdmux chunk: those cached before it (its layers: layers_done);
+    # chunked: prompt tokens prefilled so far; a pdmux chunk: those cached before it;
     # None where layers tell the whole progress
     tokens_done: int | None = None
 

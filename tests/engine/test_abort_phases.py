@@ -23,9 +23,9 @@ POLICIES = ["pdmux", "chunked", "prefill-first", "disagg"]
 def _in_flight(engine) -> int:
     """Prefill states the runners still hold (0 on the simulator, which keeps none)."""
     executors = [engine.executor]
-    pair = engine.scheduler.pair
-    if pair is not None:
-        executors.append(pair.prefill)
+    disagg = engine.scheduler.made.get("disagg")
+    if disagg is not None:
+        executors.append(disagg.prefill)
     return sum(len(ex._in_flight) for ex in executors if isinstance(ex, ModelRunner))
 
 

@@ -45,7 +45,7 @@ def _run(model, tokenizer, policy: str, trace: bool) -> tuple[list[list[int]], l
         long = engine.submit(engine.prompts.make(700), 2, ignore_eos=True)
         while not long.token_times:
             engine.step()
-        assert engine.scheduler.prefill is None  # nothing in flight: every layer told has been told
+        assert not engine.scheduler.prefill_in_flight  # nothing in flight: every layer told has been told
         engine.executor.set_layer_trace(None)
         assert runner.layer_trace is None
         told = len(events)

@@ -219,6 +219,7 @@ def pace(rule: SloRule, decode_units: int, config: PdmuxConfig, layers: int, rou
     for done in range(1, layers + 1):
         r = record(decode_units, 30, 50_000, True)
         r.prefills, r.round_s = [PrefillProgress([7], PROMPT, done, 36, 1)], round_s
+        rule.pace.add(((7,), None, PROMPT), round_s * r.prefill_units, done)  # as pdmux tells it after the round
         rule.learn(r, config, TABLE)
 
 

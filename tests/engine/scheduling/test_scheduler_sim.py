@@ -151,7 +151,7 @@ def test_policy_switch_waits_for_in_flight_prefill():
     engine.step()
     engine.submit(engine.prompts.make(8192), 3, ignore_eos=True)
     engine.step()
-    assert engine.scheduler.prefill is not None
+    assert engine.scheduler.active.batch is not None
     engine.control(Set({"policy": "chunked"}))
     engine.step()
     assert engine.scheduler.policy == "pdmux"  # the prefill still owns the prefill side
