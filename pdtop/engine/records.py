@@ -1,4 +1,4 @@
-"""What the engine reports: plain dataclasses, one per round, request, config change and failed change.
+"""What the engine reports: plain dataclasses, one per round, request, KV transfer and config change.
 
 The engine hands these to its sinks (callables registered with `Engine.add_sink`);
 telemetry turns them into JSON with `dataclasses.asdict`. Times are seconds on the
@@ -103,20 +103,9 @@ class RequestRecord:
 
 @dataclass
 class ConfigChange:
-    """An accepted control change, applied at a round boundary."""
+    """An applied control change, at a round boundary (`control.Change.changes`)."""
 
     time: float
     round_index: int
     changes: dict[str, dict[str, Any]]  # field -> {"old": ..., "new": ...}
     client: str | None = None  # who asked (telemetry fills in the client id)
-
-
-@dataclass
-class ControlFailure:
-    """A change accepted when queued that could not be applied (the engine reports it and goes on)."""
-
-    time: float
-    round_index: int
-    field: str | None
-    reason: str
-    client: str | None = None

@@ -110,6 +110,7 @@ class Reply:
     error: ReplyError | None = None  # when ok is false
     path: str | None = None  # RecordStart / RecordStop: the recording file
     readonly: bool | None = None  # auth: whether the connection stays read-only
+    change: dict[str, dict[str, Any]] | None = None  # an engine command applied: field -> {"old", "new"}
 
 
 @dataclass

@@ -19,18 +19,18 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from pdtop.engine.description import EngineConfig
-from pdtop.engine.records import ConfigChange, ControlFailure, KvTransfer, RequestRecord, RoundRecord
-from pdtop.telemetry.encode import config_event, encode, encode_record, error_event
+from pdtop.engine.records import ConfigChange, KvTransfer, RequestRecord, RoundRecord
+from pdtop.telemetry.encode import config_event, encode, encode_record
 
 _STREAM = frozenset((RoundRecord, RequestRecord, KvTransfer))
 
 
 class Outgoing(NamedTuple):
-    """One event on its way out, as JSON text. `lane` "config" and "notice" events reach every
-    client, never dropped; "stream" events join the stream, which a slow client may lose."""
+    """One event on its way out, as JSON text. `lane` "config" events reach every client, never
+    dropped; "stream" events join the stream, which a slow client may lose."""
 
     text: str
-    lane: str  # "stream" | "config" | "notice"
+    lane: str  # "stream" | "config"
 
 
 @dataclass(slots=True)
@@ -48,7 +48,7 @@ class Inbox:
         gate = _Gate()
         append = q.append
 
-        def sink(record: RoundRecord | RequestRecord | ConfigChange | ControlFailure | KvTransfer) -> None:
+        def sink(record: RoundRecord | RequestRecord | ConfigChange | KvTransfer) -> None:
             try:
                 if record.__class__ in _STREAM:  # most records: the cheapest test first
                     if gate.room > 0:
@@ -58,8 +58,6 @@ class Inbox:
                         gate.shed += 1
                 elif isinstance(record, ConfigChange):
                     append(Outgoing(encode(config_event(record, config())), "config"))
-                elif isinstance(record, ControlFailure):
-                    append(Outgoing(encode(error_event(record.field, f"not applied: {record.reason}")), "notice"))
             except Exception:  # never raise into the engine's loop
                 gate.shed += 1
 

@@ -117,8 +117,11 @@ def test_live_switch_to_and_from_disagg():
     for _ in range(60):
         policies.add(engine.step().policy)
     assert "disagg" in policies and "disagg" in engine.scheduler.made and late.output_ids
+    pinned = engine.control(PinLevel(1))
+    engine.step()
     with pytest.raises(ControlError, match="switch to pdmux to pin a level"):  # nothing to pin: changes nothing
-        engine.control(PinLevel(1))
+        pinned.result(0)
+    assert engine.config_record().pinned_level is None
     engine.control(Set({"policy": "chunked"}))
     engine.run_until_idle()
     assert engine.scheduler.policy == "chunked" and engine.device.instances == 1
