@@ -159,6 +159,7 @@ class Engine(Generic[S]):
     def _apply_controls(self) -> None:
         """At a round boundary, on the engine's thread: each queued command in order, checked once and
         applied, its future resolved. A policy switch that has to wait stays first (module doc)."""
+        self.scheduler.draining = False  # until a switch is found waiting again
         while (pending := self.controls.head()) is not None:
             command = pending.command
             if pending.future.cancelled():
