@@ -174,13 +174,12 @@ class Engine(Generic[S]):
                 outcome = Change(before, self.settings(), command if isinstance(command, Inject) else None)
             except ControlError as exc:
                 outcome = exc
-            except FieldError as exc:  # a knob's check (ConfigError): the command's error
-                outcome = ControlError(exc.field, exc.reason)
+            except EngineError as exc:  # a knob's check (ConfigError), a device that cannot build new levels
+                field, reason = (exc.field, exc.reason) if isinstance(exc, FieldError) else (command.subject, str(exc))
+                outcome = ControlError(field, reason)
             except Exception as exc:  # no control command may stop the engine
-                if not isinstance(exc, EngineError):
-                    log.exception("applying %r", command)
-                outcome = ControlError(command.subject, str(exc) if isinstance(exc, EngineError) else
-                                       f"{type(exc).__name__}: {exc}")
+                log.exception("applying %r", command)
+                outcome = ControlError(command.subject, f"{type(exc).__name__}: {exc}")
             self.controls.pop()
             if isinstance(outcome, Change) and (changes := outcome.changes):
                 self._report(ConfigChange(self.device.now(), self.scheduler.round_index, changes, pending.client))
@@ -220,7 +219,9 @@ class Engine(Generic[S]):
         table = s.table.rebuilt(config) if REBUILD & knobs.keys() else None
         if switch is not None and s.prefill_in_flight:
             return False
-        if knobs:  # first: new levels are what may fail (a device that cannot build them)
+        if switch is not None:
+            s.get(switch)  # made before anything changes: disagg's second instance may not fit
+        if knobs:  # then new levels, which a device may fail to build
             s.set_config(config, table)
         if switch is not None:
             s.switch(switch)

@@ -7,10 +7,10 @@ from typing import Generic
 from pdtop.engine.records import PrefillProgress
 from pdtop.engine.request import Request
 from pdtop.engine.runtime.executor import S
-from pdtop.engine.scheduling.policy import Host, RoundStats
+from pdtop.engine.scheduling.policy import Host, Policy, RoundStats
 
 
-class Chunked(Generic[S]):
+class Chunked(Policy, Generic[S]):
     name = "chunked"
 
     def __init__(self, host: Host[S]) -> None:
@@ -30,12 +30,6 @@ class Chunked(Generic[S]):
         if r is None:
             return []
         return [PrefillProgress([r.id], r.prompt_len, layers * r.num_cached // r.prompt_len, layers, 0, r.num_cached)]
-
-    def leave(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
     def step(self, stats: RoundStats) -> None:
         h, dev = self.host, self.host.device

@@ -31,7 +31,7 @@ from pdtop.engine.request import BlockTable, Request, RequestStatus
 from pdtop.engine.runtime.executor import S
 from pdtop.engine.runtime.kv_link import CopyLink, KvLink, Transfer, VirtualLink
 from pdtop.engine.scheduling.policies import DISAGG_ON_CUDA
-from pdtop.engine.scheduling.policy import Host, RoundStats
+from pdtop.engine.scheduling.policy import Host, Policy, RoundStats
 
 
 @dataclass(eq=False)
@@ -67,7 +67,7 @@ def even_level(groups: list[tuple[int, int]]) -> int:
     return min(both, key=lambda i: (abs(groups[i][0] - groups[i][1]), -groups[i][0]))
 
 
-class Disagg(Generic[S]):
+class Disagg(Policy, Generic[S]):
     name = "disagg"
 
     def __init__(self, host: Host[S]) -> None:

@@ -33,7 +33,7 @@ from pdtop.engine.records import PrefillProgress
 from pdtop.engine.request import Request
 from pdtop.engine.runtime.executor import Executor, S
 from pdtop.engine.scheduling.level_rule import decode_context
-from pdtop.engine.scheduling.policy import Host, RoundStats
+from pdtop.engine.scheduling.policy import Host, Policy, RoundStats
 from pdtop.engine.scheduling.splits import prefill_layers_per_step, slice_layers
 
 Span = tuple[int, int]  # a chunk: (its first prompt token, its tokens)
@@ -98,7 +98,7 @@ def begin(executor: Executor[S], reqs: list[Request], num_layers: int, budget: i
     return PrefillBatch(reqs, executor.prefill_begin(reqs, n), tokens, k, k, span=span)
 
 
-class Pdmux(Generic[S]):
+class Pdmux(Policy, Generic[S]):
     name = "pdmux"
 
     def __init__(self, host: Host[S]) -> None:
@@ -123,12 +123,6 @@ class Pdmux(Generic[S]):
         if self.chunked is not None:
             return [between_chunks(self.chunked, h.num_layers, h.config.chunked_prefill_size, h.config.token_budget)]
         return []
-
-    def leave(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
     def step(self, stats: RoundStats) -> None:
         h, dev, layers = self.host, self.host.device, self.host.num_layers

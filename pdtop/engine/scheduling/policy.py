@@ -86,27 +86,34 @@ class Host(Protocol[S]):
 
 
 class Policy(Protocol):
-    """One way of sharing the device between prefill and decode (pdmux, chunked, prefill-first, disagg)."""
+    """One way of sharing the device between prefill and decode (pdmux, chunked, prefill-first, disagg).
+    A policy subclasses it for the defaults: nothing held between steps, nothing to release."""
 
     name: str
 
     def step(self, stats: RoundStats) -> None:
         """One round: the decode step and what prefill work runs beside it; no new request while the
         host is draining."""
+        ...
+
+    def in_flight(self) -> bool:
+        """Whether it holds requests it has begun to prefill (the policy cannot be swapped out then)."""
+        ...
 
     def abort(self, req: Request) -> bool:
         """`req` is aborted: True while its work is in flight here (it ends when that work is done, its
         reason in `Host.ending`); else let go of it if held between steps: False, it ends now."""
-
-    def in_flight(self) -> bool:
-        """Whether it holds requests it has begun to prefill (the policy cannot be swapped out then)."""
+        return False
 
     def progress(self) -> list[PrefillProgress]:
         """The round's `prefills`: each prefill in flight; `layers_done` of `layers_total` is the share of
         its `tokens` done, counted in layers (a token through every layer counts `layers_total`)."""
+        return []
 
     def leave(self) -> None:
         """It is swapped out, with nothing in flight."""
+        return None
 
     def close(self) -> None:
         """The engine closes: release what it holds (threads, links)."""
+        return None

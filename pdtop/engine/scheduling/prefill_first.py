@@ -4,13 +4,11 @@ from __future__ import annotations
 
 from typing import Generic
 
-from pdtop.engine.records import PrefillProgress
-from pdtop.engine.request import Request
 from pdtop.engine.runtime.executor import S
-from pdtop.engine.scheduling.policy import Host, RoundStats
+from pdtop.engine.scheduling.policy import Host, Policy, RoundStats
 
 
-class PrefillFirst(Generic[S]):
+class PrefillFirst(Policy, Generic[S]):
     name = "prefill-first"
 
     def __init__(self, host: Host[S]) -> None:
@@ -18,18 +16,6 @@ class PrefillFirst(Generic[S]):
 
     def in_flight(self) -> bool:
         return False  # a prefill starts and ends inside one round
-
-    def abort(self, req: Request) -> bool:
-        return False
-
-    def progress(self) -> list[PrefillProgress]:
-        return []
-
-    def leave(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
     def step(self, stats: RoundStats) -> None:
         h, dev = self.host, self.host.device

@@ -59,10 +59,11 @@ class Scheduler(Generic[S]):
         self.link = link  # disagg's KV link (None: sim rdma400, cpu unpaced copies)
         self.draining = False  # a policy switch waits for the active policy's work in flight: it takes no more
         self.made: dict[str, Policy] = {}  # the policies made so far, by name
-        self.active: Policy = self._policy(check_policy(policy))
+        self.active: Policy = self.get(check_policy(policy))
 
-    def _policy(self, name: str) -> Policy:
-        """`name`'s policy (a name `check_policy` passed), made the first time it is asked for."""
+    def get(self, name: str) -> Policy:
+        """`name`'s policy (a name `check_policy` passed), made the first time it is asked for (disagg's
+        makes its second instance then, which may fail)."""
         if name not in self.made:
             policy: Policy
             match name:
@@ -223,7 +224,7 @@ class Scheduler(Generic[S]):
         active one has nothing in flight: its requests are its own."""
         if self.active.in_flight():
             raise ValueError(f"switching from {self.policy} while it has a prefill in flight")
-        new = self._policy(check_policy(policy))
+        new = self.get(check_policy(policy))
         if new is not self.active:
             self.active.leave()
             self.active = new

@@ -169,14 +169,17 @@ def test_policy_switch_waits_for_in_flight_prefill():
     engine.step()
     assert engine.scheduler.active.batch is not None
     switched = engine.control(Set({"policy": "chunked"}))
+    pinned = engine.control(PinLevel(2))  # asked after it: applied after it
     late = engine.submit(engine.prompts.make(100), 3, ignore_eos=True)
     engine.step()
     assert engine.scheduler.policy == "pdmux"  # the prefill still owns the prefill side
     assert not switched.done() and late.status is RequestStatus.WAITING  # pdmux takes no new request meanwhile
+    assert not pinned.done() and engine.scheduler.pinned is None
     engine.run_until_idle()
     engine.step()
     assert engine.scheduler.policy == "chunked" and late.finish_reason == "length"
     assert switched.result(0).changes == {"policy": {"old": "pdmux", "new": "chunked"}}
+    assert pinned.result(0).changes == {"pinned_level": {"old": None, "new": 2}}
 
 
 def test_kv_admission_waits_for_room_and_rejects_what_can_never_fit():
