@@ -5,9 +5,9 @@ The frame is parsed once into a command (`commands.parse_command`). The server's
 `ControlTarget.control`, whose future the engine resolves at its next round boundary, once it
 has checked and applied the command: `Waiting.reply` awaits it without blocking the event loop
 and makes the one reply, which carries the change. Each connection may send `CONTROL_RATE`
-messages a second (bursts of `CONTROL_BURST`), try `Auth` about once a second, and have
-`MAX_WAITING` engine commands waiting for their outcome; beyond that a message is refused,
-changing nothing. Nothing a client sends raises.
+messages a second (bursts of `CONTROL_BURST`) and have `MAX_WAITING` engine commands waiting for
+their outcome; beyond that a message is refused, changing nothing. Wrong tokens are counted per
+address, across connections (`TokenGate`). Nothing a client sends raises.
 """
 from __future__ import annotations
 
@@ -19,13 +19,13 @@ from typing import Any, Protocol
 from pdtop.engine.control import Change
 from pdtop.engine.errors import ControlError
 from pdtop.engine.scheduling.commands import EngineCommand
+from pdtop.quiet_log import QuietLog
 from pdtop.telemetry.encode import reply_event
-from pdtop.telemetry.quiet_log import QuietLog
 from pdtop.telemetry.recording.recorder import Recorder, RecordingError
-from pdtop.telemetry.server.auth import TokenGate
 from pdtop.telemetry.server.clients import Client
 from pdtop.telemetry.server.commands import Auth, RecordStart, RecordStop, parse_command
 from pdtop.telemetry.server.frames import FrameError, parse_control
+from pdtop.token_gate import TokenGate
 
 MAX_WAITING = 16  # engine commands of one connection waiting for the engine's outcome
 
@@ -86,12 +86,11 @@ def handle_control(target: ControlTarget, client: Client, frame: str | bytes) ->
         return reply_event(msg_id, False, exc.field, exc.reason)
     match command:
         case Auth(token=token):
-            if not client.auths.take():
-                return reply_event(msg_id, False, "token", "too many auth attempts; wait a second")
-            if target.gate.admits(token):
+            refusal = target.gate.check(token, client.host)
+            if refusal is None:
                 client.authorized = True
                 return reply_event(msg_id, True, readonly=False)
-            return reply_event(msg_id, False, "token", "wrong token")
+            return reply_event(msg_id, False, "token", refusal.reason)
         case _ if not client.authorized:
             return _read_only(msg_id)
         case RecordStart(path=path):
