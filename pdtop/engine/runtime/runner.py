@@ -194,7 +194,7 @@ class ModelRunner(Executor[PrefillState]):
         attending to its cache; on CUDA read in place from the paged cache), then prompt spans, each
         attending to its request's cached prefix and causally to itself."""
         ids: list[int] = []
-        pos: list[np.ndarray] = []
+        pos: list[np.ndarray | list[int]] = []
         slots: list[np.ndarray] = []
         groups: list[DecodeGroup] = []
         paged = None
@@ -206,13 +206,13 @@ class ModelRunner(Executor[PrefillState]):
             paged = self.cuda.paged_batch(inp)
         elif decode:
             ids += [r.last_token for r in decode]
-            d_pos = np.fromiter((r.num_cached for r in decode), dtype=np.int64, count=len(decode))
+            d_pos = [r.num_cached for r in decode]
             tables = [r.table for r in decode]
             bs = self.kv.block_size
             pos.append(d_pos)
-            slots.append(np.array([t.blocks[p // bs] * bs + p % bs
-                                   for t, p in zip(tables, d_pos.tolist(), strict=True)], dtype=np.int64))
-            lens = (d_pos + 1).tolist()
+            slots.append(np.array([t.blocks[p // bs] * bs + p % bs for t, p in zip(tables, d_pos, strict=True)],
+                                  dtype=np.int64))
+            lens = [p + 1 for p in d_pos]
             rows = length_groups(lens)
             groups = [self._group(slice(None), tables, lens)] if len(rows) == 1 else [  # usual: every row, in order
                 self._group(self._tensor(g), [tables[i] for i in g], [lens[i] for i in g]) for g in rows]
@@ -224,9 +224,9 @@ class ModelRunner(Executor[PrefillState]):
             slots.append(self.kv.slots(r.table, start, start + n))
             segments.append(self._segment(r.table, offset, start, n))
             offset += n
-        return ids, ForwardBatch(kv=self.kv, positions=self._tensor(np.concatenate(pos)),
-                                 slots=self._tensor(np.concatenate(slots)), num_decode=len(decode),
-                                 decode_groups=groups, segments=segments, paged=paged)
+        return ids, ForwardBatch(kv=self.kv, positions=self._tensor(pos[0] if len(pos) == 1 else np.concatenate(pos)),
+                                 slots=self._tensor(slots[0] if len(slots) == 1 else np.concatenate(slots)),
+                                 num_decode=len(decode), decode_groups=groups, segments=segments, paged=paged)
 
     def _segment(self, table: BlockTable, offset: int, start: int, n: int) -> Segment:
         """Prompt tokens [start, start + n) at row `offset`, attending to the cached [0, start) too, causally."""

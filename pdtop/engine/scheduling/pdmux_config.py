@@ -4,7 +4,7 @@ SGLang's fields, in its order: `sm_group_num`, `manual_divisions` (a list of
 `[prefill_sm, decode_sm, decode_bs_threshold]`), `split_forward_token_budget`,
 `max_split_forward_layers`, `decode_bs_divisor`, `overlap_decode_full_sm`. pdtop adds
 `chunk_size` for its chunked-prefill policy, `chunked_prefill_size`, SGLang's server flag
-`--chunked-prefill-size` (which pdmux follows in newer SGLang: `pdmux_prefill.py`), and
+`--chunked-prefill-size` (which pdmux follows in newer SGLang: `pdmux.py`), and
 `level_rule` (`sglang`, or `slo`: the fewest decode units that meet `slo_itl_ms`,
 `level_rule.py`). Every value passes `validate`, whether it comes from a file, the constructor,
 or a live override through `PdmuxConfig.replace`, and the fields together pass SGLang's loader
