@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 from collections import deque
 from dataclasses import dataclass
-from typing import Generic
+from typing import TYPE_CHECKING, Generic
 
 from pdtop.engine.devices.base import Device, Work
 from pdtop.engine.errors import ControlError, EngineError, KVCapacityError
@@ -31,7 +31,10 @@ from pdtop.engine.request import BlockTable, Request, RequestStatus
 from pdtop.engine.runtime.executor import S
 from pdtop.engine.runtime.kv_link import CopyLink, KvLink, Transfer, VirtualLink
 from pdtop.engine.scheduling.policies import DISAGG_ON_CUDA
-from pdtop.engine.scheduling.policy import Host, Policy, RoundStats
+from pdtop.engine.scheduling.policy import Policy, RoundStats
+
+if TYPE_CHECKING:
+    from pdtop.engine.scheduling.scheduler import Scheduler
 
 
 @dataclass(eq=False)
@@ -70,12 +73,13 @@ def even_level(groups: list[tuple[int, int]]) -> int:
 class Disagg(Policy, Generic[S]):
     name = "disagg"
 
-    def __init__(self, host: Host[S]) -> None:
-        dev = host.device
+    def __init__(self, scheduler: Scheduler[S]) -> None:
+        dev = scheduler.device
         check_disagg(dev)
-        self.host, self.device = host, dev
-        self.decode, self.prefill = host.executor, host.executor.twin()
-        self.link: KvLink = VirtualLink(host.link) if dev.virtual else CopyLink(host.link, lambda: dev.pin_to_side(0))
+        self.scheduler, self.device = scheduler, dev
+        self.decode, self.prefill = scheduler.executor, scheduler.executor.twin()
+        link = scheduler.link
+        self.link: KvLink = VirtualLink(link) if dev.virtual else CopyLink(link, lambda: dev.pin_to_side(0))
         self.queue: deque[_Reserved] = deque()  # slots reserved, waiting for the prefill instance
         self.batch: _Batch[S] | None = None
         self.round_index = 0  # of the prefill instance's rounds
@@ -103,20 +107,20 @@ class Disagg(Policy, Generic[S]):
         self.link.close()
 
     def step(self, stats: RoundStats) -> None:
-        h = self.host
+        s = self.scheduler
         self._enter()
-        if not h.draining:
+        if not s.draining:
             self._reserve()  # decode reserves the slots first
         self._start_prefill()
         stats.split = self.device.split
-        if h.running:
-            h.decode(stats, whole=False)
+        if s.running:
+            s.decode(stats, whole=False)
         else:
             self._wait()
-        self._collect(stats, block=not h.running and not self.link.queue)  # its work goes in the prefill round
+        self._collect(stats, block=not s.running and not self.link.queue)  # its work goes in the prefill round
         for t in self._arrived(stats):  # KV in the decode pool: the request joins decode
-            h.join_decode([t.req], [t.first_token], stats, at=t.end)
-        stats.instance, stats.disagg = "decode", self.state(len(h.waiting))
+            s.join_decode([t.req], [t.first_token], stats, at=t.end)
+        stats.instance, stats.disagg = "decode", self.state(len(s.waiting))
 
     def _enter(self) -> None:
         """The policy starts (or goes on): two instances on the device."""
@@ -131,21 +135,21 @@ class Disagg(Policy, Generic[S]):
     def _reserve(self) -> None:
         """The decode instance reserves slots for waiting requests, FIFO, while they fit (SGLang's
         handshake: decode prepares the destination before prefill computes)."""
-        h = self.host
-        while h.waiting:
-            req = h.waiting[0]
+        s = self.scheduler
+        while s.waiting:
+            req = s.waiting[0]
             table = BlockTable()
             try:
                 self.decode.pool.admit(table, req.prompt_len, req.params.max_tokens, f"request {req.id}")
             except KVCapacityError:
                 return  # waits for decode requests to finish
             except EngineError as exc:
-                h.waiting.popleft()
-                h.waiting_tokens -= req.prompt_len
-                h.reject(req, str(exc))
+                s.waiting.popleft()
+                s.waiting_tokens -= req.prompt_len
+                s.reject(req, str(exc))
                 continue
-            h.waiting.popleft()
-            h.waiting_tokens -= req.prompt_len
+            s.waiting.popleft()
+            s.waiting_tokens -= req.prompt_len
             self.queue.append(_Reserved(req, table, self.device.now()))
 
     def _start_prefill(self) -> None:
@@ -157,7 +161,7 @@ class Disagg(Policy, Generic[S]):
         while self.queue:
             item = self.queue[0]
             n = item.req.prompt_len
-            if items and total + n > self.host.max_prefill_tokens:
+            if items and total + n > self.scheduler.max_prefill_tokens:
                 break
             try:
                 self.prefill.admit(item.req, promise=False)
@@ -166,7 +170,7 @@ class Disagg(Policy, Generic[S]):
             except EngineError as exc:  # the model cannot take it: its reservation goes back
                 self.queue.popleft()
                 self.decode.pool.release(item.table)
-                self.host.reject(item.req, str(exc))
+                self.scheduler.reject(item.req, str(exc))
                 continue
             self.queue.popleft()
             item.req.status = RequestStatus.PREFILLING

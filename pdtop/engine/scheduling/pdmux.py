@@ -26,15 +26,18 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Generic
+from typing import TYPE_CHECKING, Generic
 
 from pdtop.engine.devices.base import Work
 from pdtop.engine.records import PrefillProgress
 from pdtop.engine.request import Request
 from pdtop.engine.runtime.executor import Executor, S
 from pdtop.engine.scheduling.level_rule import decode_context
-from pdtop.engine.scheduling.policy import Host, Policy, RoundStats
+from pdtop.engine.scheduling.policy import Policy, RoundStats
 from pdtop.engine.scheduling.splits import prefill_layers_per_step, slice_layers
+
+if TYPE_CHECKING:
+    from pdtop.engine.scheduling.scheduler import Scheduler
 
 Span = tuple[int, int]  # a chunk: (its first prompt token, its tokens)
 
@@ -101,8 +104,8 @@ def begin(executor: Executor[S], reqs: list[Request], num_layers: int, budget: i
 class Pdmux(Policy, Generic[S]):
     name = "pdmux"
 
-    def __init__(self, host: Host[S]) -> None:
-        self.host = host
+    def __init__(self, scheduler: Scheduler[S]) -> None:
+        self.scheduler = scheduler
         self.batch: PrefillBatch[S] | None = None
         self.chunked: Request | None = None  # a prompt prefilled chunk by chunk, from its first chunk to its last
 
@@ -117,45 +120,45 @@ class Pdmux(Policy, Generic[S]):
         return False
 
     def progress(self) -> list[PrefillProgress]:
-        h = self.host
+        s = self.scheduler
         if self.batch is not None:
-            return [self.batch.progress(h.num_layers)]
+            return [self.batch.progress(s.num_layers)]
         if self.chunked is not None:
-            return [between_chunks(self.chunked, h.num_layers, h.config.chunked_prefill_size, h.config.token_budget)]
+            return [between_chunks(self.chunked, s.num_layers, s.config.chunked_prefill_size, s.config.token_budget)]
         return []
 
     def step(self, stats: RoundStats) -> None:
-        h, dev, layers = self.host, self.host.device, self.host.num_layers
+        s, dev, layers = self.scheduler, self.scheduler.device, self.scheduler.num_layers
         t0 = dev.now()
         self._collect(stats)  # a real device's chunk may have finished between rounds
-        size = h.config.chunked_prefill_size
-        if self.batch is None and (self.chunked is not None or (h.waiting and not h.draining)):
+        size = s.config.chunked_prefill_size
+        if self.batch is None and (self.chunked is not None or (s.waiting and not s.draining)):
             # a chunked prompt's next chunk first (SGLang: its chunked request), else new prompts
-            reqs = [self.chunked] if self.chunked is not None else h.admit(
-                min(h.max_prefill_tokens, size or h.max_prefill_tokens))
+            reqs = [self.chunked] if self.chunked is not None else s.admit(
+                min(s.max_prefill_tokens, size or s.max_prefill_tokens))
             if reqs:
-                self.batch = begin(h.executor, reqs, layers, h.config.token_budget, size)
+                self.batch = begin(s.executor, reqs, layers, s.config.token_budget, size)
                 self.chunked = reqs[0] if self.batch.span is not None else None
         if not dev.prefill_busy():
-            h.set_level(h.pinned if h.pinned is not None else h.levels.choose(
-                h.table, len(h.running), self.batch is not None, h.config, decode_context(h.running)))
+            s.set_level(s.pinned if s.pinned is not None else s.levels.choose(
+                s.table, len(s.running), self.batch is not None, s.config, decode_context(s.running)))
         pf = self.batch
         # A slice every round while the device takes more (SGLang launches one per loop iteration;
         # CUDA queues up to two, so the prefill SMs never wait for the next round to get work).
         if pf is not None and pf.submitted_end < layers and (
                 not dev.prefill_busy() or len(pf.in_flight) < dev.max_prefill_in_flight):
-            k = next_slice(pf, layers, h.config.max_split_forward_layers, bool(h.running),
+            k = next_slice(pf, layers, s.config.max_split_forward_layers, bool(s.running),
                            whole_alone=dev.kind != "cpu")  # SGLang's; the SLO rule may take more
-            pf.layers_per_round = h.levels.slice_layers(k, pf.submitted_end, layers, h.config)
+            pf.layers_per_round = s.levels.slice_layers(k, pf.submitted_end, layers, s.config)
             end = min(layers, pf.submitted_end + pf.layers_per_round)
-            work = h.executor.prefill_work(pf.state, pf.reqs, pf.submitted_end, end, pf.span)
+            work = s.executor.prefill_work(pf.state, pf.reqs, pf.submitted_end, end, pf.span)
             dev.submit_prefill(work)
             pf.submitted_end = end
             pf.in_flight.append((end, work))
         stats.split = split = dev.split
-        if h.running:
-            h.decode(stats, whole=False)
-        self._collect(stats, block=not h.running)
+        if s.running:
+            s.decode(stats, whole=False)
+        self._collect(stats, block=not s.running)
         self._charge(stats)
         self._pace(split[0], dev.now() - t0)
 
@@ -166,42 +169,42 @@ class Pdmux(Policy, Generic[S]):
         pf = self.batch
         if pf is None or len(pf.in_flight) != 1:
             return
-        done = self.host.device.prefill_progress()
+        done = self.scheduler.device.prefill_progress()
         stats.charge(pf.in_flight[0][1], done - pf.charged)
         pf.charged = done
 
     def _collect(self, stats: RoundStats, block: bool = False) -> None:
         """Take finished prefill slices; `block` waits for them (a round with nothing to decode)."""
-        h, pf = self.host, self.batch
+        s, pf = self.scheduler, self.batch
         if pf is None:
             return
-        for _ in range(h.device.collect_prefill(len(pf.in_flight), block) if pf.in_flight else 0):
+        for _ in range(s.device.collect_prefill(len(pf.in_flight), block) if pf.in_flight else 0):
             pf.layers_done, work = pf.in_flight.popleft()
             stats.charge(work, 1.0 - pf.charged)
             pf.charged = 0.0
-        if pf.layers_done == h.num_layers:
+        if pf.layers_done == s.num_layers:
             self.batch = None
-            tokens = h.executor.prefill_finish(pf.state)
+            tokens = s.executor.prefill_finish(pf.state)
             if tokens:
                 self.chunked = None
-                h.join_decode(pf.reqs, tokens, stats)
-            elif (reason := h.ending.pop(pf.reqs[0].id, None)) is not None:  # aborted during a chunk
+                s.join_decode(pf.reqs, tokens, stats)
+            elif (reason := s.ending.pop(pf.reqs[0].id, None)) is not None:  # aborted during a chunk
                 self.chunked = None
-                stats.requests.append(h.end(pf.reqs[0], reason, h.device.now()))
-        elif not pf.in_flight and all(r.id in h.ending for r in pf.reqs):  # all its clients left:
-            self.batch, self.chunked, now = None, None, h.device.now()  # no more of it runs, KV freed
-            h.executor.prefill_drop(pf.state)
-            stats.requests += [h.end(r, h.ending.pop(r.id), now) for r in pf.reqs]
+                stats.requests.append(s.end(pf.reqs[0], reason, s.device.now()))
+        elif not pf.in_flight and all(r.id in s.ending for r in pf.reqs):  # all its clients left:
+            self.batch, self.chunked, now = None, None, s.device.now()  # no more of it runs, KV freed
+            s.executor.prefill_drop(pf.state)
+            stats.requests += [s.end(r, s.ending.pop(r.id), now) for r in pf.reqs]
 
     def _pace(self, units: int, round_s: float) -> None:
         """Under level_rule slo, the in-flight prefill's pace (`level_rule.PrefillPace`): this round's
         prefill unit-seconds and the layers its piece (the batch, or the chunk) has done."""
-        h, pf, req = self.host, self.batch, self.chunked
-        if h.config.level_rule != "slo" or not units:
+        s, pf, req = self.scheduler, self.batch, self.chunked
+        if s.config.level_rule != "slo" or not units:
             return
         if pf is not None:
             ids = tuple(r.id for r in pf.reqs)
             key = (ids, None, pf.tokens) if pf.span is None else (ids, pf.span[0], pf.reqs[0].prompt_len)
-            h.levels.pace.add(key, round_s * units, pf.layers_done)
+            s.levels.pace.add(key, round_s * units, pf.layers_done)
         elif req is not None:  # between chunks: the next chunk's, none of its layers done
-            h.levels.pace.add(((req.id,), req.num_cached, req.prompt_len), round_s * units, 0)
+            s.levels.pace.add(((req.id,), req.num_cached, req.prompt_len), round_s * units, 0)
