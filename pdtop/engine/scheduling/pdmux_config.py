@@ -5,7 +5,7 @@ SGLang's fields, in its order: `sm_group_num`, `manual_divisions` (a list of
 `max_split_forward_layers`, `decode_bs_divisor`, `overlap_decode_full_sm`; the latest release
 (`SGLANG_RELEASE`, 0.5.23) reads four of them (`RELEASE_KEYS`), newer SGLang (`SGLANG_MAIN`) all six.
 pdtop adds `chunk_size` for its chunked-prefill policy, `chunked_prefill_size`, SGLang's server flag
-`--chunked-prefill-size` (which pdmux follows in newer SGLang: `pdmux_prefill.py`), and
+`--chunked-prefill-size` (which pdmux follows in newer SGLang: `pdmux.py`), and
 `level_rule` (`sglang`, or `slo`: the fewest decode units that meet `slo_itl_ms`,
 `level_rule.py`). Every value passes `validate`, whether it comes from a file, the constructor,
 or a live override through `PdmuxConfig.replace`, and the fields together pass `_check_together`.
