@@ -9,10 +9,14 @@ one frame per event. Each client has its own writer task, so a client that stops
 reading only loses its own oldest events (reported with `dropped`).
 
 Hostile clients: handshakes from a browser page (an `Origin` not allowed) are refused
-(HTTP 403), connections beyond `max_clients` too (HTTP 503). A connection's replies are
-sent before its next message is read, so a client that floods without reading only
-stalls itself; control messages are rate-limited per connection, and problems a flood
-repeats are logged once with a count (`QuietLog`).
+(HTTP 403), connections beyond `max_clients` too (HTTP 503). With a token, the last eighth
+of the slots (`reserved`) is kept for connections that give it: watchers without it cannot
+lock the operator out. Wrong tokens are counted per address across connections, and past a
+few each makes the address wait longer (`TokenGate`). A connection's replies go out in the
+order of its messages, each engine command's once the engine has applied or refused it
+(`control_channel.Waiting`); at most `REPLIES_QUEUED` wait to be sent, then its next message
+is not read, so a client that floods without reading only stalls itself. Control messages are
+rate-limited per connection, and problems a flood repeats are logged once with a count (`QuietLog`).
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ import ipaddress
 import itertools
 import logging
 import time
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,19 +43,23 @@ from pdtop.telemetry.encode import encode, reply_event, wire
 from pdtop.telemetry.events import Dropped, ErrorNotice, Event, Hello
 from pdtop.telemetry.recording.record_dir import open_new_in, recordings_dir
 from pdtop.telemetry.recording.recorder import Recorder, RecordingError
-from pdtop.telemetry.server.auth import TokenGate
 from pdtop.telemetry.server.client_queue import ClientQueue, QueueOverflow
 from pdtop.telemetry.server.clients import Client, fan_out
 from pdtop.telemetry.server.config_merge import merge_configs
-from pdtop.telemetry.server.control_channel import handle_control
+from pdtop.telemetry.server.control_channel import Waiting, handle_control
 from pdtop.telemetry.server.frames import WIRE_MAX_SIZE
 from pdtop.telemetry.server.inbox import Inbox
+from pdtop.token_gate import NO_TOKEN, GuessBudget, Refusal, TokenGate
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
+    from pdtop.engine.control import Change
     from pdtop.engine.engine import Engine
     from pdtop.engine.scheduling.commands import EngineCommand
 
 log = logging.getLogger("pdtop.telemetry.server.server")
+REPLIES_QUEUED = 64  # replies of one connection waiting to be sent before its next message is read
 
 
 def is_loopback(host: str) -> bool:
@@ -69,25 +78,30 @@ class TelemetryServer:
 
     `allow_origins`: browser origins allowed to connect (none by default: the dashboard and
     other programs send no `Origin`). `record_dir`: where a client's `RecordStart` may create files
-    (default the working directory). `max_clients`: connections served at once."""
+    (default the working directory). `max_clients`: connections served at once. `guesses`: where
+    wrong tokens are counted (`pdtop serve` shares one with its API)."""
 
     def __init__(self, engine: Engine, host: str = "127.0.0.1", port: int = 8765, *, token: str | None = None,
                  queue_size: int = 1024, tick: float = 0.05, max_event_rate: float = 1000.0,
                  record_path: str | None = None, allow_origins: Sequence[str] = (),
-                 record_dir: str | Path | None = None, max_clients: int = 64) -> None:
+                 record_dir: str | Path | None = None, max_clients: int = 64,
+                 guesses: GuessBudget | None = None) -> None:
         if not is_loopback(host) and not token:
             raise ValueError(f"binding {host} (not a loopback address) needs --token")
         if max_clients < 1:
             raise ValueError(f"max_clients must be at least 1, got {max_clients}")
         self.engine = engine
         self.host, self.port = host, port
-        self.gate = TokenGate(token)  # raises on an empty token
+        self.gate = TokenGate(token, guesses)  # raises on an empty token
         self.queue_size = queue_size
         self.tick = tick
         self.max_event_rate = max_event_rate
         self.allow_origins = tuple(allow_origins)
         self.record_dir = recordings_dir(record_dir)
         self.max_clients = max_clients
+        # slots only a connection with the token may take (none without a token: everyone may control)
+        self.reserved = min(max_clients - 1, max(1, max_clients // 8)) if token else 0
+        self._refusals: weakref.WeakKeyDictionary[ServerConnection, Refusal | None] = weakref.WeakKeyDictionary()
         self.clients: dict[str, Client] = {}
         self.recorder: Recorder | None = None
         self.events_published = 0  # events fanned out
@@ -107,9 +121,9 @@ class TelemetryServer:
         self._loop_handler: Any = None  # the event loop's exception handler before ours
         self._hooked = False  # the inbox's sink is registered with the engine
 
-    def control(self, command: EngineCommand, client: str) -> None:
-        """A client's engine command, checked and queued by the engine (ControlError: refused)."""
-        self.engine.control(command, client=client)
+    def control(self, command: EngineCommand, client: str) -> Future[Change]:
+        """A client's engine command, queued for the engine's next round boundary."""
+        return self.engine.control(command, client=client)
 
     def publish(self, event: Event) -> None:
         """Queue a ready-made event (the hardware sampler's); thread-safe, never blocks."""
@@ -268,9 +282,6 @@ class TelemetryServer:
             self._record(item.text)
             if item.lane == "config":
                 configs.append(item.text)
-            elif item.lane == "notice":
-                for client in clients:
-                    self._send_priority(client, item.text)
         if configs:  # a config event is never dropped: every client must see it; one a tick is enough
             merged = merge_configs(configs)
             for client in clients:
@@ -297,48 +308,78 @@ class TelemetryServer:
         return Hello(client_id=client_id, readonly=readonly, engine=self.engine.describe(), api=self.api_url)
 
     def _admit(self, ws: ServerConnection, request: Request) -> Response | None:
-        """Before the handshake completes: refuse a connection over `max_clients` (HTTP 503)."""
+        """Before the handshake completes: check the URL's token, and refuse a connection over `max_clients`,
+        or a read-only one over `max_clients - reserved` (HTTP 503)."""
         if len(self.clients) >= self.max_clients:
             self.quiet.warning("max clients", "refusing a connection: %d clients already", len(self.clients))
             return ws.respond(http.HTTPStatus.SERVICE_UNAVAILABLE, "too many clients\n")
+        refusal = self.gate.check(_query(request.path).get("token"), _host(ws))
+        if refusal is not None and self._watchers() >= self.max_clients - self.reserved:
+            self.quiet.warning("max watchers", "refusing a read-only connection: the last %d slots are kept for "
+                               "clients with the token", self.reserved)
+            return ws.respond(http.HTTPStatus.SERVICE_UNAVAILABLE, f"too many clients without the token (the last "
+                                                                   f"{self.reserved} slots need it)\n")
+        self._refusals[ws] = refusal
         return None
 
+    def _watchers(self) -> int:
+        """Connections that may not control."""
+        return sum(not c.authorized for c in self.clients.values())
+
     async def _handle(self, ws: ServerConnection) -> None:
-        if len(self.clients) >= self.max_clients:  # several handshakes passed `_admit` at once
+        refusal = self._refusals.pop(ws, NO_TOKEN if self.gate.token else None)
+        if len(self.clients) >= self.max_clients or (  # several handshakes passed `_admit` at once
+                refusal is not None and self._watchers() >= self.max_clients - self.reserved):
             await ws.close(1013, "too many clients")
             return
         client_id = f"c{next(self._ids)}"
-        query = _query(ws)
-        given = query.get("token")
-        authorized = self.gate.admits(given)
+        query = _query(ws.request.path if ws.request is not None else "")
+        authorized = refusal is None
         client = Client(client_id, ws, ClientQueue(self.queue_size), authorized,
-                        batch=query.get("batch") in ("1", "true", "yes"))
+                        batch=query.get("batch") in ("1", "true", "yes"), host=_host(ws))
         writer: asyncio.Task[None] | None = None
+        replier: asyncio.Task[None] | None = None
         try:
             await ws.send(encode(self._hello(client_id, not authorized)))  # before any other frame
-            if given is not None and not authorized:
-                await ws.send(encode(ErrorNotice("token", "wrong token; this connection is read-only")))
+            if refusal is not None and refusal is not NO_TOKEN:
+                await ws.send(encode(ErrorNotice("token", f"{refusal.reason}; this connection is read-only")))
             self.clients[client_id] = client
             self._listen(True)
             self._inbox.refill(max(0, int(self._budget)))
             client.shed_base = self._inbox.shed_total
             writer = asyncio.create_task(self._write(client), name=f"pdtop-writer-{client_id}")
+            replies: asyncio.Queue[dict[str, Any] | Waiting] = asyncio.Queue(REPLIES_QUEUED)
+            replier = asyncio.create_task(self._reply(client, replies), name=f"pdtop-replies-{client_id}")
             async for message in ws:
                 if client.closing:
                     break
                 try:
-                    reply = handle_control(self, client, message)
+                    answer = handle_control(self, client, message)
                 except Exception as exc:  # no input may crash the server
                     self.quiet.warning("control", "control message from %s", client_id, exc_info=True)
-                    reply = reply_event(None, False, None, f"internal error: {type(exc).__name__}")
-                # sent before the next message is read: a client that does not read its replies stalls itself
-                await ws.send(encode(reply))
+                    answer = reply_event(None, False, None, f"internal error: {type(exc).__name__}")
+                await replies.put(answer)  # full: the next message waits (a client not reading stalls itself)
         except ConnectionClosed:
             pass
         finally:
             self.clients.pop(client_id, None)
-            if writer is not None:
-                writer.cancel()
+            for task in (writer, replier):
+                if task is not None:
+                    task.cancel()
+
+    async def _reply(self, client: Client, replies: asyncio.Queue[dict[str, Any] | Waiting]) -> None:
+        """Each reply in the order of the messages, an engine command's once the engine has given its outcome."""
+        try:
+            while True:
+                answer = await replies.get()
+                await client.ws.send(encode(await answer.reply() if isinstance(answer, Waiting) else answer))
+        except ConnectionClosed:
+            pass
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            self.quiet.warning("replies", "replies to %s", client.id, exc_info=True)
+            await client.ws.close(1011, "server error")
 
     async def _write(self, client: Client) -> None:
         q, ws = client.queue, client.ws
@@ -364,10 +405,16 @@ class TelemetryServer:
             await ws.close(1011, "server error")
 
 
-def _query(ws: ServerConnection) -> dict[str, str]:
-    if ws.request is None:
-        return {}
+def _query(path: str) -> dict[str, str]:
     try:
-        return {k: v[0] for k, v in parse_qs(urlsplit(ws.request.path).query).items()}
+        return {k: v[0] for k, v in parse_qs(urlsplit(path).query).items()}
     except Exception:
         return {}
+
+
+def _host(ws: ServerConnection) -> str:
+    """The peer's address ("" if the socket is gone)."""
+    try:
+        return str(ws.remote_address[0])
+    except Exception:
+        return ""
