@@ -79,6 +79,14 @@ class EngineMetrics:
                              m, buckets=ITL_BUCKETS, registry=r).labels(model)
         self.e2e = Histogram("pdtop:e2e_request_latency_seconds", "Arrival to last token of a finished request",
                              m, buckets=E2E_BUCKETS, registry=r).labels(model)
+        # TPOT: older vLLM's name for each token's gap (which its dashboards and autoscaler triggers read), and
+        # vLLM 0.33's per-request mean gap after the first token
+        self.tpot = Histogram("pdtop:time_per_output_token_seconds", "Time per output token: each gap between "
+                              "consecutive tokens of a request (older vLLM's name for the ITL)", m,
+                              buckets=ITL_BUCKETS, registry=r).labels(model)
+        self.request_tpot = Histogram("pdtop:request_time_per_output_token_seconds", "Each finished request's "
+                                      "mean time per output token after its first", m, buckets=ITL_BUCKETS,
+                                      registry=r).labels(model)
         self.running = gauge("num_requests_running", "Requests prefilling or decoding")
         self.waiting = gauge("num_requests_waiting", "Requests waiting for prefill")
         self.kv_usage = gauge("kv_cache_usage_perc", "KV-cache usage: 1 means 100 percent")
@@ -126,6 +134,9 @@ class EngineMetrics:
                 self.success.labels(self._model, SUCCESS_REASONS[rec.finish_reason]).inc()
                 for gap in rec.itls_s:
                     self.itl.observe(gap)
+                    self.tpot.observe(gap)
+                if rec.itls_s:
+                    self.request_tpot.observe(sum(rec.itls_s) / len(rec.itls_s))
                 if rec.ttft_s is not None:
                     self.e2e.observe(rec.ttft_s + sum(rec.itls_s))
         elif isinstance(rec, ConfigChange):

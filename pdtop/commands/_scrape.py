@@ -11,8 +11,8 @@ if TYPE_CHECKING:
     from pdtop.telemetry.sources.sglang_split import SglangSplit
 
 
-def is_http(url: str) -> bool:
-    return url.startswith(("http://", "https://"))
+def is_http(url: str | None) -> bool:
+    return url is not None and url.startswith(("http://", "https://"))
 
 
 def add_scrape_arguments(parser: argparse.ArgumentParser, interval: bool = True) -> None:
@@ -24,9 +24,11 @@ def add_scrape_arguments(parser: argparse.ArgumentParser, interval: bool = True)
                         help="http:// URLs: the model to show when the server serves several (its `model_name` "
                              "label; default: the first on the page)")
     parser.add_argument("--sglang-log", metavar="FILE|-",
-                        help="http:// URLs: follow an SGLang pdmux server's log for its split (its start-up line and, "
-                             "with SGLang's --log-level debug, each 'Adjusting stream groups' line); - reads standard "
-                             "input, as in `python -m sglang.launch_server ... 2>&1 | pdtop attach URL --sglang-log -`")
+                        help="follow an SGLang server's log: its Decode/Prefill batch lines give running, waiting, "
+                             "KV use and throughput where /metrics lacks them (SGLang without --enable-metrics: give "
+                             "no URL, or its URL), and a pdmux server's start-up and 'Adjusting stream groups' lines "
+                             "(with --log-level debug) its split; - reads standard input, as in `python -m "
+                             "sglang.launch_server ... 2>&1 | pdtop attach URL --sglang-log -`")
     parser.add_argument("--pdmux-config", metavar="FILE",
                         help="http:// URLs: the SGLang server's --pdmux-config-path YAML: its levels without a log, "
                              "and the level SGLang would pick for the scraped batch, shown as inferred")
@@ -36,8 +38,9 @@ def add_scrape_arguments(parser: argparse.ArgumentParser, interval: bool = True)
 
 
 def check_scrape_arguments(args: argparse.Namespace) -> str | None:
-    """None if the scrape options can be used with this URL, else why not; sets the default interval."""
-    if not is_http(args.url):
+    """None if the scrape options can be used with this URL (or with no URL and an SGLang log), else why
+    not; sets the default interval."""
+    if args.url is not None and not is_http(args.url):
         for flag in ("model_name", "sglang_log", "pdmux_config", "gpu"):
             if getattr(args, flag, None) is not None:
                 return f"--{flag.replace('_', '-')} is for http:// URLs (a /metrics page)"
@@ -113,7 +116,11 @@ def fleet_servers(args: argparse.Namespace) -> list[tuple[str, str | None]] | No
         if len(p) > 2 or (len(p) == 2 and not p[1].isdigit()):
             raise ValueError(f"--prefill takes URL [BOOTSTRAP_PORT], got {' '.join(p)!r}")
     if not urls and not prefill and not decode:
-        raise ValueError("give a URL: ws://HOST:PORT (pdtop serve) or http://HOST:PORT (a /metrics page)")
+        if getattr(args, "sglang_log", None) is not None:  # SGLang's log alone
+            args.url = None
+            return None
+        raise ValueError("give a URL: ws://HOST:PORT (pdtop serve) or http://HOST:PORT (a /metrics page), or "
+                         "--sglang-log FILE (an SGLang server's log alone)")
     if len(urls) == 1 and not prefill and not decode:
         args.url = urls[0]
         return None
@@ -139,6 +146,8 @@ def make_fleet(args: argparse.Namespace, servers: list[tuple[str, str | None]] |
     interval = args.interval if args.interval is not None else 1.0
     if servers is not None:
         return FleetSource(servers, token=args.token, interval=interval)
+    if args.url is None:
+        return None
     from urllib.parse import urlsplit
 
     parts = urlsplit(args.url)

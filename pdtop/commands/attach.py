@@ -12,10 +12,12 @@ waiting requests, KV use, TTFT / ITL / E2E percentiles over the last 30 s and to
 panels; what the server does not publish says "not exposed by this engine". Nothing can be steered
 through /metrics: the dashboard is read-only. --token is sent as `Authorization: Bearer TOKEN`.
 
-With --sglang-log FILE (or - for standard input) an SGLang pdmux server's log is followed for its
-split: the start-up line gives the levels, each 'Adjusting stream groups' line (SGLang's
---log-level debug) the level in force. --pdmux-config FILE (the server's YAML; with --gpu when there
-is no log) gives the levels, and the level SGLang would pick for the scraped batch, shown as inferred.
+With --sglang-log FILE (or - for standard input) an SGLang server's log is followed: its Decode/Prefill
+batch lines give running and waiting requests, KV use and throughput where /metrics lacks them (SGLang
+without --enable-metrics: the log alone, with no URL or with the server's), and a pdmux server's
+start-up line gives the levels, each 'Adjusting stream groups' line (SGLang's --log-level debug) the
+level in force. --pdmux-config FILE (the server's YAML; with --gpu when there is no log) gives the
+levels, and the level SGLang would pick for the scraped batch, shown as inferred.
 
 Several http:// URLs (or --prefill URL / --decode URL, as sglang_router takes them) watch a fleet:
 one row per server with its role, figures and address, the KV-transfer panel and the prefill:decode
@@ -29,6 +31,7 @@ Examples:
   pdtop attach http://gpu-box:8000
   pdtop attach http://gpu-box:30000 --model-name meta-llama/Llama-3.1-8B-Instruct --interval 2
   pdtop attach http://gpu-box:30000 --sglang-log sglang.log
+  pdtop attach --sglang-log sglang.log                        # SGLang without --enable-metrics
   python -m sglang.launch_server ... 2>&1 | pdtop attach http://127.0.0.1:30000 --sglang-log -
   pdtop attach http://gpu-box:30000 --pdmux-config pdmux.yaml --gpu H100
   pdtop attach --prefill http://p1:30000 8998 --decode http://d1:30001 --decode http://d2:30001
@@ -86,10 +89,10 @@ def make_source(args: argparse.Namespace, log_fd: int | None = None) -> Source:
     if fleet is not None:
         args.interval = DEFAULT_INTERVAL_S
         return fleet
-    if not is_http(args.url) and not args.url.startswith(("ws://", "wss://")):
+    if args.url is not None and not is_http(args.url) and not args.url.startswith(("ws://", "wss://")):
         raise ValueError(f"not a ws:// or http:// URL: {args.url!r} (ws://HOST:PORT for pdtop serve, "
                          "http://HOST:PORT for a /metrics page)")
-    if is_http(args.url):
+    if args.url is None or is_http(args.url):
         source: Source = PrometheusSource(args.url, token=args.token, interval=args.interval,
                                           model_name=args.model_name, split=make_split(args, log_fd))
         args.interval = DEFAULT_INTERVAL_S
@@ -102,8 +105,8 @@ def run(args: argparse.Namespace) -> int:
     from pdtop.ui.launch import run_dashboard
 
     try:
-        piped = getattr(args, "sglang_log", None) == "-" and not args.more_urls and args.url
-        log_fd = _take_piped_log() if piped and is_http(args.url) else None
+        piped = getattr(args, "sglang_log", None) == "-" and not args.more_urls
+        log_fd = _take_piped_log() if piped and (args.url is None or is_http(args.url)) else None
         source = make_source(args, log_fd)
     except ValueError as exc:
         return fail("attach", exc)

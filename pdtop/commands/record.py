@@ -19,6 +19,7 @@ Examples:
   pdtop record ws://gpu-box:8765 -o run.ndjson --duration 60
   pdtop record http://gpu-box:8000 -o vllm.ndjson.gz --model-name meta-llama/Llama-3.1-8B-Instruct
   pdtop record --prefill http://p1:30000 --decode http://d1:30001 -o pd.ndjson.gz --duration 600
+  pdtop record --sglang-log sglang.log -o sglang.ndjson       # SGLang without --enable-metrics: its log
 """
 from __future__ import annotations
 
@@ -54,9 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_scrape_arguments(parser)
 
 
-def redacted(text: str, url: str) -> str:
+def redacted(text: str, url: str | None) -> str:
     """`text` with the value of `url`'s `token=` query parameter replaced by `***`."""
-    for token in parse_qs(urlsplit(url).query).get("token", []):
+    for token in parse_qs(urlsplit(url or "").query).get("token", []):
         if token:
             text = text.replace(quote(token, safe=""), "***").replace(token, "***")
     return text
@@ -67,12 +68,12 @@ def run(args: argparse.Namespace) -> int:
         servers = fleet_servers(args)
     except ValueError as exc:
         return fail("record", exc)
-    if not args.url.startswith(("ws://", "wss://")) and not is_http(args.url):
+    if args.url is not None and not args.url.startswith(("ws://", "wss://")) and not is_http(args.url):
         return fail("record", redacted(f"not a ws:// or http:// URL: {args.url!r}", args.url))
     if args.duration is not None and not args.duration > 0:
         return fail("record", f"--duration must be positive, got {args.duration:g}")
     problem = check_scrape_arguments(args)
-    if not is_http(args.url) and args.interval is not None:
+    if args.url is not None and not is_http(args.url) and args.interval is not None:
         problem = "--interval is for http:// URLs (a /metrics page)"
     if problem:
         return fail("record", problem)
@@ -91,7 +92,7 @@ async def _record(args: argparse.Namespace, fleet: FleetSource | None = None) ->
     source: LiveSource | PrometheusSource | FleetSource
     if fleet is not None:
         source, shown = fleet, fleet.url
-    elif is_http(args.url):
+    elif args.url is None or is_http(args.url):
         try:
             source = PrometheusSource(args.url, token=args.token, interval=args.interval, model_name=args.model_name,
                                       split=make_split(args))

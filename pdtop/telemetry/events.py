@@ -145,13 +145,16 @@ class Seek:
 @dataclass
 class Quantiles:
     """A latency histogram over the window, as Prometheus's `histogram_quantile` reads the increase of its
-    buckets. The percentiles are null when nothing was observed in the window."""
+    buckets. The percentiles are null when nothing was observed in the window, and, with `note` saying
+    why, when the histogram cannot be read (no `+Inf` bucket and no `_count`: an excerpt, a broken
+    exporter)."""
 
-    count: float | str  # observations in the window
+    count: float | str | None  # observations in the window; null when the page does not tell
     p50_s: float | str | None
     p90_s: float | str | None
     p99_s: float | str | None
     first_bound_s: float | None = None  # the lowest bucket's bound: a percentile at or below it is "< it"
+    note: str | None = field(default=None, metadata=IF_SET)  # why there are no percentiles
 
 
 @dataclass
@@ -181,14 +184,27 @@ class Disagg:
     prefill_inflight_queue: float | str | None = None
     decode_prealloc_queue: float | str | None = None  # requests (decode server)
     decode_transfer_queue: float | str | None = None
+    decode_host_receive_queue: float | str | None = None  # newer SGLang: KV received to host memory first
     kv_transfer_latency_ms: float | str | None = None
     kv_transfer_speed_gb_s: float | str | None = None
     kv_transfer_mb: float | str | None = None  # per transfer
+    kv_bootstrap_ms: float | str | None = None  # newer SGLang: a transfer's bootstrap, p50
+    kv_alloc_ms: float | str | None = None  # newer SGLang: waiting for decode KV slots, p50
     bootstrap_failures: float | str | None = None
     transfer_failures: float | str | None = None
     prefill_retries: float | str | None = None
-    transfer_metrics: str | None = None  # "gauge", "histogram", "nixl": which kind the transfer figures are
+    transfer_metrics: str | None = None  # "gauge", "histogram", "nixl", "mooncake": which kind the transfer figures are
     absent: frozenset[str] = field(default=frozenset(), repr=False, metadata=ABSENT)  # the page has none of these
+
+
+@dataclass
+class LogFigures:
+    """`metrics.log`: the figures of a read that SGLang's scheduler log gave (`--sglang-log`), where the
+    page lacks them or there is no page (SGLang without `--enable-metrics`)."""
+
+    fields: list[str]  # the `metrics` and `metrics.disagg` fields read from the log
+    age_s: float  # seconds since the latest Decode/Prefill batch line was read
+    ranks: int  # DP ranks whose lines were summed
 
 
 @dataclass
@@ -216,6 +232,9 @@ class Metrics:
     role: str | None = None  # SGLang's `engine_type` label: "unified", "prefill" or "decode"
     disagg: Disagg | None = None
     split: ScrapedSplit | None = field(default=None, metadata=IF_SET)  # SGLang with --sglang-log / --pdmux-config
+    log: LogFigures | None = field(default=None, metadata=IF_SET)  # SGLang with --sglang-log: batch figures
+    # the histogram `itl` was read from when it is not the engine's ITL (older SGLang's and vLLM's TPOT)
+    itl_metric: str | None = field(default=None, metadata=IF_SET)
     # the figures left out of the object: those not exposed, and the ITL's p50 of the last read with the ITL
     absent: frozenset[str] = field(default=frozenset(), repr=False, metadata=ABSENT)
 
@@ -235,6 +254,8 @@ class FleetServer:
     reads: int  # good reads so far
     last_read: float | None  # Unix time of the latest good read
     metrics: Metrics | None  # the latest good read
+    dp_ranks: list[int] | None = field(default=None, metadata=IF_SET)  # a gateway's DP-aware worker: its ranks
+    via: str | None = field(default=None, metadata=IF_SET)  # the page its figures come from, when not its own
 
 
 @dataclass

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pdtop.engine.description import EngineDescription
+from pdtop.visible import visible
 
 
 @dataclass
@@ -21,7 +22,9 @@ class EngineInfo:
 
     @classmethod
     def from_engine(cls, e: EngineDescription) -> EngineInfo:
+        """The words of a server's (or a recording's) description, control characters made visible."""
         weights = (e.runtime or {}).get("weights")
-        return cls(model=e.model, device=e.device.name, device_kind=e.device.kind, unit_name=e.unit_name,
-                   units=e.units, peak_bytes_per_s=e.device.peak_bw, workload=e.workload,
-                   weights=weights if isinstance(weights, str) else "")
+        return cls(model=visible(e.model, 300), device=visible(e.device.name, 100), device_kind=e.device.kind,
+                   unit_name=visible(e.unit_name, 20), units=e.units, peak_bytes_per_s=e.device.peak_bw,
+                   workload=visible(e.workload, 300) if e.workload is not None else None,
+                   weights=visible(weights, 100) if isinstance(weights, str) else "")

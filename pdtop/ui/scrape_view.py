@@ -2,15 +2,17 @@
 `hello.scrape`, the latest `metrics` event, and the latency percentiles over time for the ITL chart.
 
 A figure the server does not expose is None here and shown as "not exposed by this engine", never as 0;
-one that was not a finite number ("NaN", "+Inf") is kept as that word.
+one that was not a finite number ("NaN", "+Inf") is kept as that word. The target's words came from the
+server (its labels) or a recording: they are kept with their control characters made visible.
 """
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pdtop.telemetry.events import Metrics, ScrapeTarget
-from pdtop.telemetry.scrape.names import ENGINE_NAMES
+from pdtop.telemetry.scrape.names import ENGINE_NAMES, FIELDS
+from pdtop.visible import visible
 
 NOT_EXPOSED = "not exposed by this engine"
 
@@ -44,6 +46,12 @@ class ScrapeView:
     scrapes: int = 0
     splits: deque[SplitPoint] = field(default_factory=lambda: deque(maxlen=4096))
 
+    def __post_init__(self) -> None:
+        t = self.target
+        self.target = replace(t, url=visible(t.url, 300), engine=visible(t.engine, 20),
+                              model_name=visible(t.model_name, 300) if t.model_name is not None else None,
+                              models=[visible(m, 300) for m in t.models])
+
     @property
     def engine_name(self) -> str:
         return ENGINE_NAMES.get(self.target.engine, self.target.engine)
@@ -76,6 +84,12 @@ class ScrapeView:
 
     def exposed(self, name: str) -> bool:
         return self.latest is not None and name not in self.latest.not_exposed
+
+    @property
+    def log_only(self) -> bool:
+        """Every figure of the latest read came from SGLang's log: there is no /metrics page."""
+        m = self.latest
+        return m is not None and m.log is not None and all(f in m.log.fields for f in FIELDS if self.exposed(f))
 
     def copy(self) -> ScrapeView:
         return ScrapeView(self.target, self.latest, deque(self.history, maxlen=self.history.maxlen), self.scrapes,

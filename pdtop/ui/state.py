@@ -155,9 +155,10 @@ class DashboardState:
             target = hello.scrape
             assert target is not None  # decode_event refuses a hello with neither
             prev, self.scrape = self.scrape, ScrapeView(target)
-            if prev is not None and (prev.target.engine, prev.target.model_name) == (target.engine, target.model_name):
+            shown = self.scrape.target  # its words made visible
+            if prev is not None and (prev.target.engine, prev.target.model_name) == (shown.engine, shown.model_name):
                 self.scrape.history = prev.history  # the same server back: its chart goes on
-            self.info = EngineInfo(model=target.model_name or "?", device=self.scrape.engine_name)
+            self.info = EngineInfo(model=shown.model_name or "?", device=self.scrape.engine_name)
             self.config, self.policy = None, "?"
             self.reset_series()
             self._set_counts(0, 0, 0, 0, "connect")

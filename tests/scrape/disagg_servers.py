@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Gauge, Histogram, generate_latest
 
 from .servers import LLAMA, PageServer, SglangMetrics, VllmMetrics
 
@@ -65,36 +66,66 @@ class VllmNixlMetrics(VllmMetrics):
                               registry=r).labels(LLAMA, "0")
 
 
+class VllmMooncakeMetrics(VllmMetrics):
+    """A vLLM server with the Mooncake KV connector's metrics (vLLM 0.33's `mooncake/stats.py`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        r, labels = self.registry, ["model_name", "engine"]
+        self.xfer_time = Histogram("vllm:mooncake_xfer_time_seconds", "Transfer duration", labels, registry=r,
+                                   buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5)).labels(LLAMA, "0")
+        self.bytes = Histogram("vllm:mooncake_bytes_transferred", "Bytes per transfer", labels, registry=r,
+                               buckets=(2**20, 2**24, 2**26, 2**28, 2**30, 2**34)).labels(LLAMA, "0")
+        self.failed = Counter("vllm:mooncake_num_failed_transfers", "Failed transfers", labels,
+                              registry=r).labels(LLAMA, "0")
+
+
 def serve(metrics: Any) -> Any:
     metrics.server = PageServer(metrics.registry)
     return metrics
 
 
 class GatewayServer:
-    """An SGLang Model Gateway's worker listing (`GET /workers`, its WorkerListResponse) on loopback."""
+    """An SGLang Model Gateway on loopback: `GET /workers` (its WorkerListResponse; a DP-aware worker listed
+    once per rank as `URL@rank`, a gRPC one as `grpc://...`) and `GET /engine_metrics`, each worker's page as
+    sgl-model-gateway's `metrics_aggregator.rs` writes it: every `:` of the page made `_`, and a
+    `worker_addr` label with the worker's URL. `requests` keeps each request's path and headers;
+    `listing` replaces the listing's bytes; `drip_s` sends the listing a byte at a time."""
 
-    def __init__(self, workers: list[tuple[str, str]]) -> None:
+    def __init__(self, workers: list[tuple[str, str]], engine_pages: dict[str, Any] | None = None) -> None:
         self.workers = workers  # (url, worker_type)
+        self.engine_pages = engine_pages or {}  # worker_addr -> registry
+        self.listing: bytes | None = None
+        self.drip_s = 0.0
+        self.requests: list[tuple[str, dict[str, str]]] = []
         gateway = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
-                if self.path != "/workers":
+                gateway.requests.append((self.path, dict(self.headers)))
+                if self.path == "/workers":
+                    body = gateway.listing if gateway.listing is not None else gateway.listing_body()
+                elif self.path == "/engine_metrics" and gateway.engine_pages:
+                    body = gateway.engine_metrics()
+                else:
                     self.send_response(404)
+                    self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
-                listed = [{"id": f"w{i}", "url": url, "model_id": LLAMA, "priority": 50, "cost": 1.0,
-                           "worker_type": kind, "is_healthy": True, "load": 0, "connection_mode": "http"}
-                          for i, (url, kind) in enumerate(gateway.workers)]
-                by_type = {k: sum(kind == k for _, kind in gateway.workers) for k in ("regular", "prefill", "decode")}
-                body = json.dumps({"workers": listed, "total": len(listed),
-                                   "stats": {"total_workers": len(listed), "healthy_workers": len(listed),
-                                             "total_models": 1, "total_load": 0, "by_type": by_type}}).encode()
                 self.send_response(200)
-                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Type", "application/json" if self.path == "/workers" else "text/plain")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(body)
+                try:
+                    if gateway.drip_s:
+                        for i in range(len(body)):
+                            self.wfile.write(body[i:i + 1])
+                            self.wfile.flush()
+                            time.sleep(gateway.drip_s)
+                    else:
+                        self.wfile.write(body)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -103,6 +134,31 @@ class GatewayServer:
         self.httpd.daemon_threads = True
         self._thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
         self._thread.start()
+
+    def listing_body(self) -> bytes:
+        listed = [{"id": f"w{i}", "url": url, "model_id": LLAMA, "priority": 50, "cost": 1.0,
+                   "worker_type": kind, "is_healthy": True, "load": 0,
+                   "connection_mode": "grpc" if url.startswith("grpc://") else "http"}
+                  for i, (url, kind) in enumerate(self.workers)]
+        by_type = {k: sum(kind == k for _, kind in self.workers) for k in ("regular", "prefill", "decode")}
+        return json.dumps({"workers": listed, "total": len(listed),
+                           "stats": {"total_workers": len(listed), "healthy_workers": len(listed),
+                                     "total_models": 1, "total_load": 0, "by_type": by_type}}).encode()
+
+    def engine_metrics(self) -> bytes:
+        lines = []
+        for addr, registry in self.engine_pages.items():
+            for line in generate_latest(registry).decode().replace(":", "_").splitlines():
+                if line.startswith("#") or not line:
+                    continue
+                name, brace, rest = line.partition("{")
+                if brace:
+                    label = ',worker_addr="' + addr + '"}'
+                    lines.append(name + "{" + rest.replace("}", label, 1))
+                else:
+                    name, _, value = line.partition(" ")
+                    lines.append(f'{name}{{worker_addr="{addr}"}} {value}')
+        return ("\n".join(lines) + "\n").encode()
 
     @property
     def url(self) -> str:

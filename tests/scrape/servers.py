@@ -4,6 +4,7 @@ names, labels and buckets of vLLM (`vllm/v1/metrics/loggers.py`) and SGLang
 projects' metrics documentation. A test sets values through the metric objects, as the engines do."""
 from __future__ import annotations
 
+import socketserver
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -178,3 +179,51 @@ class PageServer:
         self.httpd.shutdown()
         self.httpd.server_close()
         self._thread.join(5)
+
+
+class RawServer:
+    """A loopback TCP server that answers each connection's GET /metrics with raw bytes: the next of
+    `answers`, then `good` for ever (each on a connection of its own, closed after it); other paths get 404.
+    For answers no HTTP library would write: broken framing, escapes in a status line or a header."""
+
+    def __init__(self, answers: list[bytes], good: bytes) -> None:
+        self.answers, self.good, self.served = list(answers), good, 0
+        server = self
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    chunk = self.request.recv(4096)
+                    if not chunk:
+                        return
+                    data += chunk
+                if not data.startswith(b"GET /metrics "):
+                    self.request.sendall(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                    return
+                answer = server.answers[server.served] if server.served < len(server.answers) else server.good
+                server.served += 1
+                try:
+                    self.request.sendall(answer)
+                except OSError:
+                    pass
+
+        self.tcp = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+        self.tcp.daemon_threads = True
+        self._thread = threading.Thread(target=self.tcp.serve_forever, args=(0.05,), daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.tcp.server_address[1]}"
+
+    def close(self) -> None:
+        self.tcp.shutdown()
+        self.tcp.server_close()
+        self._thread.join(5)
+
+
+def http_answer(body: bytes, head: bytes = b"HTTP/1.1 200 OK", headers: bytes = b"") -> bytes:
+    """A whole HTTP/1.1 answer that closes its connection."""
+    return (head + b"\r\nContent-Type: text/plain; version=0.0.4\r\nConnection: close\r\n" + headers +
+            b"Content-Length: %d\r\n\r\n" % len(body) + body)

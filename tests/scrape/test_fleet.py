@@ -225,14 +225,18 @@ def test_bad_fleet_options_are_one_line():
 
 
 def test_worker_listings_of_both_gateway_shapes_and_what_is_no_listing():
-    from pdtop.telemetry.sources.router import MAX_WORKERS, NotARouter, probe_router, workers_of
+    from pdtop.telemetry.sources.router import MAX_WORKERS, NotARouter, Worker, probe_router, workers_of
 
     newer = {"workers": [{"url": "http://p:1", "worker_type": "prefill"},
                          {"url": "http://d:2", "worker_type": "decode"},
-                         {"url": "http://r:3", "worker_type": "regular"}, {"url": "grpc://g:4"}, {"no": "url"}, 7],
-             "total": 6}
-    assert workers_of(newer) == [("http://p:1", "prefill"), ("http://d:2", "decode"), ("http://r:3", "unified")]
-    assert workers_of({"urls": ["http://a:1", 5, "ftp://x"]}) == [("http://a:1", None)]
+                         {"url": "http://r:3", "worker_type": "regular"}, {"url": "grpc://g:4"}, {"no": "url"}, 7,
+                         {"url": "http://dp:5@0", "worker_type": "regular"},
+                         {"url": "http://dp:5@1", "worker_type": "regular"}],
+             "total": 8}
+    assert workers_of(newer) == [Worker("http://p:1", "prefill"), Worker("http://d:2", "decode"),
+                                 Worker("http://r:3", "unified"), Worker("grpc://g:4", None),
+                                 Worker("http://dp:5", "unified", (0, 1))]
+    assert workers_of({"urls": ["http://a:1", 5, "ftp://x"]}) == [Worker("http://a:1", None)]
     assert len(workers_of({"urls": [f"http://h:{i}" for i in range(10 * MAX_WORKERS)]})) == MAX_WORKERS
     for not_one in ({"models": []}, [], "text", {"workers": "x"}):
         with pytest.raises(NotARouter):

@@ -8,7 +8,7 @@ import pytest
 
 from pdtop.telemetry.encode import wire
 from pdtop.telemetry.events import Hello, Metrics, Quantiles, ScrapedSplit, ScrapeTarget
-from pdtop.telemetry.scrape.sglang_log import LogSplit
+from pdtop.telemetry.scrape.sglang_log import SglangLog
 from pdtop.telemetry.sources.replay import ReplaySource
 from pdtop.ui.app import PdtopApp
 
@@ -25,7 +25,7 @@ def recording(path) -> None:
     hello = wire(Hello(client_id="scrape", readonly=True, engine=None, scrape=target))
     lines = [json.dumps({"format": "pdtop-recording", "format_version": 1, "pdtop": "0.1.0", "started": STARTED,
                          "hello": hello})]
-    log = LogSplit()
+    log = SglangLog()
     log.feed(start_up(), 0.0)
     for k in range(20):
         log.feed(adjust(2 + (k // 3) % 4), float(k))  # SGLang's lines, read at k s

@@ -75,3 +75,28 @@ def test_metrics_carry_sglangs_disagg_queues_and_the_transfers():
     assert samples["pdtop:kv_transfer_latency_seconds_count"] == 2
     assert samples["pdtop:kv_transfer_latency_seconds_sum"] == pytest.approx((100 + 4096) * per_token / 12.5e9)
     assert samples["pdtop:num_decode_transfer_queue_reqs"] == samples["pdtop:num_decode_prealloc_queue_reqs"] == 0
+
+
+def test_metrics_carry_tpot_as_vllms_dashboards_read_it():
+    """`pdtop:time_per_output_token_seconds` (older vLLM's TPOT: every gap, what dashboards and autoscaler
+    triggers read) and vLLM 0.33's `request_time_per_output_token_seconds` (one mean a request)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from pdtop.api.metrics import EngineMetrics
+
+    engine = build_engine("sim:H100")
+    metrics = EngineMetrics(engine)
+    engine.add_sink(metrics.sink)
+    for tokens in (5, 9):
+        engine.submit(engine.prompts.make(64), tokens, ignore_eos=True)
+    while not engine.idle():
+        engine.step()
+    samples = {s.name: s.value for f in text_string_to_metric_families(metrics.render().decode())
+               for s in f.samples if s.labels.get("le") in (None, "+Inf")}
+    gaps = samples["pdtop:inter_token_latency_seconds_count"]
+    assert gaps == (5 - 1) + (9 - 1)
+    assert samples["pdtop:time_per_output_token_seconds_count"] == gaps
+    itl_sum = samples["pdtop:inter_token_latency_seconds_sum"]
+    assert samples["pdtop:time_per_output_token_seconds_sum"] == pytest.approx(itl_sum)
+    assert samples["pdtop:request_time_per_output_token_seconds_count"] == 2  # two means, each below the sum
+    assert 0 < samples["pdtop:request_time_per_output_token_seconds_sum"] < itl_sum

@@ -1,14 +1,17 @@
-"""Issue 27 §2 items 10 and 11: recordings built to exhaust the reader, and files cut or bent."""
+"""Issue 27 §2 items 10 and 11 and issue 38 item 11: recordings built to exhaust the reader, and files cut or
+bent."""
 from __future__ import annotations
 
 import gzip
 import json
+import subprocess
+import sys
 import zlib
 
 from conftest import hello_event
 
 from pdtop.telemetry.recording import reader
-from pdtop.telemetry.recording.reader import MAX_LINES, read_recording
+from pdtop.telemetry.recording.reader import MAX_LINE_BYTES, MAX_LINES, read_recording
 from pdtop.telemetry.recording.recorder import Recorder
 
 HELLO = hello_event()
@@ -78,3 +81,44 @@ def test_a_time_far_ahead_is_skipped_not_waited_for(tmp_path):
     got = read_recording(path)
     assert [e["i"] for _, e in got] == [0, 1, 3, 4] and got.duration == 1.5
     assert got.problems == ["1 unreadable line skipped"]
+
+
+def _read_in_a_process(path) -> tuple[int, list[str], int]:
+    """`pdtop replay`'s reading of `path` in a fresh process: its events, problems and peak RSS in MB."""
+    code = ("import resource, sys\nfrom pdtop.telemetry.recording.reader import read_recording\n"
+            "r = read_recording(sys.argv[1])\nprint(len(r), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)"
+            "\nprint('\\n'.join(r.problems))")
+    done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    first, *problems = done.stdout.splitlines()
+    events, peak_mb = map(int, first.split())
+    return events, problems, peak_mb
+
+
+def test_a_small_gzip_of_huge_events_stops_at_the_event_bound(tmp_path):
+    """64 events padded to 16 MiB each, 1 MB of gzip (issue 38 item 11: main held 3.1 GB at its peak). An
+    event is at most 1 MiB (pdtop's largest, a 256-server fleet, is about 0.5 MB), so the reader stops at
+    the first; the bound: the reading process stays under 200 MB (the interpreter and pdtop's imports are
+    about 60 MB of it)."""
+    path = tmp_path / "huge.ndjson.gz"
+    head = b'{"t":0,"event":{"type":"round","v":1,"pad":"'
+    member = gzip.compress(head + b"x" * ((16 << 20) - len(head) - 4) + b'"}}\n', 9)  # one event, ~16 KB
+    path.write_bytes(gzip.compress(HEADER) + member * 64)  # gzip members in sequence, as appending writes them
+    assert path.stat().st_size < 1_100_000
+    events, problems, peak_mb = _read_in_a_process(path)
+    assert events == 0 and problems == [f"a line over {MAX_LINE_BYTES >> 20} MiB: the rest is not read"]
+    assert peak_mb < 200, f"{peak_mb} MB"
+
+
+def test_four_million_small_events_stop_at_the_line_bound(tmp_path):
+    """4 million small events in a few hundred KB of gzip (issue 38 item 11: 43 s and 3.5 GB on main). At most
+    a million lines are read (about two hours of a busy sim: server, which writes 140 events a second), each
+    held as its bytes and ~60 bytes of bookkeeping; the bound: under 300 MB for the reading process
+    (measured about 100 MB)."""
+    path = tmp_path / "many.ndjson.gz"
+    event = b'{"t":0,"event":{"type":"x","v":1}}\n'
+    d = zlib.compressobj(9, zlib.DEFLATED, 31)
+    path.write_bytes(d.compress(HEADER) + b"".join(d.compress(event * 100_000) for _ in range(40)) + d.flush())
+    events, problems, peak_mb = _read_in_a_process(path)
+    assert events == MAX_LINES - 1 and problems == [f"more than {MAX_LINES:,} lines: the rest is not read"]
+    assert peak_mb < 300, f"{peak_mb} MB"

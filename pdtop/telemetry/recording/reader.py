@@ -10,33 +10,62 @@ that is not a recording at all, or whose header's `hello` does not decode, raise
 `RecordingError` with a one-line reason. Events are checked where they are consumed
 (`decode_event`), so events of types this pdtop does not know stay for the consumer to skip.
 
-Events are kept as their JSON text and parsed on access, so a long recording costs
-about its own size in memory. What is read is bounded by what a recording can hold
-(`MAX_BYTES` of NDJSON, `MAX_LINES` lines, none over `MAX_LINE_BYTES`): past a bound the
-rest is not read, and `damage` says so. A gzip bomb (102 KB of compressed newlines took
-23 s and 1 GB, and was reported clean) stops there. A gzip stream without its end is read
-up to the last flush and reported ("no gzip end"): the writer was killed, or the file cut.
+The file is read as a stream, line by line, and each event is kept as its line's bytes and
+parsed on access: what is held is the events' own bytes and about 60 bytes of bookkeeping
+each, with no copy of the whole file beside them. What is read is bounded by what a
+recording of pdtop's holds, so that a small hostile file cannot cost more: an event is at
+most `MAX_LINE_BYTES` (1 MiB; the largest pdtop writes is a 256-server `fleet`, about 0.5 MB,
+and a hello with its configuration is kilobytes), a recording at most `MAX_LINES` lines
+(1,000,000: about two hours of a busy `sim:` server, which writes 140 events a second) and
+`MAX_BYTES` of events (512 MiB: an hour of that server, 1 KB an event). Past a bound the
+rest is not read, and `damage` says so. So a 1 MB gzip file of 64 events padded to 16 MiB
+stops at its first line (it took 3.1 GB), and 4 million small events stop at a million
+(43 s and 3.5 GB before; 100 MB and 3.4 s of CPU now). A gzip bomb (102 KB of
+compressed newlines took 23 s and 1 GB, and was reported clean) stops there too. A gzip
+stream without its end is read up to the last flush and reported ("no gzip end"): the
+writer was killed, or the file cut.
 """
 from __future__ import annotations
 
 import json
 import math
+import os
 import zlib
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from pdtop.telemetry.decode import EventError, decode_event
 from pdtop.telemetry.events import PROTOCOL_VERSION, Hello
 from pdtop.telemetry.recording.recorder import FORMAT, FORMAT_VERSION, RecordingError
 
+_fast_loads: Callable[[bytes], Any] | None
+_ORJSON_ERROR: type[Exception]
+try:  # a fraction of json's cost a line; json reads what orjson refuses (integers past 64 bits)
+    import orjson
+
+    _fast_loads, _ORJSON_ERROR = orjson.loads, orjson.JSONDecodeError
+except ImportError:  # (the lent GPU machine has no orjson)
+    _fast_loads, _ORJSON_ERROR = None, ValueError
+
+
+def _loads(line: bytes) -> Any:
+    """A line's JSON (ValueError or RecursionError when it is none)."""
+    if _fast_loads is not None:
+        try:
+            return _fast_loads(line)
+        except _ORJSON_ERROR:
+            pass
+    return json.loads(line.decode("utf-8", errors="replace"))
+
+
 _GZIP_MAGIC = b"\x1f\x8b"
 _CHUNK = 1 << 16
-MAX_BYTES = 1 << 30  # NDJSON a replay reads: an hour of a busy sim: server's events
-MAX_LINES = 4_000_000
-MAX_LINE_BYTES = 16 << 20  # one event (a hello with its config is the largest: kilobytes)
+MAX_BYTES = 512 << 20  # NDJSON a replay holds: an hour of a busy sim: server's events (measured 0.52 GB)
+MAX_LINES = 1_000_000  # about two hours of that server's 140 events a second
+MAX_LINE_BYTES = 1 << 20  # one event (the largest pdtop writes, a 256-server fleet, is about 0.5 MB)
 MAX_GAP_S = 3600.0  # a line whose time jumps further ahead is unreadable (the server samples once a second)
 
 
@@ -46,7 +75,7 @@ class Recording:
     header: dict[str, Any]
     times: array = field(default_factory=lambda: array("d"))  # seconds since start, non-decreasing
     types: list[str] = field(default_factory=list)
-    lines: list[str] = field(default_factory=list)  # the raw line of each event
+    lines: list[bytes] = field(default_factory=list)  # the raw line of each event
     skipped: int = 0  # unparseable lines skipped
     truncated: bool = False  # the last line was cut off (the writer was killed mid-line)
     damage: str | None = None  # what could not be read of a corrupt gzip file, in one line
@@ -77,7 +106,7 @@ class Recording:
         return len(self.lines)
 
     def event(self, i: int) -> dict[str, Any]:
-        return json.loads(self.lines[i])["event"]
+        return _loads(self.lines[i])["event"]
 
     def __iter__(self) -> Iterator[tuple[float, dict[str, Any]]]:
         for i in range(len(self.lines)):
@@ -88,72 +117,90 @@ def _count(n: int, thing: str) -> str:
     return f"{n} {thing}{'s' if n != 1 else ''}"
 
 
-class _Bounds:
-    """What has been read, against MAX_BYTES, MAX_LINES and MAX_LINE_BYTES; `take` cuts a piece at the first
-    bound it crosses and `over` says which, in words."""
+class _Lines:
+    """Whole lines from the pieces of a file, against MAX_BYTES, MAX_LINES and MAX_LINE_BYTES: `feed`
+    hands each line to `take` and stops at the first bound crossed (`over` says which, in words)."""
 
-    def __init__(self) -> None:
-        self.bytes = self.lines = self.run = 0  # run: bytes since the last newline
+    def __init__(self, take: Callable[[bytes], None]) -> None:
+        self.take = take
+        self.partial = b""  # the line still being read
+        self.bytes = self.lines = 0
         self.over: str | None = None
 
-    def take(self, piece: bytes) -> bytes:
-        newlines = piece.count(b"\n")
-        first = piece.find(b"\n")
-        run = self.run + (first if first >= 0 else len(piece))
-        if run > MAX_LINE_BYTES:
-            self.over = f"a line over {MAX_LINE_BYTES >> 20} MiB: the rest is not read"
-            return piece[:max(0, first)] if first >= 0 and self.run + first <= MAX_LINE_BYTES else b""
-        if self.lines + newlines > MAX_LINES:
-            keep = MAX_LINES - self.lines
-            self.over = f"more than {MAX_LINES:,} lines: the rest is not read"
-            return b"\n".join(piece.split(b"\n", keep)[:keep]) + b"\n" if keep else b""
+    def feed(self, piece: bytes) -> bool:
+        """Take a piece of the file; False once a bound is crossed (nothing more is taken)."""
+        if self.over is not None:
+            return False
         if self.bytes + len(piece) > MAX_BYTES:
+            piece = piece[:MAX_BYTES - self.bytes]
             self.over = f"more than {MAX_BYTES >> 20:,} MiB of events: the rest is not read"
-            return piece[:MAX_BYTES - self.bytes]
         self.bytes += len(piece)
-        self.lines += newlines
-        self.run = run if first < 0 else len(piece) - 1 - piece.rfind(b"\n")
-        return piece
+        start = 0
+        while True:
+            end = piece.find(b"\n", start)
+            if end < 0:
+                if len(self.partial) + len(piece) - start > MAX_LINE_BYTES:
+                    self.partial, self.over = b"", f"a line over {MAX_LINE_BYTES >> 20} MiB: the rest is not read"
+                    return False
+                self.partial += piece[start:]
+                return self.over is None
+            if len(self.partial) + end - start > MAX_LINE_BYTES:
+                self.partial, self.over = b"", f"a line over {MAX_LINE_BYTES >> 20} MiB: the rest is not read"
+                return False
+            if self.lines >= MAX_LINES:
+                self.partial, self.over = b"", f"more than {MAX_LINES:,} lines: the rest is not read"
+                return False
+            line = self.partial + piece[start:end] if self.partial else piece[start:end]
+            self.partial = b""
+            self.lines += 1
+            self.take(line)
+            start = end + 1
 
 
-def _decompress_tolerant(data: bytes) -> tuple[bytes, str | None]:
-    """Gzip members in sequence, and what was lost. A missing end (the writer was killed) loses
-    nothing that was flushed; at a corrupt spot everything before it is kept; past a bound
-    (`_Bounds`) nothing more is decompressed."""
-    out: list[bytes] = []
-    bounds = _Bounds()
-
-    def keep(piece: bytes) -> bool:
-        out.append(bounds.take(piece))
-        return bounds.over is None
-
-    pos = 0
-    while pos < len(data):
-        d = zlib.decompressobj(wbits=31)
-        while pos < len(data) and not d.eof:
-            chunk = data[pos:pos + _CHUNK]
-            before, mark, counts = d.copy(), len(out), (bounds.bytes, bounds.lines, bounds.run)
-            try:
-                if not keep(d.decompress(chunk, _CHUNK << 4)):
-                    return b"".join(out), bounds.over
-                while d.unconsumed_tail:  # a chunk that inflates to more than 1 MiB: in bounded steps
-                    if not keep(d.decompress(d.unconsumed_tail, _CHUNK << 4)):
-                        return b"".join(out), bounds.over
-            except zlib.error:  # again from before this chunk, a byte at a time, to keep all that precedes the fault
-                d, (bounds.bytes, bounds.lines, bounds.run) = before, counts
-                del out[mark:]
-                for i in range(len(chunk)):
-                    try:
-                        if not keep(d.decompress(chunk[i:i + 1])):
-                            return b"".join(out), bounds.over
-                    except zlib.error as exc:
-                        return b"".join(out), _lost(pos + i, len(data), str(exc))
-            pos += len(chunk) - len(d.unused_data)
-        if not d.eof:  # the writer never finished this member: keep what was flushed
-            return b"".join(out), "no gzip end (the writer was stopped, or the file cut): read what was flushed"
-        if pos < len(data) and not data.startswith(_GZIP_MAGIC, pos):
-            return b"".join(out), _lost(pos, len(data), "not gzip data")
-    return b"".join(out), None
+def _gzip_pieces(f: BinaryIO, size: int, feed: Callable[[bytes], bool]) -> str | None:
+    """Feed the decompressed bytes of the gzip members of file `f` (`size` bytes), read and inflated in
+    bounded pieces, until `feed` says stop; what could not be read, in words (None for a whole file). A
+    missing end (the writer was killed) loses nothing that was flushed; at a corrupt spot everything
+    before it is kept."""
+    pos, buf = 0, f.read(_CHUNK)  # pos: the file offset where `buf` starts
+    d: Any = None
+    while True:
+        if d is None:  # a member starts here, or the file ends
+            if len(buf) < 2:
+                buf += f.read(_CHUNK)
+            if not buf:
+                return None
+            if not buf.startswith(_GZIP_MAGIC):
+                return _lost(pos, size, "not gzip data")
+            d = zlib.decompressobj(wbits=31)
+        chunk, buf = buf or f.read(_CHUNK), b""
+        if not chunk:  # the writer never finished this member: keep what was flushed
+            return "no gzip end (the writer was stopped, or the file cut): read what was flushed"
+        before, given = d.copy(), 0  # given: bytes of this chunk's output already fed
+        try:
+            piece = d.decompress(chunk, _CHUNK << 4)
+            given += len(piece)
+            if not feed(piece):
+                return None
+            while d.unconsumed_tail:  # a chunk that inflates to more than 1 MiB: in bounded steps
+                piece = d.decompress(d.unconsumed_tail, _CHUNK << 4)
+                given += len(piece)
+                if not feed(piece):
+                    return None
+        except zlib.error:  # again from before this chunk, a byte at a time, to keep all that precedes the fault
+            d = before
+            for i in range(len(chunk)):
+                try:
+                    piece = d.decompress(chunk[i:i + 1])
+                except zlib.error as exc:
+                    return _lost(pos + i, size, str(exc))
+                skip = min(given, len(piece))  # fed before the fault was met
+                given -= skip
+                if piece[skip:] and not feed(piece[skip:]):
+                    return None
+        pos += len(chunk) - len(d.unused_data)
+        if d.eof:  # the rest of the chunk starts the next member (or is not gzip)
+            buf, d = d.unused_data, None
 
 
 def _lost(at: int, size: int, why: str) -> str:
@@ -164,52 +211,67 @@ def _lost(at: int, size: int, why: str) -> str:
 def read_recording(path: str | Path) -> Recording:
     path = Path(path)
     try:
-        data = path.read_bytes()
+        f = path.open("rb")
     except OSError as exc:
         raise RecordingError(f"cannot read recording {str(path)!r}: {exc.strerror or exc}") from None
-    damage = None
-    if data.startswith(_GZIP_MAGIC):
-        data, damage = _decompress_tolerant(data)
-    else:
-        bounds = _Bounds()
-        data, damage = bounds.take(data), bounds.over
-    text = data.decode("utf-8", errors="replace")
-    lines = text.split("\n")
-    ends_with_newline = text.endswith("\n")
-    if ends_with_newline:
-        lines.pop()
-    header = _parse_header(path, lines[0] if lines else "")
-    rec = Recording(path=path, header=header, damage=damage)
+    rec: Recording | None = None
     last_t = 0.0
-    n = len(lines)
-    for i in range(1, n):
-        line = lines[i]
+    types: dict[str, str] = {}  # one string object for each type, not one per event
+
+    def take(line: bytes) -> None:
+        nonlocal rec, last_t
+        if rec is None:
+            rec = Recording(path=path, header=_parse_header(path, line))
+            return
         if not line.strip():
-            continue
+            return
         parsed = _parse_line(line)
         if parsed is None:
-            if i == n - 1 and not ends_with_newline:
-                rec.truncated = True
-            else:
-                rec.skipped += 1
-            continue
+            rec.skipped += 1
+            return
         t, type_, version = parsed
         if t > last_t + MAX_GAP_S:  # `t: 1e300` would hold every later event back for ever
             rec.skipped += 1
-            continue
+            return
         if version.__class__ is int and version != PROTOCOL_VERSION:  # a newer server's: its consumer refuses it
             rec.other_versions[version] = rec.other_versions.get(version, 0) + 1
         last_t = max(last_t, t)
         rec.times.append(last_t)
-        rec.types.append(type_)
+        rec.types.append(types.setdefault(type_, type_))
         rec.lines.append(line)
+
+    lines = _Lines(take)
+    damage = None
+    with f:
+        try:
+            size = os.fstat(f.fileno()).st_size
+            first = f.read(2)
+            f.seek(0)
+            if first == _GZIP_MAGIC:
+                damage = _gzip_pieces(f, size, lines.feed)
+            else:
+                while (piece := f.read(_CHUNK << 4)) and lines.feed(piece):
+                    pass
+        except OSError as exc:
+            raise RecordingError(f"cannot read recording {str(path)!r}: {exc.strerror or exc}") from None
+    tail = lines.partial
+    if rec is None:  # no newline at all: the header alone, or not a recording
+        take(tail)
+        tail = b""
+    assert rec is not None
+    rec.damage = lines.over or damage
+    if tail.strip():  # the last line had no newline: whole if it reads, else cut off
+        skipped = rec.skipped
+        take(tail)
+        if rec.skipped > skipped:
+            rec.skipped, rec.truncated = skipped, True
     return rec
 
 
-def _parse_header(path: Path, line: str) -> dict[str, Any]:
+def _parse_header(path: Path, line: bytes) -> dict[str, Any]:
     not_rec = f"{str(path)!r} is not a pdtop recording"
     try:
-        header = json.loads(line)
+        header = _loads(line)
     except (ValueError, RecursionError):
         raise RecordingError(f"{not_rec} (its first line is not a JSON header)") from None
     if not isinstance(header, dict) or header.get("format") != FORMAT:
@@ -227,10 +289,10 @@ def _parse_header(path: Path, line: str) -> dict[str, Any]:
     return header
 
 
-def _parse_line(line: str) -> tuple[float, str, Any] | None:
+def _parse_line(line: bytes) -> tuple[float, str, Any] | None:
     """A line's time, event type and protocol version, or None if it is not a recorded event."""
     try:
-        obj = json.loads(line)
+        obj = _loads(line)
     except (ValueError, RecursionError):
         return None
     if not isinstance(obj, dict):

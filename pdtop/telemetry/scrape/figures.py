@@ -14,8 +14,8 @@ from prometheus_client.samples import Sample
 
 from pdtop.telemetry.events import Metrics, Quantiles
 from pdtop.telemetry.scrape.disagg import counters as disagg_counters
-from pdtop.telemetry.scrape.disagg import disagg
-from pdtop.telemetry.scrape.names import ENGINES, FIELDS, HISTOGRAM, MEAN, RATE, SUM, Figure
+from pdtop.telemetry.scrape.disagg import disagg, histogram_series
+from pdtop.telemetry.scrape.names import ENGINES, FIELDS, HISTOGRAM, MEAN, RATE, SUM, TPOT_NAMES, Figure
 from pdtop.telemetry.scrape.page import Page
 from pdtop.telemetry.scrape.quantile import histogram_quantile
 from pdtop.telemetry.scrape.window import Key, Window
@@ -31,19 +31,25 @@ def figures(page: Page, model: str | None, window: Window, t: float) -> tuple[Me
     for s in page.samples:
         if model is None or s.labels.get("model_name") == model:
             by_name[s.name].append(s)
-    chosen: list[tuple[Figure, list[Sample]]] = []
+    chosen: list[tuple[Figure, str, list[Sample]]] = []
     for figure in ENGINES[page.engine]:
         for name in figure.names:
             samples = [s for sample_name in figure.sample_names(name) for s in by_name.get(sample_name, ())]
+            if figure.how == HISTOGRAM:
+                samples = histogram_series([s for s in samples if s.name.endswith("_bucket")],
+                                           [s for s in samples if s.name.endswith("_count")])
             if samples:
-                chosen.append((figure, samples))
+                chosen.append((figure, name, samples))
                 break
-    counters = {_key(s): s.value for figure, samples in chosen if figure.how in (RATE, HISTOGRAM) for s in samples}
+    counters = {_key(s): s.value for figure, _, samples in chosen if figure.how in (RATE, HISTOGRAM) for s in samples}
     counters |= disagg_counters(by_name, _key)
     resets = window.add(t, counters)
     span = window.span_s
     out: dict[str, Any] = {"time": t, "window_s": span}
-    for figure, samples in chosen:
+    itl_metric = None
+    for figure, name, samples in chosen:
+        if name in TPOT_NAMES:
+            itl_metric = name
         if figure.how == SUM:
             out[figure.field] = finite(sum(s.value for s in samples))
         elif figure.how == MEAN:
@@ -51,19 +57,27 @@ def figures(page: Page, model: str | None, window: Window, t: float) -> tuple[Me
         elif figure.how == RATE:
             out[figure.field] = finite(sum(window.increase(_key(s)) for s in samples) / span) if span > 0 else None
         else:
-            out[figure.field] = quantiles(window, samples)
+            buckets = [s for s in samples if s.name.endswith("_bucket")]
+            counts = [s for s in samples if s.name.endswith("_count")]
+            out[figure.field] = quantiles(window, buckets, counts)
             if figure.field == "itl":
-                out["itl_read_p50_s"] = quantiles(window, samples, last=True).p50_s
+                out["itl_read_p50_s"] = quantiles(window, buckets, counts, last=True).p50_s
     role = next((s.labels["engine_type"] for s in page.samples if "engine_type" in s.labels
                  and (model is None or s.labels.get("model_name") == model)), None)
     return Metrics(**out, not_exposed=[f for f in FIELDS if f not in out], role=role,
-                   disagg=disagg(by_name, window, _key, quantiles, finite),
+                   disagg=disagg(by_name, window, _key, quantiles, finite), itl_metric=itl_metric,
                    absent=frozenset(f for f in (*FIELDS, "itl_read_p50_s") if f not in out)), resets
 
 
-def quantiles(window: Window, buckets: list[Sample], last: bool = False) -> Quantiles:
+NO_TOTAL = "no +Inf bucket and no _count on the page: the histogram cannot be read (an excerpt, or a broken exporter)"
+
+
+def quantiles(window: Window, buckets: list[Sample], counts: list[Sample] | None = None,
+              last: bool = False) -> Quantiles:
     """A histogram's `Quantiles` over the window, from the increase of each bucket summed by `le`
-    (`last`: over the time since the previous scrape alone)."""
+    (`last`: over the time since the previous scrape alone). Its `_count` (`counts`) stands for the
+    `+Inf` bucket where the page lacks that bucket; without either there are no percentiles, and a note
+    says why (Prometheus would give NaN)."""
     increase = window.increase_last if last else window.increase
     by_bound: dict[float, float] = defaultdict(float)
     for s in buckets:
@@ -73,9 +87,13 @@ def quantiles(window: Window, buckets: list[Sample], last: bool = False) -> Quan
             continue
         if not math.isnan(bound):
             by_bound[bound] += increase(_key(s))
+    if math.inf not in by_bound and counts:
+        by_bound[math.inf] = sum(increase(_key(s)) for s in counts)
     pairs = sorted(by_bound.items())
     first = next((b for b, _ in pairs if 0 < b < math.inf), None)
-    count = by_bound.get(math.inf, math.nan)
+    if math.inf not in by_bound:
+        return Quantiles(None, None, None, None, first, note=NO_TOTAL)
+    count = by_bound[math.inf]
     if not all(math.isfinite(c) for _, c in pairs) or not math.isfinite(count):
         return Quantiles(finite(count), "NaN", "NaN", "NaN", first)
     if count == 0:

@@ -4,6 +4,11 @@ httpx costs about 3 ms of CPU a request here, more than parsing a server's page;
 pages a second. This reads one URL again and again on one connection: a status line, headers, and a
 body by Content-Length, chunked, or up to the server's close, never more than `max_bytes`. Redirects
 are not followed (the status says so). https:// stays with httpx.
+
+Framing is checked as RFC 9112 writes it: a status of three ASCII digits, a Content-Length of ASCII
+digits, a chunk size of at most 16 hex digits on a line of at most `MAX_CHUNK_LINE` bytes; anything else
+(`Content-Length: ²`, status `²00`, chunk size `-5`, a 64 KiB chunk-size line) is `NotHttp`, which the
+source reports and retries like a refused connection.
 """
 from __future__ import annotations
 
@@ -11,6 +16,9 @@ import asyncio
 from dataclasses import dataclass
 
 MAX_HEAD = 64 << 10
+MAX_CHUNK_LINE = 4 << 10  # a chunk size and its extensions
+_DIGITS = frozenset(b"0123456789")
+_HEX = frozenset(b"0123456789abcdefABCDEF")
 
 
 class TooBig(Exception):
@@ -76,7 +84,8 @@ class PlainHttp:
             raise ClosedMidAnswer("before the answer") from None
         status_line, *header_lines = head.decode("latin-1").split("\r\n")
         parts = status_line.split(" ", 2)
-        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or len(parts[1]) != 3 or \
+                not set(parts[1].encode("latin-1")) <= _DIGITS:
             raise NotHttp(f"not an HTTP answer: {status_line[:60]!r}")
         headers: dict[str, str] = {}
         for line in header_lines:
@@ -99,11 +108,14 @@ class PlainHttp:
         if "chunked" in headers.get("transfer-encoding", "").lower():
             chunks, size = [], 0
             while True:
-                line = await reader.readuntil(b"\r\n")
                 try:
-                    n = int(line.split(b";")[0].strip() or b"0", 16)
-                except ValueError:
-                    raise NotHttp("a chunked body with a bad chunk size") from None
+                    line = await reader.readuntil(b"\r\n")
+                except asyncio.LimitOverrunError:
+                    raise NotHttp("a chunk-size line over 64 KiB") from None
+                digits = line.split(b";")[0].strip()
+                if len(line) > MAX_CHUNK_LINE or not 0 < len(digits) <= 16 or not set(digits) <= _HEX:
+                    raise NotHttp(f"a chunked body with a bad chunk size ({digits[:20]!r})")
+                n = int(digits, 16)
                 if n == 0:
                     await reader.readuntil(b"\r\n")  # (no trailers from these servers)
                     return b"".join(chunks), True
@@ -111,8 +123,11 @@ class PlainHttp:
                 if size > self.max_bytes:
                     raise TooBig
                 chunks.append(await reader.readexactly(n))
-                await reader.readexactly(2)
-        if length.isdigit():
+                if await reader.readexactly(2) != b"\r\n":
+                    raise NotHttp("a chunk without its CRLF")
+        if length:
+            if len(length) > 18 or not set(length.encode("latin-1")) <= _DIGITS:
+                raise NotHttp(f"a bad Content-Length ({length[:20]!r})")
             if int(length) > self.max_bytes:
                 raise TooBig
             return await reader.readexactly(int(length)), True

@@ -1,9 +1,12 @@
 """Which metrics of each engine fill which figure of a `metrics` event.
 
 Names are the engines' own: vLLM's `vllm/v1/metrics/loggers.py` and SGLang's
-`python/sglang/srt/metrics/collector.py` (their metrics documentation lists the same); pdtop's
-`/metrics` uses vLLM's names under `pdtop:` and adds the split (docs/metrics.md). Where an engine
-renamed a metric, the newer name comes first and the older one is read when the newer is absent.
+`python/sglang/srt/observability/metrics_collector.py` (older: `srt/metrics/collector.py`; their metrics
+documentation lists the same); pdtop's `/metrics` uses vLLM's names under `pdtop:` and adds the split
+(docs/metrics.md). Where an engine renamed a metric, the newer name comes first and the older one is
+read when the newer is absent. Older vLLM's `time_per_output_token_seconds` was its ITL under another
+name; older SGLang's (before `inter_token_latency_seconds`) is a TPOT, each request's mean gap since its
+first token observed at every streamed chunk: it fills the ITL panel and says so (`Metrics.itl_metric`).
 """
 from __future__ import annotations
 
@@ -21,8 +24,9 @@ class Figure:
     names: tuple[str, ...]  # metric names, the first on the page wins
 
     def sample_names(self, name: str) -> tuple[str, ...]:
-        """The sample names that carry metric `name` in the text format."""
-        return (name + "_bucket",) if self.how == HISTOGRAM else (name,)
+        """The sample names that carry metric `name` in the text format (a histogram's `_count` stands for
+        its `+Inf` bucket where an exporter left that out)."""
+        return (name + "_bucket", name + "_count") if self.how == HISTOGRAM else (name,)
 
 
 def _vllm_style(prefix: str) -> tuple[Figure, ...]:
@@ -47,7 +51,7 @@ ENGINES: dict[str, tuple[Figure, ...]] = {
         Figure("prompt_tokens_per_s", RATE, ("sglang:prompt_tokens_total",)),
         Figure("generation_tokens_per_s", RATE, ("sglang:generation_tokens_total",)),
         Figure("ttft", HISTOGRAM, ("sglang:time_to_first_token_seconds",)),
-        Figure("itl", HISTOGRAM, ("sglang:inter_token_latency_seconds",)),
+        Figure("itl", HISTOGRAM, ("sglang:inter_token_latency_seconds", "sglang:time_per_output_token_seconds")),
         Figure("e2e", HISTOGRAM, ("sglang:e2e_request_latency_seconds",)),
     ),
     "pdtop": (
@@ -58,5 +62,6 @@ ENGINES: dict[str, tuple[Figure, ...]] = {
     ),
 }
 
+TPOT_NAMES = frozenset({"sglang:time_per_output_token_seconds"})  # read for the ITL, but a TPOT
 FIELDS: tuple[str, ...] = tuple(dict.fromkeys(f.field for figures in ENGINES.values() for f in figures))
 ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "pdtop": "pdtop"}  # as people write them

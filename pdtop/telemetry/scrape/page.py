@@ -7,6 +7,7 @@ page raises `PageError`, whose message says in one line what the page is instead
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -14,11 +15,38 @@ from prometheus_client.samples import Sample
 
 from pdtop.telemetry.scrape.disagg import sample_names
 from pdtop.telemetry.scrape.names import ENGINES
+from pdtop.visible import visible
 
 PREFIXES = {engine: engine + ":" for engine in ENGINES}  # vllm: sglang: pdtop:
 _SNIFF_CHARS = 1 << 16  # how much of an unknown page is parsed to say what it is
-MAX_SERIES_CACHED = 1 << 16  # parsed names and labels kept (bounded: a hostile page's new series each read)
-_SERIES: dict[str, tuple[str, dict[str, str]]] = {}
+# Parsed names and labels are kept for the next read, bounded in bytes: a page whose labels change on every
+# read (a hostile or broken exporter) would otherwise fill any count of entries with lines of any length.
+# 16 MiB keeps every series of 256 fleet servers' pages (15-100 KiB each) or one 2,000-series vLLM page many
+# times over; past it the cache starts again (parsing costs about 0.1 s a MiB, the cache saves most of it).
+MAX_SERIES_CACHE_BYTES = 16 << 20
+MAX_CACHED_LINE = 4 << 10  # a longer `name{labels}` is parsed each time, not kept
+_ENTRY_BYTES = 600  # what a kept series costs beside its text: the objects of its key, name, labels (getsizeof)
+
+
+class _SeriesCache:
+    """`name{labels}` text -> (sample name, labels), with what it holds counted in bytes."""
+
+    def __init__(self) -> None:
+        self.series: dict[str, tuple[str, dict[str, str]]] = {}
+        self.bytes = 0
+
+    def put(self, key: str, name: str, labels: dict[str, str]) -> None:
+        if len(key) > MAX_CACHED_LINE or key in self.series:
+            return
+        cost = 2 * len(key) + _ENTRY_BYTES  # the key, and the label strings parsed out of it
+        if self.bytes + cost > MAX_SERIES_CACHE_BYTES:
+            self.series.clear()
+            self.bytes = 0
+        self.series[key] = (name, labels)
+        self.bytes += cost
+
+
+_SERIES = _SeriesCache()
 
 
 class PageError(ValueError):
@@ -36,8 +64,8 @@ def read_page(text: str, content_type: str = "") -> Page:
     engine = detect_engine(text)
     if engine is None:
         raise PageError(what_it_is(text, content_type))
-    wanted = _line_starts(engine)
-    lines = [line for line in text.splitlines() if line.startswith(wanted)]
+    wanted = _sample_names(engine)
+    lines = [line for line in text.splitlines() if line.partition("{")[0].partition(" ")[0] in wanted]
     samples = _parse(lines)
     models = list(dict.fromkeys(s.labels["model_name"] for s in samples if "model_name" in s.labels))
     return Page(engine, models, samples)
@@ -50,7 +78,7 @@ def _parse(lines: list[str]) -> list[Sample]:
     fresh: list[tuple[int, str, str | None]] = []  # (index, line, its cache key)
     for line in lines:
         key, value = _split(line)
-        known = _SERIES.get(key) if key is not None else None
+        known = _SERIES.series.get(key) if key is not None else None
         if known is not None:
             try:
                 out.append(Sample(known[0], known[1], float(value)))
@@ -67,12 +95,10 @@ def _parse(lines: list[str]) -> list[Sample]:
             raise PageError(f"not valid Prometheus text: {_one_line(exc)}") from None
         if len(parsed) != len(fresh):  # (never seen: a line is one sample) keep the parser's word for it
             return parsed
-        if len(_SERIES) + len(fresh) > MAX_SERIES_CACHED:
-            _SERIES.clear()
         for (i, _, key), sample in zip(fresh, parsed, strict=True):
             out[i] = sample
             if key is not None:
-                _SERIES[key] = (sample.name, sample.labels)
+                _SERIES.put(key, sample.name, sample.labels)
     return [s for s in out if s is not None]
 
 
@@ -115,16 +141,17 @@ def what_it_is(text: str, content_type: str) -> str:
         " so not a serving engine pdtop reads"
 
 
-def _line_starts(engine: str) -> tuple[str, ...]:
-    """The beginnings of the sample lines pdtop reads: `name{` and `name ` of every sample name."""
-    starts: list[str] = [name + end for name in sample_names() for end in ("{", " ")]
+@functools.cache
+def _sample_names(engine: str) -> frozenset[str]:
+    """The sample names pdtop reads of an engine's page (a line's name is what stands before its `{` or
+    its first space: one set lookup a line, where testing each name's beginning cost one test a name)."""
+    names = set(sample_names())
     for figure in ENGINES[engine]:
         for name in figure.names:
-            for sample in figure.sample_names(name):
-                starts += [sample + "{", sample + " "]
-    return tuple(starts)
+            names.update(figure.sample_names(name))
+    return frozenset(names)
 
 
 def _one_line(exc: BaseException) -> str:
-    text = (str(exc).splitlines() or [type(exc).__name__])[0]
-    return text if len(text) <= 100 else text[:97] + "..."
+    """The parser's word, which quotes the page: its first line, cut, control characters made visible."""
+    return visible((str(exc).splitlines() or [type(exc).__name__])[0], 100)

@@ -6,14 +6,17 @@ backing off to 30 s while it does not answer). Once per `interval` one `fleet` e
 server's row: its role, whether it answers, and its latest good read. A server that stops answering
 keeps its row and its last read, marked stale with the reason; one that answers again resumes. With a
 `router` (an SGLang Model Gateway), its worker listing gives the servers and their roles, and is read
-again every `ROUTER_EVERY_S`: new workers join; a worker the listing drops is kept, stale, saying so.
+again every `ROUTER_EVERY_S`: new workers join; a worker the listing drops is kept, stale, saying so. A
+DP-aware worker's ranks are one server (one row, its `/metrics` read once); a gRPC worker's figures come
+from the gateway's `/engine_metrics`, read once per interval for all of them. The token goes to the
+servers and the router the user named, never to the workers a router lists (any address can be listed).
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -26,11 +29,13 @@ from pdtop.telemetry.sources.prometheus import (
     DEFAULT_INTERVAL_S,
     DEFAULT_WINDOW_S,
     PrometheusSource,
+    ScrapeError,
     metrics_url,
     shown_url,
 )
 from pdtop.telemetry.sources.read_only import ReadOnlySource
-from pdtop.telemetry.sources.router import NotARouter, list_workers
+from pdtop.telemetry.sources.router import EngineMetrics, GatewayError, NotARouter, Worker, list_workers
+from pdtop.visible import visible
 
 MAX_SERVERS = 256
 ROUTER_EVERY_S = 10.0
@@ -43,6 +48,8 @@ class Member:
     role: str | None  # given: --prefill / --decode, or the router's worker type
     role_from: str  # "option" | "router" | "default"
     source: PrometheusSource
+    dp_ranks: list[int] | None = None  # a gateway's DP-aware worker: the ranks it was listed with
+    via: str | None = None  # the page its figures come from when not its own /metrics
     engine: str | None = None
     model_name: str | None = None
     last: Metrics | None = None  # the latest read
@@ -68,7 +75,8 @@ class Member:
         else:
             state, reason = "connecting", src.last_error
         return FleetServer(src.url, parts.netloc.rpartition("@")[2], role, role_from, state, reason, self.engine,
-                           self.model_name, src.scrapes, self.last.time if self.last is not None else None, self.last)
+                           self.model_name, src.scrapes, self.last.time if self.last is not None else None, self.last,
+                           self.dp_ranks, self.via)
 
 
 class FleetSource(ReadOnlySource):
@@ -84,25 +92,48 @@ class FleetSource(ReadOnlySource):
             raise ValueError("a fleet needs at least one server or a router")
         self.interval, self.window_s, self.token, self.timeout = interval, window_s, token, timeout
         self.router_every_s = router_every_s
-        self.router = shown_url(router) if router else None
+        self.router = visible(shown_url(router), 300) if router else None
         self._router_url = router
+        self._gateway = EngineMetrics(router, token, interval, timeout) if router else None
         self.members: list[Member] = []
         for url, role in servers:
-            self._add(url, role, "option" if role else "default")
+            self._add(Worker(url, role), "option" if role else "default", token)
         self.url = self.router or f"{len(self.members)} servers"
 
-    def _add(self, url: str, role: str | None, role_from: str) -> Member | None:
-        if role is not None and role not in ROLE_WORDS:
-            raise ValueError(f"unknown role {role!r} (unified, prefill, decode)")
-        source = PrometheusSource(url, token=self.token, interval=self.interval, window_s=self.window_s,
-                                  timeout=self.timeout)
+    def _add(self, worker: Worker, role_from: str, token: str | None) -> Member | None:
+        """A member for `worker` (None when the fleet has it); `token`: only for an address the user named."""
+        if worker.role is not None and worker.role not in ROLE_WORDS:
+            raise ValueError(f"unknown role {worker.role!r} (unified, prefill, decode)")
+        if worker.grpc and self._gateway is None:
+            raise ValueError(f"a gRPC worker has no /metrics: {visible(worker.url, 200)}")
+        source = PrometheusSource(worker.url, token=token, interval=self.interval, window_s=self.window_s,
+                                  timeout=self.timeout, page=self._gateway_page(worker) if worker.grpc else None)
         if any(m.source.url == source.url for m in self.members):
             return None
         if len(self.members) >= MAX_SERVERS:
             raise ValueError(f"at most {MAX_SERVERS} servers in one fleet")
-        member = Member(url, role, role_from, source)
+        member = Member(worker.url, worker.role, role_from, source, list(worker.dp_ranks) or None,
+                        self._gateway.url if worker.grpc and self._gateway is not None else None)
         self.members.append(member)
         return member
+
+    def _gateway_page(self, worker: Worker) -> Callable[[], Awaitable[str]]:
+        """A gRPC worker's page: its lines of the gateway's /engine_metrics (one rank's, for a DP-aware one:
+        each rank's address there is the same server's page)."""
+        gateway = self._gateway
+        assert gateway is not None
+        addresses = [worker.url, *(f"{worker.url}@{rank}" for rank in worker.dp_ranks)]
+
+        async def page() -> str:
+            problem = "?"
+            for address in addresses:
+                try:
+                    return await gateway.page(address)
+                except GatewayError as exc:
+                    problem = str(exc)
+            raise ScrapeError(problem)
+
+        return page
 
     async def _close_parts(self) -> None:
         for m in self.members:
@@ -129,6 +160,7 @@ class FleetSource(ReadOnlySource):
                         await asyncio.wait_for(self._wake.wait(), self.interval)
         finally:
             for m in self.members:
+                m.source.stop()  # (a cancellation alone can be lost)
                 if m.task is not None:
                     m.task.cancel()
             await asyncio.gather(*(m.task for m in self.members if m.task is not None), return_exceptions=True)
@@ -146,18 +178,22 @@ class FleetSource(ReadOnlySource):
     async def _read_router(self, client: httpx.AsyncClient) -> None:
         assert self._router_url is not None
         try:
-            workers = await list_workers(client, self._router_url)
+            workers = await list_workers(client, self._router_url, self.timeout)
         except (NotARouter, httpx.HTTPError) as exc:
             self.last_error = f"router {self.router}: {exc if isinstance(exc, NotARouter) else 'not answering'}"
             return
         self.last_error = None
         listed = set()
-        for url, role in workers:
+        for worker in workers:
             try:
-                member = self._add(url, role, "router")
+                member = self._add(worker, "router", None)
             except ValueError:  # a bad URL in the listing, or too many
                 continue
-            listed.add(shown_url(metrics_url(url)) if member is None else member.source.url)
+            if member is None:  # already a member: the same page
+                shown = worker.url if worker.grpc else shown_url(metrics_url(worker.url))
+                listed.add(visible(shown, 300))
+            else:
+                listed.add(member.source.url)
         for m in self.members:
             if m.role_from == "router":
                 m.dropped_reason = None if m.source.url in listed else "no longer in the router's worker list"

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
@@ -33,6 +33,7 @@ from pdtop.telemetry.scrape.names import ENGINE_NAMES
 from pdtop.telemetry.scrape.page import Page, PageError, read_page
 from pdtop.telemetry.scrape.window import Window
 from pdtop.telemetry.sources.read_only import ReadOnlySource
+from pdtop.visible import visible
 
 if TYPE_CHECKING:
     from pdtop.telemetry.sources.sglang_split import SglangSplit
@@ -47,6 +48,10 @@ LOG_POLL_S = 0.1  # how often a followed log is read between scrapes
 
 class ScrapeError(Exception):
     """A scrape that gave no page pdtop reads; the message is the one line the dashboard shows."""
+
+
+class NoPage(ScrapeError):
+    """There is no /metrics page (404, or no URL given): an SGLang log's batch lines can stand for it."""
 
 
 def metrics_url(url: str) -> str:
@@ -71,21 +76,30 @@ def shown_url(url: str) -> str:
 class PrometheusSource(ReadOnlySource):
     readonly_reason = "pdtop only reads this server's /metrics: nothing can be changed through it"
 
-    def __init__(self, url: str, *, token: str | None = None, interval: float = DEFAULT_INTERVAL_S,
+    def __init__(self, url: str | None, *, token: str | None = None, interval: float = DEFAULT_INTERVAL_S,
                  model_name: str | None = None, window_s: float = DEFAULT_WINDOW_S,
                  max_bytes: int = MAX_PAGE_BYTES, timeout: float = 5.0,
-                 clock: Callable[[], float] = time.time, split: SglangSplit | None = None) -> None:
+                 clock: Callable[[], float] = time.time, split: SglangSplit | None = None,
+                 page: Callable[[], Awaitable[str]] | None = None) -> None:
         """`clock`: the Unix time of a read (its `metrics` event's `time`, and what rates divide by);
-        `split`: an SGLang server's split from its log or config, added to each `metrics` event."""
+        `split`: an SGLang server's split from its log or config, added to each `metrics` event. No `url`:
+        the log's batch lines are the reads (the `split` must follow a log). `page`: where the page's text
+        comes from instead of `url` (a gateway's /engine_metrics for a gRPC worker; it raises ScrapeError)."""
         super().__init__()
         if not interval > 0:
             raise ValueError(f"the interval must be positive, got {interval:g}")
-        self._fetch_url = metrics_url(url)
-        self.url = shown_url(self._fetch_url)
+        if url is None and (split is None or split.follower is None):
+            raise ValueError("a /metrics URL, or an SGLang log (--sglang-log) to read the figures from")
+        self._page = page
+        self._fetch_url = metrics_url(url) if url is not None and page is None else None
+        if url is None:
+            self.url = visible(f"SGLang log {split.follower.name}", 300)  # type: ignore[union-attr]
+        else:
+            self.url = visible(shown_url(self._fetch_url or url), 300)
         self.token, self.interval, self.want_model = token, interval, model_name
         self.window_s, self.max_bytes, self.timeout, self.clock = window_s, max_bytes, timeout, clock
         self.split = split
-        self._plain = _plain_http(self._fetch_url, token, max_bytes)
+        self._plain = _plain_http(self._fetch_url, token, max_bytes) if self._fetch_url is not None else None
         self.engine: str | None = None  # "vllm" | "sglang" | "pdtop", once a page was read
         self.model: str | None = None
         self.models: list[str] = []
@@ -115,10 +129,17 @@ class PrometheusSource(ReadOnlySource):
                 while not self._closed:
                     started = time.monotonic()
                     try:
-                        text, content_type = await self._fetch(client)
+                        if self._page is not None:
+                            text, content_type = await self._page(), ""
+                        elif self._fetch_url is None:
+                            raise NoPage("")
+                        else:
+                            text, content_type = await self._fetch(client, self._fetch_url)
                         page = _read(text, content_type) if len(text) <= INLINE_PARSE_CHARS else \
                             await asyncio.to_thread(_read, text, content_type)
                         out = self._scraped(page, self.clock())
+                    except NoPage as exc:
+                        out = self._from_log(str(exc), self.clock())
                     except ScrapeError as exc:
                         out = self._failed(str(exc))
                     for event in out:
@@ -129,15 +150,21 @@ class PrometheusSource(ReadOnlySource):
         finally:
             self.state = "closed"
 
-    async def _fetch(self, client: httpx.AsyncClient) -> tuple[str, str]:
+    async def _fetch(self, client: httpx.AsyncClient, url: str) -> tuple[str, str]:
         """The page's text and content type, or ScrapeError saying why there is none. The whole read is
-        bounded by `timeout` (httpx's bounds each read, so a server trickling bytes would hold it)."""
+        bounded by `timeout` (httpx's bounds each read, so a server trickling bytes would hold it). An
+        answer that breaks HTTP in a way the readers did not foresee is a failed read too, retried as a
+        refused connection is: nothing a server sends ends the source."""
         try:
-            return await asyncio.wait_for(self._read_body(client), self.timeout)
+            return await asyncio.wait_for(self._read_body(client, url), self.timeout)
         except asyncio.TimeoutError:
             raise ScrapeError(f"no whole answer within {self.timeout:g} s (the server is too slow)") from None
+        except (ScrapeError, asyncio.CancelledError):
+            raise
+        except Exception as exc:  # a malformed answer: one line, and the next read tries again
+            raise ScrapeError(f"not a valid HTTP answer ({visible(str(exc) or type(exc).__name__, 120)})") from None
 
-    async def _read_body(self, client: httpx.AsyncClient) -> tuple[str, str]:
+    async def _read_body(self, client: httpx.AsyncClient, url: str) -> tuple[str, str]:
         too_big = f"the page is over {self.max_bytes / (1 << 20):g} MiB: pdtop reads at most that much of /metrics"
         if self._plain is not None:
             try:
@@ -151,12 +178,14 @@ class PrometheusSource(ReadOnlySource):
             except OSError as exc:
                 raise ScrapeError(why_unreachable(exc)) from None
             if answer.status != 200:
-                raise ScrapeError(self._status(answer.status, answer.reason, answer.headers))
+                raise (NoPage if answer.status == 404 else ScrapeError)(
+                    self._status(answer.status, answer.reason, answer.headers))
             return answer.body.decode("utf-8", errors="replace"), answer.headers.get("content-type", "")
         try:
-            async with client.stream("GET", self._fetch_url) as response:
+            async with client.stream("GET", url) as response:
                 if response.status_code != 200:
-                    raise ScrapeError(self._status(response.status_code, response.reason_phrase, response.headers))
+                    raise (NoPage if response.status_code == 404 else ScrapeError)(
+                        self._status(response.status_code, response.reason_phrase, response.headers))
                 length = response.headers.get("content-length", "")
                 if length.isdigit() and int(length) > self.max_bytes:
                     raise ScrapeError(too_big)
@@ -175,32 +204,53 @@ class PrometheusSource(ReadOnlySource):
             raise ScrapeError(why_unreachable(exc)) from None
 
     def _status(self, status: int, reason: str, headers: Mapping[str, str]) -> str:
-        code = f"HTTP {status} {reason}".strip()
+        code = f"HTTP {status} {visible(reason, 100)}".strip()
         if status in (401, 403):
             return f"{code}: " + ("the token was refused" if self.token else "the server wants a token (--token)")
         if status == 404:
             return f"{code}: no /metrics at this address (SGLang serves it with --enable-metrics)"
         if status in (301, 302, 303, 307, 308) and "location" in headers:
-            return f"{code}: redirected to {shown_url(headers.get('location', '?'))} (a login page?)"
+            return f"{code}: redirected to {visible(shown_url(headers.get('location', '?')), 200)} (a login page?)"
         return code
 
     def _scraped(self, page: Page, now: float) -> list[Hello | Metrics | ErrorNotice]:
         model = self._pick_model(page)
-        out: list[Hello | Metrics | ErrorNotice] = []
-        if self.state != "live" or (page.engine, model, page.models) != (self.engine, self.model, self.models):
-            if (page.engine, model) != (self.engine, self.model):
-                if self.engine is not None:
-                    out.append(ErrorNotice("metrics", f"now showing {ENGINE_NAMES[page.engine]} model {model}"))
-                self._window = Window(self.window_s)
-            self.engine, self.model, self.models = page.engine, model, page.models
-            self.state = "live"
-            target = ScrapeTarget(self.url, page.engine, model, list(page.models), self.interval, self.window_s)
-            out.insert(0, Hello(client_id="scrape", readonly=True, engine=None, scrape=target))
-        self._failures, self._reported, self.last_error, self.retry_at = 0, None, None, None
+        out = self._live(page.engine, model, page.models)
         read, resets = figures(page, model, self._window, now)
         if resets:
             out.append(ErrorNotice("metrics", f"{resets} counters went back: the server restarted? Rates and "
                                               "percentiles count on across it, as Prometheus's do"))
+        if self.split is not None:
+            self.split.fill(read)
+        return self._read(out, read)
+
+    def _from_log(self, why: str, now: float) -> list[Hello | Metrics | ErrorNotice]:
+        """No page: a read from the SGLang log's batch lines, or the failure while it has none."""
+        read = self.split.log_read(now) if self.split is not None and self.split.follower is not None else None
+        if read is None:
+            if self.split is not None and self.split.follower is not None:
+                wait = f"waiting for a Decode/Prefill batch line in {self.split.follower.name}"
+                why = f"{why}; {wait}" if why else wait
+            return self._failed(why)
+        return self._read(self._live("sglang", None, []), read)
+
+    def _live(self, engine: str, model: str | None, models: list[str]) -> list[Hello | Metrics | ErrorNotice]:
+        """The events before a good read: a hello when the source goes live or the target changes."""
+        out: list[Hello | Metrics | ErrorNotice] = []
+        if self.state != "live" or (engine, model, models) != (self.engine, self.model, self.models):
+            if (engine, model) != (self.engine, self.model):
+                if self.engine is not None:
+                    out.append(ErrorNotice("metrics", f"now showing {ENGINE_NAMES[engine]} model "
+                                                      f"{visible(str(model), 200)}"))
+                self._window = Window(self.window_s)
+            self.engine, self.model, self.models = engine, model, models
+            self.state = "live"
+            target = ScrapeTarget(self.url, engine, model, list(models), self.interval, self.window_s)
+            out.insert(0, Hello(client_id="scrape", readonly=True, engine=None, scrape=target))
+        self._failures, self._reported, self.last_error, self.retry_at = 0, None, None, None
+        return out
+
+    def _read(self, out: list[Hello | Metrics | ErrorNotice], read: Metrics) -> list[Hello | Metrics | ErrorNotice]:
         if self.split is not None:
             read.split = self.split.fields(read)
         out.append(read)
@@ -210,8 +260,8 @@ class PrometheusSource(ReadOnlySource):
     def _pick_model(self, page: Page) -> str | None:
         if self.want_model is not None:
             if self.want_model not in page.models:
-                has = ", ".join(page.models) if page.models else "no model_name label"
-                raise ScrapeError(f"no model {self.want_model!r} on the page (it has {has})")
+                has = visible(", ".join(page.models), 300) if page.models else "no model_name label"
+                raise ScrapeError(f"no model {visible(self.want_model, 200)!r} on the page (it has {has})")
             return self.want_model
         if self.model in page.models:
             return self.model

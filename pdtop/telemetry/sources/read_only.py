@@ -28,10 +28,15 @@ class ReadOnlySource:
     async def send(self, command: Command) -> Reply:
         raise ControlRefused(None, self.readonly_reason)
 
-    async def close(self) -> None:
+    def stop(self) -> None:
+        """Tell the poll loop to end at its next wait (it ends even where a cancellation was lost: Python
+        3.11's `wait_for` can swallow one that meets its inner task's end)."""
         self._closed = True
         self.state = "closed"
         self._wake.set()
+
+    async def close(self) -> None:
+        self.stop()
         await self._close_parts()
 
     async def _close_parts(self) -> None:

@@ -1,21 +1,27 @@
-"""The split of an SGLang pdmux server, which its /metrics does not have: from its log (`--sglang-log`),
-or inferred from its pdmux YAML (`--pdmux-config`) and the scraped batch.
+"""What an SGLang server's log (`--sglang-log`) and pdmux YAML (`--pdmux-config`) add to its /metrics
+reads: the split, which /metrics does not have, and the batch figures, where /metrics lacks them.
 
 The log is fact: the start-up line gives the levels, each `Adjusting stream groups` line the level in
 force. Without such lines (SGLang logs them only with `--log-level debug`) and with the config, the
 level is the one SGLang's `adjust_stream_groups` would pick for what /metrics shows: the running
 requests as the decode batch, a prefill in flight when requests wait. That is labelled inferred.
 The result is the `split` object of a `metrics` event (docs/protocol.md).
+
+The scheduler's `Decode batch` / `Prefill batch` lines give running and waiting requests, KV use, token
+throughput and the PD queues: they fill the figures a page lacks, or make the whole read when there is
+no page (SGLang without `--enable-metrics`), and `metrics.log` says which they are and how old.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
 from pdtop.engine.scheduling.splits import SplitTable
-from pdtop.telemetry.events import Metrics, ScrapedSplit
-from pdtop.telemetry.scrape.sglang_log import LogSplit
+from pdtop.telemetry.events import Disagg, LogFigures, Metrics, ScrapedSplit
+from pdtop.telemetry.scrape.names import FIELDS
+from pdtop.telemetry.scrape.sglang_log import SglangLog
 from pdtop.telemetry.sources.log_follow import LogFollower
 
 MAJOR_FOR_UNKNOWN = 9  # SGLang's pdmux runs on Hopper: a log's levels are already realized, so unused
@@ -27,7 +33,7 @@ class SglangSplit:
                  clock: Callable[[], float] = time.monotonic) -> None:
         """`sms`: the device's SM count, for the config's levels when no log gives them."""
         self.follower, self.config, self.sms, self.cc_major, self.clock = follower, config, sms, cc_major, clock
-        self.log = LogSplit()
+        self.log = SglangLog()
 
     def poll(self) -> bool:
         """Read the log's new lines; True if the split changed."""
@@ -38,6 +44,48 @@ class SglangSplit:
         for line in self.follower.read_lines():
             changed |= self.log.feed(line, now)
         return changed
+
+    def fill(self, read: Metrics) -> None:
+        """Put the log's batch figures into `read` where the page lacks them; `read.log` names them."""
+        self.poll()
+        batch = self.log.totals()
+        if batch is None:
+            return
+        taken = []
+        for name, value in (("running", batch.running), ("waiting", batch.queued), ("kv_usage", batch.kv_usage),
+                            ("prompt_tokens_per_s", batch.input_tokens_per_s),
+                            ("generation_tokens_per_s", batch.gen_tokens_per_s)):
+            if value is not None and name in read.absent:
+                setattr(read, name, float(value))
+                taken.append(name)
+        queues = {"prefill_bootstrap_queue": batch.bootstrap, "prefill_inflight_queue": batch.inflight,
+                  "decode_prealloc_queue": batch.prealloc, "decode_transfer_queue": batch.transfer,
+                  "decode_host_receive_queue": batch.host_receive}
+        disagg = read.disagg
+        for name, value in queues.items():
+            if value is None or (disagg is not None and name not in disagg.absent):
+                continue
+            if disagg is None:
+                disagg = read.disagg = Disagg(absent=frozenset(f.name for f in dataclasses.fields(Disagg)) - {"absent"})
+            setattr(disagg, name, float(value))
+            disagg.absent = disagg.absent - {name}
+            taken.append(name)
+        if not taken:
+            return
+        read.absent = read.absent - set(taken)
+        read.not_exposed = [f for f in read.not_exposed if f not in taken]
+        read.log = LogFigures(taken, round(max(0.0, self.clock() - batch.read_at), 3), len(self.log.batches))
+
+    def log_read(self, t: float) -> Metrics | None:
+        """A `metrics` event at Unix time `t` from the log alone (there is no page); None before the log's
+        first batch line."""
+        if self.follower is not None:
+            self.poll()
+        if self.log.totals() is None:
+            return None
+        read = Metrics(t, 0.0, not_exposed=list(FIELDS), absent=frozenset((*FIELDS, "itl_read_p50_s")))
+        self.fill(read)
+        return read
 
     def fields(self, read: Metrics) -> ScrapedSplit | None:
         """The `split` object for a read whose figures are `read`; None if nothing is known."""

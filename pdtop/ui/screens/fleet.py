@@ -17,6 +17,7 @@ from pdtop.ui.fleet_view import FleetView, show_server
 from pdtop.ui.scrape_view import number
 from pdtop.ui.state import DashboardState
 from pdtop.ui.widgets.fleet_table import FleetTable
+from pdtop.visible import visible
 
 WIDE = 120  # columns from which the table has every column
 # (name, width) of the table's columns; 80 columns drop TTFT (the server's own view has it), queues, engine
@@ -65,7 +66,8 @@ def transfer_lines(servers: list[FleetServer], width: int) -> list[Text]:
         latency = number(d.kv_transfer_latency_ms)
         speed = number(d.kv_transfer_speed_gb_s)
         size = number(d.kv_transfer_mb)
-        line = Text.assemble((f"{s.role:<8}", "bold"), (f"{fmt.fit(s.address, 22):<23}", "dim"),
+        address = fmt.fit(visible(s.address, 60), 22)
+        line = Text.assemble((f"{visible(s.role, 10):<8}", "bold"), (f"{address:<23}", "dim"),
                              ("latency ", "dim"), f"{fmt.ms(latency / 1e3) if latency is not None else '–':>9}  ",
                              ("speed ", "dim"), f"{f'{speed:.1f} GB/s' if speed is not None else '–':>10}  ")
         if width >= WIDE:
@@ -152,7 +154,7 @@ class FleetScreen(Screen[None]):
             head.append(f" · {stale} stale", "bold " + self.app.theme_variables.get("error", "red"))
         head.append(f" · read every {fmt.duration(fleet.target.interval_s)}", "dim")
         if fleet.target.router:
-            head.append(f" · router {fleet.target.router}", "dim")
+            head.append(f" · router {visible(fleet.target.router, 100)}", "dim")
         return head
 
     @staticmethod
@@ -168,14 +170,16 @@ class FleetScreen(Screen[None]):
     def _row(self, s: FleetServer, wide: bool) -> Text:
         """One server's line: stale or not yet read, dimmed; the role in its side's colour."""
         m = s.metrics
-        state = s.state if s.reason is None else f"{s.state}: {s.reason}"
+        state = s.state if s.reason is None else f"{s.state}: {visible(s.reason, 200)}"
         kv = number(m.kv_usage) if m is not None else None
-        cells = [s.role, s.address, state, _n(m.running if m else None), _n(m.waiting if m else None),
+        role = visible(s.role, 10)
+        address = visible(s.address, 60) + (f" DP×{len(s.dp_ranks)}" if s.dp_ranks else "")  # a gateway's ranks
+        cells = [role, address, state, _n(m.running if m else None), _n(m.waiting if m else None),
                  fmt.percent(kv), _p99(m, "ttft"), _p99(m, "itl"), _n(m.generation_tokens_per_s if m else None),
-                 queues(s), s.engine or "?"]
+                 queues(s), visible(s.engine or "?", 10)]
         line = Text(self._line(cells, wide), "dim" if s.state != "live" else "", no_wrap=True, overflow="crop")
         colour = self.app.theme_variables.get(ROLE_STYLE.get(s.role, ""), "")
-        line.stylize(f"bold {colour}".strip(), 0, len(s.role))
+        line.stylize(f"bold {colour}".strip(), 0, len(role))
         if s.state == "stale":
             start = 9 + (COLUMNS[1][1] if wide else NARROW[1]) + 1
             line.stylize("bold", start, start + len(fmt.fit(state, COLUMNS[2][1] if wide else NARROW[2])))

@@ -60,7 +60,8 @@ class HeaderBar(Static):
             if state.fleet is not None:  # one server of a fleet: which (Escape goes back to the fleet)
                 where = view.target.url.split("//", 1)[-1].split("/", 1)[0]
                 items.append(([("server ", "dim"), (where, "bold"), ("  esc: fleet", "dim")], [(where, "bold")]))
-            items.append(([(view.engine_name, "bold"), (" /metrics", "dim")], [(view.engine_name, "bold")]))
+            page = " log" if view.log_only else " /metrics"  # SGLang without --enable-metrics: its log alone
+            items.append(([(view.engine_name, "bold"), (page, "dim")], [(view.engine_name, "bold")]))
             items.append(([("model ", "dim"), (view.model_line, "")], [(view.target.model_name or "?", "")]))
             every = f"{view.target.interval_s:g} s"
             items.append(([("read every ", "dim"), (every, "")], [(every, "dim")]))

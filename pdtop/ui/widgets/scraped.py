@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from rich.console import Group
 from rich.text import Text
 
-from pdtop.telemetry.events import Quantiles
+from pdtop.telemetry.events import Metrics, Quantiles
 from pdtop.ui import format as fmt
 from pdtop.ui.chart import block_chart, fill_bar, split_bar
 from pdtop.ui.scrape_view import NOT_EXPOSED, ScrapeView, number
@@ -64,6 +64,9 @@ def _pair(label: str, q: Quantiles | None, exposed: bool, wide: bool) -> Text:
         return Text.assemble((f"{label:<5}", "dim"), (NOT_EXPOSED, "dim italic"))
     if q is None:
         return Text.assemble((f"{label:<5}", "dim"), "–")
+    if q.note is not None:  # a histogram without +Inf and _count: no percentiles, never NaN
+        return Text.assemble((f"{label:<5}", "dim"), "–  ", ("no +Inf bucket or _count: cannot be read"
+                                                             if not wide else q.note, "dim"))
     shown = [(name, getattr(q, f"{name}_s")) for name in ("p50", "p90", "p99")]
     out = Text.assemble((f"{label:<5}", "dim"))
     for name, value in shown:
@@ -95,7 +98,7 @@ def requests(panel: Panel, view: ScrapeView, width: int, height: int) -> Group:
     else:
         kv_line = Text.assemble(("KV ", "dim"), (NOT_EXPOSED, "dim italic"))
     lines = [load, kv_line]
-    for label, name in (("TTFT", "ttft"), ("ITL", "itl"), ("E2E", "e2e")):
+    for label, name in (("TTFT", "ttft"), (itl_label(m), "itl"), ("E2E", "e2e")):
         lines.append(_pair(label, getattr(m, name), view.exposed(name), wide))
     tput = Text.assemble(("tok/s ", "dim"))
     for label, name, value in (("prompt ", "prompt_tokens_per_s", m.prompt_tokens_per_s),
@@ -103,9 +106,35 @@ def requests(panel: Panel, view: ScrapeView, width: int, height: int) -> Group:
         shown = NOT_EXPOSED if not view.exposed(name) else figure(value, fmt.count(number(value)))
         tput.append_text(Text.assemble((label, "dim"), (shown, "bold")))
     lines.append(tput)
-    window = "first read: rates from the next" if m.window_s == 0 else f"over the last {fmt.duration(m.window_s)}"
-    lines.append(Text(f"percentiles and rates {window}" if wide else window, "dim"))
+    if m.log is not None:
+        lines.append(log_line(m, wide))
+    if not view.log_only:
+        window = "first read: rates from the next" if m.window_s == 0 else f"over the last {fmt.duration(m.window_s)}"
+        lines.append(Text(f"percentiles and rates {window}" if wide else window, "dim"))
     return Group(*lines[:height])
+
+
+FIGURES = ("running", "waiting", "kv_usage", "prompt_tokens_per_s", "generation_tokens_per_s")
+LOG_WORDS = {"running": "running", "waiting": "waiting", "kv_usage": "KV", "prompt_tokens_per_s": "prompt tok/s",
+             "generation_tokens_per_s": "output tok/s"}
+
+
+def itl_label(m: Metrics | None) -> str:
+    """`ITL`, or `TPOT` where the page's per-token histogram is older SGLang's per-request mean."""
+    return "TPOT" if m is not None and m.itl_metric is not None else "ITL"
+
+
+def log_line(m: Metrics, wide: bool) -> Text:
+    """Which figures SGLang's log gave (its Decode/Prefill batch lines), and how old its latest is."""
+    assert m.log is not None
+    words = [LOG_WORDS[f] for f in FIGURES if f in m.log.fields]
+    if any(f not in LOG_WORDS for f in m.log.fields):
+        words.append("PD queues")
+    age = "latest batch line just now" if m.log.age_s < 1 else f"latest batch line {fmt.duration(m.log.age_s)} ago"
+    ranks = f", {m.log.ranks} DP ranks" if m.log.ranks > 1 else ""
+    if not wide:
+        return Text(f"from SGLang's log, {age}", "dim")
+    return Text(f"{', '.join(words)} from SGLang's log ({age}{ranks})", "dim")
 
 
 LANES = (("ITL", "itl", "itl_p99_s"), ("TTFT", "ttft", "ttft_p99_s"), ("E2E", "e2e", "e2e_p99_s"))
@@ -121,7 +150,7 @@ def latency_chart(panel: Panel, view: ScrapeView, slo: float | None, width: int,
     if not lanes:
         return not_exposed(panel, "latency histograms", view)
     itl = m.itl if m is not None else None
-    head = Text.assemble(("ITL p50 ", "dim"), percentile(itl, itl.p50_s, fmt.ms) if itl else "–",
+    head = Text.assemble((f"{itl_label(m)} p50 ", "dim"), percentile(itl, itl.p50_s, fmt.ms) if itl else "–",
                          ("  p99 ", "dim"), percentile(itl, itl.p99_s, fmt.ms) if itl else "–")
     if slo is not None:
         head.append_text(Text.assemble(("  SLO ", "dim"), (fmt.ms(slo), panel.colour("slo"))))
@@ -139,6 +168,7 @@ def latency_chart(panel: Panel, view: ScrapeView, slo: float | None, width: int,
         top = max([v for v in values if v is not None] + [line * 1.25 if line else 0.0, 1e-3])
         rows = block_chart(values, rows_n, top, panel.colour("chart"), line, panel.colour("slo"), panel.colour("idle"))
         for i, row in enumerate(rows):
-            name = label if i == 0 else fmt.duration(top) if i == 1 else ""
+            shown = itl_label(m) if label == "ITL" else label
+            name = shown if i == 0 else fmt.duration(top) if i == 1 else ""
             lines.append(Text.assemble((f"{name:>{axis - 1}} ", "dim"), row))
     return Group(*lines)
