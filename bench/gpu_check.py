@@ -2,7 +2,7 @@
 """GPU check: pdtop's own CUDA path (`CudaDevice`, `ModelRunner`, the scheduler through `Engine`)
 on `synthetic:qwen3-8b` in bfloat16 (real shapes, seeded random weights).
 
-    python3 bench/gpu_check.py --out gpu_check.json        # one GPU; at most --budget (270) s
+    python3 bench/gpu_check.py --out gpu_check-h100.json   # one GPU; at most --budget (270) s
     python3 bench/gpu_check.py --smoke --out smoke.json    # CPU, a 2-layer model: checks this script
 
 Needs torch with CUDA, cuda-python (cuda.bindings), nvidia-ml-py, numpy and this repository
@@ -12,11 +12,12 @@ measured; a section that fails or has no time left is recorded as such, never as
 Sections, in order:
 
 1. environment: driver, torch, cuda-bindings, nvidia-ml-py, triton, CUDA_DEVICE_MAX_CONNECTIONS;
-2. device and levels: every level's requested and realized SMs (read back from the green
-   contexts, `cuGreenCtxGetDevResource`), manual divisions [60, 40] and [60, 4], the
-   partition limits and where they came from;
+2. device and levels: the table as requested, every level's requested and realized SMs (read
+   back from the green contexts, `cuGreenCtxGetDevResource`), each level the driver refused with
+   its reason, manual divisions [60, 40] and [60, 4], the partition limits and where they came from;
 3. runtime: the model, a `ModelRunner` with its CUDA graphs captured on every level's
-   decode stream (graph pool, capture time, attention kernel, prefix-attention mode);
+   decode stream (graph pool, capture time, attention kernel, prefix-attention mode), and on
+   every level one decode step replayed from its graph against the same step run eagerly;
 4. decode step (32 requests at context 2048): wall, host (launch) and GPU (CUDA events)
    time, eager against graph, alone (whole GPU, and the decode side of SGLang's level for
    32 requests: 80/52 on 132 SMs) and under 8192-token prefill slices on the prefill side;
@@ -30,8 +31,11 @@ Sections, in order:
 8. NVML/GPM samples (NVML's device matched by PCI bus id / UUID) during every section.
 
 It ends with one summary table, and `targets` in the JSON holds every one of issue 30's targets:
-true (met), false (not met) or null (not measured), with `target_notes` (`analysis/gpu_targets.py`).
-Each decode-step figure takes `--steps` (200) steps, so its p99 is not its maximum.
+true (met), false (not met) or null (not measured), with `target_notes` (`bench/gpu_targets.py`),
+computed at every save, so a run killed mid-way still has a verdict of what it measured. Each
+graph figure takes `--steps` (200) steps and each eager one `--eager-steps` (100), so no p99 is its
+maximum. Sections before the policies leave them their time (pdmux and chunked 2048, the ITL
+targets), skipping themselves first.
 """
 from __future__ import annotations
 
@@ -55,18 +59,19 @@ from pathlib import Path
 from typing import Any
 
 STARTED = time.perf_counter()  # the budget counts from here: importing torch and CUDA's start are in it
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent), str(HERE)]  # pdtop, and gpu_targets beside this script
 
 from pdtop.engine.devices.cuda_setup import max_connections_state, set_max_connections  # noqa: E402
 
 set_max_connections()  # before torch starts CUDA
 
+import gpu_targets  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from pdtop.analysis import gpu_targets  # noqa: E402
 from pdtop.analysis.metrics import percentile, summary_ms  # noqa: E402
-from pdtop.analysis.policy_bench import SCENARIOS, Scenario, decode_only_itls, run_policy  # noqa: E402
+from pdtop.bench.policy_bench import SCENARIOS, Scenario, decode_only_itls, run_policy  # noqa: E402
 from pdtop.engine.build import build_engine  # noqa: E402
 from pdtop.engine.devices.base import Work  # noqa: E402
 from pdtop.engine.devices.green_ctx import bindings_version  # noqa: E402
@@ -76,11 +81,14 @@ from pdtop.engine.runtime.graph_counts import delta, replayed  # noqa: E402
 from pdtop.engine.runtime.runner import ModelRunner  # noqa: E402
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig  # noqa: E402
 from pdtop.engine.scheduling.splits import choose, prefill_layers_per_step  # noqa: E402
-from pdtop.engine.scheduling.warm_start import prefill_to_decoding  # noqa: E402
+from pdtop.engine.scheduling.tokens import append_token  # noqa: E402
 from pdtop.telemetry.hardware.nvml_sampler import NvmlSampler  # noqa: E402
 
 MODEL = "synthetic:qwen3-8b"
 GiB = 1 << 30
+GRAPH_CHECK_ROWS = 4  # the one-step comparison's batch: a graph of its own size, no padded rows
+GRAPH_TOLERANCE = 0.02  # replayed logits within this fraction of the largest eager logit (other GEMM kernels
+# may run under capture: the same math, rounded in another order)
 
 
 # -- the report: saved after every section ------------------------------------------------
@@ -93,8 +101,10 @@ def _out_of_time(signum: int, frame: Any) -> None:
 
 
 class Report:
-    def __init__(self, path: Path, budget_s: float, mode: str):
-        self.path, self.t0, self.budget = path, STARTED, budget_s
+    """The JSON report, saved after every section with its verdict; the budget's clock."""
+
+    def __init__(self, path: Path, budget_s: float, mode: str, verdict: bool = True):
+        self.path, self.t0, self.budget, self.verdict = path, STARTED, budget_s, verdict
         self.section = "start"
         self.data: dict[str, Any] = {"schema": 1, "mode": mode, "model": MODEL,
                                      "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
@@ -104,15 +114,21 @@ class Report:
         return self.budget - (time.perf_counter() - self.t0)
 
     def save(self) -> None:
+        """Write the JSON (replacing the last one whole), the targets computed from what it holds: a run
+        killed at any point leaves the verdict of what it had measured (issue 43)."""
         self.data["elapsed_s"] = round(time.perf_counter() - self.t0, 1)
+        if self.verdict:
+            self.data["targets"], self.data["target_notes"] = gpu_targets.targets(_clean(self.data))
         tmp = self.path.with_suffix(self.path.suffix + ".tmp")
         tmp.write_text(json.dumps(_clean(self.data), indent=1, default=str))
         tmp.replace(self.path)
 
-    def run(self, name: str, fn: Callable[[], Any], need_s: float = 0.0) -> Any:
-        """Run one section; record its error or that it had no time, and save."""
-        if self.left() < need_s:
-            self.data["skipped"][name] = f"{self.left():.0f} s of the budget left, about {need_s:.0f} s needed"
+    def run(self, name: str, fn: Callable[[], Any], need_s: float = 0.0, reserve_s: float = 0.0) -> Any:
+        """Run one section if the budget leaves it `need_s` beyond `reserve_s` (kept for a later section
+        that comes first: the policies); record its error or that it had no time, and save."""
+        if self.left() - reserve_s < need_s:
+            kept = f" beside the {reserve_s:.0f} s kept for the policies" if reserve_s else ""
+            self.data["skipped"][name] = f"{self.left():.0f} s of the budget left, about {need_s:.0f} s needed{kept}"
             print(f"[gpu_check] {name}: skipped ({self.data['skipped'][name]})", flush=True)
             self.save()
             return None
@@ -199,7 +215,12 @@ def decoders(runner: ModelRunner, n: int, context: int, seed: int = 0) -> list[R
             for i in range(n)]
     per_batch = max(1, 8192 // context)
     for i in range(0, n, per_batch):
-        prefill_to_decoding(runner, reqs[i:i + per_batch])
+        batch = reqs[i:i + per_batch]
+        for r in batch:
+            runner.admit(r)
+            r.status = RequestStatus.PREFILLING
+        for r, token in zip(batch, runner.prefill(batch), strict=True):
+            append_token(r, token, 0.0, ())
     return reqs
 
 
@@ -337,12 +358,42 @@ def timed(dev: Any, runner: ModelRunner, reqs: list[Request], steps: int, feeder
     return out
 
 
+def device_facts(dev: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The report's `device` entry and one `levels` entry per level that runs, from the cuda device's own
+    description: beside the levels kept, the table as requested (`levels_requested`, every level) and
+    each level the driver refused, with its reason (`dropped_levels`), so the verdict tells a table
+    cut to its two whole-device levels from one that ran whole."""
+    info = dev.describe().extra
+    device = {"name": info["gpu"], "sms": info["sms"], "cc": info["cc"], "driver_cuda": info["driver_cuda"],
+              "pci_bus_id": info["pci_bus_id"], "uuid": info["uuid"], "partition_limits": info["partition_limits"],
+              "max_connections": info["max_connections"], "levels_requested": info["levels_requested"],
+              "dropped_levels": info["dropped_levels"]}
+    levels = [{"level": i, "requested": list(req), "realized": list(real), "carve": carve}
+              for i, (req, real, carve) in enumerate(zip(dev.requested, dev.realized, dev.carves(), strict=True))]
+    return device, levels
+
+
+def compare_logits(eager: torch.Tensor, graph: torch.Tensor, replayed_: bool) -> dict[str, Any]:
+    """One decode step's logits replayed from a CUDA graph against the same step run eagerly: `ok` when
+    the graph really replayed and no logit is off by more than GRAPH_TOLERANCE of the largest eager one
+    (NaN or infinity never is). Rows whose greedy token agrees are counted, not required: two close
+    logits may swap under another rounding order."""
+    eager, graph = eager.float(), graph.float()
+    diff = (graph - eager).abs().max().item() if eager.shape == graph.shape else math.inf
+    scale = eager.abs().max().item()
+    same = int((graph.argmax(-1) == eager.argmax(-1)).sum().item()) if eager.shape == graph.shape else 0
+    ok = replayed_ and math.isfinite(diff) and math.isfinite(scale) and diff <= GRAPH_TOLERANCE * max(scale, 1e-6)
+    return {"replayed": replayed_, "rows": int(eager.shape[0]), "rows_same_argmax": same, "max_abs_diff": diff,
+            "max_abs_logit": scale, "ok": ok}
+
+
 # -- the check ----------------------------------------------------------------------------
 class Check:
     def __init__(self, args: argparse.Namespace):
         self.args = args
         self.smoke = args.smoke
-        self.report = Report(Path(args.out), args.budget, "smoke" if args.smoke else "gpu")
+        self.report = Report(Path(args.out), args.budget, "smoke" if args.smoke else "gpu",
+                             verdict=not args.connections_probe)
         self.data = self.report.data
         self.tdev = torch.device("cpu" if self.smoke else "cuda:0")
         self.dev: Any = None
@@ -351,6 +402,7 @@ class Check:
         self.nvml: NvmlLog | None = None
         self.decode_bs, self.context, self.long = (4, 64, 256) if self.smoke else (32, 2048, 8192)
         self.chunks = (64, 32) if self.smoke else (2048, 512)
+        self.policy_s = 15 if self.smoke else 40  # what one policy run needs left to start
 
     # 1
     def environment(self) -> None:
@@ -384,14 +436,8 @@ class Check:
 
         self.dev = dev = CudaDevice(index=0)
         info = dev.describe().extra  # the cuda device's own facts
-        props = torch.cuda.get_device_properties(0)
-        self.data["device"] = {"name": info["gpu"], "sms": info["sms"], "cc": info["cc"],
-                               "memory_gib": round(props.total_memory / GiB, 1), "driver_cuda": info["driver_cuda"],
-                               "pci_bus_id": info["pci_bus_id"], "uuid": info["uuid"],
-                               "partition_limits": info["partition_limits"], "max_connections": info["max_connections"]}
-        self.data["levels"] = [{"level": i, "requested": list(req), "realized": list(real), "carve": carve}
-                               for i, (req, real, carve) in enumerate(zip(dev.requested, dev.realized, dev.carves(),
-                                                                          strict=True))]
+        self.data["device"], self.data["levels"] = device_facts(dev)
+        self.data["device"]["memory_gib"] = round(torch.cuda.get_device_properties(0).total_memory / GiB, 1)
         try:  # the driver's count checked by where kernels run (sm_probe); a failure leaves the rest standing
             measured: list = dev.measure_sms(time_limit_s=5.0)
         except Exception as exc:
@@ -429,6 +475,38 @@ class Check:
             self.data["runtime"]["memory_gib"] = {"allocated": round(torch.cuda.memory_allocated() / GiB, 1),
                                                   "reserved": round(torch.cuda.memory_reserved() / GiB, 1)}
 
+    # 3b
+    def graph_vs_eager(self) -> None:
+        """On every level, one decode step replayed from the level's CUDA graph against the same step run
+        eagerly on the same stream (`compare_logits`), in `levels[i].graph_vs_eager`: `graph_replayed`
+        counts replays; this says they compute what the model computes."""
+        runner = self.runner
+        assert runner is not None
+        cuda = runner.cuda
+        if self.dev is None or cuda is None or not cuda.use_graphs:
+            self.data["graph_vs_eager"] = "needs the cuda device with CUDA graphs"
+            return
+        reqs = decoders(runner, GRAPH_CHECK_ROWS, self.context, seed=3)
+        self.data["graph_vs_eager"] = {"rows": GRAPH_CHECK_ROWS, "context": self.context, "tolerance": GRAPH_TOLERANCE}
+        try:
+            for level, entry in enumerate(self.data["levels"]):
+                self.dev.set_level(level)
+                stream = self.dev.side_streams()[1]
+                with torch.cuda.stream(stream):
+                    cuda.use_graphs = False
+                    eager = runner.next_logits(reqs).clone()
+                    cuda.use_graphs = True
+                    before = cuda.counts.snapshot()
+                    graph = runner.next_logits(reqs).clone()  # the graphs' buffer: copied before the next step
+                    ran = replayed(before, cuda.counts.snapshot())
+                stream.synchronize()
+                entry["graph_vs_eager"] = compare_logits(eager, graph, ran)
+                self.report.save()
+        finally:
+            cuda.use_graphs = cuda.graphs_wanted and cuda.paged
+            for r in reqs:
+                runner.free(r)
+
     def _pdmux_level(self) -> int:
         return choose(self.dev.groups, self.decode_bs, True)
 
@@ -437,7 +515,6 @@ class Check:
         runner = self.runner
         assert runner is not None
         reqs = decoders(runner, self.decode_bs, self.context)
-        steps = self.args.steps
         out: dict[str, Any] = {"batch": self.decode_bs, "context": self.context}
         self.data["decode_step"] = out  # what was measured stays if a later figure fails
         modes = ("eager",) if runner.cuda is None or not runner.cuda.use_graphs else ("eager", "graph")
@@ -445,7 +522,8 @@ class Check:
             for mode in modes:
                 if runner.cuda is not None:
                     runner.cuda.use_graphs = mode == "graph"
-                res: dict[str, Any] = {}
+                steps = self.args.steps if mode == "graph" else self.args.eager_steps  # eager: enough for a p99
+                res: dict[str, Any] = {"steps": steps}
                 out[mode] = res
                 if self.dev is None:
                     res["alone"] = timed(None, runner, reqs, steps)
@@ -525,7 +603,7 @@ class Check:
         itl: dict[str, Any] = {}
         self.data["itl_ms"] = itl
         for key, policy, config in runs:
-            if self.report.left() < (15 if self.smoke else 40):
+            if self.report.left() < self.policy_s:
                 self.data["skipped"][f"policies.{key}"] = f"{self.report.left():.0f} s left"
                 continue
             engine = build_engine("cpu" if self.smoke else "cuda", MODEL, config, policy, loaded_model=self.model,
@@ -615,25 +693,22 @@ class Check:
         dev.close()
         self.data.update(value=max_connections_state()["value"], realized=list(dev.groups[1]), decode_under_prefill=res)
 
-    # the end
-    def targets(self) -> None:
-        """Every target of issue 30, true/false/null (not measured), read from the report as saved."""
-        self.data["targets"], self.data["target_notes"] = gpu_targets.targets(_clean(self.data))
-
     def main(self) -> int:
         r = self.report
         if self.args.connections_probe:
             r.run("probe", self.probe)
             return 0 if not self.data["errors"] else 1
         stopped = False
+        keep = 2 * self.policy_s + 10  # pdmux and chunked 2048 (the ITL targets) before the figures
         try:
             r.run("environment", self.environment)
             r.run("device", self.device, need_s=5)
             r.run("runtime", self.runtime, need_s=20)
             if self.runner is not None:
-                r.run("decode_step", self.decode, need_s=15)
-                r.run("overlap", self.overlap, need_s=15)
-            r.run("policies", self.policies, need_s=45)
+                r.run("graph_vs_eager", self.graph_vs_eager, need_s=5, reserve_s=keep)
+                r.run("decode_step", self.decode, need_s=15, reserve_s=keep)
+                r.run("overlap", self.overlap, need_s=15, reserve_s=keep)
+            r.run("policies", self.policies, need_s=self.policy_s + 5)
             r.run("max_connections", self.connections, need_s=40)
         except OutOfTime:
             stopped = True
@@ -645,7 +720,6 @@ class Check:
             self.data["nvml"] = "not sampled: no device section"
         else:
             self.data["nvml"] = {"device": NvmlSampler().describe()}
-        self.targets()
         r.save()
         print(summary(self.data), flush=True)
         if stopped:  # engines and graphs were left mid-step: do not wait for their teardown
@@ -674,6 +748,14 @@ def summary(d: dict[str, Any]) -> str:
                                                           f"->{x['realized'][0]}/{x['realized'][1]}") for x in levels)
             + "; manual " + ", ".join(f"{m['requested']}->{m.get('realized', 'dropped')}"
                                       for m in d.get("manual_levels", [])))
+        compared = [(x["level"], x["graph_vs_eager"]) for x in levels if isinstance(x.get("graph_vs_eager"), dict)]
+        if compared:
+            lines.append("graph vs eager, one step per level (max |diff| / max |logit|): " + ", ".join(
+                f"{i}: {'ok' if c.get('ok') else 'NO'} "
+                f"{_f(c.get('max_abs_diff'), '.3g')}/{_f(c.get('max_abs_logit'), '.3g')}"
+                + ("" if c.get("replayed") else " (not replayed)") for i, c in compared))
+    for x in (d.get("device") or {}).get("dropped_levels") or []:
+        lines.append(f"dropped level {x.get('level')} {x.get('requested')}: {str(x.get('reason'))[:160]}")
     rt = d.get("runtime") or {}
     if rt:
         g = rt.get("cuda_graphs") or {}
@@ -728,6 +810,8 @@ def main() -> int:
     ap.add_argument("--budget", type=float, default=270.0, help="seconds; sections that do not fit are skipped")
     ap.add_argument("--steps", type=int, help="timed decode steps per figure (default 200, enough for a p99 that is "
                     "not the maximum; smoke: 20)")
+    ap.add_argument("--eager-steps", type=int, help="timed steps per eager figure (default 100, what a p99 needs: "
+                    "the graph figures are the ones compared with targets; smoke: --steps)")
     ap.add_argument("--layers", type=int, help="synthetic model layers (default: all 36; smoke: 2)")
     ap.add_argument("--kv-tokens", type=int, default=229376, help="KV cache of the policy runs (default 229,376)")
     ap.add_argument("--preflight", help="bench/gpu_run.sh's preflight lines, recorded in environment "
@@ -737,10 +821,18 @@ def main() -> int:
     args = ap.parse_args()
     if args.steps is None:
         args.steps = 20 if args.smoke else 200
+    if args.eager_steps is None:
+        args.eager_steps = min(args.steps, 100)
     from pdtop.engine.devices.host import machine_line
     print(machine_line(), flush=True)  # the machine these figures come from
-    if not args.smoke and not torch.cuda.is_available():
-        print("gpu_check: no CUDA GPU visible to torch; use --smoke on a CPU", file=sys.stderr)
+    if not args.smoke and not torch.cuda.is_available():  # still a report: what ran, and why nothing more
+        why = "no CUDA GPU visible to torch; use --smoke on a CPU"
+        print(f"gpu_check: {why}", file=sys.stderr, flush=True)
+        check = Check(args)
+        check.report.run("environment", check.environment)
+        check.data["errors"]["cuda"] = why
+        check.report.save()
+        print(summary(check.data), flush=True)
         return 2
     torch.manual_seed(0)
     signal.signal(signal.SIGTERM, _out_of_time)  # a timeout still gets the summary table

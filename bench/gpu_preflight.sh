@@ -1,9 +1,12 @@
 # Sourced by bench/gpu_run.sh (`. bench/gpu_preflight.sh >"$OUT/preflight.txt"`), before the GPU check:
-# what Triton needs to build its launcher on the lent machine (issue 30). Without it, the paged-attention
-# check fails and decode loses its Triton kernel. Each check prints one line,
-# `preflight: NAME ok (what) | FAILED (why)`; none stops the run (gpu_check records the lines in
-# `environment.preflight`). Sourced, so what it exports (TRITON_CACHE_DIR, and CC when only `cc` exists)
-# holds for the rest of the run. Needs $PY (the interpreter). At most 105 s, each check capped.
+# what Triton needs to build its launcher on the lent machine (issue 30), then every Triton kernel the
+# check and the cuda tests launch compiled ahead into the cache, in parallel (bench/gpu_warm.py; its
+# lines in $OUT/triton_warm.log). Without Triton's launcher, the paged-attention check fails and decode
+# loses its Triton kernel. Each check prints one line, `preflight: NAME ok (what) | FAILED (why)`; none
+# stops the run (gpu_check records the lines in `environment.preflight`). Sourced, so what it exports
+# (TRITON_CACHE_DIR, and CC when only `cc` exists) holds for the rest of the run. Needs $PY (the
+# interpreter). At most 10 + 20 + 10 + 45 + $PREFLIGHT_WARM_S (75) = 160 s, each check capped; about
+# 50 s when all goes well (the warm-up's float32 compiles, 13 s each, two to a process, are most of it).
 
 _pf() { echo "preflight: $1 $2"; }
 
@@ -71,14 +74,31 @@ add_one[(triton.cdiv(1000, 256),)](x, 1000, BLOCK=256)
 assert x.sum().item() == 1000, "wrong result"
 print(f"triton {triton.__version__}")
 EOF
-_pf_err=$(timeout -k 5 60 "$PY" "$_pf_py" 2>&1); _pf_rc=$?
+_pf_err=$(timeout -k 5 45 "$PY" "$_pf_py" 2>&1); _pf_rc=$?
+_pf_kernel=$_pf_rc
 if [ "$_pf_rc" = 0 ]; then
   _pf triton_kernel "ok ($(echo "$_pf_err" | tail -n 1))"
 elif [ "$_pf_rc" = 124 ] || [ "$_pf_rc" = 137 ]; then
-  _pf triton_kernel "FAILED (did not finish in 60 s)"
+  _pf triton_kernel "FAILED (did not finish in 45 s)"
 else
   _pf triton_kernel "FAILED ($(echo "$_pf_err" | grep -v '^[[:space:]]*$' | tail -n 1 | cut -c1-240))"
 fi
 rm -f "$_pf_py"
+
+# the check's and the tests' Triton kernels compiled ahead, in parallel, into TRITON_CACHE_DIR
+_pf_warm_s=${PREFLIGHT_WARM_S:-75}
+if [ "$_pf_kernel" != 0 ]; then
+  _pf triton_warm "FAILED (not tried: no Triton kernel runs here; the check records what decode runs instead)"
+else
+  _pf_err=$(timeout -k 5 "$_pf_warm_s" "$PY" bench/gpu_warm.py 2>&1); _pf_rc=$?
+  printf '%s\n' "$_pf_err" >"${OUT:-/tmp}/triton_warm.log"
+  if [ "$_pf_rc" = 0 ]; then
+    _pf triton_warm "ok ($(echo "$_pf_err" | tail -n 1 | sed 's/^warm: //'))"
+  elif [ "$_pf_rc" = 124 ] || [ "$_pf_rc" = 137 ]; then
+    _pf triton_warm "FAILED (did not finish in $_pf_warm_s s: $(grep -c ': ok (' <<<"$_pf_err") variants compiled)"
+  else
+    _pf triton_warm "FAILED ($( { grep -m 1 -v ': ok (' <<<"$_pf_err" || echo "exit $_pf_rc"; } | cut -c1-240))"
+  fi
+fi
 unset -f _pf
-unset _pf_cc _pf_src _pf_err _pf_inc _pf_ldc _pf_lib _pf_py _pf_rc
+unset _pf_cc _pf_src _pf_err _pf_inc _pf_ldc _pf_lib _pf_py _pf_rc _pf_kernel _pf_warm_s

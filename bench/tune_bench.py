@@ -22,13 +22,14 @@ from typing import Any
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from pdtop.analysis.policy_bench import SCENARIOS, Scenario
-from pdtop.analysis.tune import Measurement, Slo
-from pdtop.analysis.tune_report import describe_config
-from pdtop.analysis.tune_workload import SGLANG_DEFAULT, measure, tune
+from pdtop.bench.policy_bench import SCENARIOS, Scenario
 from pdtop.engine.build import build_engine
 from pdtop.engine.engine import Engine
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
+from pdtop.tune.engine_search import measure, tune
+from pdtop.tune.report import describe_config
+from pdtop.tune.score import Measurement, Slo
+from pdtop.tune.space import SGLANG_DEFAULT
 
 SCENARIO_NAMES = ("seed", "12x16k")
 

@@ -1,7 +1,9 @@
 """The `pdtop` command line: one table of subcommands, each in its own module.
 
-Each module in `pdtop.commands` has `add_arguments(parser)` and `run(args) -> int`
-and keeps heavy imports (torch, textual) inside `run`, so `--help` stays fast.
+Each subcommand's module (in `pdtop.commands`, or a feature's own `cli` module: `pdtop.tune.cli`,
+`pdtop.bench.cli`) has `add_arguments(parser)` and `run(args) -> int`, its docstring is the
+subcommand's description, and it keeps heavy imports (torch, textual) inside `run`, so `--help`
+stays fast.
 """
 from __future__ import annotations
 
@@ -21,8 +23,8 @@ SUBCOMMANDS: list[tuple[str, str, str]] = [
     ("serve", "pdtop.commands.serve", "run the engine with its workload and a websocket telemetry/control server"),
     ("record", "pdtop.commands.record", "record a running server's event stream to an NDJSON file"),
     ("generate", "pdtop.commands.generate", "complete one prompt with the embedded model"),
-    ("bench", "pdtop.commands.bench", "compare scheduling policies on a fixed, seeded workload"),
-    ("tune", "pdtop.commands.tune",
+    ("bench", "pdtop.bench.cli", "compare scheduling policies on a fixed, seeded workload"),
+    ("tune", "pdtop.tune.cli",
      "find the pdmux configuration that meets ITL/TTFT SLOs with the best goodput; write SGLang's YAML"),
     ("levels", "pdtop.commands.levels", "print the split levels (stream groups) for a device"),
     ("estimate", "pdtop.commands.estimate",

@@ -1,4 +1,5 @@
-"""ui -> telemetry -> engine and api -> engine, never back: checked by importing in a clean interpreter."""
+"""ui -> telemetry -> engine and api -> engine, never back; analysis is pure pricing; the features (tune,
+bench) stay out of the dashboard's way: checked by importing in a clean interpreter."""
 from __future__ import annotations
 
 import importlib.util
@@ -8,8 +9,11 @@ import sys
 
 import pytest
 
+import pdtop.analysis
+import pdtop.bench
 import pdtop.engine
 import pdtop.telemetry
+import pdtop.tune
 
 # Modules that import an optional package at their top (Triton ships only with CUDA builds of torch).
 NEEDS = {"pdtop.engine.model.triton_decode": "triton"}
@@ -35,6 +39,19 @@ def test_engine_imports_neither_telemetry_nor_ui_nor_api_nor_textual():
 
 def test_telemetry_imports_neither_ui_nor_textual():
     loaded = _imported_after(_modules(pdtop.telemetry))
+    assert not {m for m in loaded if m.startswith(("textual", "pdtop.ui"))}
+
+
+def test_analysis_is_pure_pricing():
+    """analysis prices with the engine's roofline and computes the benchmarks' statistics; it runs no
+    server, request or benchmark, so it imports none of the parts that do."""
+    loaded = _imported_after(_modules(pdtop.analysis))
+    parts = ("pdtop.telemetry", "pdtop.ui", "pdtop.api", "pdtop.tune", "pdtop.bench", "pdtop.commands")
+    assert not {m for m in loaded if m.startswith((*parts, "httpx", "textual", "fastapi"))}
+
+
+def test_tune_and_bench_import_neither_ui_nor_textual():
+    loaded = _imported_after(_modules(pdtop.tune) + _modules(pdtop.bench))
     assert not {m for m in loaded if m.startswith(("textual", "pdtop.ui"))}
 
 

@@ -107,8 +107,8 @@ def test_the_job_check_can_fail(tmp_path):
 
 
 def test_the_dashboard_loads_no_torch():
-    """The ui takes the engine's vocabulary (records, commands, knobs, policy names) and analysis's tune
-    search, never the model: attaching to a remote server must not load torch."""
+    """The ui takes the engine's vocabulary (records, commands, knobs, policy names) and `pdtop.tune`'s
+    search, score and report, never the model: attaching to a remote server must not load torch."""
     code = ("import sys, pdtop.ui.app, pdtop.ui.live_tune, pdtop.ui.screens.tune, pdtop.commands.attach\n"
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

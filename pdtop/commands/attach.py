@@ -41,7 +41,6 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from pdtop.commands._common import fail
 from pdtop.commands._scrape import (
     add_fleet_arguments,
     add_scrape_arguments,
@@ -51,6 +50,7 @@ from pdtop.commands._scrape import (
     make_fleet,
     make_split,
 )
+from pdtop.commands.common import fail
 from pdtop.ui.cli_args import DEFAULT_INTERVAL_S, add_ui_arguments
 
 if TYPE_CHECKING:

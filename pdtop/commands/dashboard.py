@@ -32,8 +32,8 @@ import time
 from pathlib import Path
 from typing import IO
 
-from pdtop.commands._common import DEVICE_HELP, INPUT_ERRORS, add_level_rule_arguments, add_runtime_arguments, fail
 from pdtop.commands._startup import READY
+from pdtop.commands.common import DEVICE_HELP, INPUT_ERRORS, add_level_rule_arguments, add_runtime_arguments, fail
 from pdtop.commands.serve import RATE_HELP, SCENARIOS_HELP, SPEED_HELP, check_inputs
 from pdtop.engine.scheduling.policies import DEFAULT_POLICY, POLICIES
 from pdtop.ui.cli_args import add_ui_arguments

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from pdtop.commands._common import fail, number_list, positive_int
+from pdtop.commands.common import fail, number_list, positive_int
 from pdtop.engine.roofline.kv import LINK_HELP
 
 

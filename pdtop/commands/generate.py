@@ -18,7 +18,7 @@ import signal
 import sys
 import time
 
-from pdtop.commands._common import INPUT_ERRORS, fail
+from pdtop.commands.common import INPUT_ERRORS, fail
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

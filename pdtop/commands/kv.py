@@ -15,7 +15,7 @@ import json
 import math
 from typing import Any
 
-from pdtop.commands._common import INPUT_ERRORS, fail, number_list, positive_int
+from pdtop.commands.common import INPUT_ERRORS, fail, number_list, positive_int
 from pdtop.engine.roofline.kv import DTYPE_BYTES, kv_bytes, kv_bytes_per_token, parse_dtype_bytes, requests_fit
 
 GIB = 1024**3

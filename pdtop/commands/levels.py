@@ -18,7 +18,7 @@ import argparse
 import json
 import os
 
-from pdtop.commands._common import fail
+from pdtop.commands.common import fail
 
 SAMPLE_BS = (1, 6, 12, 18, 24, 30, 36, 64)
 

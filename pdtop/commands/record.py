@@ -30,7 +30,6 @@ import sys
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, quote, urlsplit
 
-from pdtop.commands._common import fail
 from pdtop.commands._scrape import (
     add_fleet_arguments,
     add_scrape_arguments,
@@ -40,6 +39,7 @@ from pdtop.commands._scrape import (
     make_fleet,
     make_split,
 )
+from pdtop.commands.common import fail
 
 if TYPE_CHECKING:
     from pdtop.telemetry.sources.fleet import FleetSource

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 
-from pdtop.commands._common import fail
+from pdtop.commands.common import fail
 from pdtop.ui.cli_args import add_ui_arguments
 
 

@@ -51,7 +51,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from pdtop.commands._common import (
+from pdtop.commands.common import (
     DEVICE_HELP,
     INPUT_ERRORS,
     add_level_rule_arguments,

@@ -249,7 +249,7 @@ class PdtopApp(ReplayActions):
 
     def action_tune(self, value: tuple[float, float]) -> None:
         """Start live tuning (`pdtop.ui.live_tune`) with (ITL SLO seconds, seconds per candidate)."""
-        from pdtop.analysis.tune import Slo
+        from pdtop.tune.score import Slo
         from pdtop.ui.live_tune import LiveTune
 
         config = self.state.config

@@ -7,7 +7,7 @@ that follow: ITL p99 over the decode batch's token gaps in the window (from the 
 counted once per request in the batch, so requests still running count), TTFT p99 over the
 requests that arrived and got their first token in it, the prefill throughput of those prompts,
 and goodput as `pdtop tune` counts it over the requests that finish in it
-(`pdtop.analysis.tune.score`). A candidate with no decode round in its window is unmeasured:
+(`pdtop.tune.score.score`). A candidate with no decode round in its window is unmeasured:
 `keep()` refuses to keep it.
 
 Candidates: one fixed split `[prefill, decode, 1]` per split level of the engine, the other
@@ -27,21 +27,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pdtop.analysis.metrics import percentile
-from pdtop.analysis.tune import (
-    Axis,
-    Family,
-    ParetoSearch,
-    RequestSample,
-    SearchSpace,
-    Slo,
-    Trial,
-    covered_s,
-    score,
-)
+from pdtop.engine.description import EngineConfig
 from pdtop.engine.records import RequestRecord, RoundRecord
 from pdtop.engine.scheduling.commands import AutoLevel, EngineCommand, PinLevel, Set
 from pdtop.engine.scheduling.pdmux_config import SGLANG_KEYS, PdmuxConfig
-from pdtop.telemetry.events import ConfigEvent, EngineConfig
+from pdtop.telemetry.events import ConfigEvent
+from pdtop.tune.score import RequestSample, Slo, covered_s, score
+from pdtop.tune.search import Axis, Family, ParetoSearch, SearchSpace, Trial
 
 Send = Callable[[EngineCommand], Awaitable[Any]]
 MAX_SAMPLES = 20_000  # requests (and round gaps) kept per window: bounded memory under any request rate

@@ -9,7 +9,7 @@ import sys
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdtop.analysis.loadgen import LoadSpec, make_prompts, run_load, summarize
+from pdtop.bench.loadgen import LoadSpec, make_prompts, run_load, summarize
 from pdtop.engine.scheduling.workload import corpus_text
 
 VLLM_NAMES = ("time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 import threading
 
-from pdtop.analysis.round_trace import RoundTracer
+from pdtop.bench.round_trace import RoundTracer
 from pdtop.engine.build import build_engine
 from pdtop.engine.engine import Engine
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig

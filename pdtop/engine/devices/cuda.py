@@ -90,6 +90,7 @@ class CudaDevice(Device):
         self._whole = torch.cuda.Stream(self.tdev)
         self._made: dict[tuple[int, int], _Level] = {}  # by requested group
         self._active: list[_Level] = []  # one per level, in level order
+        self.wanted: list[tuple[int, int]] = []  # the table as last requested, dropped levels included
         self.dropped: list[tuple[tuple[int, int], str]] = []
         self._pending: deque[_Pending] = deque()
         self._listeners: list[StreamsListener] = []
@@ -131,8 +132,9 @@ class CudaDevice(Device):
 
     def set_groups(self, groups: list[tuple[int, int]]) -> list[tuple[int, int] | None]:
         """Carve each split level (`GreenContexts.split`); a level the driver cannot make is dropped
-        with a one-line warning naming it. Levels no longer used are destroyed; the device's
-        `groups` become the realized counts of the levels kept."""
+        with a one-line warning naming it (`dropped`, with the driver's reason; `wanted` keeps the
+        whole table as requested). Levels no longer used are destroyed; the device's `groups`
+        become the realized counts of the levels kept."""
         wanted = [(int(p), int(d)) for p, d in groups]
         if len(wanted) < 2:
             raise DeviceError(f"a split table needs at least 2 levels, got {wanted}")
@@ -147,7 +149,7 @@ class CudaDevice(Device):
         gone = [lvl.pair for g, lvl in self._made.items() if g not in made and lvl.pair is not None]
         # e.g. CUDA graphs: captured for new streams, freed for old ones before those are destroyed
         retire_levels(self.gc, gone, self._listeners, _decode_streams(active, self._whole), self._synchronize)
-        self._made, self._active, self.dropped = made, active, dropped
+        self._made, self._active, self.wanted, self.dropped = made, active, wanted, dropped
         super().set_groups([lvl.realized for lvl in active])
         return [made[g].realized if g in made else None for g in wanted]
 
@@ -184,6 +186,7 @@ class CudaDevice(Device):
 
     @property
     def requested(self) -> list[tuple[int, int]]:
+        """What each running level asked for (`wanted` is the whole table, dropped levels too)."""
         return [lvl.requested for lvl in self._active]
 
     def _current(self) -> _Level:
@@ -261,9 +264,10 @@ class CudaDevice(Device):
     def describe(self) -> DeviceDescription:
         out = super().describe()
         out.extra.update({k: v for k, v in self.gc.describe().items() if k != "name"})
-        out.extra.update({"gpu": self.gc.name, "levels_requested": [list(g) for g in self.requested],
+        out.extra.update({"gpu": self.gc.name, "levels_requested": [list(g) for g in self.wanted],
                           "levels_realized": [list(r) for r in self.realized],
-                          "dropped_levels": [{"requested": list(g), "reason": r} for g, r in self.dropped],
+                          "dropped_levels": [{"level": self.wanted.index(g), "requested": list(g), "reason": r}
+                                             for g, r in self.dropped],
                           "levels_carve": self.carves(),
                           "prefill_slices_in_flight": self.max_prefill_in_flight,
                           "max_connections": max_connections_state(),

@@ -376,5 +376,15 @@ def prepare() -> bool:
     return all(k() is not None for k in (decode_attention, silu_mul, rope_kv, add_rms_norm, argmax))
 
 
-if __name__ == "__main__":  # `python -m pdtop.engine.model.cpu_kernels`: build them now (`make install` does)
-    print("CPU kernels ready" if prepare() else "CPU kernels unavailable: the torch path runs")
+def build_all() -> list[str]:
+    """Build (or find in the cache) every `csrc/*.c` for this CPU, the quantized matmuls and the decode
+    step included, so no later model load compiles; the names that could not be built."""
+    return [source.stem for source in sorted(CSRC.glob("*.c")) if _library(source.stem) is None]
+
+
+if __name__ == "__main__":  # `python -m pdtop.engine.model.cpu_kernels`: build them all now (`make install` does)
+    missing, total = build_all(), len(list(CSRC.glob("*.c")))
+    if missing or not prepare():
+        print(f"CPU kernels unavailable ({', '.join(missing) or 'a check failed'}): the torch path runs there")
+    else:
+        print(f"CPU kernels ready: {total} of {total} built for this CPU")

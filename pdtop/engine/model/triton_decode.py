@@ -4,7 +4,11 @@ One program per (decode row, KV head, context split) loads that KV head's query 
 one tile, walks its split of the row's context through the block table (no gathered copy),
 and keeps an online softmax; a second kernel merges the splits by their log-sum-exp. The
 split count is a launch constant chosen from the batch size, so a CUDA graph captures the
-launch and the context length is read on the GPU.
+launch and the context length is read on the GPU. The block table's width (its row stride), which
+an eager batch takes from its longest row, is not a specialization key: Triton would otherwise
+compile again whenever the width crossed a multiple of 16 (seconds, in the middle of a timed run),
+and a variant is fixed by the head shape, dtype and split count alone (`bench/gpu_warm.py`
+compiles them ahead).
 
 Imported only when the kernels run (Triton ships with CUDA builds of torch). Under
 `TRITON_INTERPRET=1` they run on CPU tensors, which the tests use; there (`interpret`) the
@@ -49,7 +53,7 @@ def _tile(q, k_base, v_base, bt_row, s, end, m, l_sum, acc, scale, stride_ks, st
     return m_new, l_sum, acc * alpha[:, None] + pv
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_bt"])  # the table's width varies with the batch: one compile for all
 def _decode_split(Q, K, V, BT, CTX, MID_O, MID_LSE, OUT, scale,
                   stride_qn, stride_qh, stride_kh, stride_ks, stride_vh, stride_vs, stride_bt,
                   stride_mn, stride_mh, stride_ms, stride_on, stride_oh,

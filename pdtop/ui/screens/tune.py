@@ -16,7 +16,7 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Label, Static
 
-from pdtop.analysis.tune_report import describe_config, trial_table
+from pdtop.tune.report import describe_config, trial_table
 from pdtop.ui.live_tune import LiveTune, NotMeasured
 
 

@@ -15,7 +15,8 @@ For `sm_probe` it also keeps device memory, libraries, a context stack and, per 
 SMs its context holds (each split group a run of SM ids): a `pdtop_smid` launch writes, for
 each block, one of those ids (all of the GPU's with `leaky=True`: contexts that do not
 isolate), and a `pdtop_fma` launch adds work / SMs to a virtual clock (`clock()`) that
-`cuStreamSynchronize` advances. `FakeNvrtc` stands in for `cuda.bindings.nvrtc`.
+`cuStreamSynchronize` advances. `FakeNvrtc` stands in for `cuda.bindings.nvrtc`, and
+`fake_cuda_device` makes a `CudaDevice` on this driver with stand-ins for torch's streams.
 """
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ import itertools
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
+
+from pdtop.engine.devices.cuda import CudaDevice
+from pdtop.engine.devices.green_ctx import GreenContexts
 
 
 class CUresult(enum.IntEnum):
@@ -276,3 +280,31 @@ class FakeNvrtc:
     def nvrtcDestroyProgram(self, prog: int) -> tuple:
         self.live.discard(prog)
         return (0,)
+
+
+_stream_ids = itertools.count(1)
+
+
+class FakeStream:
+    """torch.cuda.Stream's part the cuda device uses (a handle, synchronize, priority)."""
+
+    def __init__(self, device: Any = None, priority: int = 0):
+        self.cuda_stream, self.priority = -next(_stream_ids), priority
+
+    def synchronize(self) -> None:
+        pass
+
+
+class FakeExternalStream(FakeStream):
+    def __init__(self, handle: int, device: Any = None):
+        self.cuda_stream, self.priority = handle, 0
+
+
+def fake_cuda_device(drv: FakeDriver, groups: list[tuple[int, int]] | None = None) -> CudaDevice:
+    """A `CudaDevice` on `drv` (SGLang's levels unless `groups`), torch's streams stood in for."""
+    torch_streams = SimpleNamespace(cuda=SimpleNamespace(
+        Stream=FakeStream, ExternalStream=FakeExternalStream,
+        synchronize=lambda device: drv.calls.append("synchronize")))
+    dev = CudaDevice.__new__(CudaDevice)
+    dev._start(torch_streams, "cuda:0", GreenContexts(driver=drv), groups, 8, False)
+    return dev

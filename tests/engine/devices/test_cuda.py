@@ -1,16 +1,13 @@
 """The CUDA green-context device: clear failures without CUDA here, real splits and overlap on a GPU."""
 import ctypes.util
 import importlib.util
-import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
-from pdtop.analysis.gpu_targets import TARGETS
 from pdtop.engine.devices.base import Work
 from pdtop.engine.devices.cuda import CudaDevice
 from pdtop.engine.devices.cuda_setup import cuda_unavailable_reason
@@ -210,150 +207,9 @@ def test_set_groups_rebuilds_levels(device):
     assert device.groups == old
 
 
-# -- the GPU check script -------------------------------------------------------------------
-GPU_MACHINE_LACKS = ("gguf", "websockets", "orjson", "textual", "fastapi", "uvicorn", "httptools", "openai",
-                     "pytest_asyncio")
-
-
-def test_cli_json_and_synthetic_models_need_neither_orjson_nor_psutil():
-    """What the lent GPU machine's cuda tests run without the carried wheels: the CLI's parser (every
-    command module is imported to build it), `encode` (`pdtop tune --json`), and a synthetic model on the
-    CPU (its memory check reads /proc/meminfo without psutil)."""
-    r = _run("import sys\n"
-             f"for m in {(*GPU_MACHINE_LACKS, 'psutil')!r}:\n    sys.modules[m] = None\n"
-             "from pdtop.cli import build_parser\n"
-             "build_parser()\n"
-             "from pdtop.telemetry.encode import encode\n"
-             "from pdtop.engine.model import synthetic\n"
-             "m = synthetic.synthetic_model('synthetic:smollm2-135m', dtype='float32', num_layers=1)\n"
-             "print(encode({'layers': m.config.num_layers}), synthetic._available_ram() > 0)\n")
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ['{"layers":1}', "True"]
-
-
-def test_gpu_check_smoke_runs_without_packages_the_gpu_machine_lacks(tmp_path):
-    """`bench/gpu_check.py --smoke` (CPU, a 2-layer model) drives pdtop's runner, engine and scheduler
-    through every section that needs no GPU, with what the lent GPU machine lacks unimportable."""
-    import json
-
-    script = Path(__file__).resolve().parents[3] / "bench" / "gpu_check.py"
-    out = tmp_path / "gpu_check.json"
-    code = ("import runpy, sys\n"
-            f"for m in {GPU_MACHINE_LACKS!r}:\n    sys.modules[m] = None\n"
-            f"sys.argv = ['gpu_check.py', '--smoke', '--out', {str(out)!r}]\n"
-            f"runpy.run_path({str(script)!r}, run_name='__main__')\n")
-    r = _run(code)
-    assert r.returncode == 0, r.stdout + r.stderr
-    report = json.loads(out.read_text())
-    assert report["errors"] == {} and report["skipped"] == {} and report["mode"] == "smoke"
-    assert report["device"]["name"] == "cpu" and report["levels"] == []
-    assert report["environment"]["torch"] == torch.__version__
-    eager = report["decode_step"]["eager"]["alone"]
-    assert eager["wall_ms"]["n"] == 20 and eager["wall_ms"]["p50"] > 0
-    assert eager["graph_replayed"] is False  # said for every decode figure; the CPU has no graphs
-    assert set(report["itl_ms"]) == {"decode_only", "pdmux_under_prefill", "chunked_64", "chunked_32"}
-    assert all(v > 0 for v in report["itl_ms"].values())
-    assert report["policies"]["chunked_32"]["chunk_size"] == 32 and report["policies"]["pdmux"]["levels"]
-    assert report["runtime"]["kv_cache"]["tokens"] == 4096
-    assert "ITL p99 ms: decode_only" in r.stdout  # the summary table
-    # decode-only: 30 rounds of 4 requests, each request's gap into them left out (issue 30)
-    assert report["policies"]["pdmux"]["decode_only_itl_ms"]["n"] == 4 * 29
-    chunked = report["policies"]["chunked_32"]
-    assert chunked["mixed_steps"] == 128 // 32 and chunked["decode_graphs"] is False and chunked["decode_graphs_note"]
-    assert chunked["itl_ms"]["n"] > 0 and chunked["decode_steps"] is None  # the decoder's counts: CUDA only
-    # every target is there; what a CPU cannot measure is null and the table says so
-    assert set(report["targets"]) == set(TARGETS) and report["targets"]["realized_equals_requested"] is None
-    assert "target graphs_replayed_on_every_level: not measured (no levels in the report)" in r.stdout
-
-
-def test_gpu_check_section_that_fails_frees_its_requests(tmp_path, monkeypatch):
-    """A decode figure that raises (on the GPU: any error mid-section) is recorded in `errors`, and its
-    32 requests' KV goes back to the runner's pool, so the sections after it do not run out of KV."""
-    import argparse
-    import importlib.util
-
-    # importing it sets CUDA_DEVICE_MAX_CONNECTIONS if unset: monkeypatch puts the environment back after
-    monkeypatch.setenv("CUDA_DEVICE_MAX_CONNECTIONS", os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS", "32"))
-    path = Path(__file__).resolve().parents[3] / "bench" / "gpu_check.py"
-    spec = importlib.util.spec_from_file_location("gpu_check_under_test", path)
-    assert spec is not None and spec.loader is not None
-    gpu_check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_check)
-    calls = []
-
-    def failing(*args, **kw):
-        calls.append(args)
-        raise RuntimeError("a figure failed")
-
-    monkeypatch.setattr(gpu_check, "timed", failing)
-    args = argparse.Namespace(out=str(tmp_path / "gpu_check.json"), smoke=True, budget=60.0, steps=2, layers=1,
-                              kv_tokens=4096, preflight=None, connections_probe=False, probe_split="80,52")
-    check = gpu_check.Check(args)
-    check.report.run("runtime", check.runtime)
-    check.report.run("decode_step", check.decode)
-    runner = check.runner
-    assert calls and "a figure failed" in check.data["errors"]["decode_step"]
-    assert runner is not None and runner.kv.pool.used_blocks == 0
-
-
-def test_gpu_check_stopped_by_its_timeout_keeps_results_and_prints_the_table(tmp_path):
-    """SIGTERM (what `timeout` in bench/gpu_run.sh sends) in the middle of a section: the sections done
-    stay in the JSON, the one stopped is recorded as such, the summary table is still printed."""
-    import json
-    import signal
-
-    script = Path(__file__).resolve().parents[3] / "bench" / "gpu_check.py"
-    out = tmp_path / "gpu_check.json"
-    proc = subprocess.Popen([sys.executable, str(script), "--smoke", "--out", str(out)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    try:
-        lines = []
-        for line in proc.stdout:  # type: ignore[union-attr]
-            lines.append(line)
-            if line.startswith("[gpu_check] decode_step"):
-                proc.send_signal(signal.SIGTERM)
-                break
-        rest = proc.communicate(timeout=120)[0]
-    finally:
-        proc.kill()
-    assert proc.returncode == 124, "".join(lines) + rest
-    report = json.loads(out.read_text())
-    assert "SIGTERM" in report["skipped"]["decode_step"] and report["runtime"]["dtype"] == "float32"
-    assert "policies" not in report["seconds"] and "ITL p99" not in rest
-    assert rest.strip().splitlines()[-1].startswith("skipped decode_step: stopped by SIGTERM")  # the table's end
-
-
 @no_cuda
 def test_device_info_says_what_is_missing():
     from pdtop.engine.devices.cuda_setup import cuda_device_info
 
     with pytest.raises(DeviceError, match=r"^cuda device unavailable: "):
         cuda_device_info()
-
-
-@no_cuda
-def test_gpu_run_script_leaves_its_files_without_a_gpu(tmp_path):
-    """`bench/gpu_run.sh` (the one call a lent GPU machine makes) on a machine without a GPU: the check
-    says so and exits 2, the cuda tests skip, and every log lands in $OUT."""
-    import re
-
-    script = Path(__file__).resolve().parents[3] / "bench" / "gpu_run.sh"
-    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable, "GPU_RUN_TOTAL_S": "400"}
-    r = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=240)
-    assert r.returncode == 0, r.stderr
-    assert "gpu_run: gpu_check exit 2\n" in r.stdout and "gpu_run: pytest exit 0\n" in r.stdout
-    assert {p.name for p in tmp_path.iterdir()} >= {"nvidia_smi.txt", "preflight.txt", "gpu_check.log",
-                                                   "pytest_cuda.log"}
-    assert len(list(tmp_path.iterdir())) < 8  # the device tool brings back fewer than 8 files
-    # the check gets what the total leaves after the tests' 120 s and the kills' slack: 400 - 145 - before
-    before, check_s, budget = map(int, re.search(r"gpu_run: (\d+) s before the check; it gets (\d+) s "
-                                                 r"\(budget (\d+) s\)", r.stdout).groups())
-    assert check_s == 400 - 145 - before and budget == check_s - 10
-    # the preflight: one line per check, none of them stopping the run
-    lines = (tmp_path / "preflight.txt").read_text().splitlines()
-    assert [line.split()[1] for line in lines] == ["compiler", "python_h", "libcuda", "triton_cache_dir",
-                                                  "triton_kernel"]
-    assert all(re.fullmatch(r"preflight: \w+ (ok|FAILED) \(.+\)", line) for line in lines), lines
-    assert lines[0] in r.stdout.splitlines()  # shown, not only written
-    assert "no CUDA GPU visible to torch" in (tmp_path / "gpu_check.log").read_text()
-    assert "skipped" in (tmp_path / "pytest_cuda.log").read_text()

@@ -148,10 +148,11 @@ def test_prefix_attention_takes_a_fused_kernel_not_math():
 
 
 def test_graph_decode_equals_eager_on_every_level(model):
+    from warm_start import prefill_to_decoding
+
     from pdtop.engine.devices.cuda import CudaDevice
     from pdtop.engine.request import Request, SamplingParams
     from pdtop.engine.runtime.runner import ModelRunner
-    from pdtop.engine.scheduling.warm_start import prefill_to_decoding
 
     dev = CudaDevice()
     runner = ModelRunner(model, 16384)

@@ -2,40 +2,12 @@
 was captured on a level's streams, the decode graphs, is freed and the device synchronized before
 the streams and green contexts are destroyed, on `set_groups` dropping levels and on `close()`), and
 each level's SMs measured on its own streams."""
-import itertools
-from types import SimpleNamespace
-
 import pytest
-from fake_cuda_driver import FakeDriver, FakeNvrtc
+from fake_cuda_driver import FakeDriver, FakeNvrtc, fake_cuda_device
 
-from pdtop.engine.devices.cuda import CudaDevice, retire_levels
+from pdtop.engine.devices.cuda import retire_levels
 from pdtop.engine.devices.green_ctx import GreenContexts
 from pdtop.engine.errors import DeviceError
-
-_ids = itertools.count(1)
-
-
-class _Stream:
-    """torch.cuda.Stream's part the device uses here (a handle, synchronize, priority)."""
-
-    def __init__(self, device=None, priority=0):
-        self.cuda_stream, self.priority = -next(_ids), priority
-
-    def synchronize(self):
-        pass
-
-
-class _External(_Stream):
-    def __init__(self, handle, device=None):
-        self.cuda_stream, self.priority = handle, 0
-
-
-def _device(drv: FakeDriver, groups=None) -> CudaDevice:
-    torch_streams = SimpleNamespace(cuda=SimpleNamespace(
-        Stream=_Stream, ExternalStream=_External, synchronize=lambda device: drv.calls.append("synchronize")))
-    dev = CudaDevice.__new__(CudaDevice)
-    dev._start(torch_streams, "cuda:0", GreenContexts(driver=drv), groups, 8, False)
-    return dev
 
 
 def _first(calls: list[str], name: str, after: int = 0) -> int:
@@ -44,7 +16,7 @@ def _first(calls: list[str], name: str, after: int = 0) -> int:
 
 def test_listeners_free_graphs_before_levels_are_destroyed():
     drv = FakeDriver()
-    dev = _device(drv)
+    dev = fake_cuda_device(drv)
     told: list[tuple[set[int], int]] = []  # (streams the listener was given, calls made by then)
     dev.add_streams_listener(lambda streams: told.append((set(streams), len(drv.calls))))
     kept = dev._made[(80, 52)].decode.cuda_stream
@@ -89,7 +61,7 @@ def test_destroy_errors_are_one_line_after_every_pair_was_tried():
 
 def test_every_level_is_measured_on_its_own_streams():
     drv = FakeDriver()
-    dev = _device(drv)
+    dev = fake_cuda_device(drv)
     try:
         got = dev.measure_sms(nvrtc=FakeNvrtc(), clock=drv.clock)
         for (p, d), m in zip(dev.realized, got, strict=True):
@@ -101,3 +73,23 @@ def test_every_level_is_measured_on_its_own_streams():
     finally:
         dev.close()
     assert not drv.memory and not drv.libraries and not drv.live_contexts
+
+
+def test_a_refused_level_is_described_beside_the_table_as_requested():
+    """The driver refuses one level's decode context: the device runs the others, and says which level of
+    the table it dropped and the driver's reason (bench/gpu_check.py records both for its verdict)."""
+    from pdtop.engine.roofline.partition import stream_groups
+
+    drv = FakeDriver(fail_create={52})  # (80, 52)'s decode side
+    dev = fake_cuda_device(drv)
+    try:
+        table = stream_groups(132, 9)
+        info = dev.describe().extra
+        assert info["levels_requested"] == [list(g) for g in table] and dev.wanted == table
+        dropped = info["dropped_levels"]
+        assert [(x["level"], x["requested"]) for x in dropped] == [(table.index((80, 52)), [80, 52])]
+        assert dropped[0]["reason"].startswith("cuGreenCtxCreate failed: CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION")
+        assert dev.groups == [g for g in table if g != (80, 52)] and info["levels_realized"] == [
+            list(g) for g in dev.groups]
+    finally:
+        dev.close()

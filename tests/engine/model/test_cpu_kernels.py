@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -253,3 +254,21 @@ def test_without_a_compiler_one_line_says_why_and_the_torch_path_runs(tmp_path):
     assert broken.stdout.split() == ["False", "False"]
     lines = broken.stderr.splitlines()
     assert len(lines) == 1 and "does not run" in lines[0] and "the slower torch path runs" in lines[0], lines
+
+
+def test_the_install_step_builds_every_kernel_source(tmp_path):
+    """Issue 42 item 18: `make install` built 5 of the 8 libraries, so the first `generate` compiled the
+    quantized matmuls and the decode step. `python -m pdtop.engine.model.cpu_kernels` now asks for
+    every `csrc/*.c`: here through a compiler that logs each source and fails, so it is quick."""
+    log = tmp_path / "cc.log"
+    cc = tmp_path / "cc"
+    cc.write_text(f'#!/bin/sh\nfor a in "$@"; do case "$a" in *.c) echo "$a" >> {log};; esac; done\n'
+                  'case "$1" in --version) echo "logging cc 1.0"; exit 0;; esac\nexit 1\n')
+    cc.chmod(0o755)
+    done = subprocess.run([sys.executable, "-m", "pdtop.engine.model.cpu_kernels"], capture_output=True, text=True,
+                          env={**os.environ, "XDG_CACHE_HOME": str(tmp_path), "CC": str(cc)}, timeout=120)
+    assert done.returncode == 0, done.stderr
+    sources = sorted(p.name for p in cpu_kernels.CSRC.glob("*.c"))
+    assert len(sources) >= 9
+    assert sorted({Path(line).name for line in log.read_text().split()}) == sources
+    assert done.stdout.startswith("CPU kernels unavailable (") and "torch path runs" in done.stdout

@@ -67,7 +67,8 @@ def test_triton_paged_decode_matches_gather_and_sdpa():
 
 
 DECODE_STEP = """
-import json, torch
+import json, sys, torch
+sys.path.insert(0, "tests")  # the tests' helpers (run from the repository root)
 from pdtop.engine.model.llama import ForwardBatch
 from pdtop.engine.model.loader import load_model
 from pdtop.engine.model.paged_attention import PagedDecode
@@ -75,7 +76,7 @@ from pdtop.engine.request import Request, RequestStatus, SamplingParams
 from pdtop.engine.runtime.cuda_graphs import DecodeInputs
 from pdtop.engine.runtime.runner import ModelRunner
 from pdtop.engine.scheduling.scheduler import append_token
-from pdtop.engine.scheduling.warm_start import prefill_to_decoding
+from warm_start import prefill_to_decoding
 
 runner = ModelRunner(load_model(None, dtype="float32"), kv_capacity_tokens=1024)
 reqs = prefill_to_decoding(runner, [Request(i, list(range(100 + i, 100 + i + n)), SamplingParams(max_tokens=8))

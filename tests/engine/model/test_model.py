@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from chat_prompts import chat_ids, prompt_logits
+from warm_start import prefill_to_decoding
 
 from pdtop.engine.errors import EngineError
 from pdtop.engine.model.llama import REFINE_TOP, ForwardBatch, Segment
@@ -15,7 +16,6 @@ from pdtop.engine.model.synthetic import synthetic_model
 from pdtop.engine.request import Request, SamplingParams
 from pdtop.engine.runtime.runner import ModelRunner
 from pdtop.engine.scheduling.scheduler import append_token, generate
-from pdtop.engine.scheduling.warm_start import prefill_to_decoding
 
 # Batched and lone runs use different matmul row counts, so oneDNN may sum in another order:
 # logits (magnitude ~10-30) may differ by float32 rounding, never by more than this.

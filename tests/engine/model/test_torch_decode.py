@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from warm_start import prefill_to_decoding
 
 from pdtop.engine.model.config import synthetic_config
 from pdtop.engine.model.llama import ForwardBatch
@@ -15,7 +16,6 @@ from pdtop.engine.model.torch_decode import CHUNK_BYTES, RaggedDecode, chunk_ent
 from pdtop.engine.request import Request, SamplingParams
 from pdtop.engine.runtime.cuda_graphs import _torch_variants, _triton_variants, check_attention
 from pdtop.engine.runtime.runner import ModelRunner
-from pdtop.engine.scheduling.warm_start import prefill_to_decoding
 
 PAGE, BLOCKS = 16, 40
 LENS = [1, 17, 100, 33, 64, 16, 1]  # odd lengths, one token, whole blocks; the last row is a graph's pad row

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from warm_start import prefill_to_decoding
 
 from pdtop.engine.model.synthetic import synthetic_model
 from pdtop.engine.request import Request, SamplingParams
 from pdtop.engine.runtime.cuda_graphs import CudaDecoder
 from pdtop.engine.runtime.graph_counts import GRAPHS_OFF, NO_BUCKET, NO_GRAPH, replayed
 from pdtop.engine.runtime.runner import ModelRunner
-from pdtop.engine.scheduling.warm_start import prefill_to_decoding
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

@@ -89,7 +89,7 @@ def test_a_scenario_that_does_not_fit_stops_before_starting():
                         "--kv-tokens", "4096"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
-    from pdtop.analysis.policy_bench import SCENARIOS
+    from pdtop.bench.policy_bench import SCENARIOS
 
     sc = SCENARIOS["cpu"]  # its decode budget (1,500) is under SmolLM2's 8,192-token context, so it is not capped
     need = sc.kv_tokens(sc.decode_tokens)

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from pdtop.analysis.estimate import estimate
-from pdtop.analysis.policy_bench import SCENARIOS, run_policy
+from pdtop.bench.policy_bench import SCENARIOS, run_policy
 from pdtop.engine.build import build_engine
 from pdtop.engine.errors import ControlError, DeviceError
 from pdtop.engine.model.config import synthetic_config

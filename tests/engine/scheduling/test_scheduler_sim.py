@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from pdtop.analysis.estimate import estimate
-from pdtop.analysis.policy_bench import SCENARIOS, run_policy
+from pdtop.bench.policy_bench import SCENARIOS, run_policy
 from pdtop.engine.build import build_engine, parse_device
 from pdtop.engine.errors import ConfigError, ControlError, EngineError
 from pdtop.engine.model.config import synthetic_config

@@ -1,0 +1,135 @@
+"""`pdtop tune` on pdtop's own engine: each candidate runs `pdtop bench`'s seeded scenario on a fresh
+engine, and the search space is SGLang's knobs for the engine's device (`space.pdmux_space`).
+
+A candidate's run: under the prefill-first policy (which no pdmux knob changes), `decode_bs`
+requests are prefilled and decode a few rounds on the whole device (the decode-only ITL); then
+pdmux and the candidate are set through the engine's validated control path (a `set` message, as
+a live override would be), and `long_prompts` long prompts arrive one after another, each when the
+previous one has its first token and `settle_rounds` more rounds have run. The window runs from the
+first long prompt's arrival to the end; every request in it is scored (`score.score`).
+
+The warm-up is the same for every candidate, so two configurations that pick the same split
+for every decode batch size of the window (`decode_bs` .. `decode_bs + long_prompts`) and run the
+same layers per round for a long prompt behave the same: the space's key says so, and the
+search measures one of them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+from pdtop.analysis.metrics import percentile
+from pdtop.bench.policy_bench import Scenario, step_until_first_tokens
+from pdtop.engine.engine import Engine
+from pdtop.engine.errors import EngineError, PromptError
+from pdtop.engine.request import Request
+from pdtop.engine.scheduling.commands import Set
+from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
+from pdtop.tune.report import TuneReport
+from pdtop.tune.score import Measurement, RequestSample, Slo, covered_s, score
+from pdtop.tune.search import ParetoSearch, Trial, closest_trials, run_search
+from pdtop.tune.space import device_default, pdmux_space
+
+WARMUP_ROUNDS = 8  # decode-only rounds before the candidate is applied
+
+
+def decode_max_tokens(engine: Engine, sc: Scenario) -> int:
+    """The decode requests' max_tokens: the scenario's, within the model's context."""
+    return min(engine.executor.cfg.max_context - sc.decode_prompt, sc.decode_tokens)
+
+
+def check_fits(engine: Engine, sc: Scenario) -> None:
+    """PromptError (one line) when the scenario's prompts do not fit the context or its requests the KV cache."""
+    cfg, pool = engine.executor.cfg, engine.executor.pool
+    for what, tokens in (("decode prompt", sc.decode_prompt + 1), ("long prompt", sc.long_tokens + sc.long_max_tokens)):
+        if tokens > cfg.max_context:
+            raise PromptError(f"the workload's {what} ({tokens} tokens with its output) is longer than the model's "
+                              f"context ({cfg.max_context} tokens)")
+    # the long prompts come one after another, each done a few rounds after its first token: as
+    # `pdtop bench`, count those held at once (`Scenario.long_at_once`), not all of them
+    need = (sc.decode_bs * pool.blocks_for(sc.decode_prompt + decode_max_tokens(engine, sc))
+            + sc.long_at_once * pool.blocks_for(sc.long_tokens + sc.long_max_tokens))
+    if need > pool.num_blocks:
+        raise PromptError(f"the workload does not fit the KV cache: {sc.decode_bs} decode requests and "
+                          f"{sc.long_at_once} long prompts at once need {need * pool.block_size} tokens, the cache "
+                          f"holds {pool.capacity_tokens}")
+
+
+def changes_to(engine: Engine, config: PdmuxConfig) -> dict[str, Any]:
+    """The `Set` values that take the engine from its configuration to `config`."""
+    now = engine.config.to_dict()
+    return {k: v for k, v in config.for_device(engine.device.kind).to_dict().items() if now[k] != v}
+
+
+def measure(engine: Engine, sc: Scenario, slo: Slo, config: PdmuxConfig, deadline: float | None = None,
+            policy: str = "pdmux") -> Measurement:
+    """Run the scenario on a fresh `engine` with `config` and `policy` applied after the warm-up (see the
+    module doc). Past `deadline` (time.monotonic) no further long prompt is sent: the window ends with
+    those measured."""
+    engine.control(Set({"policy": "prefill-first"}))
+    decoders = [engine.submit(engine.prompts.make(sc.decode_prompt), decode_max_tokens(engine, sc), ignore_eos=True)
+                for _ in range(sc.decode_bs)]
+    step_until_first_tokens(engine, decoders)
+    steps = [rec.decode_step_s for rec in (engine.step() for _ in range(WARMUP_ROUNDS)) if rec.decode_bs]
+    engine.control(Set({"policy": policy, **changes_to(engine, config)}))
+    engine.step()  # applied at this round's start
+    if changes_to(engine, config) or engine.scheduler.policy != policy:
+        raise EngineError(f"the engine did not take the candidate {config}")
+    start = engine.device.now()
+    longs: list[Request] = []
+    for _ in range(sc.long_prompts):
+        if longs and deadline is not None and time.monotonic() > deadline:
+            break
+        longs.append(engine.submit(engine.prompts.make(sc.long_tokens), sc.long_max_tokens, ignore_eos=True))
+        step_until_first_tokens(engine, longs[-1:])
+        for _ in range(sc.settle_rounds):
+            engine.step()
+    end = engine.device.now()
+    if any(r.finished for r in decoders):
+        raise EngineError("the decode requests finished before the long prompts did; raise the workload's "
+                          "decode_tokens")
+    samples = [RequestSample(r.ttft if r.arrival >= start else None,
+                             [b - a for a, b in itertools.pairwise(r.token_times) if start < b <= end])
+               for r in decoders + longs]
+    waits = [(r.arrival, r.token_times[0]) for r in longs]
+    return score(samples, slo, end - start, sum(r.prompt_len for r in longs), covered_s(waits),
+                 percentile(steps, 50))
+
+
+def tune(make_engine: Callable[[], Engine], sc: Scenario, slo: Slo, budget_s: float = math.inf,
+         progress: Callable[[Trial, float], None] | None = None, coarse: int = 3) -> TuneReport:
+    """Search the engine's space on the scenario; `make_engine()` builds a fresh engine with the
+    default configuration (each candidate gets its own)."""
+    t0 = time.monotonic()
+    engine = make_engine()
+    kind = engine.device.kind
+    try:
+        check_fits(engine, sc)
+        space = pdmux_space(engine.scheduler.table, sc, engine.executor.cfg.num_layers)
+    finally:
+        engine.close()
+
+    def evaluate(config: PdmuxConfig, deadline: float | None = None) -> Measurement:
+        e = make_engine()
+        try:
+            return measure(e, sc, slo, config, deadline)
+        finally:
+            e.close()
+
+    reference = device_default(kind)
+    search = ParetoSearch(space, slo, coarse, reference=reference)
+    started = time.monotonic()  # the default is always measured, cut short at the budget's end
+    default = search.tell(reference, evaluate(reference, t0 + budget_s))
+    if progress is not None:
+        progress(default, time.monotonic() - t0)
+    run = run_search(search, evaluate, budget_s - (time.monotonic() - t0), progress,
+                     longest_s=time.monotonic() - started)
+    run = dataclasses.replace(run, measured=run.measured + 1, elapsed_s=time.monotonic() - t0)
+    trials = list(search.trials.values())
+    best = search.best
+    return TuneReport(slo, sc, default, trials, search.front, best,
+                      [] if best is not None else closest_trials(trials, slo), run, space.size)

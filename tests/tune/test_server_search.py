@@ -1,0 +1,353 @@
+"""`pdtop tune --launch`: real server processes (a stand-in server script, and `pdtop serve`)
+started, loaded over HTTP, and stopped per candidate; nothing left running, ever."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pdtop.cli import main
+
+STANDIN = Path(__file__).with_name("standin_server.py")
+ROOT = Path(__file__).resolve().parents[2]
+SMALL = "decode_bs=2,decode_prompt=16,long_tokens=64,long_prompts=2,decode_tokens=8"
+
+
+def standin(tmp: Path, *extra: str) -> str:
+    return (f"{sys.executable} {STANDIN} --config {{config}} --port {{port}} --pid-file {tmp / 'pids'} "
+            + " ".join(extra))
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie has ended
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def pids(tmp: Path) -> list[int]:
+    path = tmp / "pids"
+    return [int(x) for x in path.read_text().split()] if path.exists() else []
+
+
+def processes_naming(text: str) -> list[int]:
+    """Live processes whose command line contains `text`."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and int(d.name) != os.getpid():
+            try:
+                if text in (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                    out.append(int(d.name))
+            except OSError:
+                pass
+    return [p for p in out if alive(p)]
+
+
+def tune(tmp: Path, command: str, *extra: str) -> tuple[int, dict]:
+    """`pdtop tune --launch` on the small scenario: (exit code, its --json object or {})."""
+    return tune_on(tmp, command, "--workload", SMALL, *extra)
+
+
+def records(tmp: Path) -> list[dict]:
+    lines = (tmp / "runs.jsonl").read_text().splitlines()
+    return [json.loads(x) for x in lines[1:]]
+
+
+def test_candidates_are_launched_measured_and_stopped(tmp_path):
+    rc, out = tune(tmp_path, standin(tmp_path, "--child"), "--max-candidates", "3", "--out", str(tmp_path / "b.yaml"))
+    assert rc in (0, 1)
+    recs = records(tmp_path)
+    assert len(recs) == 3 and all(r["ok"] for r in recs)
+    assert recs[0]["config"] == recs[1]["config"]  # SGLang's default, twice: the noise
+    assert recs[0]["config"]["split_forward_token_budget"] == 4096  # cpu's own budget, as measured
+    assert all(any(s["long"] for s in r["samples"]) for r in recs)
+    assert out["launch"]["reused"] == 0 and out["search"]["measured"] == 3
+    logs = sorted(Path(out["launch"]["log_dir"]).glob("candidate-*.log"))
+    assert len(logs) == 3 and "standin: fault ok" in logs[0].read_text()
+    assert len(pids(tmp_path)) == 6  # each server and its child
+    assert not [p for p in pids(tmp_path) if alive(p)]
+
+
+def test_a_crashed_or_unhealthy_candidate_is_recorded_and_the_search_goes_on(tmp_path):
+    faults = tmp_path / "faults"
+    faults.write_text("crash-start\nnever-healthy\ncrash-mid\nok\n")
+    rc, out = tune(tmp_path, standin(tmp_path, "--faults", str(faults)), "--max-candidates", "4",
+                   "--startup-timeout", "2")
+    assert rc == 0  # the one that ran meets the SLO
+    recs = records(tmp_path)
+    assert [r["ok"] for r in recs] == [False, False, False, True]
+    assert "exited with status 3 before it was ready" in recs[0]["reason"]
+    assert "boom: the stand-in cannot load its model" in recs[0]["log_tail"]
+    assert "not ready (/health answering 200) within 2 s" in recs[1]["reason"]
+    assert "status 4" in recs[2]["reason"] and "boom: crashed mid-run" in recs[2]["log_tail"]
+    assert len(out["launch"]["failures"]) == 3
+    assert not [p for p in pids(tmp_path) if alive(p)]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_stopping_pdtop_mid_search_leaves_no_server_running(tmp_path, sig):
+    command = standin(tmp_path, "--child", "--gap-ms", "200")  # slow: the signal comes mid-run
+    proc = subprocess.Popen([sys.executable, "-m", "pdtop", "tune", "--launch", command, "--device", "cpu",
+                             "--slo-itl-ms", "50", "--workload", SMALL, "--results", str(tmp_path / "runs.jsonl")],
+                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(pids(tmp_path)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(pids(tmp_path)) == 2, proc.stderr.read() if proc.poll() is not None else "no server started"
+        time.sleep(1.0)  # the server is up and being loaded
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == (130 if sig == signal.SIGINT else 128 + signal.SIGTERM), err
+    assert not [p for p in pids(tmp_path) if alive(p)]
+    if sig == signal.SIGINT:
+        assert "interrupted after" in err and "no server left running" in err
+
+
+def test_a_server_gets_sigterm_when_pdtop_is_killed_outright(tmp_path):
+    """SIGKILL leaves pdtop no time to stop anything: the watchdog it started stops the server."""
+    command = standin(tmp_path, "--gap-ms", "200")
+    proc = subprocess.Popen([sys.executable, "-m", "pdtop", "tune", "--launch", command, "--device", "cpu",
+                             "--slo-itl-ms", "50", "--workload", SMALL], cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not pids(tmp_path) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert pids(tmp_path), "no server started"
+        proc.kill()
+        proc.wait(10)
+        server = pids(tmp_path)[0]
+        deadline = time.monotonic() + 10
+        while alive(server) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not alive(server)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in pids(tmp_path):
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_search_resumes_from_its_results(tmp_path):
+    command = standin(tmp_path)
+    tune(tmp_path, command, "--max-candidates", "2")
+    assert len(records(tmp_path)) == 2
+    _, out = tune(tmp_path, command, "--max-candidates", "2")
+    assert out["launch"]["reused"] == 2 and out["search"]["measured"] == 4
+    recs = records(tmp_path)
+    assert len(recs) == 4 and recs[2]["config"] != recs[0]["config"]  # new candidates, not the default again
+    assert len(pids(tmp_path)) == 4
+
+
+def test_a_results_file_of_another_workload_is_refused_in_one_line(tmp_path, capsys):
+    tune(tmp_path, standin(tmp_path), "--max-candidates", "1")
+    capsys.readouterr()
+    argv = ["tune", "--launch", standin(tmp_path), "--device", "cpu", "--slo-itl-ms", "50", "--workload",
+            SMALL.replace("long_prompts=2", "long_prompts=3"), "--results", str(tmp_path / "runs.jsonl")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "another command, workload or seed" in err
+    (tmp_path / "bad.jsonl").write_text("not json\n")
+    argv[-1] = str(tmp_path / "bad.jsonl")
+    assert main(argv) == 2
+    assert "line 1" in capsys.readouterr().err
+
+
+def test_a_command_that_never_serves_stops_the_search_in_one_line(tmp_path, capsys):
+    """Every launch failing from the first is the command's fault, not a configuration's: after 4,
+    one line and exit 2, and the 4 are in --results."""
+    argv = ["tune", "--launch", "echo no such server on {port}; exit 7", "--device", "cpu", "--slo-itl-ms", "50",
+            "--results", str(tmp_path / "runs.jsonl")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("pdtop tune: error: the first 4 launches all failed, so the command is wrong")
+    assert "exited with status 7" in err[-1]
+    assert [r["ok"] for r in records(tmp_path)] == [False] * 4
+
+
+def test_a_command_without_port_is_refused(capsys):
+    assert main(["tune", "--launch", "serve --config {config}", "--slo-itl-ms", "50"]) == 2
+    assert "{port}" in capsys.readouterr().err
+
+
+def test_tune_launch_runs_pdtop_serve(tmp_path):
+    """Real `pdtop serve` processes on a simulated H100: launched, loaded, stopped; the YAML written
+    is the chosen candidate's, which pdtop's loader reads back."""
+    from pdtop.engine.scheduling.pdmux_config import load_pdmux_config
+
+    command = (f"{sys.executable} -m pdtop serve --device sim:H100 --workload none --port 0 "
+               "--config {config} --api-port {port}")
+    argv = ["tune", "--launch", command, "--device", "sim:H100", "--slo-itl-ms", "40", "--json",
+            "--workload", "decode_bs=4,decode_prompt=256,long_tokens=2048,long_prompts=1,decode_tokens=16",
+            "--max-candidates", "3", "--log-dir", str(tmp_path / "logs"), "--out", str(tmp_path / "best.yaml")]
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = str(ROOT)
+    try:
+        rc = main(argv)
+    finally:
+        os.environ.pop("PYTHONPATH") if old is None else os.environ.__setitem__("PYTHONPATH", old)
+    assert rc == 0
+    logs = sorted((tmp_path / "logs").glob("candidate-*.log"))
+    assert len(logs) == 3 and all("api on http://" in p.read_text() for p in logs)
+    best = load_pdmux_config(str(tmp_path / "best.yaml"))
+    yamls = [load_pdmux_config(str(p)) for p in sorted((tmp_path / "logs").glob("candidate-*.yaml"))]
+    assert best in yamls
+    assert not processes_naming(str(tmp_path))
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a machine without a usable GPU")
+def test_a_cuda_space_without_a_gpu_is_one_line(capsys):
+    """--device cuda asks a child process for the GPU (no CUDA context of pdtop's beside the servers);
+    where there is none, one line and exit 2, nothing launched."""
+    assert main(["tune", "--launch", "x {port}", "--device", "cuda", "--slo-itl-ms", "5"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("pdtop tune: error: cuda device unavailable: ")
+
+
+WORDS = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta")
+
+
+def dataset(tmp: Path, rows: int = 5, name: str = "d.jsonl") -> tuple[Path, list[tuple[int, int]]]:
+    """A custom JSONL written here: row i has i + 3 words and output_len i + 2 (the stand-in reports
+    a prompt's words as its prompt tokens), so each request sent can be told apart."""
+    path = tmp / name
+    lines = [{"prompt": " ".join(WORDS[: i + 3]), "output_len": i + 2} for i in range(rows)]
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return path, [(i + 3, i + 2) for i in range(rows)]
+
+
+def dataset_tune(tmp: Path, path: Path, *extra: str) -> tuple[int, dict]:
+    args = ["--dataset-name", "custom", "--dataset-path", str(path), "--skip-chat-template", *extra]
+    return tune_on(tmp, standin(tmp), *args)
+
+
+def tune_on(tmp: Path, command: str, *extra: str) -> tuple[int, dict]:
+    """`tune()` without the scenario's --workload."""
+    out = tmp / "out.json"
+    argv = ["tune", "--launch", command, "--device", "cpu", "--slo-itl-ms", "50", "--results",
+            str(tmp / "runs.jsonl"), "--json", *extra]
+    with open(out, "w") as f:
+        old, sys.stdout = sys.stdout, f
+        try:
+            rc = main(argv)
+        finally:
+            sys.stdout = old
+    text = out.read_text()
+    return rc, json.loads(text) if text.strip() else {}
+
+
+def test_dataset_traffic_sends_the_datasets_requests_to_each_candidate(tmp_path):
+    path, rows = dataset(tmp_path)
+    rc, out = dataset_tune(tmp_path, path, "--max-candidates", "2", "--num-prompts", str(len(rows)))
+    assert rc == 0
+    recs = records(tmp_path)
+    assert len(recs) == 2 and all(r["ok"] for r in recs)
+    for r in recs:  # every row once (the warm-up is not counted), each with its own length
+        assert sorted((s["prompt_tokens"], s["output_tokens"]) for s in r["samples"]) == rows
+        assert all(s["long"] for s in r["samples"])
+    header = json.loads((tmp_path / "runs.jsonl").read_text().splitlines()[0])
+    assert header["workload"]["dataset"] == "custom" and header["workload"]["num_prompts"] == len(rows)
+    assert len(header["workload"]["sha256"]) == 64
+    assert out["launch"]["dataset"] == header["workload"] and out["chosen"]["requests"] == len(rows)
+    assert not [p for p in pids(tmp_path) if alive(p)]
+
+
+def test_num_prompts_and_request_rate_shape_the_dataset_traffic(tmp_path):
+    path, rows = dataset(tmp_path)
+    dataset_tune(tmp_path, path, "--max-candidates", "1", "--num-prompts", "8", "--request-rate", "20")
+    (rec,) = records(tmp_path)
+    assert len(rec["samples"]) == 8  # 5 rows, topped up by seeded choice as vLLM oversamples
+    assert {(s["prompt_tokens"], s["output_tokens"]) for s in rec["samples"]} <= set(rows)
+    sent = sorted(s["sent_s"] for s in rec["samples"])
+    assert sent[-1] > 0.1  # Poisson arrivals at 20/s: the last is sent about 8 / 20 s after the first
+    assert json.loads((tmp_path / "runs.jsonl").read_text().splitlines()[0])["request_rate"] == 20
+
+
+def test_a_resume_with_another_dataset_is_refused_and_the_same_one_is_reused(tmp_path, capsys):
+    path, _ = dataset(tmp_path)
+    dataset_tune(tmp_path, path, "--max-candidates", "1", "--num-prompts", "5")
+    _, out = dataset_tune(tmp_path, path, "--max-candidates", "1", "--num-prompts", "5")
+    assert out["launch"]["reused"] == 1
+    capsys.readouterr()
+    path.write_text(path.read_text().replace("alpha", "omega"))  # the same name, other prompts
+    assert dataset_tune(tmp_path, path, "--max-candidates", "1", "--num-prompts", "5") == (2, {})
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "another command, workload or seed" in err
+    scenario = ["--workload", SMALL, "--max-candidates", "1"]  # nor does the scenario take a dataset's results
+    assert tune_on(tmp_path, standin(tmp_path), *scenario) == (2, {})
+    assert len(records(tmp_path)) == 2 and len(pids(tmp_path)) == 2
+
+
+@pytest.mark.parametrize(("extra", "line"), [
+    (["--dataset-name", "custom", "--dataset-path", "{tmp}/missing.jsonl"], "missing.jsonl: No such file"),
+    (["--dataset-name", "custom", "--dataset-path", "{tmp}/bad.jsonl"], "bad.jsonl:1: not a JSON object"),
+    (["--dataset-path", "{tmp}/bad.jsonl"], "--dataset-path needs --dataset-name sharegpt or custom"),
+    (["--dataset-name", "sharegpt"], "--dataset-name sharegpt needs --dataset-path FILE"),
+    (["--num-prompts", "5"], "--num-prompts counts --dataset-path's requests"),
+    (["--dataset-name", "custom", "--dataset-path", "{tmp}/bad.jsonl", "--num-prompts", "0"],
+     "--num-prompts must be >= 1, got 0"),
+    (["--tokenizer", "{tmp}/bad.jsonl"], "bad.jsonl"),
+    (["--dataset-name", "custom", "--dataset-path", "/dev/zero"], "/dev/zero: not a regular file"),  # never ends
+])
+def test_bad_dataset_options_are_one_line_and_launch_nothing(tmp_path, capsys, extra, line):
+    (tmp_path / "bad.jsonl").write_text("not json\n")
+    extra = [x.replace("{tmp}", str(tmp_path)) for x in extra]
+    rc, out = tune_on(tmp_path, standin(tmp_path), *extra)
+    err = capsys.readouterr().err
+    assert (rc, out) == (2, {}) and err.count("\n") == 1 and line in err, err
+    assert not pids(tmp_path) and not (tmp_path / "runs.jsonl").exists()
+
+
+def test_another_tokenizer_is_another_workload(tmp_path, capsys):
+    """--tokenizer (the launched model's) cuts the prompts: its name is in the results' workload, so a
+    resume with SGLang's default tokenizer instead does not mix the two."""
+    from pdtop.engine.model.loader import default_model_path
+
+    other = tmp_path / "their-model.gguf"
+    other.symlink_to(default_model_path())
+    path, _ = dataset(tmp_path)
+    assert dataset_tune(tmp_path, path, "--max-candidates", "1", "--tokenizer", str(other))[0] == 0
+    header = json.loads((tmp_path / "runs.jsonl").read_text().splitlines()[0])
+    assert header["workload"]["tokenizer"] == "their-model.gguf"
+    capsys.readouterr()
+    assert dataset_tune(tmp_path, path, "--max-candidates", "1") == (2, {})
+    assert "another command, workload or seed" in capsys.readouterr().err
+
+
+def test_dataset_options_without_launch_are_refused(capsys):
+    assert main(["tune", "--slo-itl-ms", "10", "--dataset-name", "custom", "--dataset-path", "x.jsonl"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--launch's traffic" in err
+
+
+def test_dataset_traffic_through_pdtop_serve(tmp_path, monkeypatch):
+    """A custom JSONL's requests through real `pdtop serve` processes on a simulated H100: every
+    request streams its own output_len (ignore_eos), prompt tokens as the server counts them."""
+    path, rows = dataset(tmp_path, rows=4)
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    command = (f"{sys.executable} -m pdtop serve --device sim:H100 --workload none --port 0 "
+               "--config {config} --api-port {port}")
+    rc, out = tune_on(tmp_path, command, "--dataset-name", "custom", "--dataset-path", str(path), "--num-prompts", "4",
+                      "--request-rate", "50", "--max-candidates", "2", "--device", "sim:H100")
+    assert rc == 0, out
+    for r in records(tmp_path):
+        assert r["ok"] and sorted(s["output_tokens"] for s in r["samples"]) == [o for _, o in rows]
+        assert all(s["prompt_tokens"] > 0 for s in r["samples"])  # the chat template's, from the server's usage
+    assert not processes_naming(str(tmp_path))
