@@ -212,8 +212,12 @@ class SchedulerTap:
     def _apply_pending(self) -> None:
         while self._pending:
             change, client, future = self._pending.popleft()
-            if future.set_running_or_notify_cancel():
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
                 future.set_result(self._apply(change, client))
+            except Exception as exc:  # SGLang's config refused it: nothing of it was kept
+                future.set_exception(ControlError("cmd", f"not applied: {type(exc).__name__}: {exc}"))
 
     def pinned_config(self) -> object | None:
         """What `adjust_stream_groups` should read while a level is pinned: SGLang's config with thresholds
@@ -233,29 +237,30 @@ class SchedulerTap:
         and apply the changes queued since."""
         now = time.monotonic()
         worked = self._decode_bs > 0 or self._split is not None or bool(self._extends)
-        if worked or self._busy_before or now - self._last_report >= IDLE_REPORT_S:
-            if self.sinks.all:
-                self.sinks.emit(self._round_record(now, worked))
-            self.index += 1
-            self._last_report = now
-            self._busy_before = worked
-        self._start = now
-        self._decode_bs, self._decode_start, self._decode_s = 0, None, 0.0
-        self._split, self._tokens = None, 0
-        self._extends.clear()
-        if self._pending:
-            self._apply_pending()
+        try:
+            if worked or self._busy_before or now - self._last_report >= IDLE_REPORT_S:
+                began = self._start if worked else self._last_report  # an idle report covers the idle spins
+                index, self.index = self.index, self.index + 1
+                self._last_report, self._busy_before = now, worked
+                if self.sinks.all:
+                    self.sinks.emit(self._round_record(index, began, now))
+        finally:  # whatever reading the round met, the next one starts clean and the changes are applied
+            self._start = now
+            self._decode_bs, self._decode_start, self._decode_s = 0, None, 0.0
+            self._split, self._tokens = None, 0
+            self._extends.clear()
+            if self._pending:
+                self._apply_pending()
 
-    def _round_record(self, now: float, worked: bool) -> RoundRecord:
+    def _round_record(self, index: int, began: float, now: float) -> RoundRecord:
         s = self.scheduler
         p, d = self.levels[self.level] if self.level < len(self.levels) else (0, 0)
         used, capacity = self._kv()
         running = s.running_batch
-        round_s = now - (self._start if worked else self._last_report)
         return RoundRecord(
-            index=self.index, time=now - self.t0, policy=self.policy, level=self.level, prefill_units=p,
+            index=index, time=now - self.t0, policy=self.policy, level=self.level, prefill_units=p,
             decode_units=d, pinned=self.knobs.pinned_level is not None, decode_bs=self._decode_bs,
-            decode_step_s=self._decode_s, round_s=round_s, prefills=self._prefills(),
+            decode_step_s=self._decode_s, round_s=now - began, prefills=self._prefills(),
             tokens_emitted=self._tokens, waiting=len(s.waiting_queue),
             running=running.batch_size() if running is not None else 0, kv_used_tokens=used,
             kv_capacity_tokens=capacity, bytes_moved=0.0, flops=0.0)
