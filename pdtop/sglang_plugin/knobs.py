@@ -26,6 +26,7 @@ from pdtop.engine.scheduling.commands import AutoLevel, EngineCommand, PinLevel,
 AUTO = -1  # `KnobChange.pinned_level`: back to SGLang's own choice
 PREFIX = "pdtop_"  # the /set_internal_state keys of a change
 FAR = 2**62  # a threshold no decode batch reaches
+MAX_LEVELS = 256  # more split levels than any GPU has SMs for
 NO_PDMUX = "this SGLang server runs without --enable-pdmux: it has no split to steer (watch-only)"
 STEERED = "decode_bs_divisor, split_forward_token_budget and the manual_divisions thresholds"
 FIXED_AT_START = {
@@ -90,6 +91,8 @@ def check(command: EngineCommand, levels: list[tuple[int, int]], pdmux: bool) ->
     if not pdmux:
         raise ControlError("cmd", NO_PDMUX)
     if isinstance(command, PinLevel):
+        if command.level < 0:  # not AUTO
+            raise ControlError("level", f"must be a level, got {command.level}")
         change = KnobChange(pinned_level=command.level)
     elif isinstance(command, AutoLevel):
         change = KnobChange(pinned_level=AUTO)
@@ -163,15 +166,15 @@ def is_internal_state(args: object) -> TypeGuard[Mapping[str, object]]:
 def from_internal_state(args: Mapping[str, object]) -> tuple[KnobChange, int | None, str | None]:
     """The change, ticket and client a /set_internal_state request carries; ControlError if it is not one
     `to_internal_state` could have written."""
-    def number(key: str, low: int) -> int | None:
+    def number(key: str, low: int, high: int = FAR) -> int | None:
         value = args.get(PREFIX + key)
         if value is None:
             return None
-        if isinstance(value, bool) or not isinstance(value, int) or not low <= value < FAR:
-            raise ControlError(key, f"must be an integer >= {low}, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value < high:
+            raise ControlError(key, f"must be an integer in {low}..{high - 1}, got {value!r:.40}")
         return value
 
-    count = number("thresholds", 0)
+    count = number("thresholds", 0, MAX_LEVELS)
     known = {"ticket", "client", "pinned_level", "decode_bs_divisor", "split_forward_token_budget", "thresholds",
              *(f"threshold_{i}" for i in range(count or 0))}
     extra = sorted(k for k in args if k[len(PREFIX):] not in known)
