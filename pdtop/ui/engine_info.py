@@ -18,10 +18,12 @@ class EngineInfo:
     peak_bytes_per_s: float | None = None
     workload: str | None = None  # one line describing the workload scenario, when the server says
     weights: str = ""  # what the matmuls run on: "float32", "gguf Q4_1+Q8_0 (avx2)"; "" for simulated models
+    server: str = ""  # another engine pdtop runs inside ("SGLang 0.5.23": its plugin); "" for pdtop's own
 
     @classmethod
     def from_engine(cls, e: EngineDescription) -> EngineInfo:
-        weights = (e.runtime or {}).get("weights")
+        weights, server = ((e.runtime or {}).get(key) for key in ("weights", "server"))
         return cls(model=e.model, device=e.device.name, device_kind=e.device.kind, unit_name=e.unit_name,
                    units=e.units, peak_bytes_per_s=e.device.peak_bw, workload=e.workload,
-                   weights=weights if isinstance(weights, str) else "")
+                   weights=weights if isinstance(weights, str) else "",
+                   server=server if isinstance(server, str) else "")
