@@ -54,8 +54,8 @@ def placement(scheduler: Scheduler) -> Placement:
     dp_size = int(getattr(args, "dp_size", 1) or 1)
     dp_rank = _rank(scheduler, parallel, "dp_rank", None)
     return Placement(tp_rank=_rank(scheduler, parallel, "tp_rank", 0) or 0, tp_size=tp_size,
-                     dp_rank=dp_rank if dp_size > 1 else None, pp_rank=_rank(scheduler, parallel, "pp_rank", 0) or 0,
-                     attn_dp=bool(attn_dp))
+                     dp_rank=dp_rank if dp_size > 1 else None, dp_size=dp_size,
+                     pp_rank=_rank(scheduler, parallel, "pp_rank", 0) or 0, attn_dp=bool(attn_dp))
 
 
 def gpu_id(scheduler: Scheduler) -> int:

@@ -9,8 +9,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pdtop.telemetry.server.server import is_loopback
-
 PORT, HOST, TOKEN = "PDTOP_SGLANG_PORT", "PDTOP_SGLANG_HOST", "PDTOP_TOKEN"
 
 
@@ -30,6 +28,8 @@ class Settings:
         raw = env.get(PORT, "").strip()
         if not raw:
             return None
+        from pdtop.telemetry.server.server import is_loopback  # only once on: off, SGLang's processes import nothing
+
         if not raw.isdigit() or int(raw) > 65535:
             raise SettingsError(f"{PORT}={raw!r} is not a port (0..65535)")
         host = env.get(HOST, "").strip() or "127.0.0.1"

@@ -50,6 +50,7 @@ class Placement:
     tp_rank: int = 0
     tp_size: int = 1
     dp_rank: int | None = None
+    dp_size: int = 1
     pp_rank: int = 0
     attn_dp: bool = False
 
@@ -60,8 +61,9 @@ class Placement:
 
     @property
     def alone(self) -> bool:
-        """No other rank takes part in this scheduler's rounds: a change may be applied here alone."""
-        return self.tp_size == 1 and not self.attn_dp
+        """No other scheduler runs this server's rounds: a change may be applied here alone (with data
+        parallelism the replicas take it together, so that they keep one configuration)."""
+        return self.tp_size == 1 and self.dp_size == 1 and not self.attn_dp
 
 
 class SchedulerTap:
@@ -167,7 +169,7 @@ class SchedulerTap:
         if self.placement.alone:
             self._pending.append((change, client, future))
         elif self.send is None:
-            raise ControlError("cmd", f"SGLang runs {self.placement.tp_size} ranks here and pdtop cannot reach its "
+            raise ControlError("cmd", "SGLang runs several schedulers here and pdtop cannot reach its "
                                       "/set_internal_state, which would change them all in the same round: watch-only")
         else:
             ticket = next(self._ticket_ids)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -136,3 +138,15 @@ async def test_a_hook_that_fails_is_one_warning_and_the_rounds_go_on(served: Ser
     assert len(lines) == len(set(lines))  # each kind of failure once, however often it happens
     assert served.tap.faults > 0 or entry.installed.faults > 0  # type: ignore[union-attr]
     await client.close()
+
+
+def test_off_the_entry_point_imports_nothing_of_sglang_nor_the_dashboard() -> None:
+    """What SGLang's processes import when they run pdtop's entry point without PDTOP_SGLANG_PORT, and what the
+    plugin's modules pull in at all (never the dashboard)."""
+    code = ("import os, sys\nos.environ.pop('PDTOP_SGLANG_PORT', None)\n"
+            "from pdtop.sglang_plugin.entry import register\nregister()\n"
+            "off = sorted(m for m in sys.modules if m.startswith(('sglang', 'torch', 'websockets')))\n"
+            "import pdtop.sglang_plugin.hooks\n"
+            "print(off, sorted(m for m in sys.modules if m.startswith(('textual', 'pdtop.ui', 'sglang'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[] []"
