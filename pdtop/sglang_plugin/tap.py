@@ -146,7 +146,7 @@ class SchedulerTap:
     def runtime(self) -> dict[str, object]:
         """For people: which SGLang, its parallelism, and how control reaches it."""
         p = self.placement
-        return {"server": f"SGLang {self.version}", "pdmux": self.pdmux, "tp_size": p.tp_size,
+        return {"server": f"SGLang {self.version}", "pdmux": self.pdmux, "tp_size": p.tp_size, "dp_size": p.dp_size,
                 "dp_attention": p.attn_dp, "control": self.control_route(),
                 "kv_cache": {"tokens": self._kv()[1]}}
 
