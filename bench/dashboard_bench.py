@@ -27,7 +27,8 @@ from pdtop.engine.build import build_engine
 from pdtop.engine.records import ConfigChange
 from pdtop.engine.scheduling.commands import Inject
 from pdtop.engine.scheduling.workload import WorkloadSpec
-from pdtop.telemetry.encode import encode, hello_event, record_event
+from pdtop.telemetry.encode import encode, wire
+from pdtop.telemetry.events import ConfigEvent, Hello
 from pdtop.telemetry.recording.recorder import Recorder
 
 
@@ -35,13 +36,13 @@ def record(path: Path, rounds: int, rate: float, seed: int = 0) -> tuple[int, fl
     """Step a sim engine `rounds` times into a recording on its virtual clock; (events, seconds)."""
     engine = build_engine(device="sim:H100", model="synthetic:qwen3-8b", workload=WorkloadSpec(rate=rate, seed=seed),
                           seed=seed)
-    rec = Recorder(path, hello_event("bench", True, engine.describe()))
+    rec = Recorder(path, wire(Hello(client_id="bench", readonly=True, engine=engine.describe())))
     t0, last = engine.device.now(), [0.0]
 
     def sink(r: Any) -> None:
         last[0] = max(last[0], r.time - t0)
-        config = engine.config_record() if isinstance(r, ConfigChange) else None
-        rec.write(encode(record_event(r, config)), t=last[0])
+        rec.write(encode(ConfigEvent.after(r, engine.config_record()) if isinstance(r, ConfigChange) else r),
+                  t=last[0])
 
     engine.add_sink(sink)
     for i in range(rounds):

@@ -25,7 +25,9 @@ Sections, in order:
    steps, each alone and together on their own SMs;
 6. policies: pdmux against chunked prefill (2048 and 512) on the engine's own scheduler
    (`pdtop bench`'s scenario: 32 decoding at 2048, three 8192-token prompts), and
-   decode-only ITL; `itl_ms` holds the p99s;
+   decode-only ITL; `itl_ms` holds the p99s. They run in a child process, which saves after
+   every policy: a CUDA error that aborts a process there loses only what it had not saved, and
+   this process records how the child ended and goes on;
 7. CUDA_DEVICE_MAX_CONNECTIONS 8 against 32: section 4's decode-under-prefill in a child
    process with 8 (this process runs with 32);
 8. NVML/GPM samples (NVML's device matched by PCI bus id / UUID) during every section.
@@ -50,6 +52,7 @@ import platform
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -133,6 +136,8 @@ class Report:
             self.save()
             return None
         self.section = name
+        self.data["running"] = name  # left in the JSON if the process dies in this section
+        self.save()
         print(f"[gpu_check] {name} ({self.left():.0f} s left)", flush=True)
         t = time.perf_counter()
         try:
@@ -144,6 +149,7 @@ class Report:
             return None
         finally:
             self.data["seconds"][name] = round(time.perf_counter() - t, 1)
+            del self.data["running"]
             self.save()
 
 
@@ -165,6 +171,25 @@ def _version(pkg: str) -> str | None:
         return importlib.metadata.version(pkg)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+def _ended(returncode: int) -> str:
+    """How a child process ended, in words: `died of SIGABRT`, `exited 1`."""
+    if returncode < 0:
+        try:
+            return f"died of {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"died of signal {-returncode}"
+    return f"exited {returncode}"
+
+
+def _death(stderr: str) -> str:
+    """The line of a dead process's stderr that says why: a C++ exception's `what():` (torch's CUDA errors
+    thrown where they cannot be caught), else the last line naming an error, else the last line."""
+    lines = [x.strip() for x in stderr.splitlines() if x.strip() and not x.lstrip().startswith(("frame #", "File "))]
+    what = [x for x in lines if x.startswith("what():")]
+    named = [x for x in lines if "rror" in x]
+    return " ".join((what[:1] or named[-1:] or lines[-1:] or ["nothing on stderr"])[0].split())[:300]
 
 
 def _ms(values: list[float]) -> dict[str, float]:
@@ -434,9 +459,13 @@ class Check:
             return
         from pdtop.engine.devices.cuda import CudaDevice
 
+        torch.empty(1, device=self.tdev)  # torch's context and first block, before the levels are counted
+        free = torch.cuda.mem_get_info(0)[0]
         self.dev = dev = CudaDevice(index=0)
+        made_mib = round((free - torch.cuda.mem_get_info(0)[0]) / 2**20, 1)
         info = dev.describe().extra  # the cuda device's own facts
         self.data["device"], self.data["levels"] = device_facts(dev)
+        self.data["device"]["levels_memory_mib"] = made_mib  # what its kept green contexts cost the GPU
         self.data["device"]["memory_gib"] = round(torch.cuda.get_device_properties(0).total_memory / GiB, 1)
         try:  # the driver's count checked by where kernels run (sm_probe); a failure leaves the rest standing
             measured: list = dev.measure_sms(time_limit_s=5.0)
@@ -458,12 +487,17 @@ class Check:
         self.nvml = NvmlLog(self.report, sampler).start()
 
     # 3
-    def runtime(self) -> None:
+    def _load_model(self) -> Any:
+        """The check's model: `MODEL` in bfloat16 (smoke: a 2-layer float32 smollm2), seeded: the same in
+        every process."""
         layers = self.args.layers or (2 if self.smoke else None)
         name = "synthetic:smollm2-135m" if self.smoke else MODEL
+        return synthetic_model(name, dtype="float32" if self.smoke else "bfloat16", device=self.tdev,
+                               num_layers=layers)
+
+    def runtime(self) -> None:
         t = time.perf_counter()
-        self.model = synthetic_model(name, dtype="float32" if self.smoke else "bfloat16", device=self.tdev,
-                                     num_layers=layers)
+        self.model = self._load_model()
         load_s = time.perf_counter() - t
         kv = 4096 if self.smoke else 131072
         self.runner = ModelRunner(self.model, kv)
@@ -582,18 +616,68 @@ class Check:
             self.data["overlap"] = rows
             self.report.save()
 
-    def _free_runner(self) -> None:
-        self.runner = None  # its decode graphs go before the streams they were captured on
-        gc.collect()
+    def _free_gpu(self) -> None:
+        """This process's GPU memory given up for the policies' process: the device's decode graphs (its
+        levels stay alive, for the process's life), the runner's KV cache and the model."""
         if self.dev is not None:
             self.dev.close()
             self.dev = None
+        self.runner = self.model = None
+        gc.collect()
         if not self.smoke:
             torch.cuda.empty_cache()
 
     # 6
     def policies(self) -> None:
-        self._free_runner()
+        """The policy runs in a child process (`--policies-child`, its own model and engines): a CUDA error
+        that aborts a process (the first H100 run's did, in a destructor) loses only what the child had
+        not saved; this process merges what it saved, records how it ended and goes on."""
+        self._free_gpu()
+        tmp = Path(tempfile.gettempdir()) / f"gpu_check_policies_{os.getpid()}.json"
+        tmp.unlink(missing_ok=True)
+        timeout = max(10.0, self.report.left())
+        proc = subprocess.Popen(self._policies_command(tmp), stderr=subprocess.PIPE, text=True)
+        try:
+            err = proc.communicate(timeout=timeout)[1]
+            why = None if proc.returncode in (0, 124) else f"its process {_ended(proc.returncode)}: {_death(err)}"
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            err = proc.communicate()[1]
+            why = f"its process did not finish in {timeout:.0f} s and was killed"
+        finally:
+            if proc.poll() is None:  # this process stopped (SIGTERM): the child goes too
+                proc.kill()
+                proc.wait()
+            self._merge_policies(tmp)
+        sys.stderr.write(err)
+        if why:
+            self.data["errors"]["policies"] = why
+            print(f"[gpu_check] policies: FAILED {why}", flush=True)
+
+    def _policies_command(self, out: Path) -> list[str]:
+        cmd = [sys.executable, __file__, "--policies-child", "--out", str(out),
+               "--budget", f"{self.report.left() - 5:.0f}", "--kv-tokens", str(self.args.kv_tokens)]
+        return cmd + (["--smoke"] if self.smoke else []) + (["--layers", str(self.args.layers)] if self.args.layers
+                                                              else [])
+
+    def _merge_policies(self, path: Path) -> None:
+        """What the policies' process last saved: `policies`, `itl_ms`, its errors and skips."""
+        try:
+            child = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return
+        finally:
+            path.unlink(missing_ok=True)
+        for key in ("policies", "itl_ms"):
+            if key in child:
+                self.data[key] = child[key]
+        for key in ("errors", "skipped"):
+            self.data[key].update(child.get(key) or {})
+        if child.get("policy_running"):
+            self.data["skipped"][f"policies.{child['policy_running']}"] = "the policies' process ended during it"
+
+    def policy_runs(self) -> None:
+        """Section 6 in the policies' process: each policy on its own engine, saved after each."""
         sc = SCENARIOS["cuda"] if not self.smoke else Scenario(decode_bs=4, decode_prompt=32, long_tokens=128,
                                                                 long_prompts=1, decode_tokens=300)
         runs = [("pdmux", "pdmux", PdmuxConfig())] + [
@@ -606,6 +690,8 @@ class Check:
             if self.report.left() < self.policy_s:
                 self.data["skipped"][f"policies.{key}"] = f"{self.report.left():.0f} s left"
                 continue
+            self.data["policy_running"] = key  # left in the JSON if the process dies in this run
+            self.report.save()
             engine = build_engine("cpu" if self.smoke else "cuda", MODEL, config, policy, loaded_model=self.model,
                                   kv_capacity_tokens=8192 if self.smoke else self.args.kv_tokens)
             try:
@@ -629,8 +715,10 @@ class Check:
                     res["runtime"] = engine.describe().runtime
                 results[key] = res
                 itl["pdmux_under_prefill" if key == "pdmux" else key] = res["itl_ms"]["p99"]
+                del self.data["policy_running"]
                 self.report.save()
             finally:
+                self.data.pop("policy_running", None)  # a Python error: recorded in `errors` instead
                 engine.close()
                 del engine
                 gc.collect()
@@ -698,6 +786,13 @@ class Check:
         if self.args.connections_probe:
             r.run("probe", self.probe)
             return 0 if not self.data["errors"] else 1
+        if self.args.policies_child:
+            try:
+                self.model = self._load_model()
+                r.run("policies", self.policy_runs)
+            except OutOfTime:
+                return 124
+            return 0
         stopped = False
         keep = 2 * self.policy_s + 10  # pdmux and chunked 2048 (the ITL targets) before the figures
         try:
@@ -817,6 +912,7 @@ def main() -> int:
     ap.add_argument("--preflight", help="bench/gpu_run.sh's preflight lines, recorded in environment "
                     "(default: preflight.txt beside --out)")
     ap.add_argument("--connections-probe", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--policies-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--probe-split", default="80,52", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.steps is None:
@@ -824,7 +920,8 @@ def main() -> int:
     if args.eager_steps is None:
         args.eager_steps = min(args.steps, 100)
     from pdtop.engine.devices.host import machine_line
-    print(machine_line(), flush=True)  # the machine these figures come from
+    if not args.policies_child:
+        print(machine_line(), flush=True)  # the machine these figures come from
     if not args.smoke and not torch.cuda.is_available():  # still a report: what ran, and why nothing more
         why = "no CUDA GPU visible to torch; use --smoke on a CPU"
         print(f"gpu_check: {why}", file=sys.stderr, flush=True)

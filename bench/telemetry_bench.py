@@ -168,12 +168,12 @@ def main() -> None:
                         help="cores of the clients' process (default: the last)")
     parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    from pdtop.engine.devices.host import machine_line
-    print(machine_line(), flush=True)  # the machine these figures come from
-    if args.worker:
+    if args.worker:  # its stdout is the parent's protocol: "ready", then the counts
         url, n, batch, client_cores = args.worker
         asyncio.run(worker(url, int(n), batch == "1", client_cores))
         return
+    from pdtop.engine.devices.host import machine_line
+    print(machine_line(), flush=True)  # the machine these figures come from
     os.sched_setaffinity(0, _cores(args.engine_cores))  # before any thread starts: they all inherit it
     load_before = os.getloadavg()[0]
     server_kw = {k: v for k, v in (("max_event_rate", args.max_event_rate), ("tick", args.tick)) if v}

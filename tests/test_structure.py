@@ -26,10 +26,12 @@ def _modules() -> dict[str, Path]:
 
 
 def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
-    """Every pdtop module `name` imports anywhere in its file (TYPE_CHECKING and function-local too)."""
+    """Every pdtop module `name` imports when it runs, anywhere in its file (function-local too).
+    Imports under `if TYPE_CHECKING:` are left out, as import-linter's `exclude_type_checking_imports`
+    does: they never run, so they make no circle, and they let a module name its real types."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in _runtime_nodes(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
@@ -39,6 +41,24 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
         elif isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
     return {m for m in found if m in modules and m != name}
+
+
+def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
+    """Every node of `tree` but those inside the body of an `if TYPE_CHECKING:` (or `typing.TYPE_CHECKING`)."""
+    out, todo = [], [tree]
+    while todo:
+        node = todo.pop()
+        out.append(node)
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            todo.extend(node.orelse)
+            continue
+        todo.extend(ast.iter_child_nodes(node))
+    return out
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
+        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
 def test_no_import_circle():
@@ -60,12 +80,19 @@ def test_no_import_circle():
 
 
 def test_the_walk_finds_a_circle_when_there_is_one(tmp_path):
-    """The check above can fail: two modules that import each other are found."""
+    """The check above can fail: two modules that import each other are found, under an `if` or in a
+    function too, and only a `TYPE_CHECKING` import is left out (the `else` of one still runs)."""
     (tmp_path / "a.py").write_text("from pdtop.b import x\n")
     (tmp_path / "b.py").write_text("if True:\n    from pdtop.a import y\n")
-    modules = {"pdtop.a": tmp_path / "a.py", "pdtop.b": tmp_path / "b.py"}
+    (tmp_path / "c.py").write_text("def f():\n    import pdtop.a\n")
+    (tmp_path / "d.py").write_text("from typing import TYPE_CHECKING\nimport typing\nif TYPE_CHECKING:\n"
+                                   "    from pdtop.a import y\nelse:\n    from pdtop.b import x\n"
+                                   "if typing.TYPE_CHECKING:\n    import pdtop.c\n")
+    modules = {f"pdtop.{m}": tmp_path / f"{m}.py" for m in "abcd"}
     assert _imports("pdtop.a", modules["pdtop.a"], modules) == {"pdtop.b"}
     assert _imports("pdtop.b", modules["pdtop.b"], modules) == {"pdtop.a"}
+    assert _imports("pdtop.c", modules["pdtop.c"], modules) == {"pdtop.a"}
+    assert _imports("pdtop.d", modules["pdtop.d"], modules) == {"pdtop.b"}
 
 
 def test_each_command_name_is_spelled_in_one_module():

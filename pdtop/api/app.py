@@ -4,19 +4,19 @@ A request is checked (400 naming the field, 404 for another model), tokenized (c
 the model's own template), then enqueued in the engine (503 with Retry-After when the waiting
 queue is full). Streaming answers are server-sent events, one chunk per engine round, then
 `data: [DONE]`. A client that goes away aborts its request, which frees its KV at the next
-round boundary. With a token, `/v1/*` needs `Authorization: Bearer TOKEN` (as vLLM's `--api-key`).
+round boundary. With a token, `/v1/*` needs `Authorization: Bearer TOKEN` (as vLLM's `--api-key`):
+checked by the connection (`connections.py`) before the body is read.
 """
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import secrets
 import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
@@ -25,7 +25,7 @@ from pdtop.api.answers import answer
 from pdtop.api.errors import APIError, bad_request
 from pdtop.api.metrics import EngineMetrics
 from pdtop.api.prompts import chat_prompt, completion_prompts
-from pdtop.api.schemas import MAX_BODY_BYTES, ChatRequest, CompletionRequest, parse_body
+from pdtop.api.schemas import MAX_BODY_BYTES, Body, ChatRequest, CompletionRequest, parse_body
 from pdtop.api.streams import Chunk, Completion, Mailbox
 from pdtop.engine.errors import PromptError, QueueFullError
 from pdtop.engine.request import SamplingParams
@@ -37,6 +37,7 @@ if TYPE_CHECKING:  # annotations only
 
 log = logging.getLogger("pdtop.api")
 COMPLETIONS_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to the rest of the context
+INLINE_BODY_BYTES = 64 << 10  # bodies up to this size are parsed on the event loop (well under a millisecond)
 
 
 class Served:
@@ -120,17 +121,11 @@ class _ClientGone(Exception):
     """The client left before its request was read: nobody to answer."""
 
 
-def create_app(served: Served, token: str | None = None, quiet: QuietLog | None = None) -> FastAPI:
+def create_app(served: Served, quiet: QuietLog | None = None) -> FastAPI:
     """The routes. `quiet`: where what clients can repeat is logged (once per kind, then counted)."""
     app = FastAPI(title="pdtop", docs_url=None, redoc_url=None, openapi_url=None)
     quiet = quiet or QuietLog(log)
-
-    async def authorized(request: Request) -> None:
-        if token is None:
-            return
-        given = request.headers.get("authorization", "")
-        if not (given.startswith("Bearer ") and hmac.compare_digest(given[7:].encode(), token.encode())):
-            raise APIError(401, "a valid 'Authorization: Bearer TOKEN' header is required", code="invalid_api_key")
+    parsing = asyncio.Semaphore(1)  # large bodies parsed at once (`_parse`)
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError) -> JSONResponse:
@@ -159,28 +154,39 @@ def create_app(served: Served, token: str | None = None, quiet: QuietLog | None 
     async def metrics() -> Response:
         return Response(served.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    @app.get("/v1/models", dependencies=[Depends(authorized)])
+    @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": served.model_id, "object": "model", "created": served.created,
                                             "owned_by": "pdtop", "max_model_len": served.context}]}
 
-    @app.post("/v1/chat/completions", dependencies=[Depends(authorized)])
+    @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
-        body = parse_body(await _read(request), request.headers.get("content-type"), ChatRequest)
+        body = await _parse(request, ChatRequest, parsing)
         served.check_model(body.model)
         prompt = await chat_prompt(body, served.tokenizer, served.context)
         return await answer(request, served.model_id, served.abort, served.start([prompt], body, "messages"), body,
                             len(prompt), True)
 
-    @app.post("/v1/completions", dependencies=[Depends(authorized)])
+    @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        body = parse_body(await _read(request), request.headers.get("content-type"), CompletionRequest)
+        body = await _parse(request, CompletionRequest, parsing)
         served.check_model(body.model)
         prompts = await completion_prompts(body, served.tokenizer, served.context)
         return await answer(request, served.model_id, served.abort, served.start(prompts, body, "prompt"), body,
                             sum(len(p) for p in prompts), False)
 
     return app
+
+
+async def _parse(request: Request, model: type[Body], one_at_a_time: asyncio.Semaphore) -> Body:
+    """The body, checked. A large one on a worker thread, one such at a time: parsing holds the GIL, but
+    only for one bounded C call at a time (`body_shape`), so the event loop takes turns with it (with
+    several parsing threads it would wait for each of theirs)."""
+    raw, content_type = await _read(request), request.headers.get("content-type")
+    if len(raw) <= INLINE_BODY_BYTES:
+        return parse_body(raw, content_type, model)
+    async with one_at_a_time:
+        return await asyncio.to_thread(parse_body, raw, content_type, model)
 
 
 async def _read(request: Request) -> bytes:

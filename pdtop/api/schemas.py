@@ -1,7 +1,8 @@
 """The request bodies of `/v1/chat/completions` and `/v1/completions`, as OpenAI and vLLM take them.
 
 Checked with pydantic in strict mode (no "5" for 5, no NaN or infinities); the first problem
-is a 400 naming its field. Fields of OpenAI's API that pdtop does not implement are accepted
+is a 400 naming its field. A body is first counted (`body_shape`): one that would take long to
+parse is refused before it is. Fields of OpenAI's API that pdtop does not implement are accepted
 only at their default value (`n: 1`, no logprobs, no tools, ...), so a client never silently
 gets less than it asked for; fields OpenAI does not have are ignored, as vLLM does (except
 vLLM's `ignore_eos`, which pdtop implements).
@@ -14,6 +15,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from pdtop.api.body_shape import check_shape
 from pdtop.api.errors import bad_request
 
 MAX_BODY_BYTES = 8 << 20  # a whole 128K-token prompt as token ids fits
@@ -95,7 +97,12 @@ def parse_body(raw: bytes, content_type: str | None, model: type[Body]) -> Body:
     if len(raw) > MAX_BODY_BYTES:
         raise bad_request(None, f"request body over {MAX_BODY_BYTES} bytes")
     try:
-        obj = json.loads(raw)
+        text = raw.decode(json.detect_encoding(raw), "surrogatepass")  # as json.loads reads bytes
+    except UnicodeDecodeError as exc:
+        raise bad_request(None, f"malformed JSON: {str(exc)[:120]}") from None
+    check_shape(text)
+    try:
+        obj = json.loads(text)
     except (ValueError, RecursionError) as exc:
         raise bad_request(None, f"malformed JSON: {str(exc)[:120]}") from None
     if not isinstance(obj, dict):

@@ -19,6 +19,7 @@ from pdtop.api.connections import ConnectionLimits, protocol_class
 from pdtop.api.metrics import EngineMetrics
 from pdtop.api.origins import OriginGuard, loopback_host
 from pdtop.quiet_log import QuietLog
+from pdtop.token_gate import GuessBudget, TokenGate
 
 if TYPE_CHECKING:  # annotations only
     from pdtop.engine.engine import Engine
@@ -41,19 +42,21 @@ def default_tokenizer() -> Tokenizer:
 
 class ApiServer:
     """Serve `engine` over HTTP on host:port. `token`: `/v1/*` requests need `Authorization: Bearer TOKEN`
-    (the command requires one for a non-loopback host). `allow_origins`: browser origins allowed
-    (`origins.py`; on a loopback host the Host header must name loopback too). `limits`: what one
-    connection and one client may hold (`connections.py`). `start()` in a running loop, `stop()` to finish."""
+    (the command requires one for a non-loopback host); `guesses`: where wrong ones are counted (`pdtop
+    serve` shares one with its websocket server). `allow_origins`: browser origins allowed (`origins.py`;
+    on a loopback host the Host header must name loopback too). `limits`: what one connection and one
+    client may hold (`connections.py`). `start()` in a running loop, `stop()` to finish."""
 
     def __init__(self, engine: Engine, host: str = "127.0.0.1", port: int = 0, *, token: str | None = None,
                  tokenizer: Tokenizer | None = None, limits: ConnectionLimits | None = None,
-                 allow_origins: Sequence[str] = ()):
+                 allow_origins: Sequence[str] = (), guesses: GuessBudget | None = None):
         self.engine, self.host, self.port = engine, host, port
         self.limits = limits or ConnectionLimits()
+        self.gate = TokenGate(token, guesses)
         self.quiet = QuietLog(logging.getLogger("pdtop.api"))
         self.metrics = EngineMetrics(engine)
         self.served = Served(engine, tokenizer or engine.tokenizer or default_tokenizer(), self.metrics)
-        self.app = OriginGuard(create_app(self.served, token, self.quiet), allow_origins,
+        self.app = OriginGuard(create_app(self.served, self.quiet), allow_origins,
                                check_host=loopback_host(host), quiet=self.quiet)
         self._server: _Uvicorn | None = None
         self._task: asyncio.Task[None] | None = None
@@ -76,8 +79,8 @@ class ApiServer:
             raise
         self.port = sock.getsockname()[1]
         config = uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="off",
-                                http=protocol_class(self.limits, self.quiet), ws="none", timeout_keep_alive=5,
-                                timeout_graceful_shutdown=2, backlog=1024)
+                                http=protocol_class(self.limits, self.gate, self.quiet), ws="none",
+                                timeout_keep_alive=5, timeout_graceful_shutdown=2, backlog=1024)
         self._server = _Uvicorn(config)
         self.engine.add_sink(self.metrics.sink)
         self._task = asyncio.create_task(self._server.serve(sockets=[sock]), name="pdtop-api")

@@ -27,8 +27,10 @@ TOKEN`. Browser pages are refused there too unless --allow-origin allows them, a
 loopback host a request must name it (Host: localhost or 127.0.0.1), against DNS rebinding.
 On a sim: device no model runs: completions carry empty text (its placeholder tokens are
 control tokens), with their real timing and token counts in `usage`. A connection must send
-its request headers within 10 s and 16 KiB (else 408 or 431), one address holds at most
-1024 connections, and a text prompt too long for the context is refused before tokenizing.
+its request headers within 10 s and 16 KiB and its body within 30 s (else 408 or 431), one
+address holds at most 1024 connections, and a text prompt too long for the context is
+refused before tokenizing. After 5 wrong tokens from one address (on either port), it must
+wait before its next is checked: 1 s, then twice as long each time, at most a minute.
 --workload none leaves only API and injected requests. Requests past the waiting-queue
 caps (--max-waiting-requests, --max-waiting-tokens) are refused: the API answers 503.
 
@@ -242,10 +244,12 @@ async def _serve(engine: Engine, args: argparse.Namespace) -> int:
     from pdtop.telemetry.hardware.hw import HwSampler
     from pdtop.telemetry.recording.recorder import RecordingError
     from pdtop.telemetry.server.server import TelemetryServer
+    from pdtop.token_gate import GuessBudget
 
+    guesses = GuessBudget()  # wrong tokens count the same on both ports
     try:
         server = TelemetryServer(engine, args.host, args.port, token=args.token, allow_origins=args.allow_origin,
-                                 record_dir=args.record_dir, max_clients=args.max_clients)
+                                 record_dir=args.record_dir, max_clients=args.max_clients, guesses=guesses)
     except ValueError as exc:
         return fail("serve", exc)
     api = None
@@ -263,7 +267,8 @@ async def _serve(engine: Engine, args: argparse.Namespace) -> int:
         from pdtop.api.server import ApiServer
 
         try:
-            api = ApiServer(engine, args.host, args.api_port, token=args.token, allow_origins=args.allow_origin)
+            api = ApiServer(engine, args.host, args.api_port, token=args.token, allow_origins=args.allow_origin,
+                            guesses=guesses)
             await api.start()
         except INPUT_ERRORS as exc:
             await server.stop()

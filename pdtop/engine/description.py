@@ -3,12 +3,12 @@
 `Engine.describe()` returns an `EngineDescription` (the `engine` object of the telemetry
 `hello`), `Engine.config_record()` an `EngineConfig` (the whole configuration, which
 `hello`, `config` and `seek` carry) and `Device.describe()` a `DeviceDescription`.
-These classes are the protocol's schema of those objects: telemetry re-exports them
+These classes are the protocol's schema of those objects: telemetry puts them in its events
 (`pdtop.telemetry.events`), writes them as JSON (`pdtop.telemetry.encode`) and turns
-received objects back into them (`pdtop.telemetry.decode`); docs/protocol.md documents
+received objects back into them (`pdtop.typed_json`); docs/protocol.md documents
 their fields. Pairs and triples are tuples here and lists on the wire.
 
-A field whose metadata is `FLAT` or `IF_SET` goes on the wire differently from the rest
+A field whose metadata is `FLAT`, `IF_SET` or `ABSENT` goes on the wire differently from the rest
 (see `WIRE`); every other field is a key of its object, null when None.
 """
 from __future__ import annotations
@@ -20,6 +20,8 @@ WIRE = "wire"  # the metadata key saying how a field is written where it is not 
 FLAT = {WIRE: "flat"}  # a dict[str, Any] whose keys are written into the object itself, beside its named
 # fields; reading, it collects every key of the object the class does not name
 IF_SET = {WIRE: "if_set"}  # a key only when not None (absent from the object otherwise)
+ABSENT = {WIRE: "absent"}  # a frozenset[str], no key itself: the fields left out of the object (where a source
+# lacks them, though null would say something else); reading, the class's fields the object lacks
 
 
 @dataclass

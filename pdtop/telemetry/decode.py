@@ -1,34 +1,20 @@
 """A received JSON object -> a typed event (`pdtop.telemetry.events`), checked once.
 
-Each field is checked against its class's type hints: integers are integers (not bools),
-numbers are finite, lists, pairs and nested objects have their shape (parts typed `Any`
-are left as they are). A field may be left out only where null is allowed; fields a class
-does not know are ignored (the protocol adds fields without a new version), except where
-the class keeps them: a field with `FLAT` metadata (`DeviceDescription.extra`, a device's
-own facts) collects the keys its class does not name, unchecked. Anything else
-raises `EventError`, one line naming the field (`round.prefills[0].layers_done: expected
-an integer, got '3'`); a `type` this pdtop does not know raises `UnknownEventType`, which
-consumers skip and count.
-
-The checkers are built once per class at import; objects and lists (the bulk of a round)
-build no field path unless a check fails, so a round costs about 5 µs.
+The `type` picks the class and `v` must be this protocol's version; the fields are checked by
+`pdtop.typed_json.decode_as`, the one decoder of what pdtop receives (its docstring says what
+it checks and why it is pdtop's own). Anything invalid raises `EventError`, one line naming
+the field (`round.prefills[0].layers_done: expected an integer, got '3'`); a `type` this pdtop
+does not know raises `UnknownEventType`, which consumers skip and count.
 """
 from __future__ import annotations
 
-import dataclasses
-import math
-import types
-import typing
-from collections.abc import Callable
-from typing import Any, Union
+from typing import Any
 
-from pdtop.engine.description import WIRE
-from pdtop.telemetry.events import EVENT_CLASSES, PROTOCOL_VERSION, Event
-
-Check = Callable[[Any], Any]  # a value -> the typed value, or raises _Invalid
+from pdtop.telemetry.events import EVENT_CLASSES, PROTOCOL_VERSION, Event, Hello
+from pdtop.typed_json import DecodeError, decode_as, show
 
 
-class EventError(ValueError):
+class EventError(DecodeError):
     """Not a valid event; the message says which field and why, in one line."""
 
 
@@ -39,214 +25,21 @@ class UnknownEventType(EventError):
 def decode_event(obj: Any) -> Event:
     """One event object (parsed JSON) -> its typed event; `EventError` if it is not valid."""
     if not isinstance(obj, dict):
-        raise EventError(f"an event is a JSON object, not {_show(obj)}")
+        raise EventError(f"an event is a JSON object, not {show(obj)}")
     kind = obj.get("type")
     if not isinstance(kind, str):
-        raise EventError(f"an event needs a string 'type', got {_show(kind)}")
-    check = _EVENT_CHECKS.get(kind)
-    if check is None:
+        raise EventError(f"an event needs a string 'type', got {show(kind)}")
+    cls = EVENT_CLASSES.get(kind)
+    if cls is None:
         raise UnknownEventType(f"unknown event type {kind!r}")
     version = obj.get("v")
     if version.__class__ is not int or version != PROTOCOL_VERSION:
-        raise EventError(f"{kind}: protocol version {_show(version)}; this pdtop reads version {PROTOCOL_VERSION}")
+        raise EventError(f"{kind}: protocol version {show(version)}; this pdtop reads version {PROTOCOL_VERSION}")
     try:
-        event = check(obj)
-    except _Invalid as exc:
-        raise EventError(f"{kind}{''.join(reversed(exc.where))}: {exc.reason}") from None
-    if kind == "hello" and event.engine is None and event.scrape is None and event.fleet is None:
+        event: Event = decode_as(cls, obj, kind)
+    except DecodeError as exc:
+        raise EventError(str(exc), exc.field, exc.reason) from None
+    if isinstance(event, Hello) and event.engine is None and event.scrape is None and event.fleet is None:
         raise EventError("hello: 'engine', 'scrape' and 'fleet' are all null; one of them says what the events "
                          "come from")
     return event
-
-
-class _Invalid(Exception):
-    """Raised inside the checkers; each level adds where it was on the way out."""
-
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
-        self.where: list[str] = []
-
-
-def _fail(want: str, value: Any) -> typing.NoReturn:
-    raise _Invalid(f"expected {want}, got {_show(value)}")
-
-
-def _show(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, dict):
-        return "an object"
-    if isinstance(value, list):
-        return "a list"
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-# ---- scalars ----------------------------------------------------------------------------
-
-def _int(v: Any) -> int:
-    if v.__class__ is int:
-        return v
-    _fail("an integer", v)
-
-
-def _float(v: Any) -> float:
-    cls = v.__class__
-    if cls is float:
-        if math.isfinite(v):
-            return v
-        raise _Invalid(f"not a finite number: {v}")
-    if cls is int:
-        return float(v)
-    _fail("a number", v)
-
-
-def _str(v: Any) -> str:
-    if v.__class__ is str:
-        return v
-    _fail("a string", v)
-
-
-def _bool(v: Any) -> bool:
-    if v is True or v is False:
-        return v
-    _fail("true or false", v)
-
-
-def _any(v: Any) -> Any:
-    """Any JSON value, unchecked: the parts typed `Any` (a batch's events, a change's old and new
-    values) are either decoded on their own later or only shown."""
-    return v
-
-
-_SCALARS: dict[Any, tuple[Check, str]] = {
-    int: (_int, "an integer"), float: (_float, "a number"), str: (_str, "a string"), bool: (_bool, "true or false"),
-}
-
-
-def _at(check: Check, value: Any, where: str) -> Any:
-    try:
-        return check(value)
-    except _Invalid as exc:
-        exc.where.append(where)
-        raise
-
-
-# ---- containers -------------------------------------------------------------------------
-
-def _list(item: Check) -> Check:
-    def check(v: Any) -> list[Any]:
-        if v.__class__ is not list:
-            _fail("a list", v)
-        try:
-            return [item(x) for x in v]
-        except _Invalid:
-            for i, x in enumerate(v):  # again, to say which element
-                _at(item, x, f"[{i}]")
-            raise
-
-    return check
-
-
-def _tuple(items: list[Check]) -> Check:
-    n = len(items)
-
-    def check(v: Any) -> tuple[Any, ...]:
-        if not isinstance(v, (list, tuple)) or len(v) != n:
-            _fail(f"a list of {n}", v)
-        return tuple(_at(c, x, f"[{i}]") for i, (c, x) in enumerate(zip(items, v, strict=True)))
-
-    return check
-
-
-def _dict(value: Check) -> Check:
-    def check(v: Any) -> dict[str, Any]:
-        if v.__class__ is not dict:
-            _fail("an object", v)
-        return {k: _at(value, x, f".{k}") for k, x in v.items()}
-
-    return check
-
-
-def _nullable(inner: Check) -> Check:
-    return lambda v: None if v is None else inner(v)
-
-
-def _first_of(options: list[tuple[Check, str]]) -> Check:
-    want = " or ".join(name for _, name in options)
-
-    def check(v: Any) -> Any:
-        for option, _ in options:
-            try:
-                return option(v)
-            except _Invalid:
-                pass
-        _fail(want, v)
-
-    return check
-
-
-def _object(cls: type) -> Check:
-    """A checker building `cls` (a dataclass) from an object with its fields."""
-    hints = typing.get_type_hints(cls)
-    flat = [f.name for f in dataclasses.fields(cls) if f.metadata.get(WIRE) == "flat"]
-    fields = [(f.name, _checker(hints[f.name]), _allows_none(hints[f.name])) for f in dataclasses.fields(cls)
-              if f.name not in flat]
-    named = frozenset(name for name, _, _ in fields)
-
-    def check(v: Any) -> Any:
-        if v.__class__ is not dict:
-            _fail("an object", v)
-        values: dict[str, Any] = {}
-        for name in flat:  # at most one: the keys the class does not name
-            values[name] = {k: x for k, x in v.items() if k not in named}
-        for name, field_check, optional in fields:
-            if name not in v:
-                if not optional:
-                    raise _Invalid(f"missing field {name!r}")
-                values[name] = None
-                continue
-            try:
-                values[name] = field_check(v[name])
-            except _Invalid as exc:
-                exc.where.append(f".{name}")
-                raise
-        return cls(**values)
-
-    return check
-
-
-def _allows_none(tp: Any) -> bool:
-    return typing.get_origin(tp) in (Union, types.UnionType) and type(None) in typing.get_args(tp)
-
-
-def _checker(tp: Any) -> Check:
-    return _named(tp)[0]
-
-
-def _named(tp: Any) -> tuple[Check, str]:
-    """The checker of a type hint, and how an error message names the type."""
-    if tp is Any:
-        return _any, "any value"
-    if tp in _SCALARS:
-        return _SCALARS[tp]
-    if dataclasses.is_dataclass(tp):
-        return _object(tp), "an object"  # type: ignore[arg-type]
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin in (Union, types.UnionType):
-        options = [_named(a) for a in args if a is not type(None)]
-        check = options[0][0] if len(options) == 1 else _first_of(options)
-        name = " or ".join(n for _, n in options)
-        return (_nullable(check), name + " or null") if type(None) in args else (check, name)
-    if origin is list:
-        return _list(_checker(args[0])), "a list"
-    if origin is tuple:
-        return _tuple([_checker(a) for a in args]), f"a list of {len(args)}"
-    if origin is dict and args[0] is str:
-        return _dict(_checker(args[1])), "an object"
-    raise TypeError(f"no checker for the type {tp!r}")
-
-
-_EVENT_CHECKS: dict[str, Check] = {kind: _object(cls) for kind, cls in EVENT_CLASSES.items()}

@@ -3,10 +3,11 @@
 Every event on the wire is a flat JSON object with `type` and `v`. The engine's records
 (`pdtop.engine.records`) are the `round`, `request` and `transfer` payloads, and a `ConfigChange` plus
 the whole configuration is a `config` event; the engine's description and configuration
-(`hello.engine`) are its records too (`pdtop.engine.description`, re-exported here).
-Telemetry adds the rest here. Consumers turn a received object into one of these classes
-with `pdtop.telemetry.decode.decode_event`, once, and read typed attributes from then on;
-`pdtop.telemetry.encode` writes them.
+(`hello.engine`) are its records too (`pdtop.engine.description`).
+Telemetry adds the rest here. Producers build these classes and `pdtop.telemetry.encode` writes
+any of them; consumers turn a received object into one with `pdtop.telemetry.decode.decode_event`,
+once, and read typed attributes from then on. The field order is the order on the wire; `IF_SET`
+and `ABSENT` fields keep keys out of an object where the protocol has always left them out.
 A test keeps the field tables of docs/protocol.md equal to these classes.
 """
 from __future__ import annotations
@@ -14,12 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-# the engine's description and configuration are the engine's records, re-exported (`X as X`) with the rest
-from pdtop.engine.description import DeviceDescription as DeviceDescription
-from pdtop.engine.description import EngineConfig as EngineConfig
-from pdtop.engine.description import EngineDescription as EngineDescription
-from pdtop.engine.description import Limits as Limits
-from pdtop.engine.description import Totals as Totals
+from pdtop import __version__
+from pdtop.engine.description import ABSENT, IF_SET, EngineConfig, EngineDescription
 from pdtop.engine.records import ConfigChange, KvTransfer, RequestRecord, RoundRecord
 
 PROTOCOL_VERSION = 1
@@ -51,13 +48,13 @@ class Hello:
     """The first event on every connection, and the header of a recording. A pdtop server describes its
     engine; a scraped `/metrics` page has no engine description, and `scrape` says what is scraped."""
 
-    pdtop: str
+    pdtop: str = field(default=__version__, kw_only=True)  # the version that wrote it
     client_id: str
     readonly: bool
     engine: EngineDescription | None
     api: str | None = None  # the OpenAI-compatible API's base URL (http://HOST:PORT/v1), when the server runs one
-    scrape: ScrapeTarget | None = None
-    fleet: FleetTarget | None = None
+    scrape: ScrapeTarget | None = field(default=None, metadata=IF_SET)
+    fleet: FleetTarget | None = field(default=None, metadata=IF_SET)
 
 
 @dataclass
@@ -66,28 +63,34 @@ class ConfigEvent(ConfigChange):
 
     config: EngineConfig = field(kw_only=True)
 
+    @classmethod
+    def after(cls, change: ConfigChange, config: EngineConfig) -> ConfigEvent:
+        """The event of `change`; `config` is the whole configuration after it (`Engine.config_record()`)."""
+        return cls(change.time, change.round_index, change.changes, change.client, config=config)
+
 
 @dataclass
 class Hw:
-    """A hardware sample. The GPU fields are absent without NVML, "n/a" where the device lacks them."""
+    """A hardware sample. The GPU fields are absent without a GPU sampler, "n/a" where NVML, the driver or
+    the device lacks them (`gpu_reason` says why)."""
 
     time: float  # Unix seconds
     cpu_percent: list[float]
     host_mem_used_bytes: int
     host_mem_total_bytes: int
     host_mem_percent: float
-    gpu_name: str | None = None
-    gpu_reason: str | None = None
-    gpu_util_pct: float | str | None = None
-    mem_busy_pct: float | str | None = None
-    dram_bw_util_pct: float | str | None = None
-    sm_util_pct: float | str | None = None
-    sm_occupancy_pct: float | str | None = None
-    sm_clock_mhz: float | str | None = None
-    mem_clock_mhz: float | str | None = None
-    power_w: float | str | None = None
-    mem_used_mib: float | str | None = None
-    mem_total_mib: float | str | None = None
+    gpu_util_pct: float | str | None = field(default=None, metadata=IF_SET)
+    mem_busy_pct: float | str | None = field(default=None, metadata=IF_SET)
+    dram_bw_util_pct: float | str | None = field(default=None, metadata=IF_SET)
+    sm_util_pct: float | str | None = field(default=None, metadata=IF_SET)
+    sm_occupancy_pct: float | str | None = field(default=None, metadata=IF_SET)
+    sm_clock_mhz: float | str | None = field(default=None, metadata=IF_SET)
+    mem_clock_mhz: float | str | None = field(default=None, metadata=IF_SET)
+    power_w: float | str | None = field(default=None, metadata=IF_SET)
+    mem_used_mib: float | str | None = field(default=None, metadata=IF_SET)
+    mem_total_mib: float | str | None = field(default=None, metadata=IF_SET)
+    gpu_name: str | None = field(default=None, metadata=IF_SET)
+    gpu_reason: str | None = field(default=None, metadata=IF_SET)  # "" when NVML reads the GPU
 
 
 @dataclass
@@ -107,9 +110,9 @@ class Reply:
 
     id: str | int | float | None
     ok: bool
-    error: ReplyError | None = None  # when ok is false
-    path: str | None = None  # RecordStart / RecordStop: the recording file
-    readonly: bool | None = None  # auth: whether the connection stays read-only
+    error: ReplyError | None = field(default=None, metadata=IF_SET)  # when ok is false
+    path: str | None = field(default=None, metadata=IF_SET)  # RecordStart / RecordStop: the recording file
+    readonly: bool | None = field(default=None, metadata=IF_SET)  # auth: whether the connection stays read-only
 
 
 @dataclass
@@ -168,8 +171,9 @@ class ScrapedSplit:
 @dataclass
 class Disagg:
     """`metrics.disagg`: prefill/decode disaggregation figures (SGLang's PD metrics, vLLM's NIXL ones);
-    each null where the page lacks it. Latency, speed and size are p50 over the window (a histogram)
-    or the latest value (older SGLang's gauges); failures count the window's increase."""
+    each None where the page lacks it (left out of the object: `absent`) or has it with nothing observed
+    yet (null). Latency, speed and size are p50 over the window (a histogram) or the latest value (older
+    SGLang's gauges); failures count the window's increase."""
 
     prefill_bootstrap_queue: float | str | None = None  # requests (prefill server)
     prefill_inflight_queue: float | str | None = None
@@ -182,17 +186,18 @@ class Disagg:
     transfer_failures: float | str | None = None
     prefill_retries: float | str | None = None
     transfer_metrics: str | None = None  # "gauge", "histogram", "nixl": which kind the transfer figures are
+    absent: frozenset[str] = field(default=frozenset(), repr=False, metadata=ABSENT)  # the page has none of these
 
 
 @dataclass
 class Metrics:
     """One scrape of a Prometheus `/metrics` page, as the panels show it. A figure the server does not
-    expose is null and named in `not_exposed`; a rate is also null on the first scrape (nothing to compare
-    yet). A figure whose value was not finite is the string "NaN", "+Inf" or "-Inf"."""
+    expose is None, named in `not_exposed` and left out of the object (`absent`); a rate is also None on
+    the first scrape (nothing to compare yet), but written as null. A figure whose value was not finite
+    is the string "NaN", "+Inf" or "-Inf"."""
 
     time: float  # Unix seconds
     window_s: float  # seconds the rates and percentiles cover (0 on the first scrape)
-    not_exposed: list[str]  # names of the fields below that the page lacks
     running: float | str | None = None
     waiting: float | str | None = None
     kv_usage: float | str | None = None  # 0 to 1
@@ -200,14 +205,17 @@ class Metrics:
     generation_tokens_per_s: float | str | None = None
     ttft: Quantiles | None = None
     itl: Quantiles | None = None
+    itl_read_p50_s: float | str | None = None  # ITL p50 of the gaps since the previous read alone
     e2e: Quantiles | None = None
     split_level: float | str | None = None  # pdtop's own /metrics only
     prefill_units: float | str | None = None
     decode_units: float | str | None = None
-    itl_read_p50_s: float | str | None = None  # ITL p50 of the gaps since the previous read alone
-    split: ScrapedSplit | None = None  # SGLang with --sglang-log / --pdmux-config
+    not_exposed: list[str] = field(kw_only=True)  # names of the fields above that the page lacks
     role: str | None = None  # SGLang's `engine_type` label: "unified", "prefill" or "decode"
     disagg: Disagg | None = None
+    split: ScrapedSplit | None = field(default=None, metadata=IF_SET)  # SGLang with --sglang-log / --pdmux-config
+    # the figures left out of the object: those not exposed, and the ITL's p50 of the last read with the ITL
+    absent: frozenset[str] = field(default=frozenset(), repr=False, metadata=ABSENT)
 
 
 @dataclass
@@ -244,3 +252,4 @@ EVENT_CLASSES: dict[str, type] = {
     "transfer": KvTransfer,
     "fleet": Fleet,
 }
+EVENT_TYPES: dict[type, str] = {cls: kind for kind, cls in EVENT_CLASSES.items()}  # the `type` of each class

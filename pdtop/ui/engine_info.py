@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pdtop.telemetry.events import EngineDescription
+from pdtop.engine.description import EngineDescription
 
 
 @dataclass

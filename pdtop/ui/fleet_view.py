@@ -12,20 +12,15 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 from pdtop.telemetry.events import Fleet, FleetServer, FleetTarget, Metrics, ScrapeTarget
 from pdtop.ui.engine_info import EngineInfo
 from pdtop.ui.scrape_view import ScrapeView, number
 
+if TYPE_CHECKING:  # state.py imports this module
+    from pdtop.ui.state import DashboardState
 
-class DashboardState(Protocol):
-    """What of `pdtop.ui.state.DashboardState` a fleet sets (a protocol: that module imports this one)."""
-
-    fleet: FleetView | None
-    scrape: ScrapeView | None
-    info: EngineInfo
-    version: int
 
 Figure = Callable[[Metrics], float | str | None]
 GROWING_S = 10.0  # a queue is growing when it is longer than this long ago

@@ -23,12 +23,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pdtop.engine.description import EngineConfig
 from pdtop.engine.records import DisaggState, KvTransfer, PrefillProgress, RequestRecord, RoundRecord
 from pdtop.telemetry.decode import EventError, UnknownEventType, decode_event
 from pdtop.telemetry.events import (
     ConfigEvent,
     Dropped,
-    EngineConfig,
     ErrorNotice,
     Event,
     Fleet,

@@ -1,10 +1,12 @@
-"""Clients that hold connections or send endless headers (slowloris), on real uvicorn with raw sockets."""
+"""Clients that hold connections, send endless headers or trailers, never send their body (slowloris), or
+guess the token, on real uvicorn with raw sockets."""
 from __future__ import annotations
 
 import json
 import logging
 import socket
 import time
+import tracemalloc
 
 import httpx
 import pytest
@@ -14,7 +16,8 @@ from pdtop.engine.build import build_engine
 
 from .live_api import LiveApi
 
-LIMITS = ConnectionLimits(header_timeout=0.5, per_client=8, max_requests=16)
+LIMITS = ConnectionLimits(header_timeout=0.5, body_timeout=0.5, per_client=8, max_requests=16)
+TOKEN = {"authorization": "Bearer s3cret"}
 
 
 @pytest.fixture(scope="module")
@@ -144,4 +147,155 @@ def test_a_kept_alive_connection_gets_a_header_deadline_for_its_next_request_too
     s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0")  # the next request, never finished
     status, err = _status_and_error(_read_all(s))
     assert status == 408 and err["code"] == "request_timeout"
+    s.close()
+
+
+BODYLESS = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 100\r\n\r\n")  # and never the 100 bytes
+
+
+def test_a_body_that_never_comes_is_408_at_its_deadline(guarded):
+    s = _connect(guarded, "127.0.2.2")
+    s.sendall(BODYLESS)
+    status, err = _status_and_error(_read_all(s))
+    assert status == 408 and err["code"] == "request_timeout" and "body" in err["message"]
+    s.close()
+
+
+def test_bodyless_posts_from_several_addresses_do_not_refuse_other_requests(guarded):
+    """Issue 38 item 4 at the fixture's scale: 5 addresses x per_client body-less POSTs are more than
+    max_requests, yet they are requests still arriving, not requests being answered."""
+    held = [_connect(guarded, f"127.0.3.{2 + i % 5}") for i in range(5 * LIMITS.per_client)]
+    for s in held:
+        s.sendall(BODYLESS)
+    tasks = guarded.api._server.server_state.tasks
+    guarded.wait(lambda: len(tasks) >= LIMITS.max_requests)  # as many started as may be answered at once
+    assert httpx.get(guarded.url + "/models", timeout=10).status_code == 200
+    guarded.wait(lambda: len(tasks) >= len(held))  # and then every one of them
+    assert httpx.get(guarded.url + "/models", timeout=10).status_code == 200
+    for s in held:  # then each is closed at its body deadline
+        status, err = _status_and_error(_read_all(s))
+        assert status == 408 and err["code"] == "request_timeout"
+        s.close()
+
+
+def test_five_times_1024_bodyless_posts_leave_v1_models_answering(tokenizer):
+    """Issue 38 item 4 at its own scale, with the default limits: 5 x 1,024 POSTs with `Content-Length: 100`
+    and no body, from 127.0.0.2..6, made every /v1/models call answer 503."""
+    live = LiveApi(build_engine("sim:H100"), tokenizer, run_engine=False)
+    held: list[socket.socket] = []
+    try:
+        for i in range(5 * 1024):
+            s = _connect(live, f"127.0.4.{2 + i % 5}")
+            s.sendall(BODYLESS)
+            held.append(s)
+        tasks = live.api._server.server_state.tasks
+        live.wait(lambda: len(tasks) >= ConnectionLimits().max_requests)
+        assert httpx.get(live.url + "/models", timeout=10).status_code == 200
+        live.wait(lambda: len(tasks) >= len(held))
+        for _ in range(3):
+            assert httpx.get(live.url + "/models", timeout=10).status_code == 200
+    finally:
+        for s in held:
+            s.close()
+        live.close()
+
+
+def _trailer_flood(live: LiveApi, headers: bytes = b"", fields: int = 20) -> tuple[bytes, int]:
+    """POST a chunked body with `fields` trailer fields of 1 MiB: what came back, and the peak of the memory
+    Python allocated meanwhile (the server runs in this process)."""
+    s = _connect(live)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" + headers
+              + b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n")
+    value = b"a" * ((1 << 20) - 32)
+    tracemalloc.start()
+    try:
+        for i in range(fields):
+            s.sendall(b"X-Trailer-%d: " % i + value + b"\r\n")
+        s.sendall(b"\r\n")
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # refused before the end
+    answer = _read_all(s)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    s.close()
+    return answer, peak
+
+
+# The server holds at most 16 KiB of trailers and one 4 KiB slice past them, plus its 256 KiB read buffer;
+# 4 MiB leaves room for what the interpreter allocates meanwhile (the test's own 1 MiB lines included). 20 MiB
+# of trailer fields were held whole before, in the request's headers (6 x 20 MiB: 223 MB -> 3.8 GB).
+FLOOD_PEAK = 4 << 20
+
+
+def test_chunked_trailers_past_16_kib_are_431_and_never_held(guarded, caplog):
+    caplog.set_level(logging.WARNING)
+    answer, peak = _trailer_flood(guarded)
+    assert peak < FLOOD_PEAK
+    assert answer == b"" or _status_and_error(answer)[0] == 431  # or reset before it was read
+    assert any("trailers over 16384 bytes" in r.getMessage() for r in caplog.records)
+    assert _health(guarded) == 200
+
+
+def test_trailers_are_dropped_not_added_to_the_headers(guarded):
+    """A trailer is not a header: an `Authorization` trailer must not reach the app (it would pass the
+    token check of a server that read headers late)."""
+    body = json.dumps({"prompt": "hi", "max_tokens": 1, "stream": True}).encode()
+    s = _connect(guarded)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+              b"Transfer-Encoding: chunked\r\n\r\n%x\r\n" % len(body) + body
+              + b"\r\n0\r\nContent-Type: text/plain\r\nX-Smuggled: 1\r\n\r\n")
+    assert s.recv(12) == b"HTTP/1.1 200"  # its Content-Type stayed application/json
+    s.close()
+
+
+@pytest.fixture
+def tokened(tokenizer):
+    """A simulated GPU whose engine never runs, behind a token: a fresh one per test (wrong tokens count)."""
+    server = LiveApi(build_engine("sim:H100"), tokenizer, run_engine=False, token="s3cret", limits=LIMITS)
+    yield server
+    server.close()
+
+
+def test_a_request_without_the_token_is_refused_before_its_body_is_read(tokened):
+    """With --token, a request without one had its trailers parsed all the same (104 -> 1,049 MB)."""
+    s = _connect(tokened)
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+              b"Content-Length: 100\r\n\r\n")
+    status, err = _status_and_error(_read_all(s))  # at once, and closed: the body is not waited for
+    assert status == 401 and err["code"] == "invalid_api_key"
+    s.close()
+    answer, peak = _trailer_flood(tokened)
+    assert peak < FLOOD_PEAK
+    assert answer == b"" or answer.startswith(b"HTTP/1.1 401")
+    assert httpx.get(tokened.url + "/models", headers=TOKEN, timeout=10).status_code == 200
+
+
+def test_wrong_tokens_make_the_address_wait_across_connections(tokened):
+    """Guesses went at 1,707/s on one kept-alive connection. After a few wrong tokens an address waits, and
+    meanwhile no token it gives is checked: not on a new connection, not from another loopback address."""
+    with httpx.Client(timeout=10) as client:
+        answers = [client.get(tokened.url + "/models", headers={"authorization": f"Bearer guess{i}"})
+                   for i in range(12)]
+    assert [r.status_code for r in answers] == [401] * 5 + [429] * 7
+    assert all(r.headers["retry-after"] == "1" and r.json()["error"]["code"] == "too_many_wrong_tokens"
+               for r in answers[5:])
+    s = _connect(tokened, "127.0.5.9")  # the same machine: the same budget
+    s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer s3cret\r\n\r\n")
+    status, err = _status_and_error(_read_all(s))
+    assert status == 429 and "not checked" in err["message"]
+    s.close()
+    assert httpx.get(tokened.root + "/health", timeout=10).status_code == 200  # no token needed there
+    time.sleep(1.05)
+    assert httpx.get(tokened.url + "/models", headers=TOKEN, timeout=10).status_code == 200
+    wrong = httpx.get(tokened.url + "/models", headers={"authorization": "Bearer again"}, timeout=10)
+    assert wrong.status_code == 401  # the right token cleared the record
+
+
+def test_a_request_whose_body_is_late_does_not_wait_for_it_once_answered(guarded):
+    """A 404 is answered without reading the body; the body deadline then only closes the connection."""
+    s = _connect(guarded, "127.0.6.2")
+    s.sendall(b"POST /nowhere HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n\r\n")
+    answer = _read_all(s)
+    assert answer.startswith(b"HTTP/1.1 404") and answer.count(b"HTTP/1.1") == 1
     s.close()

@@ -1,4 +1,4 @@
-"""Issue 27 §2: requests crafted to break the API or the engine behind it, on real uvicorn on loopback."""
+"""Issues 27 §2 and 38: requests crafted to break the API or the engine behind it, on real uvicorn on loopback."""
 from __future__ import annotations
 
 import json
@@ -10,10 +10,15 @@ import struct
 import subprocess
 import sys
 import time
+import tracemalloc
 
 import httpx
 import pytest
+from websockets.sync.client import connect
 
+from pdtop.api.body_shape import MAX_CONTAINERS, MAX_ITEMS
+from pdtop.api.errors import APIError
+from pdtop.api.schemas import MAX_BODY_BYTES, ChatRequest, CompletionRequest, parse_body
 from pdtop.engine.build import build_engine
 
 from .live_api import LiveApi
@@ -30,8 +35,9 @@ def gated(tokenizer):
     server.close()
 
 
-def _post(url: str, raw: bytes, path: str = "/completions") -> httpx.Response:
-    return httpx.post(url + path, content=raw, headers={"content-type": "application/json"}, timeout=60)
+def _post(url: str, raw: bytes, path: str = "/completions", headers: dict | None = None) -> httpx.Response:
+    return httpx.post(url + path, content=raw, headers={"content-type": "application/json", **(headers or {})},
+                      timeout=60)
 
 
 @pytest.mark.parametrize(("headers", "code"), [
@@ -53,6 +59,46 @@ def test_programs_loopback_names_and_allowed_origins_are_served(gated, headers):
 
 def test_head_health_is_200(gated):
     assert httpx.head(gated.root + "/health", timeout=10).status_code == 200
+
+
+# Issue 38 item 5: 8 MB bodies whose parsing stalled the event loop 1.4 to 2.8 s (and 424 -> 860 MB)
+ISSUE_SHAPES = {
+    "4.2 M token ids": ("/completions", CompletionRequest, lambda: {"prompt": [1] * 4_190_000}),
+    "320,000 empty content parts": ("/chat/completions", ChatRequest,
+                                    lambda: {"messages": [{"role": "user",
+                                                           "content": [{"type": "text", "text": ""}] * 320_000}]}),
+    "279,615 empty messages": ("/chat/completions", ChatRequest,
+                               lambda: {"messages": [{"role": "user", "content": ""}] * 279_615}),
+}
+
+
+@pytest.mark.parametrize("shape", ISSUE_SHAPES)
+def test_bodies_of_too_many_values_are_refused_before_they_are_parsed(gated, shape):
+    path, model, make = ISSUE_SHAPES[shape]
+    raw = json.dumps(make(), separators=(",", ":")).encode()
+    assert len(raw) <= MAX_BODY_BYTES
+    tracemalloc.start()
+    with pytest.raises(APIError, match="holds more than"):
+        parse_body(raw, "application/json", model)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    # the body's text, decoded once as json.loads decodes it, and nothing per value (the checks held 25 to 28
+    # times the body before, 205-235 MB for these)
+    assert peak < 1.5 * len(raw)
+    r = _post(gated.url, raw, path, headers=TOKEN)
+    assert r.status_code == 400 and "the request body holds more than" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(("model", "body"), [
+    (CompletionRequest, {"prompt": [1000] * (MAX_ITEMS - 64)}),  # a 128K-token prompt as ids
+    (CompletionRequest, {"prompt": "{[a, b], c}, " * 200_000}),  # punctuation in a string is not counted
+    (CompletionRequest, {"prompt": ["x"] * 64}),
+    (ChatRequest, {"messages": [{"role": "user", "content": "hi"}] * (MAX_CONTAINERS - 2)}),
+    (ChatRequest, {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}] * (MAX_CONTAINERS - 4)}]}),
+])
+def test_bodies_up_to_the_limits_parse(model, body):
+    parsed = parse_body(json.dumps(body).encode(), "application/json", model)
+    assert parsed.model_dump(exclude_unset=True) == body
 
 
 def test_a_lone_surrogate_is_a_400_not_a_500(live, caplog):
@@ -175,12 +221,18 @@ def test_serve_with_a_token_on_loopback_guards_the_api_too():
                              "--api-port", "0", "--workload", "none"], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
     try:
-        proc.stdout.readline()
+        ws = proc.stdout.readline().split()[-1]
         api = proc.stdout.readline().split()[-1]
         r = httpx.post(api + "/completions", json={"prompt": "hi", "max_tokens": 1}, timeout=30)
         assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
         r = httpx.post(api + "/completions", json={"prompt": "hi", "max_tokens": 1}, headers=TOKEN, timeout=30)
         assert r.status_code == 200
+        for i in range(5):  # wrong tokens on the API make the websocket port wait too: one budget
+            r = httpx.get(api + "/models", headers={"authorization": f"Bearer guess{i}"}, timeout=30)
+            assert r.status_code == 401
+        with connect(ws + "/?token=s3cret") as watcher:
+            assert json.loads(watcher.recv(timeout=10))["readonly"] is True
+            assert "not checked" in json.loads(watcher.recv(timeout=10))["reason"]
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=20) == 0
     finally:

@@ -26,7 +26,8 @@ def _run(code: str) -> subprocess.CompletedProcess:
 def _args(tmp_path: Path, **kw) -> argparse.Namespace:
     """gpu_check's arguments for a smoke run in-process."""
     args = {"out": str(tmp_path / "gpu_check.json"), "smoke": True, "budget": 120.0, "steps": 4, "eager_steps": 4,
-            "layers": 1, "kv_tokens": 4096, "preflight": None, "connections_probe": False, "probe_split": "80,52"}
+            "layers": 1, "kv_tokens": 4096, "preflight": None, "connections_probe": False, "probe_split": "80,52",
+            "policies_child": False}
     return argparse.Namespace(**{**args, **kw})
 
 
@@ -62,6 +63,7 @@ def test_gpu_check_smoke_runs_without_packages_the_gpu_machine_lacks(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     report = json.loads(out.read_text())
     assert report["errors"] == {} and report["skipped"] == {} and report["mode"] == "smoke"
+    assert "running" not in report and "policy_running" not in report  # every section ended
     assert report["device"]["name"] == "cpu" and report["levels"] == []
     assert report["environment"]["torch"] == torch.__version__
     eager = report["decode_step"]["eager"]["alone"]
@@ -126,7 +128,6 @@ def test_gpu_check_stopped_by_its_timeout_keeps_results_and_prints_the_table(tmp
 
 
 
-
 def test_a_killed_run_still_has_its_verdict(tmp_path):
     """SIGKILL mid-run (no handler runs: the timeout's second signal, the device tool's own limit): the JSON
     last saved holds the targets of what it had measured, computed at that save (issue 43 item 6)."""
@@ -144,6 +145,7 @@ def test_a_killed_run_still_has_its_verdict(tmp_path):
     assert proc.returncode == -signal.SIGKILL
     report = json.loads(out.read_text())
     assert "runtime" in report["seconds"] and "policies" not in report["seconds"]
+    assert report["running"] == "decode_step"  # the section the process died in
     assert set(report["targets"]) == set(TARGETS) and set(report["target_notes"]) == set(TARGETS)
     assert report["targets"] == targets(report)[0]  # the verdict of the report as it stands
 
@@ -224,3 +226,43 @@ def test_sections_before_the_policies_leave_them_their_time(tmp_path, gpu_check)
     saved = json.loads((tmp_path / "gpu_check.json").read_text())
     assert saved["skipped"]["decode_step"].endswith("about 5 s needed beside the 90 s kept for the policies")
     assert "policies" in saved["seconds"] and set(saved["targets"]) == set(TARGETS)
+
+
+ABORT = """import json, os, sys
+json.dump({{"policies": {{"pdmux": {{"itl_ms": {{"p99": 12.0}}}}}}, "itl_ms": {{"pdmux_under_prefill": 12.0,
+           "decode_only": 10.0}}, "errors": {{}}, "skipped": {{}}, "policy_running": "chunked_64"}}, open({out!r}, "w"))
+sys.stderr.write("terminate called after throwing an instance of 'c10::AcceleratorError'\\n"
+                 "  what():  CUDA error: context is destroyed\\nframe #4: c10::TensorImpl::~TensorImpl()\\n")
+sys.stderr.flush()
+os.abort()
+"""
+
+
+def test_a_policies_process_that_aborts_keeps_what_it_saved_and_the_check_goes_on(tmp_path, gpu_check,
+                                                                                    monkeypatch, capsys):
+    """The policies run in a child process: one that dies of SIGABRT in its second policy (as the first H100
+    run's process did in a tensor's destructor) leaves the first policy's figures, the reason it died and
+    the policy it died in; the sections after it still run and the verdict is saved."""
+    monkeypatch.setattr(gpu_check.Check, "_policies_command",
+                        lambda self, out: [sys.executable, "-c", ABORT.format(out=str(out))])
+    check = gpu_check.Check(_args(tmp_path))
+    check.report.run("policies", check.policies)
+    check.report.run("max_connections", check.connections)
+    saved = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert saved["policies"]["pdmux"]["itl_ms"]["p99"] == 12.0 and saved["itl_ms"]["decode_only"] == 10.0
+    assert saved["errors"]["policies"] == "its process died of SIGABRT: what(): CUDA error: context is destroyed"
+    assert saved["skipped"]["policies.chunked_64"] == "the policies' process ended during it"
+    assert saved["max_connections"] == "needs a GPU" and "running" not in saved and set(saved["targets"]) == set(
+        TARGETS)
+    assert "what():  CUDA error: context is destroyed" in capsys.readouterr().err  # its stderr, in the log
+    assert not list(Path(gpu_check.tempfile.gettempdir()).glob(f"gpu_check_policies_{os.getpid()}.json"))
+
+
+def test_why_a_process_died_is_read_from_its_stderr(gpu_check):
+    """The first H100 run's log as the check's process wrote it: the C++ exception's `what():` line."""
+    log = (Path(__file__).resolve().parents[2] / "bench" / "results" / "gpu_check-h100.log").read_text()
+    assert gpu_check._death(log) == "what(): CUDA error: context is destroyed"
+    assert gpu_check._ended(-signal.SIGABRT) == "died of SIGABRT" and gpu_check._ended(1) == "exited 1"
+    assert gpu_check._death('Traceback (most recent call last):\n  File "x.py", line 1\nValueError: bad\n') == (
+        "ValueError: bad")
+    assert gpu_check._death("") == "nothing on stderr"

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from pdtop.telemetry.encode import fleet_event, fleet_hello_event
+from pdtop.telemetry.encode import wire
+from pdtop.telemetry.events import Disagg, Fleet, FleetServer, FleetTarget, Hello, Metrics, Quantiles
 from pdtop.telemetry.sources.replay import ReplaySource
 from pdtop.ui.app import PdtopApp
 from pdtop.ui.screens.fleet import FleetScreen
@@ -16,25 +17,23 @@ from .conftest import until_shown as until
 STARTED = 1_796_000_000.0
 
 
-def metrics(t: float, running: float, waiting: float, kv: float, itl: float, role: str | None, **disagg) -> dict:
-    q = {"count": 100.0, "p50_s": itl * 0.8, "p90_s": itl * 0.95, "p99_s": itl, "first_bound_s": 0.002}
-    ttft = {"count": 20.0, "p50_s": 0.21, "p90_s": 0.4, "p99_s": 0.52, "first_bound_s": 0.1}
-    return {"time": t, "window_s": 30.0, "not_exposed": ["split_level", "prefill_units", "decode_units"],
-            "running": running, "waiting": waiting, "kv_usage": kv, "prompt_tokens_per_s": 5200.0,
-            "generation_tokens_per_s": running * 40, "ttft": ttft, "itl": q, "e2e": ttft, "role": role,
-            "disagg": disagg or None}
+def metrics(t: float, running: float, waiting: float, kv: float, itl: float, role: str | None, **disagg) -> Metrics:
+    q = Quantiles(100.0, itl * 0.8, itl * 0.95, itl, 0.002)
+    ttft = Quantiles(20.0, 0.21, 0.4, 0.52, 0.1)
+    return Metrics(t, 30.0, running, waiting, kv, 5200.0, running * 40, ttft, q, e2e=ttft,
+                   not_exposed=["split_level", "prefill_units", "decode_units"], role=role,
+                   disagg=Disagg(**disagg) if disagg else None)
 
 
-def server(i: int, role: str, state: str, m: dict | None, engine: str = "sglang", reason: str | None = None) -> dict:
+def server(i: int, role: str, state: str, m: Metrics | None, engine: str = "sglang",
+           reason: str | None = None) -> FleetServer:
     port = 30000 + i
-    return {"url": f"http://10.0.0.{i}:{port}/metrics", "address": f"10.0.0.{i}:{port}", "role": role,
-            "role_from": "engine_type", "state": state, "reason": reason, "engine": engine,
-            "model_name": "meta-llama/Llama-3.1-8B-Instruct", "reads": 30, "last_read": m["time"] if m else None,
-            "metrics": m}
+    return FleetServer(f"http://10.0.0.{i}:{port}/metrics", f"10.0.0.{i}:{port}", role, "engine_type", state, reason,
+                       engine, "meta-llama/Llama-3.1-8B-Instruct", 30, m.time if m else None, m)
 
 
 def recording(path) -> None:
-    hello = fleet_hello_event(1.0, 30.0, None)
+    hello = wire(Hello(client_id="fleet", readonly=True, engine=None, fleet=FleetTarget(1.0, 30.0, None)))
     lines = [json.dumps({"format": "pdtop-recording", "format_version": 1, "pdtop": "0.1.0", "started": STARTED,
                          "hello": hello})]
     for k in range(12):
@@ -54,7 +53,7 @@ def recording(path) -> None:
                 server(5, "decode", "live", metrics(t, 36, 0, 0.32, 0.014, None, kv_transfer_latency_ms=4.0,
                                                        kv_transfer_speed_gb_s=10.0, transfer_failures=1.0,
                                                        transfer_metrics="nixl"), engine="vllm")]
-        lines.append(json.dumps({"t": float(k), "event": fleet_event(t, rows)}))
+        lines.append(json.dumps({"t": float(k), "event": wire(Fleet(t, rows))}))
     path.write_text("\n".join(lines) + "\n")
 
 

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from pdtop.telemetry.encode import metrics_event, scrape_hello_event
+from pdtop.telemetry.encode import wire
+from pdtop.telemetry.events import Hello, Metrics, Quantiles, ScrapedSplit, ScrapeTarget
 from pdtop.telemetry.scrape.sglang_log import LogSplit
 from pdtop.telemetry.sources.replay import ReplaySource
 from pdtop.ui.app import PdtopApp
@@ -19,24 +20,22 @@ URL = "http://10.0.0.1:30000/metrics"
 
 
 def recording(path) -> None:
-    hello = scrape_hello_event(URL, "sglang", "meta-llama/Llama-3.1-8B-Instruct",
-                               ["meta-llama/Llama-3.1-8B-Instruct"], 1.0, 30.0)
+    target = ScrapeTarget(URL, "sglang", "meta-llama/Llama-3.1-8B-Instruct", ["meta-llama/Llama-3.1-8B-Instruct"],
+                          1.0, 30.0)
+    hello = wire(Hello(client_id="scrape", readonly=True, engine=None, scrape=target))
     lines = [json.dumps({"format": "pdtop-recording", "format_version": 1, "pdtop": "0.1.0", "started": STARTED,
                          "hello": hello})]
     log = LogSplit()
     log.feed(start_up(), 0.0)
     for k in range(20):
         log.feed(adjust(2 + (k // 3) % 4), float(k))  # SGLang's lines, read at k s
-        itl = {"count": 400.0, "p50_s": 0.008 + 0.001 * log.level, "p90_s": 0.012, "p99_s": 0.015,
-               "first_bound_s": 0.002}
-        split = {"source": "log", "inferred": False, "levels": [list(p) for p in log.levels], "level": log.level,
-                 "prefill_units": log.prefill_sm, "decode_units": log.decode_sm, "level_time_s": log.times(k + 0.5),
-                 "starts": log.starts, "note": None}
-        body = {"time": STARTED + k, "window_s": 30.0, "not_exposed": ["split_level", "prefill_units", "decode_units"],
-                "running": 24.0, "waiting": 3.0, "kv_usage": 0.41, "prompt_tokens_per_s": 9100.0,
-                "generation_tokens_per_s": 2400.0, "ttft": itl, "itl": itl, "e2e": itl,
-                "itl_read_p50_s": itl["p50_s"], "split": split, "role": "unified", "disagg": None}
-        lines.append(json.dumps({"t": float(k), "event": metrics_event(body)}))
+        assert log.level is not None
+        itl = Quantiles(400.0, 0.008 + 0.001 * log.level, 0.012, 0.015, 0.002)
+        split = ScrapedSplit("log", False, list(log.levels), log.level, log.prefill_sm, log.decode_sm,
+                             log.times(k + 0.5), log.starts)
+        read = Metrics(STARTED + k, 30.0, 24.0, 3.0, 0.41, 9100.0, 2400.0, itl, itl, itl.p50_s, itl,
+                       not_exposed=["split_level", "prefill_units", "decode_units"], role="unified", split=split)
+        lines.append(json.dumps({"t": float(k), "event": wire(read)}))
     path.write_text("\n".join(lines) + "\n")
 
 

@@ -369,10 +369,12 @@ async def _stop(src: PrometheusSource, task: asyncio.Task) -> None:
 
 def test_a_hello_with_neither_engine_nor_scrape_is_refused_and_the_dashboard_keeps_going():
     from pdtop.telemetry.decode import EventError
-    from pdtop.telemetry.encode import scrape_hello_event
+    from pdtop.telemetry.encode import wire
+    from pdtop.telemetry.events import ScrapeTarget
     from pdtop.ui.state import DashboardState
 
-    hello = scrape_hello_event("http://h/metrics", "vllm", LLAMA, [LLAMA], 1.0, 30.0)
+    hello = wire(Hello(client_id="scrape", readonly=True, engine=None,
+                       scrape=ScrapeTarget("http://h/metrics", "vllm", LLAMA, [LLAMA], 1.0, 30.0)))
     bad = {**hello, "scrape": None}
     with pytest.raises(EventError, match="'engine', 'scrape' and 'fleet' are all null"):
         decode_event(bad)

@@ -13,6 +13,7 @@ from pdtop.engine.build import build_engine
 from pdtop.engine.records import ConfigChange
 from pdtop.engine.scheduling.workload import WorkloadSpec
 from pdtop.telemetry import encode
+from pdtop.telemetry.events import ConfigEvent, Hello
 from pdtop.telemetry.server.server import TelemetryServer
 
 
@@ -24,7 +25,7 @@ def hello_event(client_id: str = "recorder", readonly: bool = True) -> dict:
     """The hello a real engine (a fresh sim H100) gets from the server."""
     eng = make_engine()
     try:
-        return json.loads(encode.encode(encode.hello_event(client_id, readonly, eng.describe())))
+        return encode.wire(Hello(client_id=client_id, readonly=readonly, engine=eng.describe()))
     finally:
         eng.close()
 
@@ -38,7 +39,7 @@ def config_event(time: float, round_index: int, **settings) -> dict:
         eng.close()
     change = ConfigChange(time, round_index, {k: {"old": encode.plain(getattr(old, k)), "new": v}
                                               for k, v in settings.items()})
-    return json.loads(encode.encode(encode.config_event(change, dataclasses.replace(old, **settings))))
+    return json.loads(encode.encode(ConfigEvent.after(change, dataclasses.replace(old, **settings))))
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from pdtop.engine.build import build_engine
 from pdtop.engine.records import KvTransfer, RoundRecord
 from pdtop.engine.roofline.kv import parse_link
 from pdtop.telemetry.decode import decode_event
-from pdtop.telemetry.encode import encode, encode_record, record_event
+from pdtop.telemetry.encode import encode, encode_record
 
 
 def _disagg_records() -> list:
@@ -31,7 +31,7 @@ def test_disagg_rounds_and_transfers_round_trip():
     transfer = next(r for r in seen if isinstance(r, KvTransfer))
     rounds = [r for r in seen if isinstance(r, RoundRecord)]
     for rec in [transfer, *rounds]:
-        for text in (encode_record(rec), encode(record_event(rec))):  # orjson's path and json's
+        for text in (encode_record(rec), encode(rec)):  # orjson's path and json's
             assert decode_event(json.loads(text)) == rec
     assert transfer.link == "rdma100" and transfer.bytes > 0 and transfer.reserved <= transfer.start < transfer.end
     busy = [r for r in rounds if r.disagg is not None and r.disagg.prefilling]

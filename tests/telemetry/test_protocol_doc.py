@@ -43,14 +43,15 @@ def _nested(tp: Any) -> type | None:
 def classes_as_tables() -> dict[str, dict[str, frozenset[str]]]:
     """`round` -> {field: type words}, `round.prefills` -> ...; a class nested in several
     events (the configuration) is described once, where it first appears. A `FLAT` field
-    (a device's own facts) is no key of its own: its keys are the object's others, told in words."""
+    (a device's own facts) is no key of its own: its keys are the object's others, told in words; nor
+    is an `ABSENT` one (which keys an object leaves out)."""
     tables: dict[str, dict[str, frozenset[str]]] = {}
     seen: set[type] = set()
 
     def walk(path: str, cls: type) -> None:
         seen.add(cls)
         hints = typing.get_type_hints(cls)
-        keys = [f for f in dataclasses.fields(cls) if f.metadata.get(WIRE) != "flat"]
+        keys = [f for f in dataclasses.fields(cls) if f.metadata.get(WIRE) not in ("flat", "absent")]
         tables[path] = {f.name: _words(hints[f.name]) for f in keys}
         for f in keys:
             inner = _nested(hints[f.name])

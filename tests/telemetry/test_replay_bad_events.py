@@ -8,7 +8,9 @@ import json
 
 from conftest import hello_event, make_engine
 
+from pdtop.engine.records import ConfigChange
 from pdtop.telemetry import encode
+from pdtop.telemetry.events import ConfigEvent
 from pdtop.telemetry.recording.reader import read_recording
 from pdtop.telemetry.recording.recorder import Recorder
 from pdtop.telemetry.sources.replay import ReplaySource
@@ -20,7 +22,12 @@ HELLO = hello_event()
 def real_events(rounds: int) -> list[dict]:
     engine = make_engine()
     out: list[dict] = []
-    engine.add_sink(lambda r: out.append(json.loads(encode.encode(encode.record_event(r, engine.config_record())))))
+
+    def sink(r) -> None:
+        out.append(json.loads(encode.encode(ConfigEvent.after(r, engine.config_record())
+                                            if isinstance(r, ConfigChange) else r)))
+
+    engine.add_sink(sink)
     try:
         for _ in range(rounds):
             engine.step()

@@ -1,6 +1,7 @@
 """Who may connect and where a client may record: a browser page from another site is
 refused (cross-site websocket hijacking), `record_start` creates only new files inside the
-recordings directory and never follows a symlink, connections are capped."""
+recordings directory and never follows a symlink, connections are capped, and watchers without the
+token leave room for a client with it."""
 from __future__ import annotations
 
 import os
@@ -116,3 +117,28 @@ async def test_connections_beyond_max_clients_are_refused(engine):
         await a.wait(lambda c: len(c.of("round")) >= 5)
         for client in (a, c):
             await client.close()
+
+
+async def test_watchers_without_the_token_leave_room_for_the_operator(engine):
+    """64 token-less watchers took every slot, so the operator with the token got a 503."""
+    async with TelemetryServer(engine, port=0, tick=0.01, token="s3cret") as server:
+        watchers, refused = [], 0
+        for i in range(64):
+            try:  # a wrong token is no better than none
+                watchers.append(await Raw.open(server.url + ("/?token=guess" if i == 0 else "")))
+            except InvalidStatus as exc:
+                assert exc.response.status_code == 503
+                refused += 1
+        assert refused == 8 and len(watchers) == 56 and server.reserved == 8
+        operators = [await Raw.open(server.url + "/?token=s3cret") for _ in range(server.reserved)]
+        for op in operators:
+            await op.wait(lambda c: c.events)
+            assert op.events[0]["readonly"] is False
+        with pytest.raises(InvalidStatus):  # every slot is taken now
+            await connect(server.url + "/?token=s3cret")
+        await operators[0].close()
+        await watchers[0].wait(lambda c: len(server.clients) == 63)
+        with pytest.raises(InvalidStatus):  # the freed slot is still kept for the token
+            await connect(server.url)
+        for c in [*watchers, *operators[1:]]:
+            await c.close()

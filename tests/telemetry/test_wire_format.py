@@ -18,7 +18,7 @@ from pdtop.engine.records import ConfigChange
 from pdtop.engine.scheduling.workload import WorkloadSpec
 from pdtop.telemetry import encode
 from pdtop.telemetry.decode import decode_event
-from pdtop.telemetry.events import Hello
+from pdtop.telemetry.events import ConfigEvent, Hello, Seek
 from pdtop.telemetry.recording.recorder import Recorder
 from pdtop.telemetry.sources.replay import ReplaySource
 
@@ -71,9 +71,10 @@ def engine():
 def texts(engine):
     """The hello, config and seek events the server and a replay write, as JSON text."""
     change = ConfigChange(1.5, 7, {"decode_bs_divisor": {"old": 36, "new": 12}}, "c1")
-    return (encode.encode(encode.hello_event("c1", False, engine.describe(), "http://127.0.0.1:8000/v1")),
-            encode.encode(encode.config_event(change, engine.config_record())),
-            encode.encode(encode.seek_event(2.5, engine.config_record())))
+    return (encode.encode(Hello(client_id="c1", readonly=False, engine=engine.describe(),
+                                api="http://127.0.0.1:8000/v1")),
+            encode.encode(ConfigEvent.after(change, engine.config_record())),
+            encode.encode(Seek(2.5, engine.config_record())))
 
 
 def _canonical(text: str) -> str:

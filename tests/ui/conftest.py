@@ -23,7 +23,8 @@ from pdtop.engine.description import EngineConfig
 from pdtop.engine.records import ConfigChange, PrefillProgress, RequestRecord, RoundRecord
 from pdtop.engine.scheduling.commands import Inject, Set, parse_command
 from pdtop.engine.scheduling.workload import WorkloadSpec
-from pdtop.telemetry import encode as telemetry_events
+from pdtop.telemetry.encode import encode, wire
+from pdtop.telemetry.events import ConfigEvent, Hello
 from pdtop.telemetry.recording.recorder import Recorder
 from pdtop.telemetry.server.server import TelemetryServer
 
@@ -103,15 +104,15 @@ def record_engine(path: Path, rounds: int, rate: float = 8.0,
     `controls` maps a round number to a control message applied before it.
     """
     engine = sim_engine(rate=rate)
-    hello = telemetry_events.hello_event("recorder", True, engine.describe())
+    hello = wire(Hello(client_id="recorder", readonly=True, engine=engine.describe()))
     rec = Recorder(path, hello)
     t0 = engine.device.now()
     last = [0.0]
 
     def sink(record: Any) -> None:
-        config = engine.config_record() if isinstance(record, ConfigChange) else None
+        event = ConfigEvent.after(record, engine.config_record()) if isinstance(record, ConfigChange) else record
         last[0] = max(last[0], record.time - t0)  # a file's times never go back
-        rec.write(telemetry_events.encode(telemetry_events.record_event(record, config)), t=last[0])
+        rec.write(encode(event), t=last[0])
 
     engine.add_sink(sink)
     controls = dict(controls or {})
@@ -196,7 +197,7 @@ async def play_busy(pilot: Any, app: Any, engine: Any) -> None:
 def _real_hello() -> tuple[dict, EngineConfig]:
     engine = sim_engine()
     try:
-        return telemetry_events.hello_event("c1", False, engine.describe()), engine.config_record()
+        return wire(Hello(client_id="c1", readonly=False, engine=engine.describe())), engine.config_record()
     finally:
         engine.close()
 
@@ -208,7 +209,7 @@ LEVELS = HELLO["engine"]["levels"]
 def _round_event(i: int, t: float, *, step: float = 0.01, bs: int = 4, prefills=(), level: int = 4,
                  bytes_moved: float = 2e10, tokens: int = 4) -> dict:
     p, d = LEVELS[level]
-    return telemetry_events.record_event(RoundRecord(
+    return wire(RoundRecord(
         index=i, time=t, policy="pdmux", level=level, prefill_units=p, decode_units=d, pinned=False, decode_bs=bs,
         decode_step_s=step if bs else 0.0, round_s=step, prefills=list(prefills), tokens_emitted=tokens, waiting=1,
         running=bs, kv_used_tokens=500, kv_capacity_tokens=1000, bytes_moved=bytes_moved, flops=1e12))
@@ -221,14 +222,14 @@ def _prefill(ids, done, total=36, k=8, tokens=8192) -> PrefillProgress:
 
 def _request(kind: str, request_id: int, time: float = 0.0, *, prompt_tokens: int = 10, output_tokens: int = 0,
              ttft_s: float | None = None, itls_s=(), finish_reason: str | None = None) -> dict:
-    return telemetry_events.record_event(RequestRecord(kind, request_id, time, prompt_tokens, output_tokens, ttft_s,
-                                                       list(itls_s), finish_reason))
+    return wire(RequestRecord(kind, request_id, time, prompt_tokens, output_tokens, ttft_s, list(itls_s),
+                              finish_reason))
 
 
 def _config(time: float, round_index: int, client: str | None = None, **settings) -> dict:
     old = HELLO["engine"]["config"]
     change = ConfigChange(time, round_index, {k: {"old": old[k], "new": v} for k, v in settings.items()}, client)
-    return telemetry_events.config_event(change, dataclasses.replace(CONFIG, **settings))
+    return wire(ConfigEvent.after(change, dataclasses.replace(CONFIG, **settings)))
 
 
 @pytest.fixture

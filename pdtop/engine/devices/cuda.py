@@ -1,12 +1,14 @@
 """NVIDIA GPU device: prefill and decode on disjoint SMs through CUDA green contexts.
 
 Levels are SGLang's stream groups (`roofline.partition.stream_groups`): each middle level is one
-green-context pair (`green_ctx.GreenContexts.split`) whose two raw streams torch uses
+green-context pair (`green_ctx.GreenContexts.acquire`) whose two raw streams torch uses
 through `torch.cuda.ExternalStream`; the two end levels ("all to prefill", "all to
 decode") use plain torch streams on the whole device. Kernels launch asynchronously,
 so `submit_prefill` returns as soon as the prefill kernels are queued and decode runs
 on its own SMs meanwhile (docs/gpu.md). Green contexts isolate SMs only: memory
-bandwidth and L2 stay shared. An overlapped level (`overlap_decode_full_sm`, `(p, all SMs)`)
+bandwidth and L2 stay shared. A device's levels come from the process's `green_ctx.shared`
+contexts and go back there, never destroyed: tensors used on their streams may outlive the device
+(`green_ctx`'s docstring). An overlapped level (`overlap_decode_full_sm`, `(p, all SMs)`)
 is SGLang's: prefill on the first half of a `(p, total - p)` green-context pair (the other
 half is kept, unused), decode on a plain whole-device stream at high priority.
 
@@ -26,7 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pdtop.engine.description import DeviceDescription
 from pdtop.engine.devices.base import Device, R, Work
 from pdtop.engine.devices.cuda_setup import cuda_unavailable_reason, max_connections_state, set_max_connections
-from pdtop.engine.devices.green_ctx import GreenContexts, GreenPair
+from pdtop.engine.devices.green_ctx import GreenContexts, GreenPair, shared
 from pdtop.engine.errors import DeviceError
 from pdtop.engine.roofline.partition import overlaps, stream_groups
 
@@ -76,7 +78,7 @@ class CudaDevice(Device):
 
         tdev = torch.device("cuda", index)
         torch.empty(1, device=tdev)  # make torch's primary context before the green contexts retain it
-        self._start(torch, tdev, GreenContexts(index), groups, sm_group_num, balanced_workqueues)
+        self._start(torch, tdev, shared(index), groups, sm_group_num, balanced_workqueues)
 
     def _start(self, torch: Any, tdev: Any, gc: GreenContexts, groups: list[tuple[int, int]] | None,
                sm_group_num: int, balanced_workqueues: bool) -> None:
@@ -100,11 +102,7 @@ class CudaDevice(Device):
         self.level = 0
         if groups is None:
             groups = stream_groups(self.units, self.cc_major, sm_group_num)
-        try:
-            self.set_groups(groups)
-        except BaseException:
-            self.gc.close()
-            raise
+        self.set_groups(groups)
 
     # -- levels ------------------------------------------------------------------------------
     def _make_level(self, group: tuple[int, int]) -> _Level:
@@ -116,7 +114,7 @@ class CudaDevice(Device):
         if p == 0 or d == 0:
             return _Level(group, (self.units if p else 0, self.units if d else 0),
                           self._whole_prefill, self._whole_decode, None)
-        pair = self.gc.split(p, d, self.balanced_workqueues)
+        pair = self.gc.acquire(p, d, self.balanced_workqueues)
         ext = self._torch.cuda.ExternalStream
         return _Level(group, pair.realized, ext(pair.prefill_stream, device=self.tdev),
                       ext(pair.decode_stream, device=self.tdev), pair)
@@ -124,30 +122,34 @@ class CudaDevice(Device):
     def _make_overlapped(self, group: tuple[int, int]) -> _Level:
         """SGLang's overlapped level: the prefill green context of a `(p, total - p)` pair (its decode
         half reserved, unused), and decode on a plain stream of the whole device at high priority."""
-        pair = self.gc.split(group[0], self.units - group[0], self.balanced_workqueues)
+        pair = self.gc.acquire(group[0], self.units - group[0], self.balanced_workqueues)
         torch = self._torch
         prefill = torch.cuda.ExternalStream(pair.prefill_stream, device=self.tdev)
         decode = torch.cuda.Stream(self.tdev, priority=OVERLAP_DECODE_PRIORITY)
         return _Level(group, (pair.realized[0], self.units), prefill, decode, pair)
 
     def set_groups(self, groups: list[tuple[int, int]]) -> list[tuple[int, int] | None]:
-        """Carve each split level (`GreenContexts.split`); a level the driver cannot make is dropped
+        """Carve each split level (`GreenContexts.acquire`); a level the driver cannot make is dropped
         with a one-line warning naming it (`dropped`, with the driver's reason; `wanted` keeps the
-        whole table as requested). Levels no longer used are destroyed; the device's `groups`
-        become the realized counts of the levels kept."""
+        whole table as requested). Levels no longer used go back to the process's pool
+        (`retire_levels`); the device's `groups` become the realized counts of the levels kept."""
         wanted = [(int(p), int(d)) for p, d in groups]
         if len(wanted) < 2:
             raise DeviceError(f"a split table needs at least 2 levels, got {wanted}")
         self._sync_all()
-        made, dropped = make_levels(wanted, self._make_level, self._made)
-        active = [made[g] for g in wanted if g in made]
-        if len(active) < 2:
+        made: dict[tuple[int, int], _Level] = {}
+        try:
+            made, dropped = make_levels(wanted, self._make_level, self._made)
+            active = [made[g] for g in wanted if g in made]
+            if len(active) < 2:
+                raise DeviceError(f"no usable split table on {self.name}: {'; '.join(r for _, r in dropped)}")
+        except BaseException:  # nothing changes: the levels just taken go back
             for g, lvl in made.items():
                 if g not in self._made and lvl.pair is not None:
-                    self.gc.destroy(lvl.pair)
-            raise DeviceError(f"no usable split table on {self.name}: {'; '.join(r for _, r in dropped)}")
+                    self.gc.release(lvl.pair)
+            raise
         gone = [lvl.pair for g, lvl in self._made.items() if g not in made and lvl.pair is not None]
-        # e.g. CUDA graphs: captured for new streams, freed for old ones before those are destroyed
+        # e.g. CUDA graphs: captured for new streams, freed for old ones before those are given back
         retire_levels(self.gc, gone, self._listeners, _decode_streams(active, self._whole), self._synchronize)
         self._made, self._active, self.wanted, self.dropped = made, active, wanted, dropped
         super().set_groups([lvl.realized for lvl in active])
@@ -286,7 +288,9 @@ class CudaDevice(Device):
 
     def close(self) -> None:
         """Free what listeners captured on the levels' streams (`listener({})`: the decode graphs),
-        synchronize, then destroy the streams and green contexts."""
+        synchronize, then give the levels back to the process's pool: their streams and green contexts
+        stay alive, for tensors that outlive this device (a runner's pinned buffers, a prefill's
+        activations) and for the next device with the same levels."""
         if self._closed:
             return
         self._closed = True
@@ -299,7 +303,6 @@ class CudaDevice(Device):
             self._active.clear()
             self._pending.clear()
             self._listeners.clear()
-            self.gc.close()
 
 
 T = TypeVar("T")
@@ -334,23 +337,17 @@ def carve_record(pair: GreenPair) -> dict[str, Any]:
 
 def retire_levels(gc: GreenContexts, pairs: list[GreenPair], listeners: list[StreamsListener],
                   streams: dict[int, torch.cuda.Stream], synchronize: Callable[[], None]) -> None:
-    """Destroy `pairs` only after what was captured on their streams is gone: each listener is told
-    the decode streams that remain (`streams`; `{}` when the device closes) and drops its CUDA
-    graphs of the others, the device is synchronized, then the pairs' streams and green contexts
-    are destroyed (even if a listener failed: its error propagates once they are)."""
+    """Give `pairs` back to `gc` once this device is done with their streams: each listener is told the
+    decode streams that remain (`streams`; `{}` when the device closes) and drops its CUDA graphs of
+    the others, the device is synchronized, then the pairs go back (even if a listener failed: its
+    error propagates once they have). Never destroyed: tensors used on their streams may outlive this."""
     try:
         for listener in listeners:
             listener(streams)
         synchronize()
     finally:
-        errors: list[str] = []
         for pair in pairs:
-            try:
-                gc.destroy(pair)
-            except DeviceError as e:
-                errors.append(str(e))
-        if errors:
-            raise DeviceError("; ".join(errors))
+            gc.release(pair)
 
 
 def _decode_streams(levels: list[_Level], whole: torch.cuda.Stream) -> dict[int, torch.cuda.Stream]:

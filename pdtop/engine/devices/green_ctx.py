@@ -9,6 +9,16 @@ table. Every CUresult is checked; anything a
 machine lacks (cuda-python, a driver, a GPU, green contexts) becomes a one-line
 `DeviceError` saying what is missing. This module never imports torch.
 
+A level a device runs on (`GreenContexts.acquire`) is kept for the process's life, never
+destroyed: torch's caching allocators remember every stream a block was used on (`record_stream`,
+a pinned buffer's non-blocking copy) and record an event on each when the block is freed, which may
+be long after the device closed; on a destroyed stream that fails inside a destructor and aborts
+the process (the first H100 run). A device gives its levels back (`release`) and the next device
+asking for the same split gets them again, as SGLang keeps its stream groups for the process's
+life; `shared(index)` is the one `GreenContexts` per GPU that holds them. Only pairs no torch
+work ever ran on (`split`, then `destroy`: `pdtop levels`, a probe of a manual division) are
+destroyed.
+
 Driver requirements: green contexts need a CUDA 12.4+ driver, streams created on them
 (`cuGreenCtxStreamCreate`) 12.5+, the optional balanced workqueues 13.1+. cuda-bindings
 13.x needs a CUDA 13 (R580+) driver; on a CUDA 12 driver install cuda-python 12.x.
@@ -16,6 +26,7 @@ Driver requirements: green contexts need a CUDA 12.4+ driver, streams created on
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +37,7 @@ from pdtop.engine.roofline.partition import round_sms, sm_granularity  # noqa: F
 GREEN_CTX_MIN_DRIVER = 12040  # cuGreenCtxCreate, cuDevSmResourceSplitByCount
 STREAM_MIN_DRIVER = 12050  # cuGreenCtxStreamCreate
 WORKQUEUE_MIN_DRIVER = 13010  # CU_DEV_RESOURCE_TYPE_WORKQUEUE_CONFIG (balanced workqueues)
+MAX_KEPT_PAIRS = 64  # levels kept for the process's life per GPU: SGLang's 8 and room for several manual tables
 INSTALL_HINT = "pip install 'pdtop[gpu]'"  # cuda-python and nvidia-ml-py
 log = logging.getLogger(__name__)
 
@@ -119,6 +131,8 @@ class GreenPair:
     outer_sms: int | None = None  # what the first carve's context holds (None: the device was split directly)
     carve_note: str | None = None  # why the first carve was not made, if it was not
     outer_limits: PartitionLimits | None = None  # the first carve's context's own partition limits
+    balanced_workqueues: bool = False
+    kept: bool = False  # handed to a device (`acquire`): never destroyed
     _streams: list[Any] = field(default_factory=list, repr=False)
     _contexts: list[Any] = field(default_factory=list, repr=False)  # prefill, decode, then the carved outer one
 
@@ -155,7 +169,9 @@ class GreenContexts:
         whole = self._sm_resource()
         self.total_sms = int(whole.sm.smCount)
         self.limits = partition_limits(whole.sm, self.major)
-        self.pairs: list[GreenPair] = []
+        self.pairs: list[GreenPair] = []  # every pair made and not destroyed, kept ones included
+        self._free: dict[tuple[int, int, bool], list[GreenPair]] = {}  # kept pairs no device holds, by split
+        self._lock = threading.Lock()
         self._closed = False
 
     @property
@@ -210,7 +226,7 @@ class GreenContexts:
         if planned is None:
             raise DeviceError(f"{self.name} cannot carve it: {why_not(p, d, self.total_sms, self.limits)}")
         extra = [self._workqueue_resource()] if balanced_workqueues else []
-        pair = GreenPair(requested, (0, 0), 0, 0)
+        pair = GreenPair(requested, (0, 0), 0, 0, balanced_workqueues=balanced_workqueues)
         try:
             outer = self._carve_outer(pair, p + d, whole=sum(planned) == self.total_sms)
             part, rest = self._split_one(outer, p)  # step 2: prefill's part; decode gets the rest
@@ -248,25 +264,67 @@ class GreenContexts:
         pair.outer_sms, pair.outer_limits = int(outer.sm.smCount), partition_limits(outer.sm, self.major)
         return outer
 
+    def acquire(self, prefill_sms: int, decode_sms: int, balanced_workqueues: bool = False) -> GreenPair:
+        """A level for a device to run torch work on: a kept pair of this split that no device holds,
+        else a new one (`split`; DeviceError as there), kept from then on. A kept pair is never
+        destroyed (the module's docstring says why); at most `MAX_KEPT_PAIRS` are made per GPU."""
+        key = (int(prefill_sms), int(decode_sms), bool(balanced_workqueues))
+        with self._lock:
+            if self._closed:
+                raise DeviceError(f"{self.name}: its green contexts were closed")
+            free = self._free.get(key)
+            if free:
+                return free.pop()
+            kept = self.kept
+            if kept >= MAX_KEPT_PAIRS:
+                raise DeviceError(f"{self.name} already keeps {kept} green-context levels, the most one process "
+                                  f"makes (tensors may still use their streams); restart to carve others")
+            pair = self.split(*key)
+            pair.kept = True
+            return pair
+
+    def release(self, pair: GreenPair) -> None:
+        """A device gives a kept pair back (its streams synchronized): the next `acquire` of its split gets it."""
+        if not pair.kept:
+            raise ValueError(f"level {list(pair.requested)} was not acquired")
+        with self._lock:
+            free = self._free.setdefault((*pair.requested, pair.balanced_workqueues), [])
+            if all(p is not pair for p in free):
+                free.append(pair)
+
+    @property
+    def kept(self) -> int:
+        """How many levels are kept for the process's life."""
+        return sum(p.kept for p in self.pairs)
+
     def destroy(self, pair: GreenPair) -> None:
-        """Destroy a level's streams, then its green contexts; the caller has synchronized them."""
+        """Destroy a level no torch work ran on (`split`, not `acquire`): its streams, then its green
+        contexts; the caller has synchronized them. A kept pair is refused (ValueError)."""
+        if pair.kept:
+            raise ValueError(f"level {list(pair.requested)} is kept for the process's life: tensors may still "
+                             f"use its streams")
         self.pairs = [p for p in self.pairs if p is not pair]
         errors = _destroy(self.drv, pair)
         if errors:
             raise DeviceError("; ".join(errors))
 
     def close(self) -> None:
+        """Destroy the pairs no device was given and, unless some were (they stay alive, with the primary
+        context they were made beside, for the process's life), let go of the primary context. `shared`
+        ones are never closed."""
         if self._closed:
             return
-        self._closed = True
+        with self._lock:
+            self._closed = True
         errors: list[str] = []
-        for pair in list(self.pairs):
+        for pair in [p for p in self.pairs if not p.kept]:
             errors += _destroy(self.drv, pair)
-        self.pairs.clear()
-        try:
-            call(self.drv, "cuDevicePrimaryCtxRelease", self.dev)
-        except DeviceError as e:
-            errors.append(str(e))
+        self.pairs = [p for p in self.pairs if p.kept]
+        if not self.pairs:
+            try:
+                call(self.drv, "cuDevicePrimaryCtxRelease", self.dev)
+            except DeviceError as e:
+                errors.append(str(e))
         if errors:
             raise DeviceError("; ".join(errors))
 
@@ -274,7 +332,21 @@ class GreenContexts:
         return {"name": self.name, "index": self.index, "cc": f"{self.major}.{self.minor}",
                 "sms": self.total_sms, "driver_cuda": version_str(self.driver_version),
                 "cuda_bindings": self.bindings, "pci_bus_id": self.pci_bus_id, "uuid": self.uuid,
-                "partition_limits": self.limits.as_dict()}
+                "partition_limits": self.limits.as_dict(), "levels_kept": self.kept}
+
+
+_shared: dict[int, GreenContexts] = {}
+_shared_lock = threading.Lock()
+
+
+def shared(index: int = 0) -> GreenContexts:
+    """The process's one `GreenContexts` for GPU `index`, made at first use and never closed: the levels
+    it keeps outlive every device that ran on them (DeviceError, nothing kept, when it cannot be made)."""
+    with _shared_lock:
+        gc = _shared.get(index)
+        if gc is None:
+            gc = _shared[index] = GreenContexts(index)
+        return gc
 
 
 def partition_limits(sm: Any, major: int) -> PartitionLimits:

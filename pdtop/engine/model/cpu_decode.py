@@ -19,7 +19,7 @@ from __future__ import annotations
 import ctypes
 import threading
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -27,9 +27,8 @@ from pdtop.engine.model import cpu_kernels
 from pdtop.engine.model.quant_kernels import MatmulEntry
 from pdtop.engine.model.quant_linear import QuantLinear
 
-# The model (`LlamaModel`) and its `ForwardBatch` are typed Any here: llama.py imports this module.
-LlamaModel: TypeAlias = Any
-ForwardBatch: TypeAlias = Any
+if TYPE_CHECKING:  # llama.py imports this module
+    from pdtop.engine.model.llama import ForwardBatch, LlamaModel
 
 MAX_ROWS = 256  # decode rows the fast path takes (its buffers grow to the largest batch seen)
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
@@ -79,7 +78,7 @@ def _matmul(e: MatmulEntry) -> _Matmul:
 class CpuDecode:
     """The fast path for one model; `build` returns None where a layer does not fit it."""
 
-    def __init__(self, model: LlamaModel, layers: list[Any], fns: list[Any], step: Any, max_rows: int):
+    def __init__(self, model: LlamaModel, layers: list[_Layer], fns: list[Any], step: Any, max_rows: int):
         cfg = model.config
         self.ffn = layers[0].down.in_f  # the down projection's in_features
         self.widths = {"x": cfg.hidden, "qkv": (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim,

@@ -14,9 +14,9 @@ from typing import Any
 
 import psutil
 
-from pdtop.telemetry.encode import hw_event
+from pdtop.quiet_log import QuietLog
+from pdtop.telemetry.events import Hw
 from pdtop.telemetry.hardware.nvml_sampler import NvmlSampler
-from pdtop.telemetry.quiet_log import QuietLog
 
 log = logging.getLogger("pdtop.telemetry.hardware.hw")
 
@@ -43,7 +43,7 @@ def _nvml_sampler(match: dict[str, Any] | None) -> NvmlSampler | None:
 class HwSampler:
     """Calls `publish(event)` every `interval` seconds until `stop()`."""
 
-    def __init__(self, publish: Callable[[dict[str, Any]], None], interval: float = 1.0, *,
+    def __init__(self, publish: Callable[[Hw], None], interval: float = 1.0, *,
                  gpu: bool = True, gpu_match: dict[str, Any] | None = None) -> None:
         """`gpu_match`: the engine's GPU as {"uuid": ..., "pci_bus_id": ...} (else NVML's GPU 0)."""
         self.publish = publish
@@ -57,16 +57,14 @@ class HwSampler:
     def gpu_available(self) -> bool:
         return self._gpu is not None and self._gpu.available
 
-    def sample(self) -> dict[str, Any]:
+    def sample(self) -> Hw:
         metrics = host_metrics()
         if self._gpu is not None:
             try:
-                metrics.update(self._gpu.sample())
-                metrics["gpu_name"] = self._gpu.name
-                metrics["gpu_reason"] = self._gpu.reason
+                metrics.update(self._gpu.sample(), gpu_name=self._gpu.name, gpu_reason=self._gpu.reason)
             except Exception as exc:
                 log.debug("NVML sample failed: %s", exc)
-        return hw_event(time.time(), metrics)
+        return Hw(time.time(), **metrics)
 
     def start(self) -> HwSampler:
         psutil.cpu_percent(percpu=True)  # prime: the first reading is against this one

@@ -7,15 +7,18 @@ names in newer SGLang (read as p50 over the window); bootstrap and transfer fail
 retries (counters, as their increase over the window). vLLM's NIXL connector
 (`vllm/distributed/kv_transfer/kv_connector/v1/nixl`): `vllm:nixl_xfer_time_seconds` and
 `vllm:nixl_bytes_transferred` histograms (speed = bytes over transfer time in the window) and
-`vllm:nixl_num_failed_transfers`. A page with none of them has no `disagg`.
+`vllm:nixl_num_failed_transfers`. A page with none of them has no `disagg`; a figure the page lacks is
+left out of it (`Disagg.absent`), one it has but cannot tell yet (nothing observed) is null.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 from prometheus_client.samples import Sample
 
+from pdtop.telemetry.events import Disagg, Quantiles
 from pdtop.telemetry.scrape.window import Key, Window
 
 QUEUES = {  # field -> SGLang gauge
@@ -38,6 +41,7 @@ NIXL_TIME, NIXL_BYTES = "vllm:nixl_xfer_time_seconds", "vllm:nixl_bytes_transfer
 NIXL_FAILED = "vllm:nixl_num_failed_transfers_total"
 HISTOGRAMS = (*TRANSFER.values(), NIXL_TIME, NIXL_BYTES)
 FIELDS = (*QUEUES, *TRANSFER, *FAILURES)
+_NAMES = tuple(f.name for f in dataclasses.fields(Disagg) if f.name != "absent")
 
 
 def sample_names() -> tuple[str, ...]:
@@ -55,9 +59,9 @@ def counters(by_name: dict[str, list[Sample]], key: Callable[[Sample], Key]) -> 
 
 
 def disagg(by_name: dict[str, list[Sample]], window: Window, key: Callable[[Sample], Key],
-           quantiles: Callable[[Window, list[Sample]], dict[str, Any]],
-           finite: Callable[[float], float | str]) -> dict[str, Any] | None:
-    """The `disagg` fields, or None when the page has no disaggregation metrics."""
+           quantiles: Callable[[Window, list[Sample]], Quantiles],
+           finite: Callable[[float], float | str]) -> Disagg | None:
+    """The `disagg` object, or None when the page has no disaggregation metrics."""
     out: dict[str, Any] = {}
 
     def total(name: str) -> float:
@@ -69,7 +73,7 @@ def disagg(by_name: dict[str, list[Sample]], window: Window, key: Callable[[Samp
     kinds = set()
     for field, name in TRANSFER.items():
         if by_name.get(name + "_bucket"):  # newer SGLang: p50 over the window
-            out[field] = quantiles(window, by_name[name + "_bucket"])["p50_s"]
+            out[field] = quantiles(window, by_name[name + "_bucket"]).p50_s
             kinds.add("histogram")
         elif by_name.get(name):  # older SGLang: the latest value
             samples = by_name[name]
@@ -80,16 +84,16 @@ def disagg(by_name: dict[str, list[Sample]], window: Window, key: Callable[[Samp
             out[field] = finite(total(name))
     if by_name.get(NIXL_TIME + "_bucket"):
         kinds.add("nixl")
-        p50 = quantiles(window, by_name[NIXL_TIME + "_bucket"])["p50_s"]
+        p50 = quantiles(window, by_name[NIXL_TIME + "_bucket"]).p50_s
         out["kv_transfer_latency_ms"] = p50 * 1e3 if isinstance(p50, float | int) else p50
         seconds, moved = total(NIXL_TIME + "_sum"), total(NIXL_BYTES + "_sum")
         out["kv_transfer_speed_gb_s"] = finite(moved / seconds / 1e9) if seconds > 0 else None
         if by_name.get(NIXL_BYTES + "_bucket"):
-            size = quantiles(window, by_name[NIXL_BYTES + "_bucket"])["p50_s"]
+            size = quantiles(window, by_name[NIXL_BYTES + "_bucket"]).p50_s
             out["kv_transfer_mb"] = size / 1e6 if isinstance(size, float | int) else size
     if by_name.get(NIXL_FAILED):
         out["transfer_failures"] = finite(total(NIXL_FAILED))
     if not out:
         return None
     out["transfer_metrics"] = ", ".join(sorted(kinds)) or None
-    return out
+    return Disagg(**out, absent=frozenset(name for name in _NAMES if name not in out))

@@ -1,4 +1,4 @@
-"""One scrape of a page -> the fields of a `metrics` event, for one model.
+"""One scrape of a page -> its `metrics` event, for one model.
 
 Gauges are read as they are now, counters as rates and histograms as percentiles over the window
 (`Window`); series of the model that differ in other labels (vLLM's `engine` index, SGLang's ranks)
@@ -12,6 +12,7 @@ from typing import Any
 
 from prometheus_client.samples import Sample
 
+from pdtop.telemetry.events import Metrics, Quantiles
 from pdtop.telemetry.scrape.disagg import counters as disagg_counters
 from pdtop.telemetry.scrape.disagg import disagg
 from pdtop.telemetry.scrape.names import ENGINES, FIELDS, HISTOGRAM, MEAN, RATE, SUM, Figure
@@ -19,12 +20,13 @@ from pdtop.telemetry.scrape.page import Page
 from pdtop.telemetry.scrape.quantile import histogram_quantile
 from pdtop.telemetry.scrape.window import Key, Window
 
-QUANTILES = (("p50_s", 0.5), ("p90_s", 0.9), ("p99_s", 0.99))
+QUANTILES = (0.5, 0.9, 0.99)  # p50_s, p90_s, p99_s
 
 
-def figures(page: Page, model: str | None, window: Window, t: float) -> tuple[dict[str, Any], int]:
-    """The `metrics` event's fields (less its type) for `model` (None: every series), and how many
-    counter series went back since the previous scrape (a restart)."""
+def figures(page: Page, model: str | None, window: Window, t: float) -> tuple[Metrics, int]:
+    """The `metrics` event for `model` (None: every series), and how many counter series went back
+    since the previous scrape (a restart). A figure the page lacks is left out of the event (`absent`),
+    and so is the last read's ITL p50 without the ITL."""
     by_name: dict[str, list[Sample]] = defaultdict(list)
     for s in page.samples:
         if model is None or s.labels.get("model_name") == model:
@@ -51,15 +53,15 @@ def figures(page: Page, model: str | None, window: Window, t: float) -> tuple[di
         else:
             out[figure.field] = quantiles(window, samples)
             if figure.field == "itl":
-                out["itl_read_p50_s"] = quantiles(window, samples, last=True)["p50_s"]
-    out["not_exposed"] = [f for f in FIELDS if f not in out]
-    out["role"] = next((s.labels["engine_type"] for s in page.samples if "engine_type" in s.labels
-                        and (model is None or s.labels.get("model_name") == model)), None)
-    out["disagg"] = disagg(by_name, window, _key, quantiles, finite)
-    return out, resets
+                out["itl_read_p50_s"] = quantiles(window, samples, last=True).p50_s
+    role = next((s.labels["engine_type"] for s in page.samples if "engine_type" in s.labels
+                 and (model is None or s.labels.get("model_name") == model)), None)
+    return Metrics(**out, not_exposed=[f for f in FIELDS if f not in out], role=role,
+                   disagg=disagg(by_name, window, _key, quantiles, finite),
+                   absent=frozenset(f for f in (*FIELDS, "itl_read_p50_s") if f not in out)), resets
 
 
-def quantiles(window: Window, buckets: list[Sample], last: bool = False) -> dict[str, Any]:
+def quantiles(window: Window, buckets: list[Sample], last: bool = False) -> Quantiles:
     """A histogram's `Quantiles` over the window, from the increase of each bucket summed by `le`
     (`last`: over the time since the previous scrape alone)."""
     increase = window.increase_last if last else window.increase
@@ -75,11 +77,11 @@ def quantiles(window: Window, buckets: list[Sample], last: bool = False) -> dict
     first = next((b for b, _ in pairs if 0 < b < math.inf), None)
     count = by_bound.get(math.inf, math.nan)
     if not all(math.isfinite(c) for _, c in pairs) or not math.isfinite(count):
-        return {"count": finite(count), **{name: "NaN" for name, _ in QUANTILES}, "first_bound_s": first}
+        return Quantiles(finite(count), "NaN", "NaN", "NaN", first)
     if count == 0:
-        return {"count": 0.0, **{name: None for name, _ in QUANTILES}, "first_bound_s": first}
-    return {"count": count, **{name: finite(histogram_quantile(q, pairs)) for name, q in QUANTILES},
-            "first_bound_s": first}
+        return Quantiles(0.0, None, None, None, first)
+    p50, p90, p99 = (finite(histogram_quantile(q, pairs)) for q in QUANTILES)
+    return Quantiles(count, p50, p90, p99, first)
 
 
 def finite(value: float) -> float | str:

@@ -8,14 +8,13 @@ from dataclasses import dataclass, field
 
 from websockets.asyncio.server import ServerConnection, broadcast
 
-from pdtop.telemetry.encode import dropped_event, encode
-from pdtop.telemetry.events import PROTOCOL_VERSION
+from pdtop.telemetry.encode import encode
+from pdtop.telemetry.events import PROTOCOL_VERSION, Dropped
 from pdtop.telemetry.server.client_queue import ClientQueue
 from pdtop.telemetry.server.rate import TokenBucket
 
 DIRECT_WRITE_LIMIT = 32 * 1024  # websockets' default high-water mark: above it, queue instead
 CONTROL_RATE, CONTROL_BURST = 20.0, 40.0  # control messages a second per connection
-AUTH_RATE, AUTH_BURST = 1.0, 3.0  # `auth` attempts a second per connection
 
 
 @dataclass(eq=False)
@@ -27,11 +26,11 @@ class Client:
     queue: ClientQueue
     authorized: bool  # may send control messages
     batch: bool  # asked for `batch` frames
+    host: str = ""  # the peer's address: where its wrong tokens are counted (`TokenGate`)
     shed_base: int = 0  # the inbox's shed count when it connected: what was shed before is not its loss
     frames_sent: int = 0
     closing: bool = False  # being closed for not reading: its messages are no longer handled
     messages: TokenBucket = field(default_factory=lambda: TokenBucket(CONTROL_RATE, CONTROL_BURST))
-    auths: TokenBucket = field(default_factory=lambda: TokenBucket(AUTH_RATE, AUTH_BURST))
 
 
 def fan_out(clients: list[Client], frames: list[str], shed_before: int, shed_total: int) -> None:
@@ -62,7 +61,7 @@ def fan_out(clients: list[Client], frames: list[str], shed_before: int, shed_tot
             for frame in frames:
                 q.put(frame)
     if direct:
-        lost_note = [encode(dropped_event(shed))] if shed else []
+        lost_note = [encode(Dropped(shed))] if shed else []
         broadcast(direct, _batch(lost_note + frames))
 
 

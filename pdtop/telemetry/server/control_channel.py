@@ -3,8 +3,8 @@
 The frame is parsed once into a command (`commands.parse_command`). The server's own commands
 (`Auth`, `RecordStart`, `RecordStop`) are handled here; the engine's go to `ControlTarget.control`,
 which checks them against the engine's state at once. Each connection may send `CONTROL_RATE`
-messages a second (bursts of `CONTROL_BURST`) and try `Auth` about once a second; beyond that a
-message is refused, changing nothing. Nothing a client sends raises.
+messages a second (bursts of `CONTROL_BURST`); beyond that a message is refused, changing nothing.
+Wrong tokens are counted per address, across connections (`TokenGate`). Nothing a client sends raises.
 """
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ from typing import Any, Protocol
 
 from pdtop.engine.errors import ControlError
 from pdtop.engine.scheduling.commands import EngineCommand
+from pdtop.quiet_log import QuietLog
 from pdtop.telemetry.encode import reply_event
-from pdtop.telemetry.quiet_log import QuietLog
 from pdtop.telemetry.recording.recorder import Recorder, RecordingError
-from pdtop.telemetry.server.auth import TokenGate
 from pdtop.telemetry.server.clients import Client
 from pdtop.telemetry.server.commands import Auth, RecordStart, RecordStop, parse_command
 from pdtop.telemetry.server.frames import FrameError, parse_control
+from pdtop.token_gate import TokenGate
 
 
 class ControlTarget(Protocol):
@@ -53,12 +53,11 @@ def handle_control(target: ControlTarget, client: Client, frame: str | bytes) ->
         return reply_event(msg_id, False, exc.field, exc.reason)
     match command:
         case Auth(token=token):
-            if not client.auths.take():
-                return reply_event(msg_id, False, "token", "too many auth attempts; wait a second")
-            if target.gate.admits(token):
+            refusal = target.gate.check(token, client.host)
+            if refusal is None:
                 client.authorized = True
                 return reply_event(msg_id, True, readonly=False)
-            return reply_event(msg_id, False, "token", "wrong token")
+            return reply_event(msg_id, False, "token", refusal.reason)
         case _ if not client.authorized:
             return _read_only(msg_id)
         case RecordStart(path=path):

@@ -16,11 +16,12 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from pdtop.engine.description import EngineConfig
 from pdtop.engine.records import ConfigChange, ControlFailure, KvTransfer, RequestRecord, RoundRecord
-from pdtop.telemetry.encode import config_event, encode, encode_record, error_event
+from pdtop.telemetry.encode import encode, encode_record
+from pdtop.telemetry.events import ConfigEvent, ErrorNotice, Event
 
 _STREAM = frozenset((RoundRecord, RequestRecord, KvTransfer))
 
@@ -57,18 +58,18 @@ class Inbox:
                     else:
                         gate.shed += 1
                 elif isinstance(record, ConfigChange):
-                    append(Outgoing(encode(config_event(record, config())), "config"))
+                    append(Outgoing(encode(ConfigEvent.after(record, config())), "config"))
                 elif isinstance(record, ControlFailure):
-                    append(Outgoing(encode(error_event(record.field, f"not applied: {record.reason}")), "notice"))
+                    append(Outgoing(encode(ErrorNotice(record.field, f"not applied: {record.reason}")), "notice"))
             except Exception:  # never raise into the engine's loop
                 gate.shed += 1
 
-        def publish(event: dict[str, Any]) -> None:
+        def publish(event: Event) -> None:
             append(Outgoing(encode(event), "stream"))
 
         self._q, self._gate = q, gate
         self.sink = sink
-        self.publish = publish  # ready-made event dicts (the hardware sampler's); thread-safe
+        self.publish = publish  # ready-made events (the hardware sampler's); thread-safe
 
     def refill(self, room: int) -> None:
         """Admit up to `room` more records (set, not added; races only cost a record or two)."""

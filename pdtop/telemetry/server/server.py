@@ -9,7 +9,10 @@ one frame per event. Each client has its own writer task, so a client that stops
 reading only loses its own oldest events (reported with `dropped`).
 
 Hostile clients: handshakes from a browser page (an `Origin` not allowed) are refused
-(HTTP 403), connections beyond `max_clients` too (HTTP 503). A connection's replies are
+(HTTP 403), connections beyond `max_clients` too (HTTP 503). With a token, the last eighth
+of the slots (`reserved`) is kept for connections that give it: watchers without it cannot
+lock the operator out. Wrong tokens are counted per address across connections, and past a
+few each makes the address wait longer (`TokenGate`). A connection's replies are
 sent before its next message is read, so a client that floods without reading only
 stalls itself; control messages are rate-limited per connection, and problems a flood
 repeats are logged once with a count (`QuietLog`).
@@ -23,6 +26,7 @@ import ipaddress
 import itertools
 import logging
 import time
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -33,17 +37,18 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 from websockets.typing import Origin
 
-from pdtop.telemetry.encode import dropped_event, encode, error_event, hello_event, reply_event
-from pdtop.telemetry.quiet_log import QuietLog
+from pdtop.quiet_log import QuietLog
+from pdtop.telemetry.encode import encode, reply_event, wire
+from pdtop.telemetry.events import Dropped, ErrorNotice, Event, Hello
 from pdtop.telemetry.recording.record_dir import open_new_in, recordings_dir
 from pdtop.telemetry.recording.recorder import Recorder, RecordingError
-from pdtop.telemetry.server.auth import TokenGate
 from pdtop.telemetry.server.client_queue import ClientQueue, QueueOverflow
 from pdtop.telemetry.server.clients import Client, fan_out
 from pdtop.telemetry.server.config_merge import merge_configs
 from pdtop.telemetry.server.control_channel import handle_control
 from pdtop.telemetry.server.frames import WIRE_MAX_SIZE
 from pdtop.telemetry.server.inbox import Inbox
+from pdtop.token_gate import NO_TOKEN, GuessBudget, Refusal, TokenGate
 
 if TYPE_CHECKING:
     from pdtop.engine.description import EngineConfig, EngineDescription
@@ -83,25 +88,30 @@ class TelemetryServer:
 
     `allow_origins`: browser origins allowed to connect (none by default: the dashboard and
     other programs send no `Origin`). `record_dir`: where a client's `RecordStart` may create files
-    (default the working directory). `max_clients`: connections served at once."""
+    (default the working directory). `max_clients`: connections served at once. `guesses`: where
+    wrong tokens are counted (`pdtop serve` shares one with its API)."""
 
     def __init__(self, engine: Served, host: str = "127.0.0.1", port: int = 8765, *, token: str | None = None,
                  queue_size: int = 1024, tick: float = 0.05, max_event_rate: float = 1000.0,
                  record_path: str | None = None, allow_origins: Sequence[str] = (),
-                 record_dir: str | Path | None = None, max_clients: int = 64) -> None:
+                 record_dir: str | Path | None = None, max_clients: int = 64,
+                 guesses: GuessBudget | None = None) -> None:
         if not is_loopback(host) and not token:
             raise ValueError(f"binding {host} (not a loopback address) needs --token")
         if max_clients < 1:
             raise ValueError(f"max_clients must be at least 1, got {max_clients}")
         self.engine = engine
         self.host, self.port = host, port
-        self.gate = TokenGate(token)  # raises on an empty token
+        self.gate = TokenGate(token, guesses)  # raises on an empty token
         self.queue_size = queue_size
         self.tick = tick
         self.max_event_rate = max_event_rate
         self.allow_origins = tuple(allow_origins)
         self.record_dir = recordings_dir(record_dir)
         self.max_clients = max_clients
+        # slots only a connection with the token may take (none without a token: everyone may control)
+        self.reserved = min(max_clients - 1, max(1, max_clients // 8)) if token else 0
+        self._refusals: weakref.WeakKeyDictionary[ServerConnection, Refusal | None] = weakref.WeakKeyDictionary()
         self.clients: dict[str, Client] = {}
         self.recorder: Recorder | None = None
         self.events_published = 0  # events fanned out
@@ -125,7 +135,7 @@ class TelemetryServer:
         """A client's engine command, checked and queued by the engine (ControlError: refused)."""
         self.engine.control(command, client=client)
 
-    def publish(self, event: dict[str, Any]) -> None:
+    def publish(self, event: Event) -> None:
         """Queue a ready-made event (the hardware sampler's); thread-safe, never blocks."""
         self._inbox.publish(event)
 
@@ -196,7 +206,7 @@ class TelemetryServer:
         `confined=False` any file, created or overwritten (the operator's `--record`)."""
         if self.recorder is not None:
             raise RecordingError(f"already recording to {str(self.recorder.path)!r}")
-        hello = self._hello("recorder", True)
+        hello = wire(self._hello("recorder", True))
         if confined:
             real, file = open_new_in(self.record_dir, path)
             try:
@@ -232,7 +242,7 @@ class TelemetryServer:
         """A write failed (a full disk): the recording stops, every client is told, the stream goes on."""
         rec, self.recorder = self.recorder, None
         log.warning("recording stopped: %s", exc)
-        note = encode(error_event("path", f"recording to {str(rec.path) if rec else '?'!r} stopped: {exc}"))
+        note = encode(ErrorNotice("path", f"recording to {str(rec.path) if rec else '?'!r} stopped: {exc}"))
         for client in list(self.clients.values()):
             self._send_priority(client, note)
 
@@ -276,7 +286,7 @@ class TelemetryServer:
         self.events_shed += shed
         recorder_lost = shed_total - max(shed_before, self._recorder_shed_base)
         if recorder_lost > 0:
-            self._record(encode(dropped_event(recorder_lost)))
+            self._record(encode(Dropped(recorder_lost)))
         configs: list[str] = []
         for item in items:
             self._record(item.text)
@@ -307,31 +317,44 @@ class TelemetryServer:
             task.add_done_callback(self._closing.discard)
 
     # -- one connection --------------------------------------------------------------
-    def _hello(self, client_id: str, readonly: bool) -> dict[str, Any]:
-        return hello_event(client_id, readonly, self.engine.describe(), self.api_url)
+    def _hello(self, client_id: str, readonly: bool) -> Hello:
+        return Hello(client_id=client_id, readonly=readonly, engine=self.engine.describe(), api=self.api_url)
 
     def _admit(self, ws: ServerConnection, request: Request) -> Response | None:
-        """Before the handshake completes: refuse a connection over `max_clients` (HTTP 503)."""
+        """Before the handshake completes: check the URL's token, and refuse a connection over `max_clients`,
+        or a read-only one over `max_clients - reserved` (HTTP 503)."""
         if len(self.clients) >= self.max_clients:
             self.quiet.warning("max clients", "refusing a connection: %d clients already", len(self.clients))
             return ws.respond(http.HTTPStatus.SERVICE_UNAVAILABLE, "too many clients\n")
+        refusal = self.gate.check(_query(request.path).get("token"), _host(ws))
+        if refusal is not None and self._watchers() >= self.max_clients - self.reserved:
+            self.quiet.warning("max watchers", "refusing a read-only connection: the last %d slots are kept for "
+                               "clients with the token", self.reserved)
+            return ws.respond(http.HTTPStatus.SERVICE_UNAVAILABLE, f"too many clients without the token (the last "
+                                                                   f"{self.reserved} slots need it)\n")
+        self._refusals[ws] = refusal
         return None
 
+    def _watchers(self) -> int:
+        """Connections that may not control."""
+        return sum(not c.authorized for c in self.clients.values())
+
     async def _handle(self, ws: ServerConnection) -> None:
-        if len(self.clients) >= self.max_clients:  # several handshakes passed `_admit` at once
+        refusal = self._refusals.pop(ws, NO_TOKEN if self.gate.token else None)
+        if len(self.clients) >= self.max_clients or (  # several handshakes passed `_admit` at once
+                refusal is not None and self._watchers() >= self.max_clients - self.reserved):
             await ws.close(1013, "too many clients")
             return
         client_id = f"c{next(self._ids)}"
-        query = _query(ws)
-        given = query.get("token")
-        authorized = self.gate.admits(given)
+        query = _query(ws.request.path if ws.request is not None else "")
+        authorized = refusal is None
         client = Client(client_id, ws, ClientQueue(self.queue_size), authorized,
-                        batch=query.get("batch") in ("1", "true", "yes"))
+                        batch=query.get("batch") in ("1", "true", "yes"), host=_host(ws))
         writer: asyncio.Task[None] | None = None
         try:
             await ws.send(encode(self._hello(client_id, not authorized)))  # before any other frame
-            if given is not None and not authorized:
-                await ws.send(encode(error_event("token", "wrong token; this connection is read-only")))
+            if refusal is not None and refusal is not NO_TOKEN:
+                await ws.send(encode(ErrorNotice("token", f"{refusal.reason}; this connection is read-only")))
             self.clients[client_id] = client
             self._listen(True)
             self._inbox.refill(max(0, int(self._budget)))
@@ -364,7 +387,7 @@ class TelemetryServer:
                     if q.priority:
                         frame = q.priority.popleft()
                     elif q.dropped:
-                        frame = encode(dropped_event(q.take_dropped()))
+                        frame = encode(Dropped(q.take_dropped()))
                     else:
                         frame = q.pop_stream()
                     await ws.send(frame)
@@ -378,10 +401,16 @@ class TelemetryServer:
             await ws.close(1011, "server error")
 
 
-def _query(ws: ServerConnection) -> dict[str, str]:
-    if ws.request is None:
-        return {}
+def _query(path: str) -> dict[str, str]:
     try:
-        return {k: v[0] for k, v in parse_qs(urlsplit(ws.request.path).query).items()}
+        return {k: v[0] for k, v in parse_qs(urlsplit(path).query).items()}
     except Exception:
         return {}
+
+
+def _host(ws: ServerConnection) -> str:
+    """The peer's address ("" if the socket is gone)."""
+    try:
+        return str(ws.remote_address[0])
+    except Exception:
+        return ""

@@ -20,7 +20,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from pdtop.telemetry.encode import fleet_event, fleet_hello_event
+from pdtop.telemetry.encode import wire
+from pdtop.telemetry.events import Fleet, FleetServer, FleetTarget, Hello, Metrics
 from pdtop.telemetry.sources.prometheus import (
     DEFAULT_INTERVAL_S,
     DEFAULT_WINDOW_S,
@@ -44,14 +45,14 @@ class Member:
     source: PrometheusSource
     engine: str | None = None
     model_name: str | None = None
-    last: dict[str, Any] | None = None  # the latest `metrics` event
+    last: Metrics | None = None  # the latest read
     dropped_reason: str | None = None  # the router no longer lists it
     task: asyncio.Task[None] | None = field(default=None, repr=False)
 
-    def row(self) -> dict[str, Any]:
+    def row(self) -> FleetServer:
         src = self.source
         parts = urlsplit(src.url)
-        label = (self.last or {}).get("role")
+        label = self.last.role if self.last is not None else None
         if self.role is not None:
             role, role_from = self.role, self.role_from
         elif label in ROLE_WORDS:
@@ -66,9 +67,8 @@ class Member:
             state, reason = "stale", src.last_error or "not answering"
         else:
             state, reason = "connecting", src.last_error
-        return {"url": src.url, "address": parts.netloc.rpartition("@")[2], "role": role, "role_from": role_from,
-                "state": state, "reason": reason, "engine": self.engine, "model_name": self.model_name,
-                "reads": src.scrapes, "last_read": (self.last or {}).get("time"), "metrics": self.last}
+        return FleetServer(src.url, parts.netloc.rpartition("@")[2], role, role_from, state, reason, self.engine,
+                           self.model_name, src.scrapes, self.last.time if self.last is not None else None, self.last)
 
 
 class FleetSource(ReadOnlySource):
@@ -109,7 +109,8 @@ class FleetSource(ReadOnlySource):
             await m.source.close()
 
     async def events(self) -> AsyncIterator[dict[str, Any]]:
-        yield fleet_hello_event(self.interval, self.window_s, self.router)
+        yield wire(Hello(client_id="fleet", readonly=True, engine=None,
+                         fleet=FleetTarget(self.interval, self.window_s, self.router)))
         router_next = time.monotonic()
         try:
             async with httpx.AsyncClient(timeout=self.timeout, follow_redirects=False,
@@ -122,7 +123,7 @@ class FleetSource(ReadOnlySource):
                         if m.task is None:
                             m.task = asyncio.create_task(self._follow(m), name=f"pdtop-fleet-{m.source.url}")
                     self.state = "live" if any(m.source.state == "live" for m in self.members) else self.state
-                    yield fleet_event(time.time(), [m.row() for m in self.members])
+                    yield wire(Fleet(time.time(), [m.row() for m in self.members]))
                     self._wake.clear()
                     with contextlib.suppress(asyncio.TimeoutError):
                         await asyncio.wait_for(self._wake.wait(), self.interval)
@@ -135,13 +136,12 @@ class FleetSource(ReadOnlySource):
 
     async def _follow(self, m: Member) -> None:
         """Keep `m`'s latest read from its own source's events."""
-        async for event in m.source.events():
-            kind = event.get("type")
-            if kind == "hello":
-                target = event.get("scrape") or {}
-                m.engine, m.model_name = target.get("engine"), target.get("model_name")
-            elif kind == "metrics":
-                m.last = {k: v for k, v in event.items() if k not in ("type", "v")}
+        async with contextlib.aclosing(m.source.reads()) as reads:
+            async for event in reads:
+                if isinstance(event, Hello) and event.scrape is not None:
+                    m.engine, m.model_name = event.scrape.engine, event.scrape.model_name
+                elif isinstance(event, Metrics):
+                    m.last = event
 
     async def _read_router(self, client: httpx.AsyncClient) -> None:
         assert self._router_url is not None

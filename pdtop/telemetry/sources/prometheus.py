@@ -18,13 +18,15 @@ from __future__ import annotations
 import asyncio
 import errno
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
-from pdtop.telemetry.encode import error_event, metrics_event, scrape_hello_event
+from pdtop.telemetry.encode import wire
+from pdtop.telemetry.events import ErrorNotice, Hello, Metrics, ScrapeTarget
 from pdtop.telemetry.scrape.figures import figures
 from pdtop.telemetry.scrape.http_get import ClosedMidAnswer, NotHttp, PlainHttp, TooBig
 from pdtop.telemetry.scrape.names import ENGINE_NAMES
@@ -99,6 +101,12 @@ class PrometheusSource(ReadOnlySource):
             await self._plain.close()
 
     async def events(self) -> AsyncIterator[dict[str, Any]]:
+        async with aclosing(self.reads()) as reads:
+            async for event in reads:
+                yield wire(event)
+
+    async def reads(self) -> AsyncGenerator[Hello | Metrics | ErrorNotice, None]:
+        """`events()` as the typed events, before they are written as JSON objects (a fleet keeps them)."""
         headers = {"Accept-Encoding": "identity"}  # the byte cap counts what the server sends
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
@@ -176,27 +184,26 @@ class PrometheusSource(ReadOnlySource):
             return f"{code}: redirected to {shown_url(headers.get('location', '?'))} (a login page?)"
         return code
 
-    def _scraped(self, page: Page, now: float) -> list[dict[str, Any]]:
+    def _scraped(self, page: Page, now: float) -> list[Hello | Metrics | ErrorNotice]:
         model = self._pick_model(page)
-        out: list[dict[str, Any]] = []
+        out: list[Hello | Metrics | ErrorNotice] = []
         if self.state != "live" or (page.engine, model, page.models) != (self.engine, self.model, self.models):
             if (page.engine, model) != (self.engine, self.model):
                 if self.engine is not None:
-                    out.append(error_event("metrics", f"now showing {ENGINE_NAMES[page.engine]} model {model}"))
+                    out.append(ErrorNotice("metrics", f"now showing {ENGINE_NAMES[page.engine]} model {model}"))
                 self._window = Window(self.window_s)
             self.engine, self.model, self.models = page.engine, model, page.models
             self.state = "live"
-            out.insert(0, scrape_hello_event(self.url, page.engine, model, page.models, self.interval, self.window_s))
+            target = ScrapeTarget(self.url, page.engine, model, list(page.models), self.interval, self.window_s)
+            out.insert(0, Hello(client_id="scrape", readonly=True, engine=None, scrape=target))
         self._failures, self._reported, self.last_error, self.retry_at = 0, None, None, None
-        body, resets = figures(page, model, self._window, now)
+        read, resets = figures(page, model, self._window, now)
         if resets:
-            out.append(error_event("metrics", f"{resets} counters went back: the server restarted? Rates and "
+            out.append(ErrorNotice("metrics", f"{resets} counters went back: the server restarted? Rates and "
                                               "percentiles count on across it, as Prometheus's do"))
         if self.split is not None:
-            split = self.split.fields(body)
-            if split is not None:
-                body["split"] = split
-        out.append(metrics_event(body))
+            read.split = self.split.fields(read)
+        out.append(read)
         self.scrapes += 1
         return out
 
@@ -210,7 +217,7 @@ class PrometheusSource(ReadOnlySource):
             return self.model
         return page.models[0] if page.models else None
 
-    def _failed(self, reason: str) -> list[dict[str, Any]]:
+    def _failed(self, reason: str) -> list[Hello | Metrics | ErrorNotice]:
         self._failures += 1
         self.last_error = reason
         self.retry_at = time.monotonic() + min(MAX_RETRY_S, self.interval * 2 ** min(self._failures - 1, 8))
@@ -220,7 +227,7 @@ class PrometheusSource(ReadOnlySource):
         if reason == self._reported:
             return []
         self._reported = reason
-        return [error_event("metrics", f"{self.url}: {reason}")]
+        return [ErrorNotice("metrics", f"{self.url}: {reason}")]
 
     async def _sleep_until(self, deadline: float) -> None:
         """Wait for `deadline` (time.monotonic()) or `close()`, reading a followed log meanwhile."""

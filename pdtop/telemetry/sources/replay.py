@@ -18,9 +18,10 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+from pdtop.engine.description import EngineConfig
 from pdtop.telemetry.decode import EventError, decode_event
-from pdtop.telemetry.encode import seek_event
-from pdtop.telemetry.events import ConfigEvent, EngineConfig, Hello, Reply
+from pdtop.telemetry.encode import wire
+from pdtop.telemetry.events import ConfigEvent, Hello, Reply, Seek
 from pdtop.telemetry.recording.reader import Recording, read_recording
 from pdtop.telemetry.server.commands import Command
 from pdtop.telemetry.sources.source import ControlRefused
@@ -130,7 +131,7 @@ class ReplaySource:
         if self._anchor is not None:
             self._anchor = self._clock()
         self._step_to = None
-        self._seek_marker = seek_event(t, config)
+        self._seek_marker = wire(Seek(t, config))
         self._changed.set()
 
     @property

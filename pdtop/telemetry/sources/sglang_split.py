@@ -10,10 +10,11 @@ The result is the `split` object of a `metrics` event (docs/protocol.md).
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Callable
 
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
 from pdtop.engine.scheduling.splits import SplitTable
+from pdtop.telemetry.events import Metrics, ScrapedSplit
 from pdtop.telemetry.scrape.sglang_log import LogSplit
 from pdtop.telemetry.sources.log_follow import LogFollower
 
@@ -23,7 +24,7 @@ MAJOR_FOR_UNKNOWN = 9  # SGLang's pdmux runs on Hopper: a log's levels are alrea
 class SglangSplit:
     def __init__(self, follower: LogFollower | None = None, config: PdmuxConfig | None = None,
                  sms: int | None = None, cc_major: int = MAJOR_FOR_UNKNOWN,
-                 clock: Any = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic) -> None:
         """`sms`: the device's SM count, for the config's levels when no log gives them."""
         self.follower, self.config, self.sms, self.cc_major, self.clock = follower, config, sms, cc_major, clock
         self.log = LogSplit()
@@ -38,8 +39,8 @@ class SglangSplit:
             changed |= self.log.feed(line, now)
         return changed
 
-    def fields(self, body: dict[str, Any]) -> dict[str, Any] | None:
-        """The `split` object for a read whose figures are `body`; None if nothing is known."""
+    def fields(self, read: Metrics) -> ScrapedSplit | None:
+        """The `split` object for a read whose figures are `read`; None if nothing is known."""
         self.poll()
         log = self.log
         levels = list(log.levels) or self._config_levels(log.sms)
@@ -47,19 +48,16 @@ class SglangSplit:
         level: int | None = log.level
         p, d, inferred = log.prefill_sm, log.decode_sm, False
         if level is None:
-            level = self._inferred_level(levels, body)
+            level = self._inferred_level(levels, read)
             p, d = levels[level] if level is not None else (None, None)
             inferred = level is not None
         source = "config" if inferred or (not log.levels and self.follower is None) else "log"
         if not levels and level is None:
             if self.follower is None:
                 return None
-            return {"source": "log", "inferred": False, "levels": [], "level": None, "prefill_units": None,
-                    "decode_units": None, "level_time_s": [], "starts": log.starts, "note": note}
-        return {"source": source, "inferred": inferred, "levels": [list(pair) for pair in levels], "level": level,
-                "prefill_units": p, "decode_units": d,
-                "level_time_s": log.times(self.clock()) if log.levels and not inferred else [],
-                "starts": log.starts, "note": note}
+            return ScrapedSplit("log", False, [], None, None, None, [], log.starts, note)
+        return ScrapedSplit(source, inferred, list(levels), level, p, d,
+                            log.times(self.clock()) if log.levels and not inferred else [], log.starts, note)
 
     def _config_levels(self, sms: int | None) -> list[tuple[int, int]]:
         total = sms or self.sms
@@ -67,8 +65,8 @@ class SglangSplit:
             return []
         return list(SplitTable.for_gpu(total, self.cc_major, self.config).groups)
 
-    def _inferred_level(self, levels: list[tuple[int, int]], body: dict[str, Any]) -> int | None:
-        running, waiting = body.get("running"), body.get("waiting")
+    def _inferred_level(self, levels: list[tuple[int, int]], read: Metrics) -> int | None:
+        running, waiting = read.running, read.waiting
         if self.config is None or not levels or not isinstance(running, float | int) or \
                 not isinstance(waiting, float | int):
             return None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Group
 from rich.text import Text
 
-from pdtop.telemetry.events import EngineConfig
+from pdtop.engine.description import EngineConfig
 from pdtop.ui import format as fmt
 from pdtop.ui.chart import split_bar
 from pdtop.ui.state import DashboardState

@@ -17,6 +17,12 @@ each block, one of those ids (all of the GPU's with `leaky=True`: contexts that 
 isolate), and a `pdtop_fma` launch adds work / SMs to a virtual clock (`clock()`) that
 `cuStreamSynchronize` advances. `FakeNvrtc` stands in for `cuda.bindings.nvrtc`, and
 `fake_cuda_device` makes a `CudaDevice` on this driver with stand-ins for torch's streams.
+
+A stream that was destroyed, or whose green context was, is refused by every call that takes
+it (`CUDA_ERROR_CONTEXT_IS_DESTROYED`, what the H100 answered torch's event record on such a
+stream). `CachedBlock` does what torch's caching allocators do with a block used on several
+streams: when it is freed, one `cuEventRecord` on each (on a GPU that happens in a tensor's
+destructor, where a failure aborts the process).
 """
 from __future__ import annotations
 
@@ -36,6 +42,7 @@ class CUresult(enum.IntEnum):
     CUDA_ERROR_INVALID_VALUE = 1
     CUDA_ERROR_INVALID_CONTEXT = 201
     CUDA_ERROR_INVALID_IMAGE = 200
+    CUDA_ERROR_CONTEXT_IS_DESTROYED = 709
     CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION = 915
 
 
@@ -71,6 +78,9 @@ class FakeDriver:
     __version__: str = "13.0.0"
     live_contexts: dict[int, Resource] = field(default_factory=dict)
     live_streams: set[int] = field(default_factory=set)
+    stream_ctx: dict[int, int] = field(default_factory=dict)  # green-context stream -> its context
+    dead_streams: set[int] = field(default_factory=set)  # destroyed, or on a destroyed context
+    events: dict[int, int | None] = field(default_factory=dict)  # event -> the stream last recorded on
     calls: list[str] = field(default_factory=list)
     stream_sms: dict[int, tuple[int, int]] = field(default_factory=dict)  # stream -> (first SM, count)
     memory: dict[int, bytearray] = field(default_factory=dict)
@@ -165,15 +175,34 @@ class FakeDriver:
         self.live_streams.add(stream)
         res = self.live_contexts[ctx]
         self.stream_sms[stream] = (res.first, res.sm.smCount)
+        self.stream_ctx[stream] = ctx
         return self._ok("cuGreenCtxStreamCreate", stream)
 
+    def _dead(self, stream: int) -> bool:
+        return int(stream) in self.dead_streams
+
     def cuStreamDestroy(self, stream: int) -> tuple:
+        if self._dead(stream):
+            return (CUresult.CUDA_ERROR_CONTEXT_IS_DESTROYED,)
         self.live_streams.remove(stream)
+        self.dead_streams.add(int(stream))
         return self._ok("cuStreamDestroy")
 
     def cuGreenCtxDestroy(self, ctx: int) -> tuple:
         del self.live_contexts[ctx]
+        self.dead_streams |= {s for s, c in self.stream_ctx.items() if c == ctx}
         return self._ok("cuGreenCtxDestroy")
+
+    def cuEventCreate(self, flags: int) -> tuple:
+        event = next(self._ids)
+        self.events[event] = None
+        return self._ok("cuEventCreate", event)
+
+    def cuEventRecord(self, event: int, stream: int) -> tuple:
+        if self._dead(stream):
+            return (CUresult.CUDA_ERROR_CONTEXT_IS_DESTROYED,)
+        self.events[event] = int(stream)
+        return self._ok("cuEventRecord")
 
     # -- what sm_probe uses ---------------------------------------------------------------
     def clock(self) -> float:
@@ -229,6 +258,8 @@ class FakeDriver:
 
     def cuLaunchKernel(self, kernel: str, gx: int, gy: int, gz: int, bx: int, by: int, bz: int,
                        shared: int, stream: int, params: int, extra: int) -> tuple:
+        if self._dead(stream):
+            return (CUresult.CUDA_ERROR_CONTEXT_IS_DESTROYED,)
         first, count = (0, self.sms) if self.leaky else self.stream_sms.get(int(stream), (0, self.sms))
         args = (ctypes.c_void_p * 2).from_address(params)
         ptr = ctypes.c_uint64.from_address(args[0]).value
@@ -243,6 +274,8 @@ class FakeDriver:
         return self._ok("cuLaunchKernel")
 
     def cuStreamSynchronize(self, stream: int) -> tuple:
+        if self._dead(stream):
+            return (CUresult.CUDA_ERROR_CONTEXT_IS_DESTROYED,)
         self.now += self.pending.pop(int(stream), 0.0)
         return self._ok("cuStreamSynchronize")
 
@@ -300,11 +333,37 @@ class FakeExternalStream(FakeStream):
         self.cuda_stream, self.priority = handle, 0
 
 
-def fake_cuda_device(drv: FakeDriver, groups: list[tuple[int, int]] | None = None) -> CudaDevice:
-    """A `CudaDevice` on `drv` (SGLang's levels unless `groups`), torch's streams stood in for."""
+def fake_cuda_device(drv: FakeDriver, groups: list[tuple[int, int]] | None = None,
+                     gc: GreenContexts | None = None) -> CudaDevice:
+    """A `CudaDevice` on `drv` (SGLang's levels unless `groups`), torch's streams stood in for; `gc`: the
+    contexts it takes its levels from (as `green_ctx.shared` is on a GPU; default: new ones)."""
     torch_streams = SimpleNamespace(cuda=SimpleNamespace(
         Stream=FakeStream, ExternalStream=FakeExternalStream,
         synchronize=lambda device: drv.calls.append("synchronize")))
     dev = CudaDevice.__new__(CudaDevice)
-    dev._start(torch_streams, "cuda:0", GreenContexts(driver=drv), groups, 8, False)
+    dev._start(torch_streams, "cuda:0", gc or GreenContexts(driver=drv), groups, 8, False)
     return dev
+
+
+@dataclass
+class CachedBlock:
+    """A block of torch's caching allocators as it meets the driver: the streams it was used on (the
+    device allocator's `record_stream`, the pinned host allocator's non-blocking copies: a decoder's
+    staging buffers), and at its free one event recorded on each (`insert_events`,
+    `CachingHostAllocator::free`). On a GPU the free runs in the tensor's destructor, where an error
+    terminates the process; here it raises."""
+
+    drv: FakeDriver
+    streams: set[int] = field(default_factory=set)
+
+    def use_on(self, stream: Any) -> None:
+        self.streams.add(int(stream.cuda_stream))
+
+    def free(self) -> None:
+        for stream in sorted(self.streams):
+            event = self.drv.cuEventCreate(0)[1]
+            code = self.drv.cuEventRecord(event, stream)[0]
+            if code != CUresult.CUDA_SUCCESS:
+                raise RuntimeError(f"{CUresult(code).name} recording an event on stream {stream} at a block's "
+                                   f"free: on a GPU, terminate in a tensor's destructor")
+        self.streams.clear()
