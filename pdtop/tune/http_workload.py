@@ -2,7 +2,7 @@
 requests, or a dataset's requests. Both give an `HttpRun` that `score.score_http` scores.
 
 Each request is sent and measured as the load generator sends and measures it
-(`loadgen.stream_completion`, the request `pdtop bench --url` sends: greedy, streaming, ignore_eos so
+(`openai_request.stream_request`, the request `pdtop bench --url` sends: greedy, streaming, ignore_eos so
 every candidate streams the same tokens), after one uncounted warm-up request.
 
 - The scenario (`run_http`; prompts from `text_prompts`, the load generator's seeded windows of
@@ -36,16 +36,8 @@ import httpx
 import numpy as np
 
 from pdtop.bench.datasets import Sample as Prompt
-from pdtop.bench.loadgen import (
-    LoadRun,
-    LoadSpec,
-    RequestResult,
-    WarmupFailed,
-    make_prompts,
-    run_load,
-    served_model,
-    stream_completion,
-)
+from pdtop.bench.loadgen import LoadRun, LoadSpec, WarmupFailed, make_prompts, run_load
+from pdtop.bench.openai_request import Endpoint, RequestResult, ServerError, served_model, stream_request
 from pdtop.bench.policy_bench import SCENARIOS, Scenario
 from pdtop.engine.errors import EngineError
 from pdtop.tune.score import HttpRun, HttpSample
@@ -65,18 +57,18 @@ def text_prompts(sc: Scenario, seed: int, token_ids: list[int],
     """Seeded prompt texts (loadgen's windows of pdtop's corpus): decode-sized ones, then long ones."""
     def texts(n: int, length: int, salt: int) -> list[str]:
         spec = LoadSpec(url="", num_prompts=n, input_len=length, output_len=1, seed=seed * 1000 + salt)
-        return [p for p, _ in make_prompts(spec, token_ids, decode)]
+        return [p[0] for p in make_prompts(spec, token_ids, decode)]
 
     return texts(4 * sc.decode_bs, sc.decode_prompt, 1), texts(sc.long_prompts, sc.long_tokens, 2)
 
 
 async def _drive(url: str, sc: Scenario, rate: float, prompts: tuple[list[str], list[str]], seed: int,
                  first_token_timeout_s: float) -> HttpRun:
-    base = url + "/v1"
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(timeout=httpx.Timeout(None, connect=10.0), limits=limits) as client:
-        model = await served_model(client, base)
-        warm = await stream_completion(client, base, model, prompts[0][0], WARMUP_TOKENS, True)  # not counted
+        model, _ = await served_model(client, url)
+        ep = Endpoint(f"{url}/v1/completions", model, ignore_eos=True)
+        warm = await stream_request(client, ep, prompts[0][0], WARMUP_TOKENS)  # not counted
         if not warm.ok:
             raise EngineError(f"the warm-up request failed: {warm.error}")
         decode_texts, long_texts = prompts
@@ -93,7 +85,7 @@ async def _drive(url: str, sc: Scenario, rate: float, prompts: tuple[list[str], 
 
         async def send(text: str, max_tokens: int, long: bool, on_first: Callable[[], None] | None = None) -> bool:
             sent = time.perf_counter()  # on_first: the long prompts wait for every decode request to stream
-            res = await stream_completion(client, base, model, text, max_tokens, True, on_first=on_first)
+            res = await stream_request(client, ep, text, max_tokens, on_first=on_first)
             if not res.ok:
                 errors.add(res.error)
                 return False
@@ -186,7 +178,7 @@ class DatasetTraffic:
 def run_dataset(url: str, traffic: DatasetTraffic, rate: float, seed: int = 0, timeout_s: float = 600.0) -> HttpRun:
     """Warm the server at `url` (http://HOST:PORT) up, then send the dataset's requests; EngineError
     when the warm-up fails or the run passes `timeout_s`."""
-    spec = LoadSpec(url=url + "/v1", num_prompts=len(traffic.prompts), request_rate=rate, seed=seed,
+    spec = LoadSpec(url=url, num_prompts=len(traffic.prompts), request_rate=rate, seed=seed,
                     ignore_eos=True, warmup=True)
     record = LoadRun()
     results, window = _bounded(run_load(spec, traffic.prompts, run=record), timeout_s)
@@ -205,6 +197,8 @@ def _bounded(work: Coroutine[Any, Any, T], timeout_s: float) -> T:
             raise EngineError(f"the workload did not finish within {timeout_s:g} s") from None
         except WarmupFailed as exc:
             raise EngineError(f"the warm-up request failed: {exc}") from None
+        except ServerError as exc:
+            raise EngineError(str(exc)) from None
         except (httpx.HTTPError, KeyError, IndexError, ValueError, TypeError) as exc:
             raise EngineError(f"{type(exc).__name__}: {exc}") from None
 

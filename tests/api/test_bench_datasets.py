@@ -19,9 +19,10 @@ HUMAN = ["Name a color.", "Write a short poem about rain on a tin roof.",
 GPT = ["Blue is a color.", "Rain taps the roof all night long, soft and steady.", "Travel, work, and a sharp mind."]
 
 
-def bench(live, tmp_path, *args: str) -> dict:
-    out = subprocess.run([sys.executable, "-m", "pdtop", "bench", "--url", live.url, "--ignore-eos", "--save-result",
-                          "--result-dir", str(tmp_path / "results"), "--result-filename", "r.json", *args],
+def bench(live, tmp_path, *args: str, url: str | None = None) -> dict:
+    out = subprocess.run([sys.executable, "-m", "pdtop", "bench", "--url", url or live.url, "--ignore-eos",
+                          "--save-result", "--result-dir", str(tmp_path / "results"), "--result-filename", "r.json",
+                          *args],
                          capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr
     assert "Serving Benchmark Result" in out.stdout and out.stderr == ""
@@ -77,3 +78,19 @@ def test_jsonl_file_through_bench_url_with_the_chat_template_and_default_fields(
     assert not set(ARRAYS) & set(r) and len(r["latencies"]) == 3
     assert {"p50_ttft_ms", "p99.9_itl_ms", "mean_tpot_ms"} <= set(r) and "mean_e2el_ms" not in r
     assert r["request_goodput"] is None
+
+
+def test_vllm_033s_chat_backend_at_a_bare_address_against_the_real_api(live, tokenizer, tmp_path):
+    """`vllm bench serve --backend openai-chat --endpoint /v1/chat/completions --base-url http://HOST:PORT`:
+    the prompt goes as a user message's text part, the server's chat template wraps it, usage counts it."""
+    n = len(live.finishes())
+    r = bench(live, tmp_path, "--num-prompts", "2", "--random-input-len", "12", "--random-output-len", "3",
+              "--backend", "openai-chat", "--endpoint", "/v1/chat/completions", "--save-detailed",
+              "--max-concurrency", "1", "--percentile-metrics", "ttft,client_queue_time",
+              url=live.url.removesuffix("/v1"))
+    live.wait(lambda: len(live.finishes()) >= n + 3)
+    engine = live.finishes()[n + 1:]  # after the warm-up
+    assert r["backend"] == "openai-chat" and r["completed"] == 2 and r["output_lens"] == [3, 3]
+    assert sorted(r["input_lens"]) == sorted(e.prompt_tokens for e in engine)
+    assert min(r["input_lens"]) > 12  # the chat template's tokens around the 12-token prompt
+    assert "mean_client_queue_time_ms" in r and r["rtfx"] == 0.0

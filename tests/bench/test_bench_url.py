@@ -104,7 +104,7 @@ def test_the_rate_and_burstiness_reach_the_run_and_its_result(stub, tmp_path):
     (["--percentile-metrics", "ttft,p99"], "--percentile-metrics takes names from ttft,tpot,itl,e2el"),
     (["--metric-percentiles", "50,x"], "--metric-percentiles takes numbers in (0, 100]"),
     (["--sharegpt-output-len", "0"], "--sharegpt-output-len must be >= 1"),
-    (["--goodput", "ttft:-1"], "--goodput takes METRIC:MS"),
+    (["--goodput", "ttft:-1"], "--goodput 'ttft:-1': the value must be a number of milliseconds >= 0"),
 ])
 def test_bad_options_are_one_line_and_exit_2(args, message, capsys):
     assert main(["bench", "--url", "http://127.0.0.1:9/v1", *args]) == 2

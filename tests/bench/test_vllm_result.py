@@ -1,5 +1,5 @@
 """vLLM's result JSON from requests whose timings are known: goodput counted as vLLM's `calculate_metrics`
-counts it, the statistics, the peaks, and the file name."""
+counts it, the statistics, the peaks (vLLM 0.33's: per second), and the file name."""
 from __future__ import annotations
 
 import math
@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from pdtop.bench.loadgen import LoadSpec, RequestResult, summarize
+from pdtop.bench.loadgen import LoadSpec, summarize
+from pdtop.bench.openai_request import RequestResult
 from pdtop.bench.vllm_result import result_filename, result_json, result_table
 
 
@@ -48,7 +49,8 @@ def test_statistics_totals_and_peaks():
     assert r["median_itl_ms"] == pytest.approx(20.0) and r["p99.9_itl_ms"] == pytest.approx(49.91)
     assert r["std_e2el_ms"] == pytest.approx(1e3 * float(np.std([0.16, 0.35, 0.05])))
     assert r["max_concurrent_requests"] == 3 and r["max_output_tokens_per_s"] == 7
-    assert result_filename(r, None, "out") == "out/openai-infqps-concurrency3-Model-1B-20260101-000000.json"
+    assert result_filename(spec, None, "20260101-000000", None, "out") == \
+        "out/openai-infqps-concurrency3-Model-1B-20260101-000000.json"
     table = result_table(r, ("ttft", "e2el"), (50.0, 99.9))
     assert f"{'Successful requests:':<40} {3:<10}" in table and "P99.9 E2EL (ms):" in table
     assert "TPOT" not in table and "Maximum request concurrency:" in table
@@ -60,3 +62,12 @@ def test_no_completed_request_gives_zeros_as_vllm():
     assert r["mean_ttft_ms"] == r["p99_itl_ms"] == 0.0 and r["max_concurrent_requests"] == 0
     assert r["request_rate"] == 2.0 and not math.isnan(r["std_tpot_ms"])
     assert "ttfts" not in r and r["latencies"] == [0.0]  # the arrays only with detailed, as --save-detailed
+
+
+def test_peak_concurrency_counts_the_requests_active_in_one_second_as_vllm_033():
+    """Two requests one after the other within the same second: vLLM 0.33 counts both in that second."""
+    spec = LoadSpec(url="http://x", model="m", num_prompts=2)
+    r = result_json(spec, [request(10.0, 0.1, [0.1]), request(10.5, 0.1, [0.1])], 1.0, date="d", tokenizer_id="t")
+    assert r["max_concurrent_requests"] == 2 and r["max_output_tokens_per_s"] == 4 and r["rtfx"] == 0.0
+    ramp = LoadSpec(url="http://x", model="org/m", model_id="org/m-root", ramp_up=("exponential", 2, 8))
+    assert result_filename(ramp, "run", "d", None, None) == "run-ramp-up-exponential-2qps-8qps-m-root-d.json"
