@@ -80,6 +80,12 @@ def device(scheduler: Scheduler, sm_counts: list[tuple[int, int]] | None) -> Dev
         major, minor = torch.cuda.get_device_capability(index)
         name = props.name
         extra = {"gpu": props.name, "sms": props.multi_processor_count, "cc": f"{major}.{minor}", "gpu_id": index}
+        uuid = getattr(props, "uuid", None)
+        if uuid is not None:  # NVML finds the same GPU by it (the hardware sampler)
+            extra["uuid"] = f"GPU-{uuid}"
+        bus, domain, dev = (getattr(props, f"pci_{k}_id", None) for k in ("bus", "domain", "device"))
+        if isinstance(bus, int) and isinstance(domain, int) and isinstance(dev, int):
+            extra["pci_bus_id"] = f"{domain:08x}:{bus:02x}:{dev:02x}.0"
         total = total or props.multi_processor_count
     return DeviceDescription(name=name, kind="cuda", unit_name="SMs", units=total, extra=extra)
 

@@ -2,7 +2,8 @@
 
 The scheduler thread never waits for it: records reach it through the server's bounded inbox (the
 tap's sinks), and `start` waits only for the port to be bound, once, when the scheduler is set up.
-A port in use or a bad address is one warning line, and SGLang runs on without pdtop's server.
+A port in use or a bad address is one warning line, and SGLang runs on without pdtop's server. Beside
+it, as beside `pdtop serve`, the hardware sampler publishes the host's and the GPU's figures once a second.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import threading
 
 from pdtop.sglang_plugin.settings import Settings
 from pdtop.sglang_plugin.tap import SchedulerTap
+from pdtop.telemetry.hardware.hw import HwSampler
 from pdtop.telemetry.server.server import TelemetryServer
 
 log = logging.getLogger("pdtop.sglang_plugin")
@@ -62,10 +64,14 @@ class ServerThread:
             self._ready.set()
             return
         self.url = self.server.url
+        extra = self.tap.device.extra
+        match = {k: extra[k] for k in ("uuid", "pci_bus_id") if isinstance(extra.get(k), str)}
+        sampler = HwSampler(self.server.publish, gpu_match=match or None).start()
         self._ready.set()
         try:
             await self._stop.wait()
         finally:
+            sampler.stop()
             await self.server.stop()
 
     def stop(self, timeout: float = 5.0) -> None:
