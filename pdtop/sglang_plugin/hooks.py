@@ -29,6 +29,8 @@ from pdtop.sglang_plugin.settings import Settings
 from pdtop.sglang_plugin.tap import TAP_ATTR, SchedulerTap
 
 if TYPE_CHECKING:
+    from sglang.srt.managers.io_struct import SetInternalStateReq, SetInternalStateReqOutput
+    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
     from sglang.srt.managers.scheduler import Scheduler
 
 log = logging.getLogger("pdtop.sglang_plugin")
@@ -136,10 +138,10 @@ class Plugin:
             try:
                 tap.round_boundary()
             except Exception as exc:
-                tap.faults += 1
                 self.fault("closing a round", exc)
 
-    def before_run_batch(self, scheduler: Scheduler, batch: Any = None, *args: Any, **kwargs: Any) -> None:
+    def before_run_batch(self, scheduler: Scheduler, batch: ScheduleBatch | None = None, *args: Any,
+                         **kwargs: Any) -> None:
         tap = scheduler.__dict__.get(TAP_ATTR)
         if tap and batch is not None:
             try:
@@ -147,8 +149,8 @@ class Plugin:
             except Exception as exc:
                 self.fault("reading a batch", exc)
 
-    def after_process_batch_result(self, result: Any, scheduler: Scheduler, batch: Any = None, *args: Any,
-                                   **kwargs: Any) -> None:
+    def after_process_batch_result(self, result: Any, scheduler: Scheduler, batch: ScheduleBatch | None = None,
+                                   *args: Any, **kwargs: Any) -> None:
         tap = scheduler.__dict__.get(TAP_ATTR)
         if tap and batch is not None:
             try:
@@ -156,7 +158,7 @@ class Plugin:
             except Exception as exc:
                 self.fault("reading a batch's results", exc)
 
-    def after_add_request_to_queue(self, result: Any, scheduler: Scheduler, req: Any = None, *args: Any,
+    def after_add_request_to_queue(self, result: None, scheduler: Scheduler, req: Req | None = None, *args: Any,
                                    **kwargs: Any) -> None:
         tap = scheduler.__dict__.get(TAP_ATTR)
         retracted = kwargs.get("is_retracted", args[0] if args else False)
@@ -166,8 +168,8 @@ class Plugin:
             except Exception as exc:
                 self.fault("reading an arrival", exc)
 
-    def around_set_internal_state(self, original: Callable[..., Any], scheduler: Scheduler, recv_req: Any,
-                                  *args: Any, **kwargs: Any) -> Any:
+    def around_set_internal_state(self, original: Callable[..., Any], scheduler: Scheduler,
+                                  recv_req: SetInternalStateReq, *args: Any, **kwargs: Any) -> Any:
         """pdtop's changes (every key `pdtop_*`) are applied here on each rank; anything else is SGLang's."""
         server_args = getattr(recv_req, "server_args", None)
         if not is_internal_state(server_args):
@@ -189,7 +191,7 @@ class Plugin:
         self.servers.clear()
 
 
-def internal_state_output(updated: bool) -> Any:
+def internal_state_output(updated: bool) -> SetInternalStateReqOutput:
     """SGLang's reply to /set_internal_state (0.5.11 to 0.5.15 also carry `server_args`)."""
     from sglang.srt.managers.io_struct import SetInternalStateReqOutput
 

@@ -21,7 +21,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pdtop.engine.description import DeviceDescription, EngineConfig, EngineDescription, Totals
 from pdtop.engine.errors import ControlError
@@ -30,7 +30,9 @@ from pdtop.engine.sinks import Sink, Sinks
 from pdtop.sglang_plugin.knobs import KnobChange, Knobs, check, pin_thresholds, to_internal_state, verify
 
 if TYPE_CHECKING:
+    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
     from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.multiplex.pdmux_context import PDMuxConfig
 
     from pdtop.engine.scheduling.commands import EngineCommand
 
@@ -94,11 +96,10 @@ class SchedulerTap:
         self.knobs = Knobs(None, int(cfg.decode_bs_divisor), int(cfg.split_forward_token_budget),
                            tuple(int(t) for _, _, t in cfg.manual_divisions))
         self._sm_group_num = int(cfg.sm_group_num)
-        self._pinned_cfg: object | None = None  # the PDMuxConfig handed to adjust_stream_groups under a pin
+        self._pinned_cfg: PDMuxConfig | None = None  # what adjust_stream_groups is handed under a pin
         self.level = 0  # SGLang starts at stream group 0 (init_pdmux)
         self.index = 0  # the next round record's index
         self.totals = {"arrived": 0, "first_token": 0, "finished": 0, "rejected": 0}
-        self.faults = 0  # hook calls that failed (each logged once by the hooks)
         self._pending: deque[tuple[KnobChange, str | None, Future[ConfigChange]]] = deque()
         self._tickets: dict[int, tuple[Future[ConfigChange], str | None]] = {}  # changes sent to every rank
         self._ticket_ids = itertools.count(1)
@@ -108,8 +109,8 @@ class SchedulerTap:
         self._decode_bs = 0
         self._decode_start: float | None = None
         self._decode_s = 0.0
-        self._split: tuple[Any, int, int] | None = None  # (batch, layers done before its slice, slice)
-        self._extends: list[Any] = []  # prefill batches of the normal loops
+        self._split: tuple[ScheduleBatch, int, int] | None = None  # (batch, layers done before its slice, slice)
+        self._extends: list[ScheduleBatch] = []  # prefill batches of the normal loops
         self._tokens = 0
         # requests, while someone listens: SGLang's rid -> pdtop's int id, when each arrived, its TTFT
         self._ids: dict[str, int] = {}
@@ -221,7 +222,7 @@ class SchedulerTap:
             except Exception as exc:  # SGLang's config refused it: nothing of it was kept
                 future.set_exception(ControlError("cmd", f"not applied: {type(exc).__name__}: {exc}"))
 
-    def pinned_config(self) -> object | None:
+    def pinned_config(self) -> PDMuxConfig | None:
         """What `adjust_stream_groups` should read while a level is pinned: SGLang's config with thresholds
         that make its own rule choose that level; None when nothing is pinned."""
         level = self.knobs.pinned_level
@@ -287,7 +288,7 @@ class SchedulerTap:
         free = s.token_to_kv_pool_allocator.available_size() + s.tree_cache.evictable_size()
         return max(0, capacity - int(free)), capacity
 
-    def ran(self, batch: Any) -> None:
+    def ran(self, batch: ScheduleBatch) -> None:
         """Before SGLang's `run_batch(batch)`: a decode step, a split prefill's slice, or a prefill."""
         mode = batch.forward_mode
         if mode.is_decode():
@@ -302,7 +303,7 @@ class SchedulerTap:
         """After `adjust_stream_groups`: the level SGLang chose (or was handed under a pin)."""
         self.level = int(result[0])
 
-    def results(self, batch: Any) -> None:
+    def results(self, batch: ScheduleBatch) -> None:
         """After `process_batch_result(batch, ...)`: tokens out, first tokens, finished requests."""
         now = time.monotonic()
         if batch.forward_mode.is_decode():
@@ -324,7 +325,7 @@ class SchedulerTap:
                 if listening:
                     self._finish(req, now)
 
-    def arrived(self, req: Any) -> None:
+    def arrived(self, req: Req) -> None:
         """A request joined SGLang's waiting queue."""
         self.totals["arrived"] += 1
         if self.sinks.all:
@@ -333,7 +334,7 @@ class SchedulerTap:
             self._arrivals[rid] = now
             self.sinks.emit(RequestRecord("arrival", rid, now - self.t0, len(req.origin_input_ids), source="api"))
 
-    def _first_token(self, req: Any, now: float) -> None:
+    def _first_token(self, req: Req, now: float) -> None:
         rid = self._id(req.rid)
         arrived = self._arrivals.pop(rid, None)
         ttft = None if arrived is None else now - arrived
@@ -342,7 +343,7 @@ class SchedulerTap:
         self.sinks.emit(RequestRecord("first_token", rid, now - self.t0, len(req.origin_input_ids),
                                       len(req.output_ids), ttft, source="api"))
 
-    def _finish(self, req: Any, now: float) -> None:
+    def _finish(self, req: Req, now: float) -> None:
         rid = self._id(req.rid)
         del self._ids[req.rid]
         self._arrivals.pop(rid, None)

@@ -136,7 +136,7 @@ async def test_a_hook_that_fails_is_one_warning_and_the_rounds_go_on(served: Ser
     lines = warnings(caplog)
     assert lines and all(line.startswith("pdtop: ") and "SGLang goes on" in line for line in lines)
     assert len(lines) == len(set(lines))  # each kind of failure once, however often it happens
-    assert served.tap.faults > 0 or entry.installed.faults > 0  # type: ignore[union-attr]
+    assert isinstance(entry.installed, hooks.Plugin) and entry.installed.faults > len(lines)  # the rest counted
     await client.close()
 
 
