@@ -51,6 +51,7 @@ class Plugin:
     def __init__(self, settings: Settings, version: str) -> None:
         self.settings, self.version = settings, version
         self.servers: list[ServerThread] = []
+        self.posters: list[InternalStatePoster] = []
         self.faults = 0
         self._warned: set[str] = set()
 
@@ -89,7 +90,9 @@ class Plugin:
             send = None
             if not place.alone and place.serves:
                 found = facts.internal_state_url(scheduler)
-                send = InternalStatePoster(*found) if found is not None else None
+                if found is not None:
+                    send = InternalStatePoster(*found)
+                    self.posters.append(send)
             tap = SchedulerTap(scheduler, place, version=self.version, device=facts.device(scheduler, sm_counts),
                                send=send)
         except Exception as exc:
@@ -186,9 +189,13 @@ class Plugin:
         return internal_state_output(ok)
 
     def close(self) -> None:
+        """Stop the servers and the posting threads (tests; SGLang's processes just exit)."""
         for server in self.servers:
             server.stop()
+        for poster in self.posters:
+            poster.close()
         self.servers.clear()
+        self.posters.clear()
 
 
 def internal_state_output(updated: bool) -> SetInternalStateReqOutput:

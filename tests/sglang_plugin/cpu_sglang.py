@@ -26,6 +26,8 @@ from __future__ import annotations
 import enum
 import importlib.util
 import json
+import logging
+import os
 import sys
 import threading
 import types
@@ -46,9 +48,29 @@ def sglang_or_skip() -> None:
     if importlib.util.find_spec("sglang") is None:
         pytest.skip("SGLang 0.5.23 is not installed here (make install puts it in, from "
                     "tests/sglang_plugin/requirements.txt)")
-    if "torchvision" not in sys.modules and importlib.util.find_spec("torchvision") is None:
+    if "sglang.srt.managers.scheduler" in sys.modules:
+        return
+    stand_in = "torchvision" not in sys.modules and importlib.util.find_spec("torchvision") is None
+    if stand_in:
         _torchvision_stand_in()
-    import sglang.srt.managers.scheduler  # noqa: F401  (the modules the plugin hooks)
+    # importing SGLang sets cache directories in the environment, a handler on the root logger and the
+    # levels of other libraries' loggers: the rest of the test session gets them back as they were, and
+    # no torchvision (SGLang's modules keep the stand-in they imported)
+    env, handlers = dict(os.environ), list(logging.root.handlers)
+    levels = {name: logger.level for name, logger in logging.Logger.manager.loggerDict.items()
+              if isinstance(logger, logging.Logger)}
+    try:
+        import sglang.srt.managers.scheduler  # noqa: F401  (the modules the plugin hooks)
+    finally:
+        os.environ.clear()
+        os.environ.update(env)
+        logging.root.handlers[:] = handlers
+        for name, logger in logging.Logger.manager.loggerDict.items():
+            if isinstance(logger, logging.Logger):
+                logger.setLevel(levels.get(name, logging.NOTSET))
+        if stand_in:
+            for name in [m for m in sys.modules if m.partition(".")[0] == "torchvision"]:
+                del sys.modules[name]
 
 
 def _torchvision_stand_in() -> None:
