@@ -13,7 +13,8 @@ DOCS = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
 ROOTED = ("pdtop/", "tests/", "bench/", "docs/", "themes/")
 # Other projects' files, cited where pdtop follows them (docs/levels.md: SGLang).
 ELSEWHERE = {"python/sglang/srt/multiplex/pdmux_context.py", "multiplexing_mixin.py",
-             "test/registered/unit/multiplex/test_pdmux_overlap_streams.py"}  # in SGLang
+             "test/registered/unit/multiplex/test_pdmux_overlap_streams.py",
+             "python/sglang/srt/arg_groups/validation_hook.py"}  # in SGLang
 PACKAGE_FILES = [p.relative_to(ROOT).as_posix() for p in (ROOT / "pdtop").rglob("*.py")]
 
 

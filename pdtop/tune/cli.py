@@ -1,25 +1,28 @@
 """Find the PD multiplexing configuration (SGLang's sm_group_num, manual_divisions,
-split_forward_token_budget, max_split_forward_layers, decode_bs_divisor, overlap_decode_full_sm)
-that meets the SLOs with the best goodput, for a device, model and workload, and write it as
-SGLang's --pdmux-config-path YAML.
+split_forward_token_budget, decode_bs_divisor; with --sglang-version main also
+max_split_forward_layers and overlap_decode_full_sm) that meets the SLOs with the best goodput, for a
+device, model and workload, and write it as the --pdmux-config-path YAML that SGLang reads.
 
 Each candidate runs `pdtop bench`'s seeded scenario (requests decoding while long prompts arrive
 one after another; --workload changes it) and is measured for ITL p99, TTFT p99, prefill
 throughput (prompt tokens/s while prompts wait) and goodput (requests/s that meet every SLO).
-The search is a coarse grid refined around the Pareto front (docs/tune.md). Printed: the front
-(ITL p99 against prefill throughput) as a table and a plot, and the chosen configuration against
-SGLang's default on the same workload. Exit status 1 when no configuration meets the SLOs (the
-closest are shown), 2 for bad input.
+The search is adaptive (Optuna's TPE, starting from SGLang's default and the roofline's guess; knobs
+whose effect is within the noise stop varying; docs/tune.md). Printed: the candidates, which knobs
+mattered, the front (ITL p99 against prefill throughput) as a table and a plot, and the chosen
+configuration against SGLang's default on the same workload. Exit status 1 when no configuration
+meets the SLOs (the closest are shown), 2 for bad input (an ITL SLO below what decode alone
+achieves too).
 
-On sim: devices the search runs to the end in seconds; on cpu and cuda it runs real rounds,
-shows each candidate as it goes and stops at --budget-s.
+On sim: devices the search runs in seconds; on cpu and cuda it runs real rounds, shows each
+candidate as it goes and stops at --budget-s.
 
 Examples:
   pdtop tune --slo-itl-ms 10.25 --out best.yaml      (then: pdtop --config best.yaml)
   pdtop tune --device sim:H200 --slo-itl-ms 8 --slo-ttft-ms 600 --json
-  pdtop tune --device sim:H100 --slo-itl-ms 12 --workload decode_bs=64,long_tokens=16384
-  pdtop tune --device cpu --slo-itl-ms 80 --budget-s 300
-  pdtop tune --slo-itl-ms 20 --slo-ttft-ms 1000 --policies pdmux,chunked,disagg --link rdma100
+  pdtop tune --device sim:H100 --slo-itl-ms 14 --workload decode_bs=64,long_tokens=16384 --budget-s 10
+  pdtop tune --slo-itl-ms 12 --sglang-version main --budget-s 20
+  pdtop tune --device cpu --slo-itl-ms 400 --budget-s 10
+  pdtop tune --slo-itl-ms 20 --slo-ttft-ms 1000 --policies pdmux,chunked,disagg --link rdma100 --budget-s 20
 """
 from __future__ import annotations
 
@@ -35,6 +38,7 @@ from typing import TYPE_CHECKING
 from pdtop.bench.datasets import add_dataset_arguments, dataset_options, dataset_problem, dataset_prompts
 from pdtop.commands.common import INPUT_ERRORS, cuda_missing, fail, json_text, positive_number
 from pdtop.engine.errors import DeviceError, EngineError, FieldError
+from pdtop.engine.scheduling.pdmux_config import SGLANG_MAIN, SGLANG_RELEASE, SGLANG_TARGETS
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -53,24 +57,31 @@ WORKLOAD_KEYS = ("decode_bs", "decode_prompt", "long_tokens", "long_prompts", "s
 TPOT = "TPOT p99"  # what the tables' ITL column holds under --launch
 BAD_INPUT: tuple[type[BaseException], ...] = (*INPUT_ERRORS, ValueError)  # ValueError: a bad --policies
 LAUNCH_HELP = """\
---launch runs each candidate on a server started for it, as vLLM's benchmarks/auto_tune does:
-{config} in CMD becomes the candidate's YAML file and {port} a free loopback port; the command
-runs in its own process group, is ready when /health and then /v1/models answer 200 (within
---startup-timeout), gets one uncounted warm-up request, then the workload over its OpenAI API
-(decode_bs streaming requests decoding while long prompts arrive one after another, or at
---request-rate; or, with --dataset-path, the dataset's requests as `pdtop bench --url` reads and
-sends them: --dataset-name sharegpt|custom, --num-prompts of them in seeded order, at --request-rate
-per second, Poisson, default all at once, each with ignore_eos), and is stopped (SIGTERM to the
-group, SIGKILL after 10 s, until the port is free). No server outlives pdtop: not on success,
-error, Ctrl+C or SIGTERM. A request is good, as `vllm bench serve --goodput ttft:MS tpot:MS`
-counts it, when its TTFT meets --slo-ttft-ms and its TPOT (not its p99 gap) meets --slo-itl-ms.
---device and --model name what the server runs, for the search space; nothing is loaded here.
---results remembers the workload (the scenario's keys, or the dataset file's SHA-256 and
-options): a resume with another one is refused.
-  pdtop tune --launch 'pdtop serve --device cpu --workload none --port 0 --config {config} --api-port {port}' \\
-             --device cpu --slo-itl-ms 300 --budget-s 900 --results runs.jsonl --out best.yaml
-  pdtop tune --launch 'python -m sglang.launch_server --model-path M --enable-pdmux \\
-             --pdmux-config-path {config} --port {port}' --slo-itl-ms 30 --slo-ttft-ms 2000 --budget-s 3600 \\
+--launch runs each candidate on a server started for it, as vLLM's benchmarks/auto_tune does, or
+sets it live on the one running: CMD is split into words as a shell would, and {config} (the
+candidate's YAML), {port} and {control_port} (free loopback ports) are filled into each word as one
+argument, no shell reading them. With {control_port} (pdtop serve --port, or SGLang with pdtop's plugin:
+PDTOP_SGLANG_PORT={control_port}), a candidate with the running server's SM counts is set on it live
+over pdtop's websocket protocol; only other SM counts start a new server. A server runs in its own
+process group, is ready when /health and then /v1/models answer 200 (within --startup-timeout), gets
+one uncounted warm-up request, then the workload over its OpenAI API (decode_bs streaming requests
+decoding while long prompts arrive one after another, or at --request-rate; or, with --dataset-path,
+the dataset's requests as `pdtop bench --url` reads and sends them: --dataset-name sharegpt|custom,
+--num-prompts of them in seeded order, at --request-rate per second, Poisson, default all at once,
+each with ignore_eos), and is stopped (SIGTERM to the group, SIGKILL after 10 s, until the port is
+free). No server outlives pdtop: not on success, error, Ctrl+C or SIGTERM. A request is good, as
+`vllm bench serve --goodput ttft:MS tpot:MS` counts it, when its TTFT meets --slo-ttft-ms and its TPOT
+(not its p99 gap) meets --slo-itl-ms. --device and --model name what the server runs, for the search
+space; nothing is loaded here. --results remembers the workload (the scenario's keys, or the dataset
+file's SHA-256 and options): a resume with another one is refused; the search's study is kept beside
+it (FILE.optuna). SGLang 0.5.23 starts --enable-pdmux only with --chunked-prefill-size -1 and
+--disable-overlap-schedule (and no pipeline parallelism or disaggregation): a command without them is
+refused before anything is launched.
+  pdtop tune --launch 'pdtop serve --device sim:H100 --workload none --port {control_port} --config {config} \\
+             --api-port {port}' --device sim:H100 --slo-itl-ms 30 --max-candidates 3 --results runs.jsonl
+  pdtop tune --launch 'PDTOP_SGLANG_PORT={control_port} python -m sglang.launch_server --model-path M \\
+             --enable-pdmux --pdmux-config-path {config} --chunked-prefill-size -1 --disable-overlap-schedule \\
+             --port {port}' --slo-itl-ms 30 --slo-ttft-ms 2000 --budget-s 3600 \\
              --dataset-name sharegpt --dataset-path ShareGPT_V3.json --num-prompts 200 --request-rate 4
 """
 
@@ -90,6 +101,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-tokens", type=int, default=None, metavar="N", help="KV cache size in tokens")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", metavar="FILE", help="write the chosen configuration as SGLang's pdmux YAML")
+    p.add_argument("--sglang-version", default=SGLANG_RELEASE, metavar="V",
+                   help=f"the SGLang that reads --out: {SGLANG_RELEASE} (default, the latest release: its four keys "
+                   f"and meaning) or {SGLANG_MAIN} (sgl-project/sglang 337ee8ed: also max_split_forward_layers and "
+                   "overlap_decode_full_sm); the search covers what it reads")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
     p.add_argument("--policies", metavar="P,...",
                    help="compare the ways instead (pdmux, chunked, prefill-first, disagg): the best configuration "
@@ -128,6 +143,9 @@ def run(args: argparse.Namespace) -> int:
         budget = positive_number("--budget-s", args.budget_s)
         if args.kv_tokens is not None and args.kv_tokens < 1:
             raise ValueError(f"--kv-tokens must be >= 1, got {args.kv_tokens}")
+        if args.sglang_version not in SGLANG_TARGETS:
+            raise ValueError(f"--sglang-version: pdtop knows {SGLANG_RELEASE} (the latest release) and {SGLANG_MAIN} "
+                             f"(sgl-project/sglang at 337ee8ed), got {args.sglang_version!r}")
         if args.out and not os.access(os.path.dirname(os.path.abspath(args.out)), os.W_OK):
             raise ValueError(f"--out {args.out}: its directory does not exist or cannot be written")
     except ValueError as exc:
@@ -157,7 +175,8 @@ def run(args: argparse.Namespace) -> int:
         make_engine = _engine_factory(args, where.kind)
         real = where.kind != "sim"
         budget_s = budget or (REAL_BUDGET_S if real else SIM_BUDGET_S)
-        report = tune(make_engine, sc, slo, budget_s - (time.monotonic() - started), _progress(budget_s, real, started))
+        report = tune(make_engine, sc, slo, budget_s - (time.monotonic() - started), _progress(budget_s, real, started),
+                      args.sglang_version, args.seed)
     except INPUT_ERRORS as exc:
         return fail("tune", exc)
     load = os.getloadavg()
@@ -193,7 +212,7 @@ def _engine_factory(args: argparse.Namespace, kind: str) -> Callable[[], Engine]
     return make
 
 
-def _progress(budget_s: float, real: bool, started: float) -> Callable[[Trial, float], None]:
+def _progress(budget_s: float, real: bool, started: float) -> Callable[[Trial, Measurement], None]:
     """Real devices: one line per candidate on stderr. sim: one line rewritten, on a terminal only.
     The seconds shown count from `started`, the command's start, as the budget does."""
     from pdtop.tune.report import describe_config
@@ -201,11 +220,10 @@ def _progress(budget_s: float, real: bool, started: float) -> Callable[[Trial, f
     count = 0
     tty = sys.stderr.isatty()
 
-    def show(trial: Trial, _elapsed: float) -> None:
+    def show(trial: Trial, r: Measurement) -> None:
         nonlocal count
         elapsed = time.monotonic() - started
         count += 1
-        r = trial.result
         line = (f"pdtop tune: [{count}] {elapsed:.0f}/{budget_s:.0f} s  ITL p99 {r.itl_p99_s * 1e3:.2f} ms  "
                 f"prefill {r.prefill_tok_s:,.0f} tok/s  goodput {r.goodput_rps:.2f}/s  {describe_config(trial.config)}")
         if real:
@@ -225,7 +243,7 @@ def _write(path: str, report: TuneReport, device: str) -> None:
 
 
 def _text(report: TuneReport, args: argparse.Namespace, load: tuple[float, float, float]) -> list[str]:
-    from pdtop.tune.report import front_and_choice
+    from pdtop.tune.report import front_and_choice, sglang_name
 
     sc, slo, run = report.scenario, report.slo, report.run
     if sys.stderr.isatty() and not args.device.startswith(("cpu", "cuda")):
@@ -236,8 +254,9 @@ def _text(report: TuneReport, args: argparse.Namespace, load: tuple[float, float
         f"{sc.long_prompts} prompts of {sc.long_tokens} tokens arrive; seed {args.seed}",
         f"SLO: ITL p99 <= {slo.itl_s * 1e3:g} ms{ttft}; decode-only ITL "
         f"{report.default.result.decode_only_itl_s * 1e3:.2f} ms",
-        f"searched {run.measured} configurations ({run.points} of {report.grid_size} grid points) in "
-        f"{run.elapsed_s:.1f} s{'' if run.complete else ', stopped by --budget-s'}; "
+        f"searched {len(report.trials)} configurations of {report.grid_size:,} grid points (Optuna TPE, for "
+        f"{sglang_name(report.space.sglang)}) in {run.elapsed_s:.1f} s"
+        f"{'' if run.complete else ', stopped by --budget-s'}; "
         f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}",
         "",
         *front_and_choice(report, args.out),
@@ -292,14 +311,14 @@ def _run_policies(args: argparse.Namespace, slo: Slo, budget: float | None) -> i
 # ---- --launch: a server per candidate -----------------------------------------------------
 
 def _run_launch(args: argparse.Namespace, slo: Slo, budget_s: float | None) -> int:
-    from pdtop.engine.build import parse_device
     from pdtop.engine.model.loader import default_model_path
     from pdtop.engine.model.tokenizer import Tokenizer
     from pdtop.engine.scheduling.workload import corpus_text
     from pdtop.tune.http_workload import launch_scenario, text_prompts
-    from pdtop.tune.server_process import check_template, signals_as_exit
-    from pdtop.tune.server_search import LaunchPlan, LaunchTuner, tune_launch
-    from pdtop.tune.space import dataset_space_scenario, device_default, space_for_device
+    from pdtop.tune.server_process import check_template, signals_as_exit, substitute
+    from pdtop.tune.server_search import LaunchPlan, LaunchRunner, tune_launch
+    from pdtop.tune.sglang_server import check_command, rules_line
+    from pdtop.tune.space import dataset_space_scenario, device_default, first_guess, space_for_device
 
     try:
         check_template(args.launch)
@@ -314,31 +333,39 @@ def _run_launch(args: argparse.Namespace, slo: Slo, budget_s: float | None) -> i
         rate = positive_number("--request-rate", args.request_rate, allow_inf=True) or math.inf
         if args.max_candidates is not None and args.max_candidates < 1:
             raise ValueError(f"--max-candidates must be >= 1, got {args.max_candidates}")
-        kind = parse_device(args.device).kind
-        sc = launch_scenario(kind)
+        from pdtop.engine.build import parse_device
+
+        sc = launch_scenario(parse_device(args.device).kind)
         if args.workload:
             sc = parse_workload(args.workload, sc)
         tok = Tokenizer.from_gguf(args.tokenizer or default_model_path())
         dataset = _dataset(args, tok)
-        space, kind = space_for_device(args.device, args.model, sc if dataset is None else dataset_space_scenario(
-            sc, dataset))
+        found = space_for_device(args.device, args.model, sc if dataset is None else dataset_space_scenario(
+            sc, dataset), args.sglang_version)
+        space, kind = found.space, found.kind
         log_dir = args.log_dir or (args.results + ".logs" if args.results else tempfile.mkdtemp(prefix="pdtop-tune-"))
+        check_command(substitute(args.launch, {"{config}": os.path.abspath(os.path.join(log_dir, "candidate-001.yaml")),
+                                               "{port}": "1", "{control_port}": "1"}).argv, args.sglang_version)
         os.makedirs(log_dir, exist_ok=True)
         default = device_default(kind)
         plan = LaunchPlan(args.launch, sc, rate, slo, default, startup or 600.0, budget_s=budget_s or math.inf,
                           max_candidates=args.max_candidates, log_dir=log_dir, results=args.results, seed=args.seed,
-                          dataset=dataset, tokenizer=os.path.basename(args.tokenizer) if args.tokenizer else None)
+                          dataset=dataset, tokenizer=os.path.basename(args.tokenizer) if args.tokenizer else None,
+                          control="{control_port}" in args.launch, sglang=args.sglang_version)
         prompts = ([], []) if dataset else text_prompts(sc, args.seed, tok.encode(corpus_text()), tok.decode)
-        tuner = LaunchTuner(plan, space, prompts, kind)
+        runner = LaunchRunner(plan, space, prompts, kind, _launch_progress(plan.budget_s))
+        guess = (first_guess(space, found.spec, found.model, sc, slo)
+                 if found.spec is not None and dataset is None else None)
     except (EngineError, OSError, ValueError) as exc:
         return fail("tune", exc)
-    print(f"pdtop tune: candidates' YAML and logs in {log_dir}", file=sys.stderr, flush=True)
+    for line in [f"candidates' YAML and logs in {log_dir}", rules_line(args.sglang_version), *space.notes]:
+        print(f"pdtop tune: {line}", file=sys.stderr, flush=True)
     try:
         with signals_as_exit():
-            lr = tune_launch(tuner, _launch_progress(plan.budget_s))
+            lr = tune_launch(runner, guess)
     except KeyboardInterrupt:
         where = f"; {args.results} keeps what was measured" if args.results else ""
-        print(f"pdtop tune: interrupted after {len(tuner.outcomes)} candidates, no server left running{where}",
+        print(f"pdtop tune: interrupted after {len(runner.outcomes)} candidates, no server left running{where}",
               file=sys.stderr)
         return 130
     except INPUT_ERRORS as exc:
@@ -362,7 +389,8 @@ def _launch_progress(budget_s: float) -> Callable[[Outcome, Measurement, float],
 
     def show(o: Outcome, m: Measurement, elapsed: float) -> None:
         budget = "" if budget_s == math.inf else f"/{budget_s:.0f}"
-        head = f"pdtop tune: [{elapsed:.0f}{budget} s] {describe_config(o.config)}: "
+        how = "live" if o.live else f"launch {o.launch}"
+        head = f"pdtop tune: [{elapsed:.0f}{budget} s, {how}] {describe_config(o.config)}: "
         if o.run is None:
             tail = o.log_tail.splitlines()[-1:] or [""]
             print(f"{head}failed: {o.reason} (log {o.log}){': ' + tail[0][:120] if tail[0] else ''}",
@@ -377,17 +405,19 @@ def _launch_progress(budget_s: float) -> Callable[[Outcome, Measurement, float],
 
 def _launch_report(args: argparse.Namespace, lr: LaunchReport, kind: str, log_dir: str,
                    dataset: DatasetTraffic | None) -> int:
-    from pdtop.tune.report import best_yaml, front_and_choice, report_json
+    from pdtop.tune.report import HTTP_WINDOW, best_yaml, front_and_choice, report_json
+    from pdtop.tune.sglang_server import rules_line
 
     report, load = lr.report, os.getloadavg()
     if args.out and report.best is not None:
         with open(args.out, "w", encoding="utf-8") as f:
-            f.write(best_yaml(report, f"{args.device} (servers launched by --launch)", kind, TPOT))
+            f.write(best_yaml(report, f"{args.device} (servers launched by --launch)", kind, TPOT, HTTP_WINDOW))
     failures = [{"config": o.config.to_dict(), "reason": o.reason, "log": o.log, "log_tail": o.log_tail}
                 for o in lr.failures]
     if args.json:
         out = report_json(report, args.device, load) | {
             "launch": {"command": args.launch, "log_dir": log_dir, "results": args.results, "reused": lr.reused,
+                       "live": lr.live, "sglang_rules": rules_line(args.sglang_version),
                        "noise_goodput_rps": lr.noise_rps,
                        "itl_p99_ms_is": "the p99 over requests of each request's TPOT",
                        "kept_default_within_noise": lr.kept_default,
@@ -403,9 +433,11 @@ def _launch_report(args: argparse.Namespace, lr: LaunchReport, kind: str, log_di
         f"{sc.long_prompts} prompts of {sc.long_tokens} tokens arrive")
     lines = [f"pdtop tune --launch for {args.device}: {traffic}",
              f"SLO per request (vllm bench serve --goodput): TPOT <= {slo.itl_s * 1e3:g} ms{ttft}",
-             f"{run.measured} candidates ({lr.reused} reused from --results, {len(lr.failures)} failed) in "
-             f"{run.elapsed_s:.0f} s{'' if run.complete else ', stopped by --budget-s or --max-candidates'}; "
-             f"noise (goodput between repeats) {lr.noise_rps:.2f}/s; load average {load[0]:.2f}", "",
+             f"{run.measured} measurements of {len(report.trials)} configurations on {run.launches} servers "
+             f"({lr.live} set live on a running one, {lr.reused} reused from --results, {len(lr.failures)} failed) "
+             f"in {run.elapsed_s:.0f} s{'' if run.complete else ', stopped by --budget-s or --max-candidates'}; "
+             f"noise (goodput between repeats) {lr.noise_rps:.2f}/s; load average {load[0]:.2f}",
+             rules_line(args.sglang_version), "",
              *front_and_choice(report, args.out, TPOT, [f"failed: {o.reason} (log {o.log})" for o in lr.failures],
                                lr.kept_default)]
     print("\n".join(lines))
@@ -415,6 +447,9 @@ def _launch_report(args: argparse.Namespace, lr: LaunchReport, kind: str, log_di
 
 def parse_workload(text: str, base: Scenario) -> Scenario:
     """`decode_bs=64,long_tokens=16384` (or a YAML file of those keys) over `base`; FieldError if malformed."""
+    if "=" not in text and not os.path.isfile(text) and (os.sep in text or text.endswith((".yaml", ".yml", ".json"))):
+        what = "is a directory, not a workload file" if os.path.isdir(text) else "no such workload file"
+        raise FieldError(text, f"{what} (a YAML mapping of {', '.join(WORKLOAD_KEYS)}, or KEY=VALUE,...)", "workload ")
     if "=" not in text and os.path.isfile(text):
         import yaml
 

@@ -1,18 +1,27 @@
-"""What a `pdtop tune` search found (`TuneReport`) and how it is printed: the Pareto front as a table
-and a text plot, the chosen configuration against SGLang's default, the same as one JSON object, and
-the chosen configuration as SGLang's YAML."""
+"""What a `pdtop tune` search found (`TuneReport`) and how it is printed: the candidates measured, which
+knobs mattered, the Pareto front as a table and a text plot, the chosen configuration against SGLang's
+default, the same as one JSON object, and the chosen configuration as the YAML the target SGLang reads."""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pdtop.engine.scheduling.pdmux_config import SGLANG_KEYS, PdmuxConfig, dump_pdmux_config
+from pdtop.engine.scheduling.pdmux_config import (
+    SGLANG_KEYS,
+    SGLANG_MAIN,
+    SGLANG_MAIN_NAME,
+    SGLANG_RELEASE,
+    PdmuxConfig,
+    dump_pdmux_config,
+)
 from pdtop.tune.score import Slo
-from pdtop.tune.search import SearchRun, Trial
+from pdtop.tune.search import SearchRun, Trial, score
+from pdtop.tune.sglang_server import rules_line
 
 if TYPE_CHECKING:
     from pdtop.bench.policy_bench import Scenario
+    from pdtop.tune.space import TuneSpace
 
 
 @dataclass
@@ -25,7 +34,11 @@ class TuneReport:
     best: Trial | None  # best goodput among those that meet the SLOs
     closest: list[Trial]  # nearest to the SLOs (when none meets them)
     run: SearchRun
-    grid_size: int
+    space: TuneSpace
+
+    @property
+    def grid_size(self) -> int:
+        return self.space.size
 
 
 def describe_config(config: PdmuxConfig) -> str:
@@ -40,17 +53,33 @@ def describe_config(config: PdmuxConfig) -> str:
     return f"{split} budget={config.split_forward_token_budget}{cap}"
 
 
-def best_yaml(report: TuneReport, device: str, kind: str, itl: str = "ITL p99") -> str:
-    """The chosen configuration as SGLang's YAML, as it was measured: a budget left to the device is
-    written as the device's (4,096 on cpu), so feeding the file back runs what was measured."""
+def sglang_name(sglang: str) -> str:
+    return SGLANG_MAIN_NAME if sglang == SGLANG_MAIN else f"SGLang {SGLANG_RELEASE}"
+
+
+ENGINE_WINDOW = ("over tune's window, which the SLO is held against; pdtop bench --config runs the decode "
+                 "requests longer before the long prompts and reads a little higher (docs/tune.md)")
+HTTP_WINDOW = "over the requests of the candidate's window, each request's TPOT against the ITL SLO"
+
+
+def best_yaml(report: TuneReport, device: str, kind: str, itl: str = "ITL p99", window: str = ENGINE_WINDOW) -> str:
+    """The chosen configuration as the YAML the target SGLang reads, as it was measured: a budget left to
+    the device is written as the device's (4,096 on cpu), so feeding the file back runs what was measured.
+    The header says which SGLang reads it with the meaning it was measured with, what that SGLang's
+    server refuses beside `--enable-pdmux`, and over which window the figures were measured."""
     assert report.best is not None
-    r, slo = report.best.result, report.slo
+    r, slo, sglang = report.best.result, report.slo, report.space.sglang
     ttft = f", TTFT p99 <= {slo.ttft_s * 1e3:g} ms" if slo.ttft_s else ""
     comment = (f"pdtop tune on {device}: SLO {itl} <= {slo.itl_s * 1e3:g} ms{ttft}\n"
                f"measured: {itl} {r.itl_p99_s * 1e3:.2f} ms, TTFT p99 {r.ttft_p99_s * 1e3:.0f} ms, "
                f"prefill {r.prefill_tok_s:.0f} tok/s, goodput {r.goodput_rps:.2f} req/s\n"
+               f"  {window}\n"
+               f"for {sglang_name(sglang)}: it reads these keys as pdtop measured them"
+               + (" (SGLang 0.5.23 would skip max_split_forward_layers and overlap_decode_full_sm)"
+                  if sglang == SGLANG_MAIN else "") + "\n"
+               f"{rules_line(sglang)}\n"
                "SGLang: --enable-pdmux --pdmux-config-path FILE; pdtop: pdtop --config FILE")
-    return dump_pdmux_config(report.best.config.for_device(kind), comment)
+    return dump_pdmux_config(report.best.config.for_device(kind), comment, sglang)
 
 
 def _num(value: float, fmt: str) -> str:
@@ -69,6 +98,46 @@ def trial_table(trials: list[Trial], slo: Slo, marks: dict[int, str] | None = No
                      f"{_num(r.prefill_tok_s, ',.0f'):>14} {_num(r.goodput_rps, '.2f'):>7}/s  "
                      f"{'yes' if slo.met(r) else 'no':<4} {describe_config(t.config)}")
     return lines
+
+
+CANDIDATE_ROWS = 30  # candidates listed in the text; more: the best ones (every one is in --json)
+
+
+def candidate_table(report: TuneReport, itl: str = "ITL p99") -> list[str]:
+    """Every candidate in the order measured (the best `CANDIDATE_ROWS` by score when there are more),
+    with how many times each was measured."""
+    trials, slo = report.trials, report.slo
+    shown = trials if len(trials) <= CANDIDATE_ROWS else sorted(
+        sorted(trials, key=lambda t: -score(t.result, slo))[:CANDIDATE_ROWS], key=lambda t: t.order)
+    head = (f"candidates, in the order measured ({len(trials)})" if shown is trials else
+            f"the best {len(shown)} of {len(trials)} candidates, in the order measured (all in --json)")
+    marks = {id(report.default): "D"} | ({id(report.best): "*"} if report.best is not None else {})
+    rows = trial_table(shown, slo, marks, itl)
+    return [head, rows[0] + "  (xN: measured N times, figures their mean)",
+            *(row + (f"  x{len(t.measurements)}" if len(t.measurements) > 1 else "")
+              for row, t in zip(rows[1:], shown, strict=True))]
+
+
+def learned(report: TuneReport) -> list[str]:
+    """Which knobs mattered: each knob's effect (the spread of the score between its values: goodput/s
+    where the SLOs are met, else how far they are missed) against the noise, and why the search stopped."""
+    run = report.run
+    noise = f"noise {run.noise:.3g}" if run.noise else "no noise (a deterministic device)"
+    lines = [f"what mattered (score: goodput/s where the SLOs are met, else minus the worst SLO ratio; {noise}):"]
+    for e in run.effects:
+        if e.values < 2:
+            state = "one value" if e.fixed is not None else "not tried"
+        elif e.fixed is not None and e.within_noise:
+            state = f"within the noise: fixed at {e.fixed}"
+        else:
+            state = "within the noise so far" if e.within_noise else "mattered"
+        lines.append(f"  {e.knob:<26} effect {e.effect:>8.3f}  over {e.values:>3} values  {state}")
+    stop = "the budget ran out" if run.stop == "budget" else run.stop
+    first = f"; first meeting the SLOs after {run.first_meeting}" if run.first_meeting else ""
+    lines.append(f"stopped: {stop}{first}")
+    if run.stop == "no knob matters":
+        lines.append("no knob changed the figures by more than the noise: SGLang's default is as good as any")
+    return lines + report.space.notes
 
 
 def front_plot(report: TuneReport, width: int = 64, height: int = 14, itl: str = "ITL p99") -> list[str]:
@@ -133,13 +202,16 @@ def front_and_choice(report: TuneReport, out: str | None, itl: str = "ITL p99", 
     configurations when none meets the SLOs. `kept_default`: the best was within the noise of the default."""
     slo = report.slo
     marks = {id(report.default): "D"} | ({id(report.best): "*"} if report.best is not None else {})
-    lines = [f"Pareto front ({itl} against prefill throughput); * chosen, D SGLang's default",
+    lines = [*candidate_table(report, itl), "", *learned(report), "",
+             f"Pareto front ({itl} against prefill throughput); * chosen, D SGLang's default",
              *trial_table(report.front, slo, marks, itl), "", *front_plot(report, itl=itl), "", *(notes or [])]
     if report.best is None:
         return [*lines, "no configuration meets the SLOs; the closest:", *trial_table(report.closest, slo, itl=itl)]
     lines.append("chosen: SGLang's default (no other configuration beat it by more than the noise)" if kept_default
                  else "chosen: best goodput among the configurations that meet the SLOs")
     lines += comparison(report, itl)
+    if itl == "ITL p99":
+        lines.append(f"figures {ENGINE_WINDOW}")
     if out:
         lines.append(f"wrote {out} (SGLang: --pdmux-config-path {out}; pdtop --config {out})")
     return lines
@@ -171,8 +243,14 @@ def report_json(report: TuneReport, device: str, load: tuple[float, float, float
                                                               "long_prompts", "settle_rounds", "decode_tokens")},
         "slo": {"itl_ms": slo.itl_s * 1e3, "ttft_ms": None if slo.ttft_s is None else slo.ttft_s * 1e3},
         "decode_only_itl_ms": _finite(report.default.result.decode_only_itl_s * 1e3),
-        "search": {"measured": run.measured, "grid_points_covered": run.points, "grid_points": report.grid_size,
-                   "elapsed_s": run.elapsed_s, "complete": run.complete, "loadavg": list(load)},
+        "sglang": report.space.sglang,
+        "search": {"sampler": "optuna TPE", "measured": run.measured, "configurations": len(report.trials),
+                   "launches": run.launches, "grid_points": report.grid_size, "elapsed_s": run.elapsed_s,
+                   "complete": run.complete, "stop": run.stop, "noise": run.noise,
+                   "first_meeting_slo": run.first_meeting, "loadavg": list(load),
+                   "effects": [{"knob": e.knob, "effect": e.effect, "values": e.values, "fixed": e.fixed}
+                               for e in run.effects], "notes": report.space.notes},
+        "candidates": [trial_json(t, slo) | {"measured": len(t.measurements)} for t in report.trials],
         "default": trial_json(report.default, slo),
         "chosen": trial_json(report.best, slo) if report.best is not None else None,
         "closest": [trial_json(t, slo) for t in report.closest],

@@ -2,10 +2,11 @@
 whether it died, and stop it for sure.
 
 What `pdtop tune --launch CMD` does for each candidate, as vLLM's `benchmarks/auto_tune` does
-by hand: `{config}` and `{port}` in CMD are replaced (shell-quoted) by the candidate's YAML
-file and a free loopback port; the command runs under `/bin/sh` in its own session (its own
-process group, so a terminal's Ctrl+C reaches pdtop only and pdtop stops the whole group);
-its stdout and stderr go to a log file. Ready means `GET /health` then `GET /v1/models`
+by hand: CMD is split into words as a shell would, and `{config}`, `{port}` and `{control_port}`
+in each word are replaced by the candidate's YAML file and free loopback ports (`substitute`: no
+shell reads them); the program runs in its own session (its own process group, so a terminal's
+Ctrl+C reaches pdtop only and pdtop stops the whole group); its stdout and stderr go to a log
+file. Ready means `GET /health` then `GET /v1/models`
 answer 200. Stopping sends SIGTERM to the group, SIGKILL after a grace period, and waits
 until nothing listens on the port.
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import re
 import shlex
 import signal
 import socket
@@ -81,19 +83,68 @@ def port_free(port: int, host: str = "127.0.0.1") -> bool:
         return True
 
 
+PLACEHOLDERS = ("{config}", "{port}", "{control_port}")
+SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "fish"})
+_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+_SHELL_SAFE = re.compile(r"[A-Za-z0-9_./@%+=:,-]*")
+
+
+def words_of(command: str) -> list[str]:
+    """`command` split into words as a shell would: quotes, escapes, and a backslash before a newline
+    continuing the line."""
+    return shlex.split(command.replace("\\\n", ""))
+
+
 def check_template(command: str) -> None:
-    """ValueError (one line) unless `command` parses as a shell line and names `{port}`."""
+    """ValueError (one line) unless `command` splits into words (shell quoting) and names `{port}`."""
     try:
-        shlex.split(command)
+        words = words_of(command)
     except ValueError as exc:
         raise ValueError(f"--launch: cannot parse the command: {exc}") from None
     if "{port}" not in command:
         raise ValueError("--launch: the command must contain {port} (and {config} where the engine reads "
                          "its pdmux YAML)")
+    if not [w for w in words if not _ASSIGNMENT.match(w)]:
+        raise ValueError("--launch: the command names no program")
 
 
-def substitute(command: str, config_path: str, port: int) -> str:
-    return command.replace("{config}", shlex.quote(config_path)).replace("{port}", str(port))
+@dataclass(frozen=True)
+class Launch:
+    """A command line with its placeholders filled: the program's arguments and the variables set before it."""
+
+    argv: list[str]
+    env: dict[str, str]
+
+    def __str__(self) -> str:
+        return shlex.join([f"{k}={v}" for k, v in self.env.items()] + self.argv)
+
+
+def substitute(command: str, values: dict[str, str]) -> Launch:
+    """`command` split into words as a shell would (`shlex`), then `{config}`, `{port}`, ... replaced in
+    each word: a value is one argument whatever it holds, and no shell reads it, so no quoting in the
+    template (`'{config}'`, `"{config}"`) lets a path such as `t;touch x;#` run anything. Leading
+    `NAME=VALUE` words set variables, as in a shell. A template that runs a shell itself (`sh -c
+    '... {config}'`) hands it the values as script text: ValueError unless each value is shell-safe."""
+    words = words_of(command)
+
+    def fill(word: str) -> str:
+        for name, value in values.items():
+            word = word.replace(name, value)
+        return word
+
+    n = 0
+    while n < len(words) and _ASSIGNMENT.match(words[n]):
+        n += 1
+    env = dict(fill(w).split("=", 1) for w in words[:n])
+    argv = [fill(w) for w in words[n:]]
+    if os.path.basename(words[n]) in SHELLS:
+        risky = [v for name, v in values.items() if any(name in w for w in words[n + 1:]) and
+                 not _SHELL_SAFE.fullmatch(v)]
+        if risky:
+            raise ValueError(f"--launch: {words[n]} would read {risky[0]!r} as shell text; give the program "
+                             "itself as the command (pdtop runs it without a shell), or a path without "
+                             "shell characters")
+    return Launch(argv, env)
 
 
 def log_tail(path: str, lines: int = LOG_TAIL_LINES) -> str:
@@ -108,9 +159,9 @@ def log_tail(path: str, lines: int = LOG_TAIL_LINES) -> str:
 
 @dataclass(eq=False)
 class Server:
-    """One launched server: its shell line, port, log file and process (the leader of its group)."""
+    """One launched server: its command, port, log file and process (the leader of its group)."""
 
-    command: str
+    command: Launch
     port: int
     log_path: str
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
@@ -122,8 +173,12 @@ class Server:
 
     def start(self) -> None:
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(["/bin/sh", "-c", self.command], stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                self.proc = subprocess.Popen(self.command.argv, env=os.environ | self.command.env,
+                                             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                             start_new_session=True)
+            except OSError as exc:  # no such program, not executable: as a shell's exit 127 would say
+                raise self.fail(f"cannot run {self.command.argv[0]!r}: {exc.strerror or exc}") from None
         _RUNNING.add(self)
         self.reaper = subprocess.Popen([sys.executable, "-c", REAPER, str(self.proc.pid), str(STOP_GRACE_S)],
                                        stdin=subprocess.PIPE, start_new_session=True)

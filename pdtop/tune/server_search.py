@@ -1,39 +1,50 @@
-"""`pdtop tune` on servers launched per candidate (`tune --launch CMD`): the search over SGLang's knobs,
-each candidate measured on a server started for it (`server_process.Server`), loaded over HTTP
-(`http_workload`), scored per request (`score.score_http`), and stopped.
+"""`pdtop tune` on servers launched per candidate (`tune --launch CMD`): the adaptive search
+(`search.run_search`) with a `LaunchRunner`, each candidate measured on a server (`server_process.Server`),
+loaded over HTTP (`http_workload`) and scored per request (`score.score_http`).
 
-- Each candidate's YAML (`dump_pdmux_config`, what SGLang reads) and server log are kept in the
-  log directory as `candidate-NNN.yaml` / `.log`.
-- The workload is the scenario or a dataset's requests (`http_workload`).
+- Cheap before expensive: with `{control_port}` in CMD, a server that speaks pdtop's protocol (pdtop
+  serve, SGLang with pdtop's plugin) is kept running, and a candidate with its SM counts is measured
+  on it after a live `set` of the knobs that need no restart (`live_control`); only a candidate with
+  other SM counts (`space.restart_key`) starts a new server. Without it, every candidate gets its own.
+- Each candidate's YAML (`dump_pdmux_config`, what the target SGLang reads) and server log are kept in
+  the log directory as `candidate-NNN.yaml` / `.log`.
 - Every measurement is appended to `--results` (JSON lines, per-request samples, so a new SLO
-  re-scores them); a later run with the same command and workload (the scenario's keys, or the
-  dataset file's digest and options), request rate and seed reuses them and goes on.
+  re-scores them), and the search's study is kept beside it (`FILE.optuna`); a later run with the same
+  command and workload (the scenario's keys, or the dataset file's digest and options), request rate
+  and seed reuses both and goes on.
 - A candidate that fails to start, crashes or never gets healthy is recorded with the reason and
   its log's tail, and the search goes on (it counts as missing every SLO); when the first
   `FIRST_FAILURES` launches all fail, the command is broken and the search stops (one line).
-- SGLang's default is measured twice first: the spread of the two is the noise. A configuration
-  is called better than the default only when its goodput is higher by more than the noise.
-- `budget_s` is kept by never starting a candidate that the longest one so far says would not
+- SGLang's default is measured twice first (the second time on the same server when it can be kept):
+  the spread is the noise. A configuration is called better than the default only when its goodput is
+  higher by more than the noise.
+- `budget_s` is kept by never starting a candidate that the longest launch so far says would not
   finish in time; `max_candidates` caps the launches.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pdtop.bench.policy_bench import Scenario
 from pdtop.engine.errors import ConfigError, EngineError, FieldError
-from pdtop.engine.scheduling.pdmux_config import PdmuxConfig, dump_pdmux_config
+from pdtop.engine.scheduling.pdmux_config import SGLANG_RELEASE, PdmuxConfig, dump_pdmux_config
 from pdtop.tune.http_workload import DatasetTraffic, run_dataset, run_http
+from pdtop.tune.live_control import LIVE_KEYS, ControlRefused, LiveControl
 from pdtop.tune.report import TuneReport
 from pdtop.tune.score import HttpRun, HttpSample, Measurement, Slo, score_http
-from pdtop.tune.search import ParetoSearch, SearchRun, SearchSpace, closest_trials
+from pdtop.tune.search import AdaptiveSearch, closest_trials, run_search
 from pdtop.tune.server_process import LaunchError, Server, free_port, substitute
+from pdtop.tune.space import TuneSpace, restart_key
+
+if TYPE_CHECKING:
+    import optuna
 
 FAILED = Measurement(math.nan, math.nan, math.nan, math.nan)
 RESULTS_VERSION = 1
@@ -56,6 +67,8 @@ class LaunchPlan:
     seed: int = 0
     dataset: DatasetTraffic | None = None  # --dataset-path traffic instead of the scenario (request_rate: all requests)
     tokenizer: str | None = None  # --tokenizer's file name; None: SmolLM2's (results files before it have none)
+    control: bool = False  # the command names {control_port}: its server takes live changes
+    sglang: str = SGLANG_RELEASE  # the SGLang the candidates' YAML is written for
 
     def header(self) -> dict[str, Any]:
         """What a results file must match to be reused (the SLOs may change: samples are re-scored)."""
@@ -72,7 +85,7 @@ class LaunchPlan:
 
 @dataclass
 class Outcome:
-    """One launch: the HTTP run, or why there is none."""
+    """One candidate measured: the HTTP run, or why there is none."""
 
     config: PdmuxConfig
     run: HttpRun | None
@@ -80,13 +93,16 @@ class Outcome:
     log_tail: str = ""
     log: str = ""
     elapsed_s: float = 0.0
+    live: bool = False  # measured on a running server after a live change, not on a server of its own
+    launch: int = 0  # which launch of its run the server was
 
     def measurement(self, slo: Slo) -> Measurement:
         return FAILED if self.run is None else score_http(self.run, slo)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"config": self.config.to_dict(), "ok": self.run is not None,
-                               "elapsed_s": round(self.elapsed_s, 3), "log": self.log}
+                               "elapsed_s": round(self.elapsed_s, 3), "log": self.log, "live": self.live,
+                               "launch": self.launch}
         if self.run is None:
             out |= {"reason": self.reason, "log_tail": self.log_tail}
         else:
@@ -100,7 +116,7 @@ class Outcome:
         run = (HttpRun([HttpSample.from_json(s) for s in d["samples"]], float(d["window_s"]), list(d["errors"]))
                if d["ok"] else None)
         return cls(config, run, str(d.get("reason", "")), str(d.get("log_tail", "")), str(d.get("log", "")),
-                   float(d.get("elapsed_s", 0.0)))
+                   float(d.get("elapsed_s", 0.0)), bool(d.get("live", False)), int(d.get("launch", 0)))
 
 
 def read_results(path: str, header: dict[str, Any]) -> list[Outcome]:
@@ -130,16 +146,28 @@ def read_results(path: str, header: dict[str, Any]) -> list[Outcome]:
 
 
 @dataclass
-class LaunchTuner:
-    """Runs candidates for a `ParetoSearch`, reusing earlier outcomes."""
+class LaunchRunner:
+    """The search's `Runner` on launched servers: each candidate measured on a server started for it, or,
+    where the template names `{control_port}` and the running server has the candidate's SM counts, on
+    that server after a live `set` of the rest (`live_control`); outcomes of `--results` reused."""
 
     plan: LaunchPlan
-    space: SearchSpace
+    space: TuneSpace
     prompts: tuple[list[str], list[str]]
     kind: str  # the device kind the candidates' budgets are completed for
+    progress: Callable[[Outcome, Measurement, float], None] | None = None
+    deterministic: bool = False
     previous: dict[Hashable, list[Outcome]] = field(default_factory=dict)
     outcomes: list[Outcome] = field(default_factory=list)  # this run's and reused ones, in order
-    launched: int = 0
+    launches: int = 0  # servers started by this run
+    reused: int = 0  # outcomes taken from --results
+    candidates: int = 0  # candidate numbers (files) used, this run's and earlier ones
+    server: Server | None = None
+    control: LiveControl | None = None
+    running: PdmuxConfig | None = None  # the configuration in force on `server`
+    started: float = field(default_factory=time.monotonic)
+    longest_s: float = 0.0  # the longest launch so far
+    longest_live_s: float = 0.0  # the longest candidate measured on a running server
 
     def __post_init__(self) -> None:
         if self.plan.results:
@@ -148,120 +176,179 @@ class LaunchTuner:
                     f.write(json.dumps(self.plan.header()) + "\n")
             for o in read_results(self.plan.results, self.plan.header()):
                 self.previous.setdefault(self.space.key(o.config), []).append(o)
-        self.launched = sum(len(v) for v in self.previous.values())  # candidate numbers go on
+        self.candidates = sum(len(v) for v in self.previous.values())  # candidate numbers go on
 
-    def outcome(self, config: PdmuxConfig, repeat: int = 0) -> Outcome:
-        """The `repeat`-th outcome of `config`'s behaviour: reused from the results, or launched now."""
+    def live(self) -> PdmuxConfig | None:
+        return self.running if self.control is not None and self.server is not None else None
+
+    def fits(self, live: bool) -> bool:
+        """`max_candidates` caps the launches; the budget is kept with the longest launch (or live
+        candidate) so far."""
+        if not live and self.plan.max_candidates is not None and self.launches >= self.plan.max_candidates:
+            return False
+        longest = self.longest_live_s if live else self.longest_s
+        return time.monotonic() - self.started + longest <= self.plan.budget_s
+
+    def measure(self, config: PdmuxConfig, repeat: int) -> Measurement:
+        """The `repeat`-th outcome of `config`'s behaviour: reused from the results, or measured now."""
         earlier = self.previous.get(self.space.key(config), [])
         if repeat < len(earlier):
             o = earlier[repeat]
+            self.reused += 1
         else:
-            o = self.launch(config)
+            o = self._run(config.for_device(self.kind))
             if self.plan.results:
                 with open(self.plan.results, "a", encoding="utf-8") as f:
                     f.write(json.dumps(o.to_json()) + "\n")
         self.outcomes.append(o)
-        return o
+        m = o.measurement(self.plan.slo)
+        if self.progress is not None:
+            self.progress(o, m, time.monotonic() - self.started)
+        launched = [x for x in self.outcomes if not x.live]
+        if len(launched) == FIRST_FAILURES and all(x.run is None for x in launched) and not o.live:
+            raise EngineError(f"the first {FIRST_FAILURES} launches all failed, so the command is wrong, not a "
+                              f"configuration: {o.reason} (log {o.log})")
+        return m
 
-    def launch(self, config: PdmuxConfig) -> Outcome:
-        self.launched += 1
-        base = os.path.join(self.plan.log_dir, f"candidate-{self.launched:03d}")
-        config = config.for_device(self.kind)
+    def _run(self, config: PdmuxConfig) -> Outcome:
+        """On the running server when only live knobs differ and it takes them; else on a new one."""
+        self.candidates += 1
+        base = os.path.join(self.plan.log_dir, f"candidate-{self.candidates:03d}")
         with open(base + ".yaml", "w", encoding="utf-8") as f:
-            f.write(dump_pdmux_config(config, f"pdtop tune --launch candidate {self.launched}"))
+            f.write(dump_pdmux_config(config, f"pdtop tune --launch candidate {self.candidates}", self.space.sglang))
+        if self.live() is not None and self.running is not None and restart_key(self.running) == restart_key(config):
+            assert self.control is not None and self.server is not None
+            values = config.to_dict()
+            t0 = time.monotonic()
+            try:
+                self.control.set({k: values[k] for k in LIVE_KEYS})
+                self.running = config
+                outcome = self._measured(config, self.server, t0, live=True)
+                self.longest_live_s = max(self.longest_live_s, time.monotonic() - t0)
+                return outcome
+            except ControlRefused:
+                pass  # a server of its own, then
+        return self._launch(config, base)
+
+    def _launch(self, config: PdmuxConfig, base: str) -> Outcome:
+        self.close()
+        self.launches += 1
         port = free_port()
-        server = Server(substitute(self.plan.command, os.path.abspath(base + ".yaml"), port), port, base + ".log")
+        values = {"{config}": os.path.abspath(base + ".yaml"), "{port}": str(port)}
+        control_port = free_port() if self.plan.control else None
+        if control_port is not None:
+            values["{control_port}"] = str(control_port)
+        server = Server(substitute(self.plan.command, values), port, base + ".log")
         t0 = time.monotonic()
         try:
             server.start()
             server.wait_ready(self.plan.startup_timeout_s)
-            plan = self.plan
+            self.server = server
+            if control_port is not None:
+                try:
+                    self.control = LiveControl(control_port, os.environ.get("PDTOP_TOKEN"))
+                except EngineError:
+                    self.control = None  # no live changes on this server: each candidate gets its own
+            outcome = self._measured(config, server, t0, live=False)
+        except LaunchError as exc:
+            outcome = Outcome(config, None, exc.reason, exc.log_tail, server.log_path, time.monotonic() - t0,
+                              launch=self.launches)
+        except BaseException:
+            self.close(server)
+            raise
+        self.longest_s = max(self.longest_s, time.monotonic() - t0)
+        if outcome.run is not None and self.control is not None:
+            self.running = config  # kept for the live candidates that follow
+        else:
+            self.close(server)
+        return outcome
+
+    def _measured(self, config: PdmuxConfig, server: Server, t0: float, live: bool) -> Outcome:
+        plan = self.plan
+        try:
             run = (run_http(server.url, plan.scenario, plan.request_rate, self.prompts, plan.seed, plan.run_timeout_s)
                    if plan.dataset is None else
                    run_dataset(server.url, plan.dataset, plan.request_rate, plan.seed, plan.run_timeout_s))
             server.check_running("during the run")
             if not run.samples:
                 raise server.fail("no request finished in the window" + (f": {run.errors[0]}" if run.errors else ""))
-            return Outcome(config, run, log=server.log_path, elapsed_s=time.monotonic() - t0)
+            return Outcome(config, run, log=server.log_path, elapsed_s=time.monotonic() - t0, live=live,
+                           launch=self.launches)
         except EngineError as exc:  # LaunchError: the server's fault; another: a request failed (did it die?)
             failure = exc if isinstance(exc, LaunchError) else server.failed_request(exc)
-            return Outcome(config, None, failure.reason, failure.log_tail, server.log_path, time.monotonic() - t0)
-        finally:
+            if live:
+                self.close()
+            return Outcome(config, None, failure.reason, failure.log_tail, server.log_path, time.monotonic() - t0,
+                           live=live, launch=self.launches)
+
+    def close(self, server: Server | None = None) -> None:
+        """Stop `server` and, when it is the one kept running (or none is named), that one and its control."""
+        if server is None or server is self.server:
+            if self.control is not None:
+                self.control.close()
+            server, self.server, self.control, self.running = server or self.server, None, None, None
+        if server is not None:
             server.stop()
 
 
 @dataclass
 class LaunchReport:
     report: TuneReport
-    noise_rps: float  # |difference| of goodput between repeats of the same configuration
+    noise_rps: float  # the spread of goodput between repeats of the same configuration
     default_repeats: list[Measurement]
     kept_default: bool  # the best beat the default by less than the noise: the default stays
     failures: list[Outcome]
-    reused: int  # outcomes taken from --results instead of launching
+    reused: int  # measurements of an earlier run (its study, or --results) used instead of measuring
+    live: int  # candidates measured after a live change, without a new server
 
 
 Progress = Callable[[Outcome, Measurement, float], None]
 
 
-def tune_launch(tuner: LaunchTuner, progress: Progress | None = None, coarse: int = 3) -> LaunchReport:
-    plan, slo = tuner.plan, tuner.plan.slo
+def study_storage(results: str | None) -> optuna.storages.BaseStorage | None:
+    """The search's study beside `--results` (`FILE.optuna`, an Optuna journal), so a run goes on where one
+    stopped; None without a results file."""
+    if not results:
+        return None
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    return JournalStorage(JournalFileBackend(results + ".optuna"))
+
+
+def study_name(plan: LaunchPlan, sglang: str) -> str:
+    """A study per SLO and target SGLang (the scores depend on both; the results file holds the samples)."""
+    ttft = "none" if plan.slo.ttft_s is None else f"{plan.slo.ttft_s:g}"
+    return f"pdtop-tune itl={plan.slo.itl_s:g} ttft={ttft} sglang={sglang}"
+
+
+def tune_launch(runner: LaunchRunner, guess: PdmuxConfig | None = None) -> LaunchReport:
+    plan, slo, space = runner.plan, runner.plan.slo, runner.space
     t0 = time.monotonic()
-    search = ParetoSearch(tuner.space, slo, coarse, reference=plan.default)
-    longest = 0.0
-    starts = 0
-
-    def fits() -> bool:
-        if plan.max_candidates is not None and starts >= plan.max_candidates:
-            return False
-        return time.monotonic() - t0 + longest <= plan.budget_s
-
-    def measure(config: PdmuxConfig, repeat: int = 0) -> Measurement:
-        nonlocal longest, starts
-        reused = len(tuner.previous.get(tuner.space.key(config), [])) > repeat
-        start = time.monotonic()
-        o = tuner.outcome(config, repeat)
-        m = o.measurement(slo)
-        if not reused:
-            starts += 1
-            longest = max(longest, time.monotonic() - start)
-        if progress is not None:
-            progress(o, m, time.monotonic() - t0)
-        if len(tuner.outcomes) == FIRST_FAILURES and all(x.run is None for x in tuner.outcomes):
-            raise EngineError(f"the first {FIRST_FAILURES} launches all failed, so the command is wrong, not a "
-                              f"configuration: {o.reason} (log {o.log})")
-        return m
-
-    repeats = [measure(plan.default)]
-    default = search.tell(plan.default, repeats[0])
-    if fits():
-        repeats.append(measure(plan.default, 1))
-    complete = True
-    while complete and (batch := search.ask()):
-        for config in batch:
-            if not fits():
-                complete = False
-                break
-            search.tell(config, measure(config))
-    noise = _spread([r.goodput_rps for r in repeats])
+    search = AdaptiveSearch(space, slo, plan.seed, study_storage(plan.results), study_name(plan, space.sglang))
+    stored = sum(len(t.measurements) for t in search.trials.values())  # measured by an earlier run
+    try:
+        run = run_search(search, runner, plan.default, guess)
+    finally:
+        runner.close()
+    default = search.measured(plan.default)
+    assert default is not None
     best = search.best
+    repeats = default.measurements
+    noise = max((_spread([m.goodput_rps for m in t.measurements]) for t in search.trials.values()), default=0.0)
     kept = False
-    if best is not None and best is not default and fits():
-        again = measure(best.config, 1)  # the incumbent repeated: its own noise counts too
-        noise = max(noise, _spread([best.result.goodput_rps, again.goodput_rps]))
     if (best is not None and best is not default and slo.met(default.result)
             and best.result.goodput_rps - default.result.goodput_rps <= noise):
         best, kept = default, True
-    trials = list(search.trials.values())
-    run = SearchRun(len(tuner.outcomes), sum(len(t.points) for t in trials), time.monotonic() - t0, complete)
+    trials = sorted(search.trials.values(), key=lambda t: t.order)
+    run = dataclasses.replace(run, elapsed_s=time.monotonic() - t0)
     report = TuneReport(slo, plan.scenario, default, trials, search.front, best,
-                        [] if best is not None else closest_trials(trials, slo), run, tuner.space.size)
-    failures = [o for o in tuner.outcomes if o.run is None]
-    reused = len(tuner.outcomes) - starts
-    return LaunchReport(report, noise, repeats, kept, failures, reused)
+                        [] if best is not None else closest_trials(trials, slo), run, space)
+    failures = [o for o in runner.outcomes if o.run is None]
+    return LaunchReport(report, noise, repeats, kept, failures, stored + runner.reused,
+                        sum(o.live for o in runner.outcomes))
 
 
 def _spread(values: list[float]) -> float:
     finite = [v for v in values if not math.isnan(v)]
     return max(finite) - min(finite) if len(finite) > 1 else 0.0
-
-

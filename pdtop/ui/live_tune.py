@@ -1,4 +1,5 @@
-"""Live tuning: `pdtop tune`'s search run against the dashboard's own engine.
+"""Live tuning: each split level of the dashboard's own engine tried in turn, scored as `pdtop tune` scores
+a candidate (a handful of levels: every one is measured, no search is needed).
 
 Each candidate is applied as a live override: a `Set` command through the dashboard's source,
 the engine's validated control path (it shows on the ITL chart as a configuration change).
@@ -11,7 +12,7 @@ and goodput as `pdtop tune` counts it over the requests that finish in it
 `keep()` refuses to keep it.
 
 Candidates: one fixed split `[prefill, decode, 1]` per split level of the engine, the other
-knobs as they were; the configuration in force is measured first. When the search is done (or
+knobs as they were; the configuration in force is measured first. When every one is measured (or
 its budget spent), `keep()` applies the best one, `rollback()` restores what was in force before,
 the pinned level included. Nothing here imports Textual.
 """
@@ -33,7 +34,7 @@ from pdtop.engine.scheduling.commands import AutoLevel, EngineCommand, PinLevel,
 from pdtop.engine.scheduling.pdmux_config import SGLANG_KEYS, PdmuxConfig
 from pdtop.telemetry.events import ConfigEvent
 from pdtop.tune.score import RequestSample, Slo, covered_s, score
-from pdtop.tune.search import Axis, Family, ParetoSearch, SearchSpace, Trial
+from pdtop.tune.search import Trial, best_trial
 
 Send = Callable[[EngineCommand], Awaitable[Any]]
 MAX_SAMPLES = 20_000  # requests (and round gaps) kept per window: bounded memory under any request rate
@@ -53,17 +54,12 @@ def pdmux_of(config: EngineConfig) -> PdmuxConfig:
                        chunked_prefill_size=config.chunked_prefill_size or 0)
 
 
-def live_space(config: EngineConfig) -> SearchSpace:
+def live_candidates(config: EngineConfig) -> list[PdmuxConfig]:
     """One fixed split per split level in force (prefill units ascending), other knobs unchanged."""
     base = pdmux_of(config)
     units = config.levels[0][0]
-    prefill = tuple(sorted({p for p, d in config.levels if 0 < p < units}))
-
-    def make(v: dict[str, int]) -> PdmuxConfig:
-        p = v["prefill_units"]
-        return base.replace(sm_group_num=3, manual_divisions=[[p, units - p, 1]])
-
-    return SearchSpace((Family("split", (Axis("prefill_units", prefill),), make),))
+    prefill = sorted({p for p, d in config.levels if 0 < p < units})
+    return [base.replace(sm_group_num=3, manual_divisions=[[p, units - p, 1]]) for p in prefill]
 
 
 @dataclass
@@ -109,7 +105,7 @@ class LiveTune:
         self.send, self.previous, self.slo = send, config, slo
         self.dwell_s, self.settle_s, self.budget_s, self.wait_timeout_s = dwell_s, settle_s, budget_s, wait_timeout_s
         self.reference = pdmux_of(config)
-        self.search = ParetoSearch(live_space(config), slo, reference=self.reference)
+        self.candidates = [c for c in live_candidates(config) if c != self.reference]
         self.trials: list[Trial] = []  # in the order they were measured
         self.current: PdmuxConfig | None = None  # the candidate being measured
         self.in_force = self.reference
@@ -153,19 +149,18 @@ class LiveTune:
 
     @property
     def best(self) -> Trial | None:
-        return self.search.best
+        return best_trial(self.trials, self.slo)
 
     async def run(self, progress: Callable[[], None] = lambda: None) -> None:
         t0 = time.monotonic()
         if self.previous.pinned_level is not None:
             await self.send(AutoLevel())  # candidates need the automatic level choice
         await self._measure(self.reference, progress)
-        while batch := self.search.ask():
-            for config in batch:
-                if time.monotonic() - t0 > self.budget_s:
-                    self.status = "budget spent"
-                    return
-                await self._measure(config, progress)
+        for config in self.candidates:
+            if time.monotonic() - t0 > self.budget_s:
+                self.status = "budget spent"
+                return
+            await self._measure(config, progress)
         self.status = "done"
 
     async def _measure(self, config: PdmuxConfig, progress: Callable[[], None]) -> None:
@@ -189,7 +184,7 @@ class LiveTune:
         self._window = None
         result = score(window.samples, self.slo, self.dwell_s, window.prompt_tokens, covered_s(window.waits))
         result = dataclasses.replace(result, itl_p99_s=window.itl_p99_s(), ttft_p99_s=percentile(window.ttfts, 99))
-        self.trials.append(self.search.tell(config, result))
+        self.trials.append(Trial(config, result, order=len(self.trials)))
         self.current = None
         progress()
 

@@ -64,7 +64,7 @@ def test_divisions_that_do_not_fit_the_device_name_the_file(command, device, tmp
     if command[0] == "estimate" and device == "cpu":
         pytest.skip("estimate is for GPUs")
     path = tmp_path / "too-big.yaml"
-    path.write_text("manual_divisions: [[200, 10, 1]]\n")
+    path.write_text("sm_group_num: 3\nmanual_divisions: [[200, 10, 1]]\n")
     where = ["--gpu", "H100"] if command[0] == "estimate" else ["--device", device]
     line = _one_error_line([*command, *where, "--config", str(path)], capsys)
     assert f"pdmux config {path}: manual_divisions: entry 0 [200, 10] uses 210" in line, line

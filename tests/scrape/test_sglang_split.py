@@ -116,7 +116,7 @@ def test_bad_split_options_are_one_line_and_exit_2(tmp_path):
     config = tmp_path / "pdmux.yaml"
     config.write_text(MANUAL_YAML)
     bad = tmp_path / "bad.yaml"
-    bad.write_text("manual_divisions: [[200, 32, 1]]\n")
+    bad.write_text("sm_group_num: 3\nmanual_divisions: [[200, 32, 1]]\n")
     for argv, said in ((["http://127.0.0.1:9", "--sglang-log", str(tmp_path / "none.log")], "No such file"),
                        (["http://127.0.0.1:9", "--sglang-log", str(tmp_path)], "a directory, not a log file"),
                        (["http://127.0.0.1:9", "--pdmux-config", str(config)], "needs --gpu NAME"),

@@ -2,6 +2,8 @@
 started, loaded over HTTP, and stopped per candidate; nothing left running, ever."""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import signal
@@ -149,11 +151,14 @@ def test_a_search_resumes_from_its_results(tmp_path):
     command = standin(tmp_path)
     tune(tmp_path, command, "--max-candidates", "2")
     assert len(records(tmp_path)) == 2
+    assert (tmp_path / "runs.jsonl.optuna").exists()  # the search's study, beside the results
     _, out = tune(tmp_path, command, "--max-candidates", "2")
-    assert out["launch"]["reused"] == 2 and out["search"]["measured"] == 4
+    assert out["launch"]["reused"] == 2 and out["search"]["launches"] == 2 and out["search"]["measured"] == 2
     recs = records(tmp_path)
     assert len(recs) == 4 and recs[2]["config"] != recs[0]["config"]  # new candidates, not the default again
     assert len(pids(tmp_path)) == 4
+    _, out = tune(tmp_path, command, "--max-candidates", "1", "--slo-itl-ms", "40")  # another SLO: a new study
+    assert out["launch"]["reused"] == 4 and out["search"]["launches"] == 1  # from --results, re-scored
 
 
 def test_a_results_file_of_another_workload_is_refused_in_one_line(tmp_path, capsys):
@@ -173,13 +178,50 @@ def test_a_results_file_of_another_workload_is_refused_in_one_line(tmp_path, cap
 def test_a_command_that_never_serves_stops_the_search_in_one_line(tmp_path, capsys):
     """Every launch failing from the first is the command's fault, not a configuration's: after 4,
     one line and exit 2, and the 4 are in --results."""
-    argv = ["tune", "--launch", "echo no such server on {port}; exit 7", "--device", "cpu", "--slo-itl-ms", "50",
-            "--results", str(tmp_path / "runs.jsonl")]
+    argv = ["tune", "--launch", "sh -c 'echo no such server on $0; exit 7' {port}", "--device", "cpu",
+            "--slo-itl-ms", "50", "--results", str(tmp_path / "runs.jsonl")]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("pdtop tune: error: the first 4 launches all failed, so the command is wrong")
     assert "exited with status 7" in err[-1]
     assert [r["ok"] for r in records(tmp_path)] == [False] * 4
+
+
+@pytest.mark.parametrize("quoted", ["'{config}'", '"{config}"', "{config}"])
+def test_no_quoting_of_a_placeholder_runs_shell_text_from_a_directory_name(tmp_path, monkeypatch, quoted):
+    """Issue 38 item 15: with `'{config}'` in the template, a log directory named `t;touch …;#` ran
+    `touch`. The template is split into words first and each filled in as one argument, no shell."""
+    monkeypatch.chdir(tmp_path)
+    evil = tmp_path / ('t";touch PWNED;#' if quoted.startswith('"') else "t;touch PWNED;#")
+    command = standin(tmp_path).replace("{config}", quoted)
+    rc, _ = tune(tmp_path, command, "--max-candidates", "1", "--log-dir", str(evil))
+    assert not (tmp_path / "PWNED").exists()
+    assert rc in (0, 1) and records(tmp_path)[0]["ok"]  # the server got the path as one argument
+    assert str(evil / "candidate-001.yaml") in (evil / "candidate-001.log").read_text()
+
+
+def test_a_shell_in_the_template_gets_no_shell_text(tmp_path, capsys):
+    """A template that runs a shell itself would read a value as script text: refused in one line."""
+    argv = ["tune", "--launch", "sh -c 'serve --config {config} --port {port}'", "--device", "cpu",
+            "--slo-itl-ms", "50", "--log-dir", str(tmp_path / "a;b")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "shell text" in err
+    assert not list((tmp_path / "a;b").glob("candidate-*"))
+
+
+@pytest.mark.parametrize("flags,said", [
+    ("", "chunked prefill"), ("--chunked-prefill-size -1", "overlap schedule"),
+    ("--chunked-prefill-size -1 --disable-overlap-schedule --pp-size 2", "--pp-size 2")])
+def test_what_the_release_refuses_beside_enable_pdmux_is_refused_before_any_launch(tmp_path, capsys, flags, said):
+    """SGLang 0.5.23 (validation_hook.py) refuses --enable-pdmux with chunked prefill (on by default),
+    the overlap schedule (on by default) or pipeline parallelism: every launch would fail."""
+    command = f"python -m sglang.launch_server --enable-pdmux --pdmux-config-path {{config}} --port {{port}} {flags}"
+    argv = ["tune", "--launch", command, "--device", "sim:H100", "--slo-itl-ms", "30", "--log-dir", str(tmp_path / "l")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "SGLang 0.5.23 refuses --enable-pdmux with" in err and said in err
+    assert not (tmp_path / "l").exists()
 
 
 def test_a_command_without_port_is_refused(capsys):
@@ -192,23 +234,33 @@ def test_tune_launch_runs_pdtop_serve(tmp_path):
     is the chosen candidate's, which pdtop's loader reads back."""
     from pdtop.engine.scheduling.pdmux_config import load_pdmux_config
 
-    command = (f"{sys.executable} -m pdtop serve --device sim:H100 --workload none --port 0 "
+    command = (f"{sys.executable} -m pdtop serve --device sim:H100 --workload none --port {{control_port}} "
                "--config {config} --api-port {port}")
     argv = ["tune", "--launch", command, "--device", "sim:H100", "--slo-itl-ms", "40", "--json",
             "--workload", "decode_bs=4,decode_prompt=256,long_tokens=2048,long_prompts=1,decode_tokens=16",
-            "--max-candidates", "3", "--log-dir", str(tmp_path / "logs"), "--out", str(tmp_path / "best.yaml")]
+            "--max-candidates", "2", "--log-dir", str(tmp_path / "logs"), "--out", str(tmp_path / "best.yaml"),
+            "--results", str(tmp_path / "runs.jsonl")]
     old = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = str(ROOT)
+    buf = io.StringIO()
     try:
-        rc = main(argv)
+        with contextlib.redirect_stdout(buf):
+            rc = main(argv)
     finally:
         os.environ.pop("PYTHONPATH") if old is None else os.environ.__setitem__("PYTHONPATH", old)
     assert rc == 0
+    out = json.loads(buf.getvalue())
+    recs = records(tmp_path)
+    # cheap before expensive: the candidates with the running server's SM layout were set live over
+    # pdtop's websocket (the server confirmed each in a config event); only a new layout got a new server
+    live = [r for r in recs if r["live"]]
+    assert out["search"]["launches"] == 2 and len(live) == out["launch"]["live"] >= 2
+    assert len({r["launch"] for r in recs}) == 2 and all(r["ok"] for r in recs)
     logs = sorted((tmp_path / "logs").glob("candidate-*.log"))
-    assert len(logs) == 3 and all("api on http://" in p.read_text() for p in logs)
+    assert len(logs) == 2 and all("api on http://" in p.read_text() for p in logs)
     best = load_pdmux_config(str(tmp_path / "best.yaml"))
     yamls = [load_pdmux_config(str(p)) for p in sorted((tmp_path / "logs").glob("candidate-*.yaml"))]
-    assert best in yamls
+    assert len(yamls) == len(recs) and best in yamls
     assert not processes_naming(str(tmp_path))
 
 

@@ -2,18 +2,23 @@
 
 SGLang's fields, in its order: `sm_group_num`, `manual_divisions` (a list of
 `[prefill_sm, decode_sm, decode_bs_threshold]`), `split_forward_token_budget`,
-`max_split_forward_layers`, `decode_bs_divisor`, `overlap_decode_full_sm`. pdtop adds
-`chunk_size` for its chunked-prefill policy, `chunked_prefill_size`, SGLang's server flag
+`max_split_forward_layers`, `decode_bs_divisor`, `overlap_decode_full_sm`; the latest release
+(`SGLANG_RELEASE`, 0.5.23) reads four of them (`RELEASE_KEYS`), newer SGLang (`SGLANG_MAIN`) all six.
+pdtop adds `chunk_size` for its chunked-prefill policy, `chunked_prefill_size`, SGLang's server flag
 `--chunked-prefill-size` (which pdmux follows in newer SGLang: `pdmux_prefill.py`), and
 `level_rule` (`sglang`, or `slo`: the fewest decode units that meet `slo_itl_ms`,
 `level_rule.py`). Every value passes `validate`, whether it comes from a file, the constructor,
-or a live override through `PdmuxConfig.replace`, and the fields together pass SGLang's loader
-checks (`_check_together`); docs/levels.md names the
-SGLang source they follow.
+or a live override through `PdmuxConfig.replace`, and the fields together pass `_check_together`.
+
+A file is read as the release reads it (`load_pdmux_config`): it refuses only what the release
+refuses, and says in one warning line each where newer SGLang reads it otherwise or where the
+release would fail at run time; docs/levels.md names the SGLang source of each rule.
 """
 from __future__ import annotations
 
 import dataclasses
+import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +45,8 @@ def _bool(name: str, value: Any) -> bool:
 
 
 def _manual_divisions(value: Any) -> list[list[int]]:
+    """Rows of three integers, SM counts non-negative; thresholds any integer, in any order: SGLang takes
+    the last row whose threshold the decode batch reaches (equal, zero or negative thresholds are legal)."""
     name = "manual_divisions"
     if value is None:
         return []
@@ -49,10 +56,10 @@ def _manual_divisions(value: Any) -> list[list[int]]:
     for i, entry in enumerate(value):
         if not isinstance(entry, (list, tuple)) or len(entry) != 3:
             raise ConfigError(name, f"entry {i} must be [prefill_sm, decode_sm, decode_bs_threshold], got {entry!r}")
-        if any(isinstance(x, bool) or not isinstance(x, int) or x < 0 for x in entry):
-            raise ConfigError(name, f"entry {i} must hold non-negative integers, got {list(entry)!r}")
-        if out and entry[2] <= out[-1][2]:
-            raise ConfigError(name, f"thresholds must increase: entry {i} has {entry[2]} after {out[-1][2]}")
+        if any(isinstance(x, bool) or not isinstance(x, int) for x in entry):
+            raise ConfigError(name, f"entry {i} must hold integers, got {list(entry)!r}")
+        if entry[0] < 0 or entry[1] < 0:
+            raise ConfigError(name, f"entry {i} must have non-negative SM counts, got {list(entry)!r}")
         out.append([int(x) for x in entry])
     return out
 
@@ -81,9 +88,10 @@ def _slo_itl_ms(value: Any) -> float | None:
 
 
 _VALIDATORS = {
-    "sm_group_num": lambda v: check_int("sm_group_num", v, 3, 256),
+    "sm_group_num": lambda v: check_int("sm_group_num", v, 3),
     "manual_divisions": _manual_divisions,
-    "split_forward_token_budget": lambda v: check_int("split_forward_token_budget", v, 1),
+    # any integer: SGLang's slice is max(1, budget // tokens) layers, so 0 or less is 1 layer a slice
+    "split_forward_token_budget": lambda v: check_int("split_forward_token_budget", v, -INT_MAX),
     "max_split_forward_layers": lambda v: check_int("max_split_forward_layers", v, 0),
     "decode_bs_divisor": lambda v: check_int("decode_bs_divisor", v, 1),
     "overlap_decode_full_sm": lambda v: _bool("overlap_decode_full_sm", v),
@@ -168,11 +176,51 @@ def _check_together(divisions: list[list[int]], overlap: bool) -> None:
                               "(0 only with overlap_decode_full_sm, which ignores it)")
 
 
-def load_pdmux_config(path: str) -> PdmuxConfig:
-    """Read an SGLang pdmux YAML file. Missing keys take defaults; an empty file is all defaults.
+# The SGLang pdtop reads and writes files for by default: the latest release on PyPI, whose code
+# (`srt/multiplex/pdmux_context.py`, `multiplexing_mixin.py`) the rules below follow; and newer
+# SGLang, whose two more keys pdtop runs (docs/levels.md).
+SGLANG_RELEASE = "0.5.23"
+SGLANG_MAIN = "main"  # sgl-project/sglang at 337ee8ed
+SGLANG_MAIN_NAME = "sgl-project/sglang main (337ee8ed)"
+SGLANG_TARGETS = (SGLANG_RELEASE, SGLANG_MAIN)
+RELEASE_KEYS = ("sm_group_num", "manual_divisions", "split_forward_token_budget", "decode_bs_divisor")
+NEWER_KEYS = ("max_split_forward_layers", "overlap_decode_full_sm")
+SGLANG_KEYS = ("sm_group_num", "manual_divisions", "split_forward_token_budget", "max_split_forward_layers",
+               "decode_bs_divisor", "overlap_decode_full_sm")
+# What the release does with a value pdtop refuses, said with the refusal.
+_REFUSED_BY = {
+    "sm_group_num": f"SGLang {SGLANG_RELEASE} refuses it too: an integer >= 3",
+    "manual_divisions": f"SGLang {SGLANG_RELEASE} fails on it when it builds the levels",
+    "split_forward_token_budget": f"SGLang {SGLANG_RELEASE} fails on it at the first split (budget // tokens)",
+    "decode_bs_divisor": f"SGLang {SGLANG_RELEASE} divides by it at each automatic split: 0 fails there, a "
+                         "negative one always gives split level 1",
+}
+_warned: set[str] = set()
 
-    As in SGLang, when both `sm_group_num` and `manual_divisions` are given there must be
-    `sm_group_num - 2` divisions; with divisions alone, `sm_group_num` becomes their count + 2.
+
+def warn_once(text: str) -> None:
+    """One line on stderr, once per process: what a file means to another SGLang, or where it fails."""
+    if text not in _warned:
+        _warned.add(text)
+        import sys
+
+        print(f"pdtop: warning: {text}", file=sys.stderr, flush=True)
+
+
+def load_pdmux_config(path: str, warn: Callable[[str], None] = warn_once) -> PdmuxConfig:
+    """Read an SGLang pdmux YAML file as SGLang 0.5.23 reads it (`load_pdmux_config` in
+    `srt/multiplex/pdmux_context.py`), refusing only what it refuses or cannot run:
+
+    - a file with any of SGLang's keys needs `sm_group_num` (>= 3), and with `manual_divisions`
+      exactly `sm_group_num - 2` of them; a file of pdtop's own keys only (or an empty one) is
+      pdtop's configuration, all defaults but those;
+    - unknown keys are ignored; thresholds may repeat, be 0 or go down (the last division whose
+      threshold the decode batch reaches wins);
+    - the newer keys (`max_split_forward_layers`, `overlap_decode_full_sm`), which the release skips,
+      are run as newer SGLang runs them when it would take them, else skipped as the release does.
+
+    `warn` gets one line for each place where newer SGLang reads the file otherwise, or where the
+    release would fail at run time (a first threshold above 1).
     """
     import yaml
 
@@ -191,44 +239,85 @@ def load_pdmux_config(path: str) -> PdmuxConfig:
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError("file", f"must be a YAML mapping of fields, got {type(raw).__name__}", path)
+    notes: list[str] = []
+
+    def note(field_name: str, what: str) -> None:
+        notes.append(f"pdmux config {path}: {field_name}: {what}")
+
+    if any(k in SGLANG_KEYS for k in raw) and "sm_group_num" not in raw:
+        raise ConfigError("sm_group_num", f"missing: SGLang {SGLANG_RELEASE} refuses a file without it "
+                          "(\"Missing required field\"); with manual_divisions it is their count + 2", path)
     unknown = [str(k) for k in raw if k not in _VALIDATORS]
     if unknown:
-        raise ConfigError(", ".join(unknown), f"unknown key{'s' if len(unknown) > 1 else ''}; "
-                          f"known: {', '.join(FIELDS)}", path)
+        note(", ".join(unknown), f"unknown key{'s' if len(unknown) > 1 else ''}, ignored as SGLang {SGLANG_RELEASE} "
+             "ignores keys it does not know")
+    values: dict[str, Any] = {}
+    for key, value in ((str(k), v) for k, v in raw.items() if k not in unknown):
+        try:
+            values[key] = validate(key, value)
+        except ConfigError as exc:
+            if key in NEWER_KEYS:
+                note(key, f"{exc.reason}: {SGLANG_MAIN_NAME} refuses the file, SGLang {SGLANG_RELEASE} skips the "
+                     "key, and so does pdtop")
+            elif key == "decode_bs_divisor" and raw.get("manual_divisions"):
+                note(key, f"{exc.reason}: unused beside manual_divisions (SGLang {SGLANG_RELEASE} reads it only "
+                     "for the automatic split), so pdtop keeps its default")
+            else:
+                rule = _REFUSED_BY.get(key, "pdtop's own key")
+                raise ConfigError(key, f"{exc.reason} ({rule})", path) from None
+    divisions = values.get("manual_divisions") or []
+    if divisions and len(divisions) != values["sm_group_num"] - 2:
+        raise ConfigError("manual_divisions", f"has {len(divisions)} entries, sm_group_num {values['sm_group_num']} "
+                          f"needs {values['sm_group_num'] - 2} (sm_group_num - 2, SGLang {SGLANG_RELEASE}'s rule)",
+                          path)
+    if values.get("overlap_decode_full_sm") and not divisions:
+        del values["overlap_decode_full_sm"]
+        note("overlap_decode_full_sm", f"needs manual_divisions: {SGLANG_MAIN_NAME} refuses the file, SGLang "
+             f"{SGLANG_RELEASE} skips the key, and so does pdtop")
+    for key in NEWER_KEYS:
+        if key in values and values[key] != getattr(PdmuxConfig(), key):
+            note(key, f"SGLang {SGLANG_RELEASE} skips this key; pdtop runs it as {SGLANG_MAIN_NAME} does")
+    thresholds = [t for _, _, t in divisions]
+    if any(b <= a for a, b in itertools.pairwise(thresholds)):
+        note("manual_divisions", f"thresholds {thresholds} do not increase: {SGLANG_MAIN_NAME} refuses that; SGLang "
+             f"{SGLANG_RELEASE} and pdtop take the last division whose threshold the decode batch reaches")
+    if thresholds and min(thresholds) > 1:
+        note("manual_divisions", f"no threshold is 1 or less: SGLang {SGLANG_RELEASE} fails (UnboundLocalError in "
+             f"adjust_stream_groups) when a prefill is split beside fewer than {min(thresholds)} decoding requests; "
+             "pdtop runs the first division then")
     try:
-        values = {str(k): validate(str(k), v) for k, v in raw.items()}
-        divisions = values.get("manual_divisions")
-        if divisions:
-            expected = values.setdefault("sm_group_num", len(divisions) + 2) - 2
-            if len(divisions) != expected:
-                raise ConfigError("manual_divisions", f"has {len(divisions)} entries, sm_group_num "
-                                  f"{expected + 2} needs {expected} (sm_group_num - 2)")
-        return PdmuxConfig(**values, source=path)
+        config = PdmuxConfig(**values, source=path)
     except ConfigError as exc:
-        raise ConfigError(exc.field, exc.reason, path) from None
+        raise ConfigError(exc.field, f"{exc.reason} ({_REFUSED_BY.get(exc.field, 'pdtop refuses it')})", path) from None
+    for line in notes:
+        warn(line)
+    return config
 
 
-SGLANG_KEYS = ("sm_group_num", "manual_divisions", "split_forward_token_budget", "max_split_forward_layers",
-               "decode_bs_divisor", "overlap_decode_full_sm")
+def dump_pdmux_config(config: PdmuxConfig, comment: str = "", sglang: str = SGLANG_RELEASE) -> str:
+    """`config` as the `--pdmux-config-path` YAML that SGLang `sglang` (a `SGLANG_TARGETS` name) reads
+    as pdtop runs it; `load_pdmux_config` reads it back equal (with the budget set).
 
-
-def dump_pdmux_config(config: PdmuxConfig, comment: str = "") -> str:
-    """`config` as SGLang's `--pdmux-config-path` YAML, which `load_pdmux_config` reads back equal
-    (with the budget set).
-
-    SGLang's six keys in its order (`sglang/srt/multiplex/pdmux_context.py`; SGLang versions before the
-    last two read past them), `manual_divisions` as
-    a list of `[prefill_sm, decode_sm, decode_bs_threshold]` with `sm_group_num` = their count + 2
-    (SGLang requires the key and that count); an unset `split_forward_token_budget` as SGLang's
-    default, which is what SGLang would use; pdtop's `chunk_size` and `chunked_prefill_size` only when
-    they are not the default (the latter is SGLang's server flag, not a key of its file).
-    `comment` goes first as `#` lines.
+    The release's four keys (`RELEASE_KEYS`), or for newer SGLang its six (`SGLANG_KEYS`), in SGLang's
+    order; `manual_divisions` as a list of `[prefill_sm, decode_sm, decode_bs_threshold]` with
+    `sm_group_num` = their count + 2 (SGLang requires the key and that count); an unset
+    `split_forward_token_budget` as SGLang's default, which is what SGLang would use; pdtop's own
+    keys only when they are not the default. ConfigError when the release would read the
+    configuration otherwise (a layer cap or overlapped divisions: newer SGLang's). `comment` goes
+    first as `#` lines.
     """
     import yaml
 
+    if sglang not in SGLANG_TARGETS:
+        raise ConfigError("sglang", f"unknown SGLang {sglang!r}; pdtop writes for {' or '.join(SGLANG_TARGETS)}")
+    keys = SGLANG_KEYS if sglang == SGLANG_MAIN else RELEASE_KEYS
+    for key in NEWER_KEYS:
+        if sglang != SGLANG_MAIN and getattr(config, key) != getattr(PdmuxConfig(), key):
+            raise ConfigError(key, f"SGLang {sglang} does not read it: write for SGLang {SGLANG_MAIN}")
     values = config.to_dict() | {"split_forward_token_budget": config.token_budget}
     defaults = PdmuxConfig().to_dict()
-    data = {k: v for k, v in values.items() if k in SGLANG_KEYS or v != defaults[k]}
+    pdtop_own = [k for k in FIELDS if k not in SGLANG_KEYS]
+    data = {k: values[k] for k in (*keys, *pdtop_own) if k in keys or values[k] != defaults[k]}
     if config.manual_divisions:
         data["sm_group_num"] = len(config.manual_divisions) + 2
     head = "".join(f"# {line}\n".replace("# \n", "#\n") for line in comment.splitlines())

@@ -50,9 +50,10 @@ def choose_manual(manual_divisions: Sequence[Sequence[int]], decode_bs: int, has
     """SGLang's level under `manual_divisions` (`[prefill, decode, decode_bs_threshold]` each).
 
     With both sides busy, the level is `i + 1` for the last division whose threshold is
-    `<= decode_bs` (SGLang scans them all without breaking). Below every threshold SGLang
-    leaves the index unassigned; pdtop uses level 1. One side idle: the same whole-device
-    rule as `choose`.
+    `<= decode_bs` (SGLang scans them all without breaking, so thresholds may repeat or go
+    down). Below every threshold SGLang 0.5.23 leaves the index unassigned (UnboundLocalError;
+    `load_pdmux_config` warns of such a file); pdtop uses level 1. One side idle: the same
+    whole-device rule as `choose`.
     """
     n = len(manual_divisions) + 2
     if decode_bs and has_prefill:
@@ -116,13 +117,35 @@ def check_manual_fit(total: int, manual_divisions: Sequence[Sequence[int]], unit
 
 
 def _fit_in_file(config: PdmuxConfig, total: int, unit: str) -> None:
-    """`check_manual_fit` of `config`'s divisions, its error naming the file they came from."""
+    """`check_manual_fit` of `config`'s divisions, its error naming the file they came from; for a
+    file, a warning where newer SGLang is stricter (an exclusive division must use the whole device)."""
     try:
         check_manual_fit(total, config.manual_divisions, unit, config.overlap_decode_full_sm)
     except ConfigError as exc:
         if exc.path is None and config.source:
             raise ConfigError(exc.field, exc.reason, config.source) from None
         raise
+    idle = [[p, d] for p, d, _ in config.manual_divisions if p + d < total]
+    if config.source and idle and not config.overlap_decode_full_sm:
+        from pdtop.engine.scheduling.pdmux_config import SGLANG_MAIN_NAME, SGLANG_RELEASE, warn_once
+
+        warn_once(f"pdmux config {config.source}: manual_divisions: {idle} leave {unit} of the {total} idle: "
+                  f"{SGLANG_MAIN_NAME} refuses that (prefill + decode must be the device); SGLang "
+                  f"{SGLANG_RELEASE} and pdtop run it")
+
+
+def sglang_has_rule(major: int) -> bool:
+    """Whether SGLang 0.5.23 splits a GPU of compute capability `major` by its rule (`get_arch_constraints`
+    knows 6.x to 9.x); elsewhere (10.x, 12.x) it raises "Unsupported compute capability" for the
+    automatic split, and only `manual_divisions` start."""
+    return major <= 9
+
+
+def no_rule_line(major: int) -> str:
+    from pdtop.engine.scheduling.pdmux_config import SGLANG_RELEASE
+
+    return (f"compute capability {major}.x: SGLang {SGLANG_RELEASE} has no automatic split there (\"Unsupported "
+            "compute capability\"): it starts only with manual_divisions")
 
 
 @dataclass(frozen=True)
@@ -175,6 +198,10 @@ class SplitTable:
             _fit_in_file(config, total_sms, "SMs")
             return cls(manual_groups(total_sms, config.manual_divisions, overlap), "SMs", True,
                        tuple(t for _, _, t in config.manual_divisions), major)
+        if not sglang_has_rule(major):
+            from pdtop.engine.scheduling.pdmux_config import warn_once
+
+            warn_once(f"{no_rule_line(major)}; pdtop splits as on 9.x")
         return cls(stream_groups(total_sms, major, config.sm_group_num), "SMs", False, (), major)
 
     @classmethod

@@ -51,59 +51,76 @@ decode_bs_divisor: 24
 
 
 def test_partial_and_empty_files_take_defaults(tmp_path):
+    """A file of pdtop's own keys only (or an empty one) is pdtop's configuration, not SGLang's."""
     assert load_pdmux_config(write(tmp_path, "chunk_size: 256\n")) == PdmuxConfig(chunk_size=256)
     assert load_pdmux_config(write(tmp_path, "", "empty.yaml")) == PdmuxConfig()
-    assert load_pdmux_config(write(tmp_path, "manual_divisions: null\n", "null.yaml")).manual_divisions == []
+    assert load_pdmux_config(write(tmp_path, "sm_group_num: 6\n", "p.yaml")) == PdmuxConfig(sm_group_num=6)
+    assert load_pdmux_config(write(tmp_path, "sm_group_num: 8\nmanual_divisions: null\n",
+                                   "null.yaml")).manual_divisions == []
 
 
-def test_divisions_alone_set_the_group_count(tmp_path):
-    c = load_pdmux_config(write(tmp_path, "manual_divisions: [[80, 52, 1], [64, 68, 20]]\n"))
-    assert c.sm_group_num == 4
+@pytest.mark.parametrize("text", ["manual_divisions: [[80, 52, 1], [64, 68, 20]]\n", "decode_bs_divisor: 24\n",
+                                  "split_forward_token_budget: 8192\nchunk_size: 256\n"])
+def test_an_sglang_file_without_sm_group_num_is_refused_as_the_release_refuses_it(tmp_path, text):
+    """SGLang 0.5.23's load_pdmux_config: "Missing required field: sm_group_num" (pdtop inferred it before)."""
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        load_pdmux_config(path)
+    assert err.value.field == "sm_group_num" and "0.5.23" in str(err.value) and path in str(err.value)
 
 
 def test_division_count_must_match_sm_group_num(tmp_path):
     path = write(tmp_path, "sm_group_num: 8\nmanual_divisions: [[80, 52, 1]]\n")
     with pytest.raises(ConfigError) as err:
         load_pdmux_config(path)
-    assert err.value.field == "manual_divisions" and path in str(err.value)
+    assert err.value.field == "manual_divisions" and path in str(err.value) and "0.5.23" in str(err.value)
 
 
-def test_unknown_key_is_named(tmp_path):
+def test_an_unknown_key_is_ignored_with_a_warning_naming_it(tmp_path):
+    """SGLang 0.5.23 reads its keys with raw.get and skips the rest; a typo is still worth a line."""
     path = write(tmp_path, "sm_group_num: 8\ndecode_bs_divizor: 24\n")
-    with pytest.raises(ConfigError) as err:
-        load_pdmux_config(path)
-    assert err.value.field == "decode_bs_divizor"
-    assert "decode_bs_divizor" in str(err.value) and "unknown" in str(err.value) and path in str(err.value)
+    said: list[str] = []
+    assert load_pdmux_config(path, said.append) == PdmuxConfig()
+    assert len(said) == 1 and "decode_bs_divizor" in said[0] and "ignored" in said[0] and path in said[0]
+    assert "0.5.23" in said[0] and "\n" not in said[0]
 
 
 @pytest.mark.parametrize("text,field", [
     ("sm_group_num: eight\n", "sm_group_num"),
     ("sm_group_num: true\n", "sm_group_num"),
-    ("decode_bs_divisor: 2.5\n", "decode_bs_divisor"),
-    ("split_forward_token_budget: [1]\n", "split_forward_token_budget"),
-    ("manual_divisions: 5\n", "manual_divisions"),
-    ("manual_divisions: [[80, 52]]\n", "manual_divisions"),
-    ("manual_divisions: [[80, 52, yes]]\n", "manual_divisions"),
+    ("sm_group_num: 3\ndecode_bs_divisor: 2.5\n", "decode_bs_divisor"),
+    ("sm_group_num: 3\nsplit_forward_token_budget: [1]\n", "split_forward_token_budget"),
+    ("sm_group_num: 3\nmanual_divisions: 5\n", "manual_divisions"),
+    ("sm_group_num: 3\nmanual_divisions: [[80, 52]]\n", "manual_divisions"),
+    ("sm_group_num: 3\nmanual_divisions: [[80, 52, yes]]\n", "manual_divisions"),
 ])
 def test_bad_type(tmp_path, text, field):
     with pytest.raises(ConfigError) as err:
         load_pdmux_config(write(tmp_path, text))
-    assert err.value.field == field and field in str(err.value)
+    assert err.value.field == field and field in str(err.value) and "0.5.23" in str(err.value)
 
 
 @pytest.mark.parametrize("text,field", [
     ("sm_group_num: 2\n", "sm_group_num"),
-    ("decode_bs_divisor: 0\n", "decode_bs_divisor"),
-    ("split_forward_token_budget: -5\n", "split_forward_token_budget"),
+    ("sm_group_num: 3\ndecode_bs_divisor: 0\n", "decode_bs_divisor"),
     ("chunk_size: 0\n", "chunk_size"),
-    ("manual_divisions: [[80, -52, 1]]\n", "manual_divisions"),
-    ("sm_group_num: 4\nmanual_divisions: [[104, 28, 8], [80, 52, 8]]\n", "manual_divisions"),
-    ("sm_group_num: 4\nmanual_divisions: [[104, 28, 8], [80, 52, 2]]\n", "manual_divisions"),
+    ("sm_group_num: 3\nmanual_divisions: [[80, -52, 1]]\n", "manual_divisions"),
 ])
 def test_out_of_range(tmp_path, text, field):
     with pytest.raises(ConfigError) as err:
         load_pdmux_config(write(tmp_path, text))
     assert err.value.field == field
+
+
+@pytest.mark.parametrize("text,budget", [("sm_group_num: 3\nsplit_forward_token_budget: 0\n", 0),
+                                         ("sm_group_num: 3\nsplit_forward_token_budget: -5\n", -5)])
+def test_a_budget_of_zero_or_less_is_one_layer_a_slice_as_in_the_release(tmp_path, text, budget):
+    """SGLang 0.5.23: forward_count = max(1, budget // extend_num_tokens): legal, one layer a slice."""
+    from pdtop.engine.scheduling.splits import prefill_layers_per_step
+
+    config = load_pdmux_config(write(tmp_path, text))
+    assert config.split_forward_token_budget == budget
+    assert prefill_layers_per_step(8192, 36, config.token_budget) == 1
 
 
 def test_unreadable_file(tmp_path):

@@ -4,18 +4,20 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from pdtop.engine.errors import ConfigError
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig, dump_pdmux_config, load_pdmux_config
 
-# SGLang's PDMuxConfig fields, in its order (python/sglang/srt/multiplex/pdmux_context.py; the rules below
-# were checked against sgl-project/sglang at 00d56e2c, multiplexing_mixin.py at 038fc19e, and the two
-# newer keys at 337ee8ed)
+# SGLang's PDMuxConfig fields, in its order (python/sglang/srt/multiplex/pdmux_context.py): the release
+# 0.5.23 has four; sgl-project/sglang at 337ee8ed adds the two newer keys
+RELEASE_FIELDS = ("sm_group_num", "manual_divisions", "split_forward_token_budget", "decode_bs_divisor")
 SGLANG_FIELDS = ("sm_group_num", "manual_divisions", "split_forward_token_budget", "max_split_forward_layers",
                  "decode_bs_divisor", "overlap_decode_full_sm")
 
 
-def sglang_load(path) -> dict:
+def sglang_load(path, release: bool = False) -> dict:
     """SGLang's load_pdmux_config, rule for rule: the file read with yaml.safe_load, sm_group_num
-    required and >= 3, sm_group_num - 2 divisions when there are any, the other keys defaulted."""
+    required and >= 3, sm_group_num - 2 divisions when there are any, the other keys defaulted
+    (the release reads four keys; newer SGLang checks its two more)."""
     with open(path) as f:
         raw = yaml.safe_load(f)
     if "sm_group_num" not in raw:
@@ -25,16 +27,18 @@ def sglang_load(path) -> dict:
     divisions = raw.get("manual_divisions", [])
     if divisions and len(divisions) != raw["sm_group_num"] - 2:
         raise ValueError("manual_divisions count")
+    out = {"sm_group_num": raw["sm_group_num"], "manual_divisions": divisions,
+           "split_forward_token_budget": raw.get("split_forward_token_budget", 65536),
+           "decode_bs_divisor": raw.get("decode_bs_divisor", 36)}
+    if release:
+        return out
     overlap = raw.get("overlap_decode_full_sm", False)
     if overlap and not divisions:
         raise ValueError("overlap_decode_full_sm requires manual_divisions")
     cap = raw.get("max_split_forward_layers", 0)
     if not isinstance(cap, int) or isinstance(cap, bool) or cap < 0:
         raise ValueError("max_split_forward_layers must be a non-negative integer")
-    return {"sm_group_num": raw["sm_group_num"], "manual_divisions": divisions,
-            "split_forward_token_budget": raw.get("split_forward_token_budget", 65536),
-            "max_split_forward_layers": cap, "decode_bs_divisor": raw.get("decode_bs_divisor", 36),
-            "overlap_decode_full_sm": overlap}
+    return out | {"max_split_forward_layers": cap, "overlap_decode_full_sm": overlap}
 
 
 def sglang_stream_idx(config: dict, decode_bs: int) -> int:
@@ -51,31 +55,48 @@ def sglang_stream_idx(config: dict, decode_bs: int) -> int:
     return max(1, min(groups - 2, decode_bs * (groups - 2) // config["decode_bs_divisor"]))
 
 
-@pytest.mark.parametrize("config", [
+RELEASE_CONFIGS = [
     PdmuxConfig(split_forward_token_budget=65536),
     PdmuxConfig(sm_group_num=3, split_forward_token_budget=147456, decode_bs_divisor=24),
     PdmuxConfig(sm_group_num=5, manual_divisions=[[112, 20, 1], [96, 36, 16], [72, 56, 32]],
                 split_forward_token_budget=8192),
     PdmuxConfig(sm_group_num=3, manual_divisions=[[72, 60, 1]], split_forward_token_budget=294912),
-    PdmuxConfig(sm_group_num=4, manual_divisions=[[104, 0, 1], [80, 0, 16]], split_forward_token_budget=8192,
-                max_split_forward_layers=2, overlap_decode_full_sm=True),
-])
-def test_round_trip_with_sglang_keys_and_shapes(tmp_path, config):
-    text = dump_pdmux_config(config, "pdtop tune on sim:H100\nsecond line")
+]
+NEWER_CONFIG = PdmuxConfig(sm_group_num=4, manual_divisions=[[104, 0, 1], [80, 0, 16]], split_forward_token_budget=8192,
+                           max_split_forward_layers=2, overlap_decode_full_sm=True)
+
+
+@pytest.mark.parametrize("config,sglang", [*((c, "0.5.23") for c in RELEASE_CONFIGS),
+                                           *((c, "main") for c in [*RELEASE_CONFIGS, NEWER_CONFIG])])
+def test_round_trip_with_sglang_keys_and_shapes(tmp_path, config, sglang):
+    text = dump_pdmux_config(config, "pdtop tune on sim:H100\nsecond line", sglang)
     raw = yaml.safe_load(text)
-    assert tuple(raw) == SGLANG_FIELDS  # exactly SGLang's keys, in its order
-    assert all(type(raw[k]) is int for k in SGLANG_FIELDS if k not in ("manual_divisions", "overlap_decode_full_sm"))
-    assert type(raw["overlap_decode_full_sm"]) is bool
+    fields = RELEASE_FIELDS if sglang == "0.5.23" else SGLANG_FIELDS
+    assert tuple(raw) == fields  # exactly that SGLang's keys, in its order
+    assert all(type(raw[k]) is int for k in fields if k not in ("manual_divisions", "overlap_decode_full_sm"))
+    assert sglang == "0.5.23" or type(raw["overlap_decode_full_sm"]) is bool
     divisions = raw["manual_divisions"]
     assert isinstance(divisions, list)
     assert all(isinstance(d, list) and len(d) == 3 and all(type(x) is int for x in d) for d in divisions)
     path = tmp_path / "best.yaml"
     path.write_text(text)
-    sglang = sglang_load(path)
-    assert sglang == {k: v for k, v in config.to_dict().items() if k in SGLANG_FIELDS}
-    assert all(1 <= sglang_stream_idx(sglang, bs) <= sglang["sm_group_num"] - 2 for bs in range(1, 512))
+    read = sglang_load(path, release=sglang == "0.5.23")
+    assert read == {k: v for k, v in config.to_dict().items() if k in fields}
+    assert all(1 <= sglang_stream_idx(read, bs) <= read["sm_group_num"] - 2 for bs in range(1, 512))
     assert load_pdmux_config(str(path)) == config
     assert text.startswith("# pdtop tune on sim:H100\n# second line\n")
+
+
+def test_the_release_is_the_default_and_newer_keys_are_not_written_for_it():
+    """Issue 40: a file with the newer keys ran under the release's reading as something else (48.5 ms
+    ITL p99 against 9.5 measured): pdtop writes for the release unless asked, and never a key it skips."""
+    assert tuple(yaml.safe_load(dump_pdmux_config(PdmuxConfig()))) == RELEASE_FIELDS
+    for config in (NEWER_CONFIG, PdmuxConfig(max_split_forward_layers=2)):
+        with pytest.raises(ConfigError) as err:
+            dump_pdmux_config(config)
+        assert "0.5.23" in str(err.value) and err.value.field in ("max_split_forward_layers", "overlap_decode_full_sm")
+    with pytest.raises(ConfigError):
+        dump_pdmux_config(PdmuxConfig(), sglang="0.4.0")
 
 
 def test_divisions_set_the_group_count_sglang_requires(tmp_path):
@@ -99,7 +120,7 @@ def test_an_unset_budget_is_written_as_the_one_sglang_would_use(tmp_path):
 def test_pdtop_only_chunk_size_is_written_when_not_the_default(tmp_path):
     config = PdmuxConfig(split_forward_token_budget=65536, chunk_size=256)
     text = dump_pdmux_config(config)
-    assert tuple(yaml.safe_load(text)) == (*SGLANG_FIELDS, "chunk_size")
+    assert tuple(yaml.safe_load(text)) == (*RELEASE_FIELDS, "chunk_size")
     path = tmp_path / "c.yaml"
     path.write_text(text)
     assert load_pdmux_config(str(path)) == config
