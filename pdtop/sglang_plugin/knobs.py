@@ -15,7 +15,6 @@ them back on each rank, which checks them again (anyone who can reach that endpo
 """
 from __future__ import annotations
 
-import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TypeGuard
@@ -180,9 +179,8 @@ def from_internal_state(args: Mapping[str, object]) -> tuple[KnobChange, int | N
     extra = sorted(k for k in args if k[len(PREFIX):] not in known)
     if extra:
         raise ControlError(extra[0], "not a field pdtop sends")
-    thresholds = None if count is None else tuple(number(f"threshold_{i}", 0) or 0 for i in range(count))
-    if thresholds and any(b <= a for a, b in itertools.pairwise(thresholds)):
-        raise ControlError("manual_divisions", f"thresholds must increase, got {list(thresholds)}")
+    # any integers, in any order, as SGLang takes them (the last row a decode batch reaches wins)
+    thresholds = None if count is None else tuple(number(f"threshold_{i}", -FAR) or 0 for i in range(count))
     client = number("client", 0)
     change = KnobChange(pinned_level=number("pinned_level", AUTO), decode_bs_divisor=number("decode_bs_divisor", 1),
                         split_forward_token_budget=number("split_forward_token_budget", 1), thresholds=thresholds)

@@ -102,7 +102,7 @@ REFUSED = [
     ({"cmd": "pin_level", "level": "3"}, "level", "integer"),
     ({"cmd": "set", "sm_group_num": 4}, "sm_group_num", "restart"),
     ({"cmd": "set", "manual_divisions": [[100, 32, t] for t in range(6)]}, "manual_divisions", "restart"),
-    ({"cmd": "set", "manual_divisions": [[112, 20, 1]] * 6}, "manual_divisions", "must increase"),
+    ({"cmd": "set", "manual_divisions": [[112, 20, 1]] * 6}, "manual_divisions", "restart"),
     ({"cmd": "set", "manual_divisions": [[112, 20, 1]]}, "manual_divisions", "restart"),
     ({"cmd": "set", "policy": "chunked"}, "policy", "at start"),
     ({"cmd": "set", "chunk_size": 512}, "chunk_size", "at start"),
