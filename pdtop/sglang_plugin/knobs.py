@@ -125,7 +125,8 @@ def _set(command: Set, levels: list[tuple[int, int]]) -> KnobChange:
 
 
 def verify(change: KnobChange, levels: list[tuple[int, int]]) -> None:
-    """What depends on the levels: a pin between the whole-device ends, one threshold per split level."""
+    """What depends on the levels: a pin between the whole-device ends, one threshold per split level;
+    and thresholds SGLang can run with."""
     n = len(levels)
     level = change.pinned_level
     if level is not None and level != AUTO and not 1 <= level <= n - 2:
@@ -133,6 +134,10 @@ def verify(change: KnobChange, levels: list[tuple[int, int]]) -> None:
                                     "ends, which it uses when prefill or decode is idle")
     if change.thresholds and len(change.thresholds) != n - 2:
         raise ControlError("manual_divisions", f"SGLang has {n - 2} split levels: give one row for each")
+    if change.thresholds and min(change.thresholds) > 1:  # SGLang's scan would leave the level unassigned
+        raise ControlError("manual_divisions", "no threshold is 1 or less: a decode batch of 1 would reach no row "
+                                               "and SGLang 0.5.23's adjust_stream_groups would fail "
+                                               "(UnboundLocalError); give a division threshold 1 or 0")
 
 
 def pin_thresholds(level: int, splits: int) -> list[int]:

@@ -148,7 +148,8 @@ async def test_a_change_a_rank_refuses_changes_no_rank(two_ranks: Any) -> None:
         return httpx.post(f"http://127.0.0.1:{endpoint.port}/set_internal_state", json={"server_args": args},
                           timeout=30)
 
-    for bad in ({"pdtop_pinned_level": 7}, {"pdtop_decode_bs_divisor": 0}, {"pdtop_thresholds": 2},
+    above_one = {"pdtop_thresholds": 6, **{f"pdtop_threshold_{i}": 5 for i in range(6)}}  # would crash SGLang
+    for bad in ({"pdtop_pinned_level": 7}, {"pdtop_decode_bs_divisor": 0}, {"pdtop_thresholds": 2}, above_one,
                 {"pdtop_pinned_level": 3, "pdtop_nonsense": 1}):
         response = asyncio.create_task(asyncio.to_thread(post, bad))
         await posted(ranks)

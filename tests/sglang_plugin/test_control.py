@@ -103,6 +103,9 @@ REFUSED = [
     ({"cmd": "set", "sm_group_num": 4}, "sm_group_num", "restart"),
     ({"cmd": "set", "manual_divisions": [[100, 32, t] for t in range(6)]}, "manual_divisions", "restart"),
     ({"cmd": "set", "manual_divisions": [[112, 20, 1]] * 6}, "manual_divisions", "restart"),
+    ({"cmd": "set", "manual_divisions": [[p, d, t] for (p, d), t in zip(  # a batch of 1 would crash SGLang
+        [(112, 20), (104, 28), (96, 36), (88, 44), (80, 52), (72, 60)], range(2, 8), strict=True)]},
+     "manual_divisions", "UnboundLocalError"),
     ({"cmd": "set", "manual_divisions": [[112, 20, 1]]}, "manual_divisions", "restart"),
     ({"cmd": "set", "policy": "chunked"}, "policy", "at start"),
     ({"cmd": "set", "chunk_size": 512}, "chunk_size", "at start"),
