@@ -10,12 +10,14 @@ only at its switch points (so every round switching is the worst case). Rounds a
 
 Configurations, each --repeats times, interleaved (medians shown):
 - `SGLang alone`: the functions beneath pdtop's hooks, i.e. what runs with the plugin off;
-- `plugin off`: a fresh process whose `load_plugins()` finds pdtop without PDTOP_SGLANG_PORT: it
-  registers nothing, so the functions are SGLang's own objects (said, and timed);
+- `plugin off`: a fresh process (run first, alone) whose `load_plugins()` finds pdtop without
+  PDTOP_SGLANG_PORT: it registers nothing, so the functions are SGLang's own objects (said, and timed);
 - `plugin on` with 0, 1 and 16 websocket clients (in another process): the hooks, the round records,
   the server's fan-out on its own thread (which takes the GIL from the scheduler now and then).
-Columns: microseconds per round on the scheduler thread (the round's own path: `adjust` alone, and the
-whole round), and CPU microseconds per round of the whole process (the server thread included).
+Columns: CPU microseconds per round on the scheduler thread (`adjust` alone, and the whole round), the
+round's wall time (what delays SGLang: the CPU plus waits for the GIL while pdtop's server thread
+holds it), and CPU microseconds per round of the whole process (the server thread included). The
+clients ask for one frame a tick (`?batch=1`), as pdtop's dashboard and recorder do.
 The goal: under 100 us a round (1% of a 10 ms round), nothing when the plugin is off.
 
     .venv/bin/python bench/sglang_overhead.py [--rounds 3000] [--round-ms 1] [--decode-bs 64] [--repeats 3]
@@ -86,26 +88,27 @@ def rounds(s: Any, fns: dict[str, Any], decode: Any, split: Any, n: int, round_s
     pir, run, result, adjust = (fns[name] for name in HOOKED)
     tick = time.perf_counter()
     cpu0 = time.process_time()
-    own = adj = 0.0
+    own = adj = wall = 0.0
     for i in range(n):
         if i % 256 == 0:  # keep the stand-in's sampled tokens from growing without end
             for r in decode.reqs:
                 r.output_ids.clear()
-        t0 = time.thread_time()
+        w0, t0 = time.perf_counter(), time.thread_time()
         pir(s, [])
         run(s, decode)
         run(s, split)
         result(s, decode, "result")
         t1 = time.thread_time()
         adjust(s, decode)
-        t2 = time.thread_time()
+        t2, w2 = time.thread_time(), time.perf_counter()
         own += t2 - t0
         adj += t2 - t1
+        wall += w2 - w0
         tick += round_s
         pause = tick - time.perf_counter()
         if pause > 0:
             time.sleep(pause)
-    return {"round_us": own / n * 1e6, "adjust_us": adj / n * 1e6,
+    return {"round_us": own / n * 1e6, "adjust_us": adj / n * 1e6, "wall_us": wall / n * 1e6,
             "process_us": (time.process_time() - cpu0) / n * 1e6}
 
 
@@ -113,7 +116,7 @@ CLIENTS = """
 import asyncio, sys
 from websockets.asyncio.client import connect
 async def main(url, n):
-    conns = [await connect(url, compression=None, max_size=2**24) for _ in range(n)]
+    conns = [await connect(url + "/?batch=1", compression=None, max_size=2**24) for _ in range(n)]
     for ws in conns:
         await ws.recv()
     print("ready", flush=True)
@@ -160,8 +163,9 @@ def main() -> None:
     load = os.getloadavg()
     print(f"SGLang plugin overhead: {args.rounds} rounds at {args.round_ms:g} ms, decode batch {args.decode_bs}, "
           f"a split prefill in flight, {args.repeats} repeats (median); load average {load[0]:.2f}", flush=True)
-    child = subprocess.Popen([sys.executable, __file__, "--off-child", *sys.argv[1:]], stdout=subprocess.PIPE,
-                             text=True)
+    # first, alone on the machine: the plugin off, in a process of its own
+    off = subprocess.run([sys.executable, __file__, "--off-child", *sys.argv[1:]], stdout=subprocess.PIPE, text=True,
+                         check=True).stdout
     s, hooked, beneath, decode, split, url = setup(True, args.decode_bs)
     results: dict[str, list[dict[str, float]]] = {}
     configs = [("SGLang alone (beneath the hooks)", beneath, 0), ("plugin on, 0 clients", hooked, 0),
@@ -174,14 +178,16 @@ def main() -> None:
             finally:
                 if clients is not None:
                     clients.communicate("")
-    off, _ = child.communicate()
     results["plugin off (a fresh process)"] = json.loads(off)
     base = statistics.median(r["round_us"] for r in results[configs[0][0]])
-    print(f"{'':36} {'round us':>9} {'adjust us':>10} {'added us':>9} {'process CPU us':>15}")
+    base_wall = statistics.median(r["wall_us"] for r in results[configs[0][0]])
+    print(f"{'':36} {'round CPU us':>12} {'adjust':>7} {'added':>7} {'round wall us':>14} {'added':>7} "
+          f"{'process CPU us':>15}")
     for label in [c[0] for c in configs[:1]] + ["plugin off (a fresh process)"] + [c[0] for c in configs[1:]]:
-        med = {k: statistics.median(r[k] for r in results[label]) for k in ("round_us", "adjust_us", "process_us")}
-        print(f"{label:36} {med['round_us']:9.1f} {med['adjust_us']:10.1f} {med['round_us'] - base:+9.1f} "
-              f"{med['process_us']:15.1f}")
+        med = {k: statistics.median(r[k] for r in results[label])
+               for k in ("round_us", "adjust_us", "wall_us", "process_us")}
+        print(f"{label:36} {med['round_us']:12.1f} {med['adjust_us']:7.1f} {med['round_us'] - base:+7.1f} "
+              f"{med['wall_us']:14.1f} {med['wall_us'] - base_wall:+7.1f} {med['process_us']:15.1f}")
     print("plugin off: load_plugins() registered nothing; SGLang's adjust_stream_groups is its own object")
 
 

@@ -219,6 +219,7 @@ class CpuModel:
             return NextBatchPlan(batch_to_run=None, running_batch=running_batch)
         batch = Batch(list(self.waiting_queue), ForwardMode.EXTEND)
         self.waiting_queue.clear()
+        self.token_to_kv_pool_allocator.free -= batch.extend_num_tokens
         return NextBatchPlan(batch_to_run=batch, running_batch=running_batch)
 
     @staticmethod
@@ -239,13 +240,18 @@ class CpuModel:
     def update_running_batch(self: Any, batch: Batch) -> Batch:
         from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-        batch.reqs = [r for r in batch.reqs if r.finished_reason is None]
+        done = [r for r in batch.reqs if r.finished_reason is not None]
+        if done:
+            batch.reqs = [r for r in batch.reqs if r.finished_reason is None]
+            self.token_to_kv_pool_allocator.free += sum(len(r.origin_input_ids) + len(r.output_ids) for r in done)
         batch.forward_mode = ForwardMode.DECODE  # SGLang's prepare_for_decode
         return batch
 
     @staticmethod
     def run_batch(self: Any, batch: Batch) -> str:
         self.cpu_thread.forwards.append((batch.forward_mode.name, batch.batch_size(), batch.split_forward_count))
+        if batch.forward_mode.is_decode():
+            self.token_to_kv_pool_allocator.free -= batch.batch_size()
         return "result"
 
     @staticmethod
@@ -275,14 +281,15 @@ def register_stand_ins() -> None:
 
 
 class Pool:
-    """SGLang's KV allocator and radix cache, as its `token usage` reads them: the running requests' tokens."""
+    """SGLang's KV allocator and radix cache, as its `token usage` reads them: a count of free token slots,
+    taken by a prompt when its prefill is scheduled and by each decode step, given back when a request
+    finishes (SGLang's allocator counts its free pages; reading the count costs nothing)."""
 
-    def __init__(self, scheduler: Any) -> None:
-        self.scheduler = scheduler
+    def __init__(self, capacity: int) -> None:
+        self.free = capacity
 
     def available_size(self) -> int:
-        held = sum(len(r.origin_input_ids) + len(r.output_ids) for r in self.scheduler.running_batch.reqs)
-        return self.scheduler.max_total_num_tokens - held
+        return self.free
 
     def evictable_size(self) -> int:
         return 0
@@ -330,7 +337,7 @@ def make_scheduler(server_args: Any) -> Any:
     s.tp_worker = types.SimpleNamespace(model_runner=ModelRunner())
     s.tp_cpu_group = CpuGroup()
     s.max_total_num_tokens = 100_000
-    s.token_to_kv_pool_allocator = s.tree_cache = Pool(s)
+    s.token_to_kv_pool_allocator = s.tree_cache = Pool(s.max_total_num_tokens)
     s.gracefully_exit = False
     s._engine_paused = False
     s.last_batch = None
