@@ -91,6 +91,9 @@ async def test_record_gets_sglangs_levels_config_and_choice_at_each_switch(serve
     decoding = [r for r in rounds if r.decode_bs > 0]
     assert {r.decode_bs for r in decoding} == {3, 1}
     assert all(r.tokens_emitted >= r.decode_bs and r.round_s > 0 and r.decode_step_s > 0 for r in decoding)
+    # KV as SGLang's `token usage` counts it (its allocator's free slots and the radix cache)
+    assert {r.kv_capacity_tokens for r in rounds} == {100_000}
+    assert max(r.kv_used_tokens for r in rounds) >= 3 * 1024 + 4096
     # requests as the scheduler saw them: each arrival, its first token, its finish
     requests = [decode_event(e) for _, e in rec if e["type"] == "request"]
     kinds = {k: [r for r in requests if r.kind == k] for k in ("arrival", "first_token", "finish")}
