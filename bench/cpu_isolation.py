@@ -18,11 +18,10 @@ from pdtop.analysis.metrics import percentile
 from pdtop.engine.devices.cpu import CpuDevice, usable_cores
 from pdtop.engine.model.loader import default_model_path, load_model
 from pdtop.engine.request import Request, SamplingParams
-from pdtop.engine.runtime.executor import ModelExecutor
 from pdtop.engine.runtime.runner import ModelRunner, PrefillState
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
-from pdtop.engine.scheduling.scheduler import append_token
 from pdtop.engine.scheduling.splits import SplitTable
+from pdtop.engine.scheduling.tokens import append_token
 
 
 def main() -> None:
@@ -37,7 +36,7 @@ def main() -> None:
     table = SplitTable.for_cpu(len(usable_cores()), PdmuxConfig())
     device = CpuDevice(table.groups)
     runner = ModelRunner(load_model(str(default_model_path())), 32768)
-    ex = ModelExecutor(runner)
+    ex = runner
     eos = runner.config.eos_ids
     decoders = [Request(i, [100 + i] * 64, SamplingParams(max_tokens=4000, ignore_eos=True))
                 for i in range(args.decode_bs)]
@@ -45,8 +44,8 @@ def main() -> None:
         ex.admit(r)
     state = ex.prefill_begin(decoders)
     device.set_level(0)
-    device.run_whole(ex.prefill(state, decoders, 0, runner.config.num_layers))
-    for r, tok in zip(decoders, ex.finish_prefill(state), strict=True):
+    device.run_whole(ex.prefill_work(state, decoders, 0, runner.config.num_layers))
+    for r, tok in zip(decoders, ex.prefill_finish(state), strict=True):
         append_token(r, tok, 0.0, eos)
 
     def decode_steps(level: int, with_prefill: bool) -> list[float]:
@@ -58,8 +57,8 @@ def main() -> None:
         def finish_long() -> None:
             device.wait_prefill()
             if long is not None:
-                ex.finish_prefill(long[1])
-                ex.release(long[0])
+                ex.prefill_finish(long[1])
+                ex.free(long[0])
 
         for _ in range(args.steps):
             if with_prefill and not device.prefill_busy():
@@ -67,9 +66,9 @@ def main() -> None:
                 req = Request(10_000 + len(times), [7] * args.prompt, SamplingParams(max_tokens=1))
                 ex.admit(req)
                 long = (req, ex.prefill_begin([req]))  # a fresh long prompt
-                device.submit_prefill(ex.prefill(long[1], [req], 0, runner.config.num_layers))
+                device.submit_prefill(ex.prefill_work(long[1], [req], 0, runner.config.num_layers))
             t0 = time.perf_counter()
-            toks = device.run_decode(ex.decode(decoders))  # a side without cores runs on every core
+            toks = device.run_decode(ex.decode_work(decoders))  # a side without cores runs on every core
             times.append(time.perf_counter() - t0)
             for r, tok in zip(decoders, toks, strict=True):
                 append_token(r, tok, 0.0, eos)

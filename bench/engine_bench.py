@@ -80,7 +80,7 @@ def pdtop_engine(dtype: str, args: argparse.Namespace) -> Engine:
     from pdtop.engine.model.loader import load_model
     from pdtop.engine.request import Request, SamplingParams
     from pdtop.engine.runtime.runner import ModelRunner
-    from pdtop.engine.scheduling.scheduler import append_token
+    from pdtop.engine.scheduling.tokens import append_token
 
     model = load_model(None, dtype=dtype)
     vocab, eos = model.config.vocab, model.config.eos_ids

@@ -39,7 +39,7 @@ def measure(dtype: str, kv_tokens: int, prompt_tokens: int, fill_kv: bool) -> di
     from pdtop.engine.model.loader import default_model_path
     from pdtop.engine.request import Request, SamplingParams
     from pdtop.engine.runtime.runner import ModelRunner
-    from pdtop.engine.scheduling.scheduler import append_token
+    from pdtop.engine.scheduling.tokens import append_token
 
     base = status_kib("VmRSS")
     model = load_for("cpu", dtype=None if dtype == "default" else dtype)

@@ -45,7 +45,7 @@ def worker(steps: int) -> None:
     from pdtop.engine.model.loader import load_model
     from pdtop.engine.request import Request, SamplingParams
     from pdtop.engine.runtime.runner import ModelRunner
-    from pdtop.engine.scheduling.scheduler import append_token
+    from pdtop.engine.scheduling.tokens import append_token
 
     runner = ModelRunner(load_model(None), 8192)
     out: dict[str, float] = {}

@@ -73,7 +73,7 @@ class Served:
         params = SamplingParams(temperature=body.temperature, top_p=body.top_p, seed=seed, max_tokens=max_tokens,
                                 ignore_eos=body.ignore_eos)
         try:
-            self.engine.check_request(prompt_tokens, params)
+            self.engine.executor.check_request(prompt_tokens, params)
         except PromptError as exc:
             raise bad_request(name, str(exc)) from None
         return params

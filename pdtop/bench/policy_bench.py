@@ -172,7 +172,7 @@ def _shadow(req: Request, cached: int, blocks: list[int]) -> Request:
 
 
 def _timed(engine: Engine, run: Callable[[Work], Any], step: DecodeStep) -> float:
-    work = engine.executor.decode([_shadow(*row) for row in step.rows])
+    work = engine.executor.decode_work([_shadow(*row) for row in step.rows])
     t0 = engine.device.now()
     run(work)
     return engine.device.now() - t0

@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     from pdtop.engine.model.tokenizer import Tokenizer
     from pdtop.engine.request import Request, SamplingParams
     from pdtop.engine.runtime.runner import ModelRunner
-    from pdtop.engine.scheduling.scheduler import generate
+    from pdtop.engine.scheduling.tokens import generate
 
     if args.threads:
         torch.set_num_threads(args.threads)

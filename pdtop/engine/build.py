@@ -9,7 +9,7 @@ from pdtop.engine.engine import Engine
 from pdtop.engine.errors import DeviceError, EngineError
 from pdtop.engine.roofline.gpu_specs import CUSTOM_HELP, SPECS, GpuSpec, parse_gpu
 from pdtop.engine.roofline.kv import Link
-from pdtop.engine.runtime.executor import ModelExecutor, SimExecutor
+from pdtop.engine.runtime.executor import SimExecutor
 from pdtop.engine.scheduling.admission import QueueLimits
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
 from pdtop.engine.scheduling.policies import DEFAULT_POLICY, DISAGG_ON_CUDA
@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # imported where they are used: the simulator needs neither t
     from pdtop.engine.model.llama import LlamaModel
     from pdtop.engine.model.tokenizer import Tokenizer
     from pdtop.engine.runtime.kv_sizing import KvPlan
+    from pdtop.engine.runtime.runner import ModelRunner
 
 DEVICE_HELP = f"auto, cpu, cuda, cuda:N, or sim:GPU ({', '.join(SPECS)}, {CUSTOM_HELP})"
 
@@ -106,7 +107,7 @@ def build_engine(device: str = "auto", model: str | None = None, config: PdmuxCo
             model or "synthetic:qwen3-8b")
         table = SplitTable.for_gpu(spec.sms, spec.cc_major, config)
         dev: Device = SimDevice(spec, table.groups)
-        executor: SimExecutor | ModelExecutor = SimExecutor(cfg, kv_capacity_tokens or 1 << 20)
+        executor: SimExecutor | ModelRunner = SimExecutor(cfg, kv_capacity_tokens or 1 << 20)
         prompts, name = PromptMaker(None, seed), cfg.name
     else:
         from pdtop.engine.runtime.runner import ModelRunner
@@ -140,8 +141,8 @@ def build_engine(device: str = "auto", model: str | None = None, config: PdmuxCo
         except BaseException:
             dev.close()
             raise
-        executor = ModelExecutor(runner)
-        prompts, name = PromptMaker(tokenizer.encode if tokenizer else None, seed), runner.config.name
+        executor = runner
+        prompts, name = PromptMaker(tokenizer.encode if tokenizer else None, seed), runner.cfg.name
     wl = Workload(workload, start=dev.now()) if isinstance(workload, WorkloadSpec) else workload
     return Engine(device=dev, executor=executor, table=table, config=config, policy=policy, workload=wl,
                   prompts=prompts, model_name=name, temperature=temperature, seed=seed, limits=limits,

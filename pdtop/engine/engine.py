@@ -1,10 +1,13 @@
 """The engine: scheduler + workload + live control, reporting every round to its sinks.
 
 One thread runs the rounds (`run`). `control` may be called from any thread with a command
-(`pdtop.engine.scheduling.commands`): it is checked at once against the state it will meet
-(ControlError, nothing changed) and queued (`ControlQueue`), then applied at the next round
-boundary and reported as a `ConfigChange`. Applying checks it again: a change that fails
-there is reported as a `ControlFailure`, and the rounds go on.
+(`pdtop.engine.scheduling.commands`); it returns a future at once. At the next round boundary
+the engine's thread checks the command, once, against the state it meets, and applies it: the
+future resolves with the typed `Change` (`control.py`), reported to the sinks as a
+`ConfigChange` when anything changed, or with `ControlError`, nothing changed; the rounds go on
+either way. Commands apply in order. A policy switch asked while the old policy has a prefill
+in flight waits, first in the queue with the commands after it, until the first boundary with
+nothing in flight: meanwhile the old policy takes no new request (its prefill runs to its end).
 
 Requests: `submit` adds one at once, on the engine's thread (the workload, benchmarks,
 tests). From any other thread (the HTTP API), `enqueue` queues one for the next round
@@ -18,15 +21,15 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from functools import partial
-from typing import TYPE_CHECKING, Any, Generic
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Generic
 
-from pdtop.engine.control_queue import ControlQueue
+from pdtop.engine.control import Change, ControlQueue, Settings, resolve
 from pdtop.engine.description import EngineConfig, EngineDescription, Limits, Totals
 from pdtop.engine.devices.base import Device
-from pdtop.engine.errors import ControlError, EngineError, FieldError, PromptError, QueueFullError
+from pdtop.engine.errors import ControlError, EngineError, FieldError, QueueFullError
 from pdtop.engine.intake import Intake
-from pdtop.engine.records import ConfigChange, ControlFailure, RequestRecord, RoundRecord
+from pdtop.engine.records import ConfigChange, RequestRecord, RoundRecord
 from pdtop.engine.request import Request, SamplingParams
 from pdtop.engine.roofline.kv import Link
 from pdtop.engine.runtime.executor import Executor, S
@@ -41,9 +44,8 @@ from pdtop.engine.scheduling.commands import (
     ResumeWorkload,
     Set,
 )
-from pdtop.engine.scheduling.control import Change, check
-from pdtop.engine.scheduling.disagg import check_disagg_command
-from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
+from pdtop.engine.scheduling.disagg import check_disagg
+from pdtop.engine.scheduling.pdmux_config import PdmuxConfig, check_int
 from pdtop.engine.scheduling.scheduler import Scheduler
 from pdtop.engine.scheduling.splits import SplitTable
 from pdtop.engine.scheduling.workload import LONG_PROMPT_TOKENS, Arrival, PromptMaker, Workload
@@ -54,16 +56,10 @@ if TYPE_CHECKING:
     from pdtop.engine.model.tokenizer import Tokenizer
 
 IDLE_S = 0.05  # how long an idle round waits for arrivals (a real device wakes early when a request comes)
-INJECT_MAX_TOKENS = 64  # an injected request's output when the command gives none
+INJECT_MAX_TOKENS = 64  # an injected request's output when the command gives none and no workload runs
+REBUILD = frozenset(("manual_divisions", "sm_group_num", "overlap_decode_full_sm"))  # knobs that make new levels
 
 log = logging.getLogger("pdtop.engine")
-
-Diff = dict[str, dict[str, Any]]  # field -> {"old": ..., "new": ...}
-
-
-def _note(diff: Diff, name: str, old: Any, new: Any) -> None:
-    if old != new:
-        diff[name] = {"old": old, "new": new}
 
 
 class Engine(Generic[S]):
@@ -82,7 +78,6 @@ class Engine(Generic[S]):
         self.intake = Intake(self.scheduler, self.limits, temperature=temperature, seed=seed)
         self.controls = ControlQueue()
         self.sinks = Sinks()
-        self._deferred_policy: tuple[str, str | None] | None = None  # (policy, client) once prefill is done
         self._watchers = Watchers()  # engine thread only
         self.totals = {"arrived": 0, "first_token": 0, "finished": 0, "rejected": 0}  # since the engine started
         self._open: list[tuple[Arrival, Request]] = []  # closed-loop and periodic requests not finished yet
@@ -147,106 +142,110 @@ class Engine(Generic[S]):
         return max(1, self.executor.cfg.max_context - 1)
 
     # -- control ---------------------------------------------------------------------------
-    def control(self, command: EngineCommand, client: str | None = None) -> None:
-        """Check `command` now against the state it will meet (ControlError changes nothing); apply it at
-        the next round boundary. `client` names who asked, in the `ConfigChange` it gives."""
-        self.controls.put(command, client, config=self.config, table=self.scheduler.table,
-                          max_prompt=self.max_prompt, admit=self._admit)
+    def control(self, command: EngineCommand, client: str | None = None) -> Future[Change]:
+        """Queue `command` for the next round boundary (any thread); the future resolves there with the
+        `Change` it made, or with `ControlError` (nothing changed). `client` names who asked, in the
+        `ConfigChange` it gives."""
+        future = self.controls.put(command, client)
         self.intake.wake.set()
+        return future
 
-    def _admit(self, change: Change) -> None:
-        """Refuse what only a workload could do when there is none; an inject holds its room in the
-        queue until it is applied."""
-        command = change.command
-        if self.workload is None and (isinstance(command, (PauseWorkload, ResumeWorkload))
-                                      or (isinstance(command, Set) and "workload_rate" in command.values)):
+    def settings(self) -> Settings:
+        """What control commands change, as it is now."""
+        s, w = self.scheduler, self.workload
+        return Settings(s.config, tuple((p, d) for p, d in s.table.groups), s.pinned, s.policy,
+                        w.spec.rate if w else None, w.spec.paused if w else None)
+
+    def _apply_controls(self) -> None:
+        """At a round boundary, on the engine's thread: each queued command in order, checked once and
+        applied, its future resolved. A policy switch that has to wait stays first (module doc)."""
+        self.scheduler.draining = False  # until a switch is found waiting again
+        while (pending := self.controls.head()) is not None:
+            command = pending.command
+            if pending.future.cancelled():
+                self.controls.pop()
+                continue
+            before = self.settings()
+            outcome: Change | ControlError
+            try:
+                if not self._apply(command):
+                    self.scheduler.draining = True  # the old policy takes no new request meanwhile
+                    return
+                outcome = Change(before, self.settings(), command if isinstance(command, Inject) else None)
+            except ControlError as exc:
+                outcome = exc
+            except EngineError as exc:  # a knob's check (ConfigError), a device that cannot build new levels
+                field, reason = (exc.field, exc.reason) if isinstance(exc, FieldError) else (command.subject, str(exc))
+                outcome = ControlError(field, reason)
+            except Exception as exc:  # no control command may stop the engine
+                log.exception("applying %r", command)
+                outcome = ControlError(command.subject, f"{type(exc).__name__}: {exc}")
+            self.controls.pop()
+            if isinstance(outcome, Change) and (changes := outcome.changes):
+                self._report(ConfigChange(self.device.now(), self.scheduler.round_index, changes, pending.client))
+            resolve(pending.future, outcome)
+
+    def _apply(self, command: EngineCommand) -> bool:
+        """Check `command` against the state now and apply it (an error changes nothing); False when it
+        switches policy while the old one has a prefill in flight: checked, nothing applied yet."""
+        s, now = self.scheduler, self.device.now()
+        match command:
+            case PinLevel(level=level):
+                if s.policy == "disagg":
+                    raise ControlError("level", "under disagg each instance keeps its own units: switch to pdmux "
+                                                "to pin a level")
+                s.pin_level(check_int("level", level, 0, len(s.table.groups) - 1))
+            case AutoLevel():
+                s.pin_level(None)
+            case Inject():
+                self._inject(command, now)
+            case PauseWorkload():
+                self._workload().pause()
+            case ResumeWorkload():
+                self._workload().resume(now)
+            case Set():
+                return self._set(command)
+        return True
+
+    def _set(self, command: Set) -> bool:
+        s, knobs, values = self.scheduler, command.pdmux(), command.values
+        policy: str | None = values.get("policy")
+        switch = policy if policy != s.policy else None
+        rate: float | None = values.get("workload_rate")
+        workload = self._workload() if rate is not None else None
+        if switch == "disagg":
+            check_disagg(self.device)
+        config = s.config.replace(**knobs) if knobs else s.config
+        table = s.table.rebuilt(config) if REBUILD & knobs.keys() else None
+        if switch is not None and s.prefill_in_flight:
+            return False
+        if switch is not None:
+            s.get(switch)  # made before anything changes: disagg's second instance may not fit
+        if knobs:  # then new levels, which a device may fail to build
+            s.set_config(config, table)
+        if switch is not None:
+            s.switch(switch)
+        if workload is not None and rate is not None:
+            workload.set_rate(rate, self.device.now())
+        return True
+
+    def _workload(self) -> Workload:
+        if self.workload is None:
             raise ControlError("workload", "no workload runs here (started without one: --workload none); "
                                            "requests come from the API and injects only")
-        check_disagg_command(command, self.scheduler.policy, self.device)
-        if isinstance(command, Inject):
-            try:
-                self.intake.hold(self._inject_tokens(command), self.device.now())
-            except QueueFullError as exc:
-                raise ControlError(Inject.name, str(exc)) from None
+        return self.workload
 
-    def _inject_tokens(self, command: Inject) -> int:
-        return command.prompt_tokens or (self.workload.spec.long_prompt_tokens if self.workload else LONG_PROMPT_TOKENS)
-
-    def _apply(self, change: Change, client: str | None) -> Diff:
-        s, w, now = self.scheduler, self.workload, self.device.now()
-        diff: Diff = {}
-        note = partial(_note, diff)
-        match change.command:
-            case PinLevel(level=level):
-                note("pinned_level", s.pinned, level)
-                s.pin_level(level)
-            case AutoLevel():
-                note("pinned_level", s.pinned, None)
-                s.pin_level(None)
-            case Inject(prompt_tokens=tokens, max_tokens=max_tokens):
-                if w is not None:
-                    w.inject(now, tokens, max_tokens)
-                else:
-                    self._arrive(Arrival(now, tokens or LONG_PROMPT_TOKENS, max_tokens or INJECT_MAX_TOKENS, "inject"))
-                diff["inject"] = {"old": None, "new": tokens or "default"}
-            case PauseWorkload() if w is not None:
-                note("workload_paused", w.spec.paused, True)
-                w.pause()
-            case ResumeWorkload() if w is not None:
-                note("workload_paused", w.spec.paused, False)
-                w.resume(now)
-            case Set() as command:
-                self._apply_set(command, change, client, diff)
-        return diff
-
-    def _apply_set(self, command: Set, change: Change, client: str | None, diff: Diff) -> None:
-        s, w, note = self.scheduler, self.workload, partial(_note, diff)
-        knobs = command.pdmux()
-        if knobs:  # first: new levels are what may fail (a device that cannot build them)
-            old, old_levels, old_pin = s.config, [list(g) for g in s.table.groups], s.pinned
-            s.set_config(change.config or old, change.table)
-            for name in knobs:
-                note(name, getattr(old, name), getattr(s.config, name))
-            if change.table is not None:
-                note("levels", old_levels, [list(g) for g in s.table.groups])  # as the device realized them
-                note("pinned_level", old_pin, s.pinned)  # a pin past the new last level is dropped
-        policy, rate = command.values.get("policy"), command.values.get("workload_rate")
-        if policy is not None:
-            if s.prefill_in_flight and policy != s.policy:
-                self._deferred_policy = (policy, client)  # switched once in-flight prefill is done
-                s.next_policy = policy
-            else:
-                note("policy", s.policy, policy)
-                s.set_policy(policy)
-        if rate is not None and w is not None:
-            note("workload_rate", w.spec.rate, rate)
-            w.set_rate(rate, self.device.now())
-
-    def _apply_pending(self) -> None:
-        s = self.scheduler
-        if self._deferred_policy and not s.prefill_in_flight:
-            (policy, client), self._deferred_policy = self._deferred_policy, None
-            old = s.policy
-            s.set_policy(policy)
-            if old != policy:
-                self._report(ConfigChange(self.device.now(), s.round_index, {"policy": {"old": old, "new": policy}},
-                                          client))
-        for queued in self.controls.pending():
-            command = queued.change.command
-            if isinstance(command, Inject):  # the room it held goes back; it arrives through the caps
-                self.intake.release(self._inject_tokens(command))
-            try:
-                change = check(command, config=s.config, table=s.table, max_prompt=self.max_prompt)
-                diff = self._apply(change, queued.client)
-            except Exception as exc:  # no control command may stop the engine
-                field, reason = (exc.field, exc.reason) if isinstance(exc, FieldError) else (command.subject, str(exc))
-                if not isinstance(exc, EngineError):
-                    log.exception("applying %r", command)
-                    reason = f"{type(exc).__name__}: {exc}"
-                self._report(ControlFailure(self.device.now(), s.round_index, field, reason, queued.client))
-                continue
-            if diff:
-                self._report(ConfigChange(self.device.now(), s.round_index, diff, queued.client))
+    def _inject(self, command: Inject, now: float) -> None:
+        """A long prompt arrives now, through the waiting-queue caps (over them: ControlError)."""
+        if command.prompt_tokens is not None:
+            check_int("prompt_tokens", command.prompt_tokens, 1, self.max_prompt)
+        w = self.workload
+        arrival = w.inject(now, command.prompt_tokens, command.max_tokens) if w is not None else Arrival(
+            now, command.prompt_tokens or LONG_PROMPT_TOKENS, command.max_tokens or INJECT_MAX_TOKENS, "inject")
+        try:
+            self._arrive(arrival)
+        except QueueFullError as exc:
+            raise ControlError(Inject.name, str(exc)) from None
 
     # -- requests --------------------------------------------------------------------------
     def submit(self, prompt_ids: list[int], max_tokens: int, *, ignore_eos: bool = False,
@@ -274,31 +273,15 @@ class Engine(Generic[S]):
         "stop": a stop string matched); its KV is freed then (after its prefill, if one is in flight)."""
         self.intake.abort(req, reason)
 
-    def check_request(self, prompt_tokens: int, params: SamplingParams) -> None:
-        """PromptError if such a request could never run here: bad sampling parameters, an empty
-        prompt, prompt + max_tokens past the context, or more KV than the whole cache."""
-        params.validate()
-        if prompt_tokens < 1:
-            raise PromptError("empty prompt: a request needs at least one token")
-        context = self.executor.cfg.max_context
-        if prompt_tokens + params.max_tokens > context:
-            raise PromptError(f"prompt of {prompt_tokens} tokens + max_tokens {params.max_tokens} exceeds the "
-                              f"model's context of {context} tokens")
-        pool = self.executor.pool
-        if pool.blocks_for(prompt_tokens + params.max_tokens) > pool.num_blocks:
-            raise PromptError(f"KV cache too small: prompt of {prompt_tokens} tokens + max_tokens "
-                              f"{params.max_tokens}; the whole cache holds {pool.capacity_tokens}")
-
-    def _arrive(self, arrival: Arrival) -> Request | None:
+    def _arrive(self, arrival: Arrival) -> Request:
+        """Submit a synthetic or injected arrival; QueueFullError over the caps (reported as rejected and
+        counted in `refused`), checked before the prompt is made: a refused arrival costs no memory."""
         cfg = self.executor.cfg
         n = max(1, min(arrival.prompt_tokens, cfg.max_context - arrival.max_tokens))
         source = "inject" if arrival.injected else "workload"
-        try:  # checked before the prompt is made: a refused arrival costs no memory
-            self.intake.check_room(n, source, arrival.time)
-            return self.submit(self.prompts.make(n), arrival.max_tokens, ignore_eos=True, arrival=arrival.time,
-                               source=source)
-        except QueueFullError:
-            return None  # dropped: reported as rejected, counted in `refused`
+        self.intake.check_room(n, source, arrival.time)
+        return self.submit(self.prompts.make(n), arrival.max_tokens, ignore_eos=True, arrival=arrival.time,
+                           source=source)
 
     def _take_arrivals(self, workload: Workload) -> None:
         """Submit what the workload has due, telling it how many of its closed-loop requests are
@@ -307,8 +290,11 @@ class Engine(Generic[S]):
         in_flight = sum(a.kind == "loop" for a, _ in self._open)
         long_waiting = any(a.kind == "long" and not r.output_ids for a, r in self._open)
         for arrival in workload.due(self.device.now(), in_flight, long_waiting):
-            req = self._arrive(arrival)
-            if req is not None and arrival.kind in ("loop", "long"):
+            try:
+                req = self._arrive(arrival)
+            except QueueFullError:
+                continue  # dropped
+            if arrival.kind in ("loop", "long"):
                 self._open.append((arrival, req))
 
     def _take_requests(self) -> None:
@@ -339,24 +325,23 @@ class Engine(Generic[S]):
     # -- rounds ----------------------------------------------------------------------------
     def step(self) -> RoundRecord:
         self.intake.wake.clear()
-        self._apply_pending()
-        if self.workload is not None:
+        if self.workload is not None:  # what arrived during the last round, then what is asked at its end
             self._take_arrivals(self.workload)
+        self._apply_controls()
         self._take_requests()
         if self.scheduler.idle():
             if self.device.virtual:
                 self.device.idle(IDLE_S)
             else:
                 self.intake.wake.wait(IDLE_S)
+                self._apply_controls()
                 self._take_requests()
         s = self.scheduler
         record, requests = s.step()
         s.levels.learn(record, self.config, s.table)  # the level rule's model
         self._pace()  # a paced virtual clock: report the round when wall time reaches its end
-        for r in requests:
+        for r in requests:  # and under disagg the prefill instance's rounds and KV transfers
             self._report(r)
-        for done in s.pair.drain() if s.pair is not None else ():  # disagg: prefill rounds, KV transfers
-            self._report(done)
         self._report(record)
         if self._watchers:
             self._watchers.notify(self._stop)
@@ -392,6 +377,6 @@ class Engine(Generic[S]):
         return n
 
     def close(self) -> None:
-        if self.scheduler.pair is not None:
-            self.scheduler.pair.close()
+        self.controls.fail_all("the engine stopped; nothing was changed")
+        self.scheduler.close()
         self.device.close()

@@ -3,9 +3,7 @@
 Everything here is under one lock, shared by every thread that hands the engine work; the
 engine's thread takes what came in at each round boundary (`take`). A request that would
 pass a cap (`QueueLimits`) is refused with `QueueFullError`, counted by source, and
-reported at the next boundary as a request that arrived and finished "rejected". Injected
-prompts accepted by `Engine.control` hold their room in the caps until they arrive
-(`InjectHold`), so a burst of injects cannot overrun them.
+reported at the next boundary as a request that arrived and finished "rejected".
 """
 from __future__ import annotations
 
@@ -37,14 +35,6 @@ class WaitingQueue(Protocol):
 
 
 @dataclass
-class InjectHold:
-    """Injects accepted and not yet applied, held in the caps."""
-
-    requests: int = 0
-    tokens: int = 0
-
-
-@dataclass
 class Taken:
     """What came in since the last round boundary, for the engine's thread to report and apply."""
 
@@ -64,7 +54,6 @@ class Intake:
         self._next_id = 0
         self._incoming: deque[tuple[Request, OnUpdate | None]] = deque()
         self._incoming_tokens = 0
-        self._held = InjectHold()
         self._aborts: deque[tuple[Request, str]] = deque()
         self._refusals: deque[tuple[RequestRecord, RequestRecord]] = deque(maxlen=MAX_REFUSALS_HELD)
 
@@ -97,19 +86,6 @@ class Intake:
         with self.lock:
             self._check_room(prompt_tokens, source, now)
 
-    def hold(self, tokens: int, now: float) -> None:
-        """Hold room for an accepted inject of `tokens` (QueueFullError: no room; nothing held)."""
-        with self.lock:
-            self._check_room(tokens, "inject", now)
-            self._held.requests += 1
-            self._held.tokens += tokens
-
-    def release(self, tokens: int) -> None:
-        """An inject is being applied: the room it held goes back (it arrives through the caps)."""
-        with self.lock:
-            self._held.requests -= 1
-            self._held.tokens -= tokens
-
     def take(self) -> Taken:
         """At a round boundary: queued requests join the scheduler (under the lock, so a concurrent
         cap check never misses them); refusals and aborts are handed over."""
@@ -136,9 +112,8 @@ class Intake:
 
     def _check_room(self, prompt_tokens: int, source: str, now: float) -> None:
         try:
-            self.limits.check(len(self.scheduler.waiting) + len(self._incoming) + self._held.requests,
-                              self.scheduler.waiting_tokens + self._incoming_tokens + self._held.tokens,
-                              prompt_tokens)
+            self.limits.check(len(self.scheduler.waiting) + len(self._incoming),
+                              self.scheduler.waiting_tokens + self._incoming_tokens, prompt_tokens)
         except QueueFullError:
             rid, self._next_id = self._next_id, self._next_id + 1
             self.refused[source] += 1

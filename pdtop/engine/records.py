@@ -1,4 +1,4 @@
-"""What the engine reports: plain dataclasses, one per round, request, config change and failed change.
+"""What the engine reports: plain dataclasses, one per round, request, KV transfer and config change.
 
 The engine hands these to its sinks (callables registered with `Engine.add_sink`);
 telemetry turns them into JSON with `dataclasses.asdict`. Times are seconds on the
@@ -12,15 +12,16 @@ from typing import Any
 
 @dataclass
 class PrefillProgress:
-    """One in-flight prefill batch (pdmux; or one chunk of a prompt under `chunked_prefill_size`) or chunked
-    prefill request."""
+    """One in-flight prefill batch (pdmux; or one prompt chunk by chunk under `chunked_prefill_size`), chunked
+    prefill request or disagg prefill batch."""
 
     request_ids: list[int]
     tokens: int  # prompt tokens in this prefill
-    layers_done: int  # layers (pdmux) or, for chunked, tokens done expressed as layers*tokens_done/tokens
+    # the share of `tokens` done, in layers: each token through every layer counts `layers_total` (every policy)
+    layers_done: int
     layers_total: int
     layers_per_round: int  # k = min(L, max(1, budget // tokens)); 0 for chunked/prefill-first
-    # chunked: prompt tokens prefilled so far; a pdmux chunk: those cached before it (its layers: layers_done);
+    # chunked: prompt tokens prefilled so far; a pdmux chunk: those cached before it;
     # None where layers tell the whole progress
     tokens_done: int | None = None
 
@@ -102,20 +103,9 @@ class RequestRecord:
 
 @dataclass
 class ConfigChange:
-    """An accepted control change, applied at a round boundary."""
+    """An applied control change, at a round boundary (`control.Change.changes`)."""
 
     time: float
     round_index: int
     changes: dict[str, dict[str, Any]]  # field -> {"old": ..., "new": ...}
     client: str | None = None  # who asked (telemetry fills in the client id)
-
-
-@dataclass
-class ControlFailure:
-    """A change accepted when queued that could not be applied (the engine reports it and goes on)."""
-
-    time: float
-    round_index: int
-    field: str | None
-    reason: str
-    client: str | None = None

@@ -10,9 +10,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from pdtop.engine.records import ConfigChange, ControlFailure, KvTransfer, RequestRecord, RoundRecord
+from pdtop.engine.records import ConfigChange, KvTransfer, RequestRecord, RoundRecord
 
-Record = RoundRecord | RequestRecord | ConfigChange | ControlFailure | KvTransfer
+Record = RoundRecord | RequestRecord | ConfigChange | KvTransfer
 Sink = Callable[[Record], None]
 
 log = logging.getLogger("pdtop.engine")

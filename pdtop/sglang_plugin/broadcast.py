@@ -12,11 +12,11 @@ from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 
 import httpx
 
+from pdtop.engine.control import Change
 from pdtop.engine.errors import ControlError
-from pdtop.engine.records import ConfigChange
 
 
-def _fail(future: Future[ConfigChange], reason: str) -> None:
+def _fail(future: Future[Change], reason: str) -> None:
     try:
         future.set_exception(ControlError("cmd", reason))
     except InvalidStateError:  # rank 0 resolved it already
@@ -32,10 +32,10 @@ class InternalStatePoster:
         self.timeout = timeout
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="pdtop-set-internal-state")
 
-    def __call__(self, args: dict[str, int], future: Future[ConfigChange]) -> None:
+    def __call__(self, args: dict[str, int], future: Future[Change]) -> None:
         self._pool.submit(self._post, args, future)
 
-    def _post(self, args: dict[str, int], future: Future[ConfigChange]) -> None:
+    def _post(self, args: dict[str, int], future: Future[Change]) -> None:
         try:
             response = httpx.post(self.url, json={"server_args": args}, headers=self.headers, timeout=self.timeout)
         except httpx.HTTPError as exc:

@@ -62,18 +62,6 @@ class Knobs:
             new = replace(new, thresholds=change.thresholds)
         return new
 
-    def diff(self, new: Knobs, levels: list[tuple[int, int]]) -> dict[str, dict[str, object]]:
-        """`ConfigChange.changes`: each wire field that differs, `{"old", "new"}`."""
-        out: dict[str, dict[str, object]] = {}
-        for name in ("pinned_level", "decode_bs_divisor", "split_forward_token_budget"):
-            old_v, new_v = getattr(self, name), getattr(new, name)
-            if old_v != new_v:
-                out[name] = {"old": old_v, "new": new_v}
-        if self.thresholds != new.thresholds:
-            out["manual_divisions"] = {"old": [list(r) for r in self.manual_divisions(levels)],
-                                       "new": [list(r) for r in new.manual_divisions(levels)]}
-        return out
-
 
 @dataclass(frozen=True)
 class KnobChange:

@@ -23,9 +23,11 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
+from pdtop.engine.control import Change, Settings, resolve
 from pdtop.engine.description import DeviceDescription, EngineConfig, EngineDescription, Totals
 from pdtop.engine.errors import ControlError
 from pdtop.engine.records import ConfigChange, PrefillProgress, RequestRecord, RoundRecord
+from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
 from pdtop.engine.sinks import Sink, Sinks
 from pdtop.sglang_plugin.knobs import KnobChange, Knobs, check, pin_thresholds, to_internal_state, verify
 
@@ -42,7 +44,7 @@ MAX_TRACKED = 65536  # requests whose ids and times are kept (the oldest go firs
 FINISH_REASONS = {"FINISH_MATCHED_TOKEN": "eos", "FINISH_LENGTH": "length", "FINISH_MATCHED_STR": "stop",
                   "FINISHED_MATCHED_REGEX": "stop", "FINISH_ABORT": "abort"}
 
-Send = Callable[[dict[str, int], "Future[ConfigChange]"], None]  # posts a change to every rank
+Send = Callable[[dict[str, int], "Future[Change]"], None]  # posts a change to every rank
 
 
 @dataclasses.dataclass
@@ -100,8 +102,8 @@ class SchedulerTap:
         self.level = 0  # SGLang starts at stream group 0 (init_pdmux)
         self.index = 0  # the next round record's index
         self.totals = {"arrived": 0, "first_token": 0, "finished": 0, "rejected": 0}
-        self._pending: deque[tuple[KnobChange, str | None, Future[ConfigChange]]] = deque()
-        self._tickets: dict[int, tuple[Future[ConfigChange], str | None]] = {}  # changes sent to every rank
+        self._pending: deque[tuple[KnobChange, str | None, Future[Change]]] = deque()
+        self._tickets: dict[int, tuple[Future[Change], str | None]] = {}  # changes sent to every rank
         self._ticket_ids = itertools.count(1)
         # the round in progress
         self._start = self._last_report = self.t0
@@ -161,17 +163,22 @@ class SchedulerTap:
         return "none: several ranks and no route to SGLang's /set_internal_state (watch-only)"
 
     # -- control ---------------------------------------------------------------------------------
-    def control(self, command: EngineCommand, client: str | None = None) -> Future[ConfigChange]:
-        """Check `command` against SGLang's levels now (ControlError: refused, nothing changed) and queue
-        it; the future gets the `ConfigChange` once applied at a round boundary (on every rank together
-        when there are several), or the ControlError that stopped it."""
-        change = check(command, self.levels, self.pdmux)
-        future: Future[ConfigChange] = Future()
-        if self.placement.alone:
+    def control(self, command: EngineCommand, client: str | None = None) -> Future[Change]:
+        """Check `command` against SGLang's levels now and queue it; the future gets the `Change` once it
+        is applied at a round boundary (on every rank together when there are several), or the
+        ControlError that refused it, nothing changed."""
+        future: Future[Change] = Future()
+        try:
+            change = check(command, self.levels, self.pdmux)
+            if not self.placement.alone and self.send is None:
+                raise ControlError("cmd", "SGLang runs several schedulers here and pdtop cannot reach its "
+                                          "/set_internal_state, which would change them all in the same round: "
+                                          "watch-only")
+        except ControlError as exc:
+            future.set_exception(exc)
+            return future
+        if self.send is None:
             self._pending.append((change, client, future))
-        elif self.send is None:
-            raise ControlError("cmd", "SGLang runs several schedulers here and pdtop cannot reach its "
-                                      "/set_internal_state, which would change them all in the same round: watch-only")
         else:
             ticket = next(self._ticket_ids)
             self._tickets[ticket] = (future, client)
@@ -189,16 +196,25 @@ class SchedulerTap:
             verify(change, self.levels)
         except ControlError as exc:
             if sent is not None:
-                sent[0].set_exception(exc)
+                resolve(sent[0], exc)
             return False
-        record = self._apply(change, client if sent is None else sent[1])
-        if sent is not None and not sent[0].done():
-            sent[0].set_result(record)
+        applied = self._apply(change, client if sent is None else sent[1])
+        if sent is not None:
+            resolve(sent[0], applied)
         return True
 
-    def _apply(self, change: KnobChange, client: str | None) -> ConfigChange:
+    def settings(self, knobs: Knobs) -> Settings:
+        """The knobs as pdtop's engine holds its own (a `Change` is two of these)."""
+        rows = [list(r) for r in knobs.manual_divisions(self.levels)]
+        pdmux = PdmuxConfig(sm_group_num=len(self.levels), manual_divisions=rows,
+                            decode_bs_divisor=knobs.decode_bs_divisor,
+                            split_forward_token_budget=knobs.split_forward_token_budget)
+        return Settings(pdmux, tuple(self.levels), knobs.pinned_level, self.policy, None, None)
+
+    def _apply(self, change: KnobChange, client: str | None) -> Change:
         s, old = self.scheduler, self.knobs
         new = old.after(change)
+        applied = Change(self.settings(old), self.settings(new))  # checks the new knobs as pdtop's config
         if (new.decode_bs_divisor, new.split_forward_token_budget, new.thresholds) != \
                 (old.decode_bs_divisor, old.split_forward_token_budget, old.thresholds):
             s.pdmux_config = dataclasses.replace(
@@ -207,10 +223,10 @@ class SchedulerTap:
                 manual_divisions=[list(r) for r in new.manual_divisions(self.levels)])
         self.knobs = new
         self._pinned_cfg = None
-        record = ConfigChange(time.monotonic() - self.t0, self.index, old.diff(new, self.levels), client)
-        if record.changes:
-            self.sinks.emit(record)
-        return record
+        changes = applied.changes
+        if changes:
+            self.sinks.emit(ConfigChange(time.monotonic() - self.t0, self.index, changes, client))
+        return applied
 
     def _apply_pending(self) -> None:
         while self._pending:
@@ -218,9 +234,9 @@ class SchedulerTap:
             if not future.set_running_or_notify_cancel():
                 continue
             try:
-                future.set_result(self._apply(change, client))
+                resolve(future, self._apply(change, client))
             except Exception as exc:  # SGLang's config refused it: nothing of it was kept
-                future.set_exception(ControlError("cmd", f"not applied: {type(exc).__name__}: {exc}"))
+                resolve(future, ControlError("cmd", f"not applied: {type(exc).__name__}: {exc}"))
 
     def pinned_config(self) -> PDMuxConfig | None:
         """What `adjust_stream_groups` should read while a level is pinned: SGLang's config with thresholds

@@ -113,6 +113,8 @@ class Reply:
     error: ReplyError | None = field(default=None, metadata=IF_SET)  # when ok is false
     path: str | None = field(default=None, metadata=IF_SET)  # RecordStart / RecordStop: the recording file
     readonly: bool | None = field(default=None, metadata=IF_SET)  # auth: whether the connection stays read-only
+    # an engine command applied: what it changed, field -> {"old": ..., "new": ...}
+    change: dict[str, dict[str, Any]] | None = field(default=None, metadata=IF_SET)
 
 
 @dataclass

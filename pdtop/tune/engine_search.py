@@ -82,8 +82,10 @@ def measure(engine: Engine, sc: Scenario, slo: Slo, config: PdmuxConfig, deadlin
                 for _ in range(sc.decode_bs)]
     step_until_first_tokens(engine, decoders)
     steps = [rec.decode_step_s for rec in (engine.step() for _ in range(WARMUP_ROUNDS)) if rec.decode_bs]
-    engine.control(Set({"policy": policy, **changes_to(engine, config)}))
+    applied = engine.control(Set({"policy": policy, **changes_to(engine, config)}))
     engine.step()  # applied at this round's start
+    if applied.done():
+        applied.result()  # ControlError (an EngineError) naming what the engine refused
     if changes_to(engine, config) or engine.scheduler.policy != policy:
         raise EngineError(f"the engine did not take the candidate {config}")
     start = engine.device.now()

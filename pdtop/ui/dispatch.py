@@ -14,7 +14,7 @@ from textual.app import App, SystemCommand
 from textual.binding import Binding, BindingType
 from textual.screen import Screen
 
-from pdtop.engine.scheduling.commands import PinLevel
+from pdtop.engine.scheduling.commands import ENGINE_COMMANDS, PinLevel
 from pdtop.telemetry.server.commands import Command, RecordStart, RecordStop
 from pdtop.telemetry.sources.source import ControlRefused, Source
 from pdtop.ui.keymap import BY_ID, KEYMAP, KeyCommand
@@ -22,7 +22,9 @@ from pdtop.ui.screens.choice import ChoiceScreen
 from pdtop.ui.screens.help import HelpScreen
 from pdtop.ui.screens.prompt import PromptScreen
 from pdtop.ui.state import DashboardState
-from pdtop.ui.words import asked, shared_side
+from pdtop.ui.words import asked, change_words, shared_side
+
+QUEUED_S = 30.0  # how long "queued" may stay on the status line: its outcome replaces it
 
 
 def bindings(keys: list[KeyCommand]) -> list[BindingType]:
@@ -122,7 +124,11 @@ class DispatchApp(App[None]):
             self.call_later(self.run_action, key.action or "")
 
     async def _send(self, command: Command) -> None:
+        """Send `command`. An engine command is applied at the engine's next round boundary (a CPU
+        round can take a second or more): "queued" is said at once, the outcome when its reply comes."""
         said = asked(command, self.state)  # in words, from the state the operator saw when asking
+        if isinstance(command, tuple(ENGINE_COMMANDS.values())):  # the server's own are answered at once
+            self.notify(said, title="queued", timeout=QUEUED_S)
         try:
             reply = await self.source.send(command)
         except ControlRefused as exc:
@@ -132,6 +138,7 @@ class DispatchApp(App[None]):
         except Exception as exc:
             self.notify(f"{said}: {type(exc).__name__}: {exc}", title="not sent", severity="error", timeout=8)
             return
+        done = said if reply.change is None else change_words(reply.change, self.state) or f"{said} (already so)"
         match command:
             case RecordStart(path=path):
                 self.state.recording = reply.path or path
@@ -140,9 +147,9 @@ class DispatchApp(App[None]):
                 self.state.recording = None
                 self.notify(f"saved {reply.path or ''}", title="recording stopped")
             case PinLevel(level=level) if why := shared_side(self.state, level):
-                self.notify(f"{said}; {why}", title="accepted", severity="warning", timeout=8)
+                self.notify(f"{done}; {why}", title="applied", severity="warning", timeout=8)
             case _:
-                self.notify(said, title="accepted", timeout=4)
+                self.notify(done, title="applied", timeout=4)
         self.state.version += 1
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:

@@ -25,8 +25,9 @@ class PrefillView:
 def prefill_views(progress: list[PrefillProgress], t: float, first_seen: FirstSeen, mean_round: float | None,
                   chunk_size: int | None, pdmux_chunk: int = 0) -> tuple[list[PrefillView], FirstSeen]:
     """The views after a round at `t`, and when each was first seen. The ETA: k layers a round (pdmux;
-    with `pdmux_chunk`, `chunked_prefill_size`, the chunks after this one too, at its k), a chunk of
-    tokens a round (chunked), else the pace since it was first seen."""
+    with `pdmux_chunk`, `chunked_prefill_size`, the layers left of the chunk in flight and the chunks
+    after it, at its k), a chunk of tokens a round (chunked), else the pace since it was first seen.
+    `layers_done` of `layers_total` is the share of a prefill's `tokens` done, in layers."""
     seen: FirstSeen = {}
     views: list[PrefillView] = []
     for p in progress:
@@ -41,6 +42,8 @@ def prefill_views(progress: list[PrefillProgress], t: float, first_seen: FirstSe
         elif k > 0 and mean_round is not None:
             later = 0  # a pdmux chunk's prompt: the whole chunks after this one
             if p.tokens_done is not None and pdmux_chunk > 0:
+                n = min(pdmux_chunk, p.tokens - p.tokens_done)  # the chunk in flight: its own layers left
+                remaining = total - min(total, max(0, (done * p.tokens - p.tokens_done * total) // max(1, n)))
                 later = math.ceil(max(0, p.tokens - p.tokens_done - pdmux_chunk) / pdmux_chunk)
             eta = (math.ceil(remaining / k) + later * math.ceil(total / k)) * mean_round
         elif p.tokens_done is not None and chunk_size is not None and mean_round is not None:

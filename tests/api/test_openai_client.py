@@ -10,7 +10,7 @@ import pytest
 from pdtop.engine.records import RoundRecord
 from pdtop.engine.request import Request, SamplingParams
 from pdtop.engine.runtime.runner import ModelRunner
-from pdtop.engine.scheduling.scheduler import generate
+from pdtop.engine.scheduling.tokens import generate
 
 QUESTION = "What is the capital of France?"
 

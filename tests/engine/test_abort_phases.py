@@ -14,21 +14,19 @@ import pytest
 from pdtop.engine.build import build_engine
 from pdtop.engine.records import RequestRecord
 from pdtop.engine.request import SamplingParams
+from pdtop.engine.runtime.runner import ModelRunner
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
 
 POLICIES = ["pdmux", "chunked", "prefill-first", "disagg"]
 
 
 def _in_flight(engine) -> int:
-    """Prefill states the runner still holds (0 on the simulator, which keeps none)."""
-    runners = []
-    runner = getattr(engine.executor, "runner", None)
-    if runner is not None:
-        runners.append(runner)
-    pair = engine.scheduler.pair
-    if pair is not None and getattr(pair.prefill, "runner", None) is not None:
-        runners.append(pair.prefill.runner)
-    return sum(len(r._in_flight) for r in runners)
+    """Prefill states the runners still hold (0 on the simulator, which keeps none)."""
+    executors = [engine.executor]
+    disagg = engine.scheduler.made.get("disagg")
+    if disagg is not None:
+        executors.append(disagg.prefill)
+    return sum(len(ex._in_flight) for ex in executors if isinstance(ex, ModelRunner))
 
 
 def _abort_at_every_round(engine, prompt: int, beside_decode: bool, max_rounds: int = 400) -> int:

@@ -36,20 +36,20 @@ def test_a_flood_of_long_injects_is_capped_and_memory_stays_bounded():
         gc.collect()
         tracemalloc.start()
         base = tracemalloc.get_traced_memory()[0]
+        asked = [engine.control(inject) for _ in range(2000)]  # in one tick
+        engine.step()  # the round boundary: each arrives in turn, through the caps, or is refused
         refused = 0
-        for _ in range(2000):  # in one tick: accepted ones hold their room until they arrive
-            try:
-                engine.control(inject)
-            except ControlError as exc:
-                assert exc.field == "inject" and "waiting queue full" in exc.reason
+        for outcome in asked:
+            exc = outcome.exception(0)
+            if exc is not None:
+                assert isinstance(exc, ControlError) and exc.field == "inject" and "waiting queue full" in exc.reason
                 refused += 1
-        engine.step()  # the round boundary: the accepted injects arrive
         grown = tracemalloc.get_traced_memory()[0] - base
         tracemalloc.stop()
         assert grown < 20e6, f"{grown / 1e6:.0f} MB held by queued prompts"
         limits = engine.describe().limits
         s = engine.scheduler  # on a GPU a prefill with nothing decoding runs whole in its round: then it decodes
-        kept = len(s.waiting) + (s.prefill is not None) + len(s.running)
+        kept = len(s.waiting) + (s.active.batch is not None) + len(s.running)
         assert kept == 2000 - refused and kept * 40959 <= limits.max_waiting_tokens
         assert len(_finishes(records, "rejected", "inject")) == limits.refused["inject"] == refused
     finally:
@@ -106,8 +106,9 @@ def test_abort_frees_kv_at_the_next_boundary_and_stops_an_abandoned_prefill():
             engine.step()
         long = engine.enqueue([1] * 8192, SamplingParams(max_tokens=1000, ignore_eos=True))
         engine.step()
-        assert engine.scheduler.prefill is not None and long in engine.scheduler.prefill.reqs
-        submitted = engine.scheduler.prefill.submitted_end
+        batch = engine.scheduler.active.batch
+        assert batch is not None and long in batch.reqs
+        submitted = batch.submitted_end
         engine.abort(decoding)
         engine.abort(long)
         engine.step()
@@ -115,7 +116,7 @@ def test_abort_frees_kv_at_the_next_boundary_and_stops_an_abandoned_prefill():
         assert finals and finals[-1].finish_reason == "abort"
         for _ in range(3):  # the slice in flight at the abort finishes; no other starts
             engine.step()
-        assert long.finish_reason == "abort" and long.output_ids == [] and engine.scheduler.prefill is None
+        assert long.finish_reason == "abort" and long.output_ids == [] and engine.scheduler.active.batch is None
         assert submitted < engine.executor.cfg.num_layers  # the prefill did not run to its end
         assert engine.executor.kv_usage()[0] == 0
         assert {r.request_id for r in _finishes(records, "abort")} == {decoding.id, long.id}

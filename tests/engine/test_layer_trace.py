@@ -36,7 +36,7 @@ def _run(model, tokenizer, policy: str, trace: bool) -> tuple[list[list[int]], l
     config = PdmuxConfig(split_forward_token_budget=2048, chunk_size=256)  # pdmux: 2 layers a slice
     engine = build_engine("cpu", policy=policy, config=config, loaded_model=model)
     try:
-        runner = engine.executor.runner
+        runner = engine.executor
         assert runner.layer_trace is None  # off unless asked
         short = engine.submit(tokenizer.encode("Hello"), 30, ignore_eos=True)
         while not short.token_times:
@@ -45,7 +45,7 @@ def _run(model, tokenizer, policy: str, trace: bool) -> tuple[list[list[int]], l
         long = engine.submit(engine.prompts.make(700), 2, ignore_eos=True)
         while not long.token_times:
             engine.step()
-        assert engine.scheduler.prefill is None  # nothing in flight: every layer told has been told
+        assert not engine.scheduler.prefill_in_flight  # nothing in flight: every layer told has been told
         engine.executor.set_layer_trace(None)
         assert runner.layer_trace is None
         told = len(events)
@@ -91,9 +91,9 @@ def test_round_tracer_uses_the_trace_and_unsets_it(model_fp32):
     engine = build_engine("cpu", loaded_model=model_fp32)
     try:
         tracer = RoundTracer(engine)
-        assert engine.executor.runner.layer_trace is not None
+        assert engine.executor.layer_trace is not None
         tracer.close()
-        assert engine.executor.runner.layer_trace is None
+        assert engine.executor.layer_trace is None
     finally:
         engine.close()
 

@@ -126,10 +126,11 @@ async def test_a_pin_reaches_every_rank_in_the_same_round(two_ranks: Any) -> Non
     await lockstep(ranks, 2, ["p1"])
     assert switches(ranks[0])[-1] == switches(ranks[1])[-1] == 4
 
-    reply = await client.request({"cmd": "pin_level", "level": 5})
-    assert reply["ok"]
+    await client.ws.send(json.dumps({"cmd": "pin_level", "level": 5}))
     await posted(ranks)  # pdtop posted it; the endpoint queued it for both ranks' next round
     await lockstep(ranks, 1)
+    await client.wait(lambda c: bool(c.of("reply")))
+    assert client.of("reply")[0]["ok"] and client.of("reply")[0]["change"] == {"pinned_level": {"old": None, "new": 5}}
     await client.wait(lambda c: bool(c.of("config")))
     assert client.of("config")[0]["changes"] == {"pinned_level": {"old": None, "new": 5}}
     assert [r.scheduler.__dict__[TAP_ATTR].knobs.pinned_level for r in ranks] == [5, 5]
@@ -164,4 +165,4 @@ async def test_without_a_route_to_set_internal_state_control_is_refused(two_rank
     tap = ranks[0].scheduler.__dict__[TAP_ATTR]
     tap.send = None  # as when the scheduler does not know where SGLang's HTTP server listens
     with pytest.raises(ControlError, match="watch-only"):
-        tap.control(PinLevel(3), "c1")
+        tap.control(PinLevel(3), "c1").result(0)

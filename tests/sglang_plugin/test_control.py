@@ -5,7 +5,9 @@ leaves SGLang's config and choices as they were; the token gates control as for 
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,6 +17,21 @@ from .cpu_sglang import Req
 
 async def rounds(served: Served, n: int, arrivals: list[Req] | None = None) -> None:
     await asyncio.to_thread(served.thread.rounds, n, arrivals)
+
+
+async def ask(served: Served, client: Client, msg: dict[str, Any]) -> dict[str, Any]:
+    """Send a control message and run rounds until its reply comes: SGLang's scheduler applies it at the
+    first round boundary after pdtop's server has queued it, and the reply (with the change) comes then."""
+    n = len(client.of("reply"))
+    await client.ws.send(json.dumps(msg))
+    await asyncio.sleep(0.05)  # usually long enough for pdtop's server to queue it: one round then
+    for _ in range(50):
+        await rounds(served, 1)
+        if len(client.of("reply")) > n:
+            break
+        await asyncio.sleep(0.02)
+    await client.wait(lambda c: len(c.of("reply")) > n)
+    return client.of("reply")[n]
 
 
 async def decoding_three(served: Served) -> None:
@@ -41,10 +58,10 @@ async def test_pin_is_what_sglang_returns_at_its_next_switch(served: Served) -> 
     assert served.switches[-1] == 4  # SGLang's rule: 3 decoding * 6 split levels // divisor 4
     config_before = served.scheduler.pdmux_config
 
-    reply = await client.request({"cmd": "pin_level", "level": 2, "id": 1})
-    assert reply["ok"] and reply["id"] == 1
     switches = len(served.switches)
-    await rounds(served, 2)  # applied at the round boundary; no switch point yet: the level stays
+    reply = await ask(served, client, {"cmd": "pin_level", "level": 2, "id": 1})  # applied at the round boundary
+    assert reply["ok"] and reply["id"] == 1 and reply["change"] == {"pinned_level": {"old": None, "new": 2}}
+    await rounds(served, 1)  # no switch point yet: the level stays
     await client.wait(lambda c: bool(c.of("config")))
     change = client.of("config")[0]
     assert change["changes"] == {"pinned_level": {"old": None, "new": 2}} and change["client"] == "c1"
@@ -57,7 +74,7 @@ async def test_pin_is_what_sglang_returns_at_its_next_switch(served: Served) -> 
     await rounds(served, 1)
     await client.wait(lambda c: any(e["level"] == 2 and e["pinned"] for e in c.of("round")))
 
-    assert (await client.request({"cmd": "auto_level"}))["ok"]
+    assert (await ask(served, client, {"cmd": "auto_level"}))["ok"]
     await finish_prefill(served)
     await prefill(served, "p3")
     assert served.switches[-1] == 4  # SGLang's own choice again
@@ -69,8 +86,8 @@ async def test_divisor_and_thresholds_take_effect_at_the_next_switch(served: Ser
     await decoding_three(served)
     await prefill(served, "p1")
     assert served.switches[-1] == 4
-    assert (await client.request({"cmd": "set", "decode_bs_divisor": 6}))["ok"]
-    await rounds(served, 1)
+    assert (await ask(served, client, {"cmd": "set", "decode_bs_divisor": 6}))["change"] == {
+        "decode_bs_divisor": {"old": 4, "new": 6}}
     assert served.scheduler.pdmux_config.decode_bs_divisor == 6  # SGLang's own config, read at each switch
     assert served.switches[-1] == 4  # until the next switch point
     await finish_prefill(served)
@@ -79,13 +96,12 @@ async def test_divisor_and_thresholds_take_effect_at_the_next_switch(served: Ser
 
     sm_counts = served.scheduler.sm_counts
     rows = [[p, d, t] for (p, d), t in zip(sm_counts[1:-1], [1, 5, 6, 7, 8, 9], strict=True)]
-    assert (await client.request({"cmd": "set", "manual_divisions": rows}))["ok"]
+    assert (await ask(served, client, {"cmd": "set", "manual_divisions": rows}))["ok"]
     await finish_prefill(served)
     await prefill(served, "p3")
     assert served.switches[-1] == 1  # the last row whose threshold 3 decoding requests reach
     assert served.scheduler.pdmux_config.manual_divisions == rows
-    assert (await client.request({"cmd": "set", "manual_divisions": [],
-                                  "split_forward_token_budget": 4096}))["ok"]
+    assert (await ask(served, client, {"cmd": "set", "manual_divisions": [], "split_forward_token_budget": 4096}))["ok"]
     await finish_prefill(served, 14)  # its slices shrink to 2 layers from the next round on
     await prefill(served, "p4")
     assert served.switches[-1] == 3 and served.scheduler.pdmux_config.manual_divisions == []
@@ -146,8 +162,7 @@ async def test_control_needs_the_token_when_one_is_set(sglang: None, tmp_path: P
         reply = await reader.request({"cmd": "pin_level", "level": 2})
         assert not reply["ok"] and reply["error"]["field"] == "token"
         writer = await Client.open(served.url + "/?token=s3cret")
-        assert (await writer.request({"cmd": "pin_level", "level": 2}))["ok"]
-        await rounds(served, 1)
+        assert (await ask(served, writer, {"cmd": "pin_level", "level": 2}))["ok"]
         assert served.tap.knobs.pinned_level == 2
         await reader.close()
         await writer.close()

@@ -54,6 +54,28 @@ async def steps(engine, n: int) -> None:
     await asyncio.to_thread(lambda: [engine.step() for _ in range(n)])
 
 
+async def stepping(engine, awaitable, timeout: float = 5.0):
+    """Await `awaitable` (a control command's reply, which waits for a round boundary) while the engine
+    runs rounds, one at a time."""
+    task = asyncio.ensure_future(awaitable)
+
+    async def step():
+        while not task.done():
+            await steps(engine, 1)
+            await asyncio.sleep(0.002)
+
+    await asyncio.wait_for(step(), timeout)
+    return await task
+
+
+async def queued(engine, n: int, timeout: float = 5.0) -> None:
+    """Wait until `n` control commands wait in the engine for its next round boundary."""
+    async def poll():
+        while len(engine.controls) < n:
+            await asyncio.sleep(0.002)
+    await asyncio.wait_for(poll(), timeout)
+
+
 @pytest.fixture
 async def server(engine):
     srv = TelemetryServer(engine, port=0, tick=0.01)
@@ -92,10 +114,18 @@ class Raw:
                 await asyncio.sleep(0.005)
         await asyncio.wait_for(poll(), timeout)
 
-    async def request(self, msg, timeout: float = 5.0) -> dict:
-        """Send one frame (dict -> JSON, str/bytes as is) and return the next reply."""
+    async def request(self, msg, timeout: float = 5.0, engine=None) -> dict:
+        """Send one frame (dict -> JSON, str/bytes as is) and return the next reply. An engine command's
+        reply comes once the engine has applied or refused it at a round boundary: with `engine` (stepped
+        by the test), rounds are run here until the reply is in."""
         n = len(self.of("reply"))
         await self.ws.send(json.dumps(msg) if isinstance(msg, dict) else msg)
+        if engine is not None:
+            async def step_until_replied():
+                while len(self.of("reply")) <= n:
+                    await steps(engine, 1)
+                    await asyncio.sleep(0.002)
+            await asyncio.wait_for(step_until_replied(), timeout)
         await self.wait(lambda c: len(c.of("reply")) > n, timeout)
         return self.of("reply")[n]
 

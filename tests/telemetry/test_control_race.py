@@ -1,18 +1,19 @@
-"""Control messages validated against the state they will be applied to: two valid
-messages on one connection never crash the engine or leave config and levels apart; a
-change that fails when applied is reported, and the engine goes on; `serve` reports an
-engine that stopped in one line and exits 1."""
+"""Control messages checked once, against the state they meet when applied at a round boundary:
+two valid messages on one connection never crash the engine or leave config and levels apart; a
+change the state no longer allows is refused in its reply, and the engine goes on; `serve` reports
+an engine that stopped in one line and exits 1."""
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 
 import pytest
-from conftest import Raw, make_engine, steps
+from conftest import Raw, make_engine, queued, steps
 
 from pdtop.commands import serve
 from pdtop.engine.errors import ControlError
-from pdtop.engine.records import ControlFailure
+from pdtop.engine.records import ConfigChange
 from pdtop.engine.scheduling.commands import PinLevel, parse_command
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
 from pdtop.engine.scheduling.splits import SplitTable
@@ -22,14 +23,17 @@ async def test_pin_after_fewer_levels_is_refused_naming_the_field(engine, server
     """The issue's crash: `set sm_group_num 3` then `pin_level 7`, both queued for one boundary."""
     client = await Raw.open(server.url)
     await client.wait(lambda c: c.events)
-    first = await client.request({"cmd": "set", "sm_group_num": 3, "id": 1})
-    second = await client.request({"cmd": "pin_level", "level": 7, "id": 2})
-    assert first["ok"] is True
+    for msg in ({"cmd": "set", "sm_group_num": 3, "id": 1}, {"cmd": "pin_level", "level": 7, "id": 2}):
+        await client.ws.send(json.dumps(msg))  # both sent before the boundary that applies them
+    await queued(engine, 2)
+    await steps(engine, 5)  # the boundary where both are applied, in order
+    await client.wait(lambda c: len(c.of("reply")) == 2)
+    first, second = client.of("reply")
+    assert first["ok"] is True and first["change"]["sm_group_num"] == {"old": 8, "new": 3}
     assert second["ok"] is False and second["error"]["field"] == "level" and "0..2" in second["error"]["reason"]
-    await steps(engine, 5)  # the boundary where both would have been applied
     config = engine.config_record()
     assert config.sm_group_num == 3 and len(config.levels) == 3 and config.pinned_level is None
-    assert (await client.request({"cmd": "pin_level", "level": 2}))["ok"] is True
+    assert (await client.request({"cmd": "pin_level", "level": 2}, engine=engine))["ok"] is True
     await steps(engine, 2)
     assert engine.config_record().pinned_level == 2
     await client.close()
@@ -40,8 +44,8 @@ async def test_levels_follow_manual_divisions_queued_before_sm_group_num(engine,
     configuration the engine ends with (the manual divisions), never the automatic ones."""
     client = await Raw.open(server.url)
     await client.wait(lambda c: c.events)
-    assert (await client.request({"cmd": "set", "manual_divisions": [[72, 60, 1]]}))["ok"]
-    assert (await client.request({"cmd": "set", "sm_group_num": 5}))["ok"]
+    assert (await client.request({"cmd": "set", "manual_divisions": [[72, 60, 1]]}, engine=engine))["ok"]
+    assert (await client.request({"cmd": "set", "sm_group_num": 5}, engine=engine))["ok"]
     await steps(engine, 3)
     config = engine.config_record()
     assert config.manual_divisions == [(72, 60, 1)]
@@ -59,44 +63,50 @@ async def test_levels_follow_manual_divisions_queued_before_sm_group_num(engine,
 def test_every_queued_change_is_checked_against_those_before_it(first, second, field):
     engine = make_engine()
     try:
-        engine.control(parse_command(first))
+        applied, pinned = engine.control(parse_command(first)), engine.control(parse_command(second))
+        engine.step()  # both at one boundary, in order: the second meets the first's levels
+        assert applied.result(0).changes
         with pytest.raises(ControlError) as refused:
-            engine.control(parse_command(second))
-        assert refused.value.field == field
+            pinned.result(0)
+        assert refused.value.field == field and engine.config_record().pinned_level is None
         for _ in range(3):
             engine.step()
     finally:
         engine.close()
 
 
-def test_a_change_the_state_no_longer_allows_is_reported_not_fatal():
-    """Checked again when applied: here the levels change under a queued pin (as a device or a
-    future code path could do); the engine reports the refusal and keeps running rounds."""
+def test_a_change_the_state_no_longer_allows_is_refused_not_fatal():
+    """Checked against the state it meets: here the levels change under a queued pin (as a device or a
+    future code path could do); the engine refuses it and keeps running rounds."""
     engine = make_engine()
     seen: list = []
     engine.add_sink(seen.append)
     try:
-        engine.control(PinLevel(6), client="c9")
+        pinned = engine.control(PinLevel(6), client="c9")
         fewer = PdmuxConfig(manual_divisions=[[112, 20, 0]])
         engine.scheduler.set_config(fewer, SplitTable.for_gpu(132, 9, fewer))
         rounds = [engine.step() for _ in range(5)]
-        (failure,) = [r for r in seen if isinstance(r, ControlFailure)]
-        assert failure.field == "level" and "0..2" in failure.reason and failure.client == "c9"
+        with pytest.raises(ControlError) as refused:
+            pinned.result(0)
+        assert refused.value.field == "level" and "0..2" in refused.value.reason
+        assert not [r for r in seen if isinstance(r, ConfigChange)]  # nothing changed, nothing announced
         assert not any(r.pinned for r in rounds) and [r.index for r in rounds] == list(range(5))
     finally:
         engine.close()
 
 
-async def test_a_failure_at_apply_time_reaches_clients_as_an_error_event(engine, server):
+async def test_a_refusal_at_the_boundary_reaches_its_client_in_the_reply(engine, server):
     client = await Raw.open(server.url)
     await client.wait(lambda c: c.events)
-    assert (await client.request({"cmd": "pin_level", "level": 6}))["ok"]
+    await client.ws.send(json.dumps({"cmd": "pin_level", "level": 6, "id": 1}))  # valid against 8 levels
+    await queued(engine, 1)
     fewer = PdmuxConfig(manual_divisions=[[112, 20, 0]])
     engine.scheduler.set_config(fewer, SplitTable.for_gpu(132, 9, fewer))
     await steps(engine, 3)
-    await client.wait(lambda c: c.of("error"))
-    (error,) = client.of("error")
-    assert error["field"] == "level" and error["reason"].startswith("not applied:")
+    await client.wait(lambda c: c.of("reply"))
+    (reply,) = client.of("reply")
+    assert reply["ok"] is False and reply["error"]["field"] == "level" and "0..2" in reply["error"]["reason"]
+    assert not client.of("error") and engine.config_record().pinned_level is None
     await client.close()
 
 

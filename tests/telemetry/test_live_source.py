@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from conftest import Pump, steps
+from conftest import Pump, stepping, steps
 
 from pdtop.engine.scheduling.commands import AutoLevel, PinLevel, Set
 from pdtop.telemetry.decode import decode_event
@@ -31,10 +31,11 @@ async def test_stream_and_control(engine, server):
     await steps(engine, 40)
     rounds = [(await next_of(pump, "round"))["index"] for _ in range(40)]
     assert rounds == list(range(40))  # batch frames come out one event at a time
-    reply = await src.send(Set({"decode_bs_divisor": 18}))
+    reply = await stepping(engine, src.send(Set({"decode_bs_divisor": 18})))  # once applied
     assert isinstance(reply, Reply) and reply.ok is True and reply.error is None
+    assert reply.change == {"decode_bs_divisor": {"old": 36, "new": 18}}
     with pytest.raises(ControlRefused) as refused:
-        await src.send(PinLevel(1000))
+        await stepping(engine, src.send(PinLevel(1000)))
     assert refused.value.field == "level" and "0.." in refused.value.reason
     await steps(engine, 1)
     config = await next_of(pump, "config")
@@ -58,7 +59,7 @@ async def test_readonly_sources_refuse_locally(engine):
         src = LiveSource(server.url, token="tok")
         pump = Pump(src)
         assert (await pump.get())["readonly"] is False
-        assert (await src.send(AutoLevel())).ok
+        assert (await stepping(engine, src.send(AutoLevel()))).ok
         await src.close()
     finally:
         await server.stop()
@@ -91,7 +92,7 @@ async def test_reconnects_when_the_server_comes_back(engine):
         second = await next_of(pump, "hello")
         assert src.state == "live" and src.connections == 2
         assert second is not first and second["engine"] == first["engine"]
-        assert (await src.send(AutoLevel())).ok
+        assert (await stepping(engine, src.send(AutoLevel()))).ok
     finally:
         await src.close()
         await server.stop()

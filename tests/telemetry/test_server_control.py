@@ -76,8 +76,8 @@ async def test_fuzzed_control_gets_error_replies_and_changes_nothing(engine, ser
     await client.wait(lambda c: c.events)
     await steps(engine, 20)
     before = engine.config_record()
-    for i, msg in enumerate(BAD_MESSAGES):
-        reply = await client.request({**msg, "id": i})
+    for i, msg in enumerate(BAD_MESSAGES):  # a level or a prompt out of range is the engine's to refuse
+        reply = await client.request({**msg, "id": i}, engine=engine)
         assert reply["ok"] is False, msg
         assert reply["id"] == i
         assert isinstance(reply["error"]["reason"], str) and reply["error"]["reason"]
@@ -103,18 +103,19 @@ async def test_a_valid_change_is_applied_and_announced_to_every_client(engine, s
     a, b = await Raw.open(server.url), await Raw.open(server.url + "/?batch=1")
     await a.wait(lambda c: c.events)
     await b.wait(lambda c: c.events)
-    reply = await a.request({"cmd": "set", "decode_bs_divisor": 24, "id": 7})
-    assert reply == {"type": "reply", "v": 1, "id": 7, "ok": True}
-    await steps(engine, 2)  # applied at the next round boundary
+    reply = await a.request({"cmd": "set", "decode_bs_divisor": 24, "id": 7}, engine=engine)
+    assert reply == {"type": "reply", "v": 1, "id": 7, "ok": True,  # once applied, at a round boundary
+                     "change": {"decode_bs_divisor": {"old": 36, "new": 24}}}
     assert engine.config_record().decode_bs_divisor == 24
+    await steps(engine, 2)
     for c in (a, b):
         await c.wait(lambda c: c.of("config"))
         (config,) = c.of("config")
         assert config["changes"] == {"decode_bs_divisor": {"old": 36, "new": 24}}
         assert config["client"] == a.events[0]["client_id"]
         assert config["config"] == encode.plain(engine.config_record())
-    reply = await b.request({"cmd": "pin_level", "level": 3})
-    assert reply["ok"] and reply["id"] is None
+    reply = await b.request({"cmd": "pin_level", "level": 3}, engine=engine)
+    assert reply["ok"] and reply["id"] is None and reply["change"] == {"pinned_level": {"old": None, "new": 3}}
     await steps(engine, 2)
     await a.wait(lambda c: len(c.of("config")) == 2)
     assert a.of("config")[1]["config"]["pinned_level"] == 3
@@ -150,8 +151,8 @@ async def test_control_needs_the_token_when_one_is_set(engine):
         assert engine.config_record() == before and server.recorder is None
         # the token as the first message upgrades the connection
         assert (await late.request({"cmd": "auth", "token": "s3cret"}))["ok"] is True
-        assert (await late.request({"cmd": "auto_level"}))["ok"] is True
-        assert (await good.request({"cmd": "set", "decode_bs_divisor": 12}))["ok"] is True
+        assert (await late.request({"cmd": "auto_level"}, engine=engine))["ok"] is True
+        assert (await good.request({"cmd": "set", "decode_bs_divisor": 12}, engine=engine))["ok"] is True
         await steps(engine, 2)
         assert engine.config_record().decode_bs_divisor == 12
         await anon.wait(lambda c: c.of("config"))  # read-only clients still see changes

@@ -15,12 +15,13 @@ import sys
 import threading
 import time
 
-from conftest import Raw, steps
+from conftest import Raw, queued, steps
 from websockets.asyncio.client import connect
 
 from pdtop.engine.scheduling.commands import Set
 from pdtop.telemetry import encode
 from pdtop.telemetry.server.clients import CONTROL_BURST
+from pdtop.telemetry.server.control_channel import MAX_WAITING
 from pdtop.telemetry.server.server import TelemetryServer
 
 
@@ -55,20 +56,58 @@ async def test_a_control_flood_is_refused_beyond_the_rate_and_costs_others_nothi
         await c.wait(lambda c: c.events)
     for i in range(1100):
         await flooder.ws.send(json.dumps({"cmd": "set", "chunk_size": 100 + i, "id": i}))
-    await flooder.wait(lambda c: len(c.of("reply")) == 1100)
+
+    async def all_replied():  # the boundaries that apply those accepted
+        while len(flooder.of("reply")) < 1100:
+            await steps(engine, 1)
+            await asyncio.sleep(0.005)
+
+    await asyncio.wait_for(all_replied(), 30)
     replies = flooder.of("reply")
     assert [r["id"] for r in replies] == list(range(1100))  # every message answered, in order
     refused = [r for r in replies if not r["ok"]]
-    assert CONTROL_BURST <= 1100 - len(refused) < CONTROL_BURST + 40
-    assert all(r["error"]["field"] == "cmd" and "too many control messages" in r["error"]["reason"] for r in refused)
+    accepted = 1100 - len(refused)
+    assert MAX_WAITING <= accepted <= CONTROL_BURST + 40  # at most 16 wait for one boundary
+    over_rate = [r for r in refused if "too many control messages" in r["error"]["reason"]]
+    assert 1100 - CONTROL_BURST - 40 <= len(over_rate) and all(r["error"]["field"] == "cmd" for r in refused)
+    assert all("too many control messages" in r["error"]["reason"] or "too many commands waiting" in
+               r["error"]["reason"] for r in refused)
     await steps(engine, 5)
     await other.wait(lambda c: len(c.of("round")) >= 5 and c.of("config"))
-    accepted = 1100 - len(refused)
     configs = other.of("config")  # merged per tick: how many ticks the accepted burst spans depends on load
-    assert 1 <= len(configs) < accepted and configs[-1]["config"] == encode.plain(engine.config_record())
+    assert 1 <= len(configs) <= accepted and configs[-1]["config"] == encode.plain(engine.config_record())
     assert other.ws.close_code is None and flooder.ws.close_code is None
     for c in (flooder, other):
         await c.close()
+
+
+async def test_a_connection_has_at_most_16_commands_waiting_for_the_engine(engine, tmp_path):
+    """Commands wait for the engine's next round boundary; a connection that sends more before it
+    comes has the rest refused at once (each reply still in its message's order), changing nothing."""
+    async with TelemetryServer(engine, port=0, tick=0.01, record_dir=tmp_path) as server:
+        client = await Raw.open(server.url)
+        await client.wait(lambda c: c.events)
+        for i in range(MAX_WAITING + 4):  # within the rate's burst
+            await client.ws.send(json.dumps({"cmd": "set", "chunk_size": 100 + i, "id": i}))
+        await client.ws.send(json.dumps({"cmd": "record_start", "path": "after.ndjson", "id": "rec"}))
+        await queued(engine, MAX_WAITING)
+
+        async def recording():  # read after the 20: they have all been handled
+            while server.recorder is None:
+                await asyncio.sleep(0.002)
+
+        await asyncio.wait_for(recording(), 5)
+        assert not client.of("reply") and len(engine.controls) == MAX_WAITING  # the first waits: so do the rest
+        await steps(engine, 1)
+        await client.wait(lambda c: len(c.of("reply")) == MAX_WAITING + 5)
+        replies = client.of("reply")
+        assert [r["id"] for r in replies] == [*range(MAX_WAITING + 4), "rec"] and replies[-1]["ok"]
+        assert all(r["ok"] and r["change"]["chunk_size"]["new"] == 100 + r["id"] for r in replies[:MAX_WAITING])
+        assert all(not r["ok"] and r["error"]["field"] == "cmd" and "at most 16 on one connection" in
+                   r["error"]["reason"] for r in replies[MAX_WAITING:-1])
+        assert engine.config_record().chunk_size == 100 + MAX_WAITING - 1
+        assert (await client.request({"cmd": "auto_level"}, engine=engine))["ok"] is True  # room again
+        await client.close()
 
 
 async def test_wrong_tokens_make_the_address_wait_across_reconnects(engine):
@@ -105,7 +144,7 @@ async def test_deep_nesting_gets_a_normal_reply_and_no_log_flood(engine, server,
         replies = [await client.request(deep) for _ in range(30)]
     assert all(not r["ok"] and "nested too deeply" in r["error"]["reason"] for r in replies)
     assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
-    assert (await client.request({"cmd": "auto_level"}))["ok"] is True  # the connection still works
+    assert (await client.request({"cmd": "auto_level"}, engine=engine))["ok"] is True  # the connection still works
     await client.close()
 
 

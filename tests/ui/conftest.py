@@ -149,6 +149,17 @@ async def _until(pilot: Any, predicate: Callable[[], Any], what: str, timeout: f
             await asyncio.sleep(0.001)
 
 
+async def stepping_until(pilot: Any, engine: Any, predicate: Callable[[], Any], what: str,
+                         timeout: float = 15.0) -> None:
+    """Step a hand-driven engine, a round at a time, until `predicate()` holds: a control command's
+    reply comes once the engine has run the round boundary that applies it."""
+    def stepped() -> Any:
+        engine.step()
+        return predicate()
+
+    await _until(pilot, stepped, what, timeout)
+
+
 @pytest.fixture
 def until() -> Callable[..., Any]:
     """`await until(pilot, predicate, what, timeout=15, poll=0.05)`: run the app until predicate() holds."""

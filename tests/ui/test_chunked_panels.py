@@ -25,11 +25,11 @@ async def test_chunked_shows_chunk_progress_and_no_split_level(stepped, until, s
         for _ in range(5):
             engine.step()
         engine.control(Inject(8192))
-        while not any(p.tokens_done for p in engine.scheduler._progress()):
+        while not any(p.tokens_done for p in engine.scheduler.active.progress()):
             engine.step()
         for _ in range(3):
             engine.step()
-        done = engine.scheduler._progress()[0].tokens_done
+        done = engine.scheduler.active.progress()[0].tokens_done
         await until(pilot, lambda: app.state.policy == "chunked" and app.state.prefills
                     and app.state.prefills[0].tokens_done == done, "the chunked prefill on screen")
         await until(pilot, lambda: f"{fmt.count(done)} tok" in _text(app, "PrefillPanel"), "its tokens on screen")
@@ -40,7 +40,7 @@ async def test_chunked_shows_chunk_progress_and_no_split_level(stepped, until, s
         assert "layers" not in prefill and "ETA        –" not in prefill and "ETA –" not in prefill, prefill
         assert app.state.prefills[0].eta_s is not None and app.state.prefills[0].eta_s > 0
         engine.control(Set({"policy": "pdmux"}))
-        while app.state.policy != "pdmux" or engine.scheduler._progress():
+        while app.state.policy != "pdmux" or engine.scheduler.active.progress():
             engine.step()
             await pilot.pause(0)
         await until(pilot, lambda: "level " in _text(app, "SplitPanel"), "the split level back under pdmux")

@@ -8,6 +8,8 @@ from pdtop.telemetry.sources.live import LiveSource
 from pdtop.ui.app import PdtopApp
 from pdtop.ui.keymap import BY_ID
 
+from .conftest import stepping_until
+
 SIZE = (130, 40)
 
 
@@ -25,8 +27,8 @@ async def _answer(pilot, key: str, text: str) -> None:
 
 
 def _accepted(app) -> list[tuple[str, str, str]]:
-    """The answers to accepted controls among the notifications (others, e.g. `dropped`, may come in between)."""
-    return [n for n in app.notices if n[1] == "accepted"]
+    """The answers to applied controls among the notifications (others, e.g. `dropped`, may come in between)."""
+    return [n for n in app.notices if n[1] == "applied"]
 
 
 async def test_every_control_reaches_the_engine(served, until):
@@ -127,7 +129,7 @@ async def test_pinning_a_side_to_no_units_warns(stepped, until):
         engine.step()
         await until(pilot, lambda: app.state.shown_level == 1, "level 1 on screen")
         await pilot.press("minus")  # level 0: the whole device to prefill
-        await until(pilot, lambda: _accepted(app), "the answer")
+        await stepping_until(pilot, engine, lambda: _accepted(app), "the answer, once the engine applied it")
         severity, _, message = _accepted(app)[-1]
         assert severity == "warning" and message.startswith("pinned level 0: prefill 132 SMs, decode 0")
         # Issue 25 item 2: it said "the running requests wait" while decode ran on; say what happens
@@ -136,6 +138,30 @@ async def test_pinning_a_side_to_no_units_warns(stepped, until):
         decoded = [engine.step() for _ in range(20)]
         assert engine.config_record().pinned_level == 0
         assert sum(r.decode_bs for r in decoded if r is not None) > 0, "decode runs on at level 0"
+
+
+async def test_a_key_says_queued_at_once_and_the_outcome_once_the_engine_applied_it(stepped, until):
+    """A long round (here no round boundary comes until the test steps the engine) never leaves a key
+    unanswered: "queued" at once, then what the engine changed when its reply comes."""
+    engine = stepped.engine
+    app = PdtopApp(LiveSource(stepped.url, token=stepped.token))
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.connection == "live", "live")
+        engine.step()
+        await until(pilot, lambda: app.state.config is not None and app.state.rounds_seen, "a round on screen")
+        await _answer(pilot, "d", "24")
+        await until(pilot, lambda: len(engine.controls) == 1, "the command waits for the engine's round boundary")
+        assert [n[1:] for n in app.notices if n[1] == "queued"] == [("queued", "decode_bs_divisor 36 → 24")]
+        assert "queued: decode_bs_divisor 36 → 24" in app.query_one("StatusLine").text and not _accepted(app)
+        await pilot.pause(0.3)
+        assert not _accepted(app) and engine.config_record().decode_bs_divisor == 36  # nothing yet
+        engine.step()  # the boundary: applied, and the reply carries the change
+        await until(pilot, lambda: _accepted(app), "the outcome")
+        assert _accepted(app)[-1][2] == "decode_bs_divisor 36 → 24" and engine.config_record().decode_bs_divisor == 24
+        assert "applied: decode_bs_divisor 36 → 24" in app.query_one("StatusLine").text
+        await _answer(pilot, "d", "24")  # what is already so: applied, nothing changed
+        await stepping_until(pilot, engine, lambda: len(_accepted(app)) == 2, "the second outcome")
+        assert _accepted(app)[-1][2] == "decode_bs_divisor 24 → 24 (already so)"
 
 
 async def test_freeze_keeps_the_screen_while_events_come_in(stepped, until):
@@ -186,12 +212,12 @@ async def test_without_a_workload_w_says_there_is_none(until):
 
     engine = build_engine("sim:H100", workload=None)
     for command in (PauseWorkload(), Set({"workload_rate": 2.0})):
-        try:
-            engine.control(command)
-        except ControlError as exc:
-            assert exc.field == "workload" and "--workload none" in exc.reason
-        else:
+        outcome = engine.control(command)
+        engine.step()
+        exc = outcome.exception(0)
+        if not isinstance(exc, ControlError):
             raise AssertionError(f"{command} was accepted without a workload")
+        assert exc.field == "workload" and "--workload none" in exc.reason
     es = EngineServer(engine).start()
     try:
         app = PdtopApp(LiveSource(es.url, token=es.token))

@@ -28,4 +28,4 @@ async def test_disconnect_shows_and_reconnects(served, until):
         # controls work on the new connection
         await pilot.press("a" if served.engine.config_record().pinned_level is not None else "minus"
                           if (app.state.shown_level or 0) > 0 else "plus")
-        await until(pilot, lambda: any(n[1] == "accepted" for n in app.notices), "a control accepted after reconnect")
+        await until(pilot, lambda: any(n[1] == "applied" for n in app.notices), "a control applied after reconnect")

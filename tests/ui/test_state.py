@@ -92,16 +92,18 @@ def test_prefill_eta_from_layers_per_round_and_from_progress(ev):
 
 
 def test_a_pdmux_chunks_eta_counts_the_chunks_after_it(ev):
-    """pdmux with chunked_prefill_size 2048: an 8192-token prompt's second chunk, 8 of 36 layers done at 8
-    a round: 4 rounds left of it (36 = 4 x 8 + 4), then 2 chunks of 5 rounds each, at 10 ms a round."""
+    """pdmux with chunked_prefill_size 2048: an 8192-token prompt's second chunk, 8 of its 36 layers done at 8
+    a round: 4 rounds left of it (36 = 4 x 8 + 4), then 2 chunks of 5 rounds each, at 10 ms a round. On the
+    wire `layers_done` is the prompt's share done: (2048 x 36 + 2048 x 8) / 8192 = 11 of 36."""
     s = DashboardState()
     ev.hello["engine"]["config"]["chunked_prefill_size"] = 2048  # on the wire only when set
     s.ingest(ev.hello)
-    chunk = dataclasses.replace(ev.prefill([7], 8), tokens_done=2048)
+    chunk = dataclasses.replace(ev.prefill([7], 11), tokens_done=2048)
     for i in range(3):
         s.ingest(ev.round(i, (i + 1) * 0.01, prefills=[chunk]))
     assert s.prefills[0].tokens_done == 2048 and s.prefills[0].eta_s == pytest.approx((4 + 2 * 5) * 0.01)
-    s.ingest(ev.round(3, 0.04, prefills=[dataclasses.replace(chunk, tokens_done=6144)]))  # the last chunk
+    last = dataclasses.replace(chunk, tokens_done=6144, layers_done=29)  # the last chunk, 8 of its layers done
+    s.ingest(ev.round(3, 0.04, prefills=[last]))
     assert s.prefills[0].eta_s == pytest.approx(4 * 0.01)
 
 

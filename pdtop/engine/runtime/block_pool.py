@@ -63,16 +63,21 @@ class BlockPool:
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
+    def check_fits(self, prompt_tokens: int, max_new_tokens: int, what: str = "request") -> None:
+        """PromptError if a prompt and `max_new_tokens` more need more than the whole cache (waiting
+        for room would be forever)."""
+        need = prompt_tokens + max_new_tokens
+        if self.blocks_for(need) > self.num_blocks:
+            raise PromptError(f"KV cache too small: {what} ({prompt_tokens}-token prompt + max_tokens "
+                              f"{max_new_tokens}) needs {need} tokens, the whole cache holds {self.capacity_tokens}")
+
     def admit(self, table: BlockTable, prompt_tokens: int, max_new_tokens: int, what: str = "request") -> None:
         """Hold the prompt's blocks and promise room for `max_new_tokens` more: KVCapacityError (and
-        no change) if that does not fit now, PromptError if it never can (more than the whole cache,
-        so waiting would be forever)."""
+        no change) if that does not fit now, PromptError if it never can (`check_fits`)."""
+        self.check_fits(prompt_tokens, max_new_tokens, what)
         need = prompt_tokens + max_new_tokens
-        what = f"{what} ({prompt_tokens}-token prompt + max_tokens {max_new_tokens})"
-        if self.blocks_for(need) > self.num_blocks:
-            raise PromptError(f"KV cache too small: {what} needs {need} tokens, the whole cache holds "
-                              f"{self.capacity_tokens}")
-        self._grow([(table, prompt_tokens, self.blocks_for(need))], what)
+        self._grow([(table, prompt_tokens, self.blocks_for(need))],
+                   f"{what} ({prompt_tokens}-token prompt + max_tokens {max_new_tokens})")
 
     def reserve_many(self, wants: list[tuple[BlockTable, int]], what: str = "batch") -> None:
         """Grow several tables at once, all or nothing."""

@@ -4,7 +4,8 @@ A client's JSON object becomes a command once, at the edge (`parse_command`). Ma
 checks everything that does not depend on the engine's state (its fields' types, ranges that
 never change), whoever makes it, so a command object is well-formed. What does depend on it (a
 level past the last one, a prompt longer than the context, manual divisions that do not fit the
-device) is checked by `control.check` against the state the command will meet. `to_wire` is the
+device) is checked once, by the engine's thread, against the state the command meets when it is
+applied at a round boundary (`Engine.control`). `to_wire` is the
 inverse of `parse_command`: the dashboard and the tuners build commands and send `to_wire()`.
 """
 from __future__ import annotations
@@ -58,7 +59,7 @@ class PinLevel(Command):
         return "level"
 
     def __post_init__(self) -> None:
-        _integer("level", self.level)  # its range is the device's levels: `control.check`
+        _integer("level", self.level)  # its range is the device's levels: the engine's
 
     @classmethod
     def from_wire(cls, body: dict[str, Any]) -> PinLevel:
@@ -87,7 +88,7 @@ class Inject(Command):
 
     def __post_init__(self) -> None:
         if self.prompt_tokens is not None:
-            _integer("prompt_tokens", self.prompt_tokens)  # its range is the model's context: `control.check`
+            _integer("prompt_tokens", self.prompt_tokens)  # its range is the model's context: the engine's
         if self.max_tokens is not None:
             _valid(check_int, "max_tokens", self.max_tokens, 1, MAX_INJECT_TOKENS)
 
@@ -118,7 +119,7 @@ class ResumeWorkload(Command):
 @dataclass(frozen=True)
 class Set(Command):
     """Set any of `SETTABLE`: the pdmux knobs, the policy, the workload's rate. Each value is checked
-    here; that they fit the device (manual divisions, say) is `control.check`'s."""
+    here; that they fit the device (manual divisions, say) is the engine's to check."""
 
     values: dict[str, Any] = field(default_factory=dict)  # never changed once made
     name: ClassVar[str] = "set"

@@ -1,4 +1,4 @@
-"""The `disagg` policy's two instances: PD disaggregation 1P1D, as SGLang runs it.
+"""The `disagg` policy: PD disaggregation 1P1D, as SGLang runs it, in two instances.
 
 A prefill instance and a decode instance, each with its own share of the hardware and its
 own KV pool (the scheduler's executor is the decode instance; `Executor.twin` makes the
@@ -14,31 +14,27 @@ prefill one). A request moves through SGLang's queues:
    token timed at the transfer's end.
 
 Decode never runs prefill. On `sim:` the two instances are two whole simulated GPUs; on
-the CPU, the two core sets of the most even split level.
+the CPU, the two core sets of the most even split level. A request aborted inside the pair
+(reserved, prefilling or on the link) ends once its KV has landed in the decode pool.
 """
 from __future__ import annotations
 
 import functools
 from collections import deque
 from dataclasses import dataclass
-from typing import Generic, Protocol
+from typing import TYPE_CHECKING, Generic
 
 from pdtop.engine.devices.base import Device, Work
 from pdtop.engine.errors import ControlError, EngineError, KVCapacityError
 from pdtop.engine.records import DisaggState, KvTransfer, PrefillProgress, RoundRecord
 from pdtop.engine.request import BlockTable, Request, RequestStatus
-from pdtop.engine.runtime.executor import Executor, S
-from pdtop.engine.runtime.kv_link import KvLink, Transfer
-from pdtop.engine.scheduling.commands import EngineCommand, PinLevel, Set
+from pdtop.engine.runtime.executor import S
+from pdtop.engine.runtime.kv_link import CopyLink, KvLink, Transfer, VirtualLink
 from pdtop.engine.scheduling.policies import DISAGG_ON_CUDA
+from pdtop.engine.scheduling.policy import Policy, RoundStats
 
-
-class Queue(Protocol):
-    """What the pair reads and writes of the scheduler: its waiting queue and the requests it rejects."""
-
-    waiting: deque[Request]
-    waiting_tokens: int
-    rejected: list[Request]
+if TYPE_CHECKING:
+    from pdtop.engine.scheduling.scheduler import Scheduler
 
 
 @dataclass(eq=False)
@@ -66,15 +62,6 @@ def check_disagg(device: Device) -> None:
         raise ControlError("policy", "disagg needs two cores at least (one per instance)")
 
 
-def check_disagg_command(command: EngineCommand, policy: str, device: Device) -> None:
-    """ControlError for what disagg cannot do: switching to it where it cannot run (`check_disagg`),
-    or pinning a split level while it runs (each instance has its units for good)."""
-    if isinstance(command, Set) and command.values.get("policy") == "disagg":
-        check_disagg(device)
-    elif isinstance(command, PinLevel) and policy == "disagg":
-        raise ControlError("level", "under disagg each instance keeps its own units: switch to pdmux to pin a level")
-
-
 def even_level(groups: list[tuple[int, int]]) -> int:
     """The split level whose two sides are closest to even, both non-empty (the CPU's two instances)."""
     both = [i for i, (p, d) in enumerate(groups) if p > 0 and d > 0]
@@ -83,26 +70,59 @@ def even_level(groups: list[tuple[int, int]]) -> int:
     return min(both, key=lambda i: (abs(groups[i][0] - groups[i][1]), -groups[i][0]))
 
 
-class DisaggPair(Generic[S]):
-    def __init__(self, device: Device, decode: Executor[S], prefill: Executor[S], link: KvLink,
-                 max_prefill_tokens: int):
-        self.device, self.decode, self.prefill, self.link = device, decode, prefill, link
-        self.max_prefill_tokens = max_prefill_tokens
+class Disagg(Policy, Generic[S]):
+    name = "disagg"
+
+    def __init__(self, scheduler: Scheduler[S]) -> None:
+        dev = scheduler.device
+        check_disagg(dev)
+        self.scheduler, self.device = scheduler, dev
+        self.decode, self.prefill = scheduler.executor, scheduler.executor.twin()
+        link = scheduler.link
+        self.link: KvLink = VirtualLink(link) if dev.virtual else CopyLink(link, lambda: dev.pin_to_side(0))
         self.queue: deque[_Reserved] = deque()  # slots reserved, waiting for the prefill instance
         self.batch: _Batch[S] | None = None
-        self.finished: list[KvTransfer] = []  # transfers ended, for the engine to report
-        self.rounds: list[RoundRecord] = []  # the prefill instance's rounds (one a batch), for the engine to report
-        self.round_index = 0
+        self.round_index = 0  # of the prefill instance's rounds
 
-    def busy(self) -> bool:
+    def in_flight(self) -> bool:
         """Requests inside the pair: reserved, prefilling or on the link."""
         return bool(self.queue or self.batch is not None or self.link.queue)
 
-    def holds(self, req: Request) -> bool:
+    def abort(self, req: Request) -> bool:
         return (any(r.req is req for r in self.queue) or any(t.req is req for t in self.link.queue)
                 or (self.batch is not None and any(r.req is req for r in self.batch.items)))
 
-    def enter(self) -> None:
+    def progress(self) -> list[PrefillProgress]:
+        b = self.batch
+        if b is None:
+            return []
+        L = self.prefill.cfg.num_layers
+        done = min(L, int(L * self.device.prefill_progress()))
+        return [PrefillProgress([i.req.id for i in b.items], b.tokens, done, L, 0)]  # one whole-prompt forward
+
+    def leave(self) -> None:
+        self.device.set_instances(1)
+
+    def close(self) -> None:
+        self.link.close()
+
+    def step(self, stats: RoundStats) -> None:
+        s = self.scheduler
+        self._enter()
+        if not s.draining:
+            self._reserve()  # decode reserves the slots first
+        self._start_prefill()
+        stats.split = self.device.split
+        if s.running:
+            s.decode(stats, whole=False)
+        else:
+            self._wait()
+        self._collect(stats, block=not s.running and not self.link.queue)  # its work goes in the prefill round
+        for t in self._arrived(stats):  # KV in the decode pool: the request joins decode
+            s.join_decode([t.req], [t.first_token], stats, at=t.end)
+        stats.instance, stats.disagg = "decode", self.state(len(s.waiting))
+
+    def _enter(self) -> None:
         """The policy starts (or goes on): two instances on the device."""
         dev = self.device
         if dev.instances != 2:
@@ -112,30 +132,27 @@ class DisaggPair(Generic[S]):
             if level != dev.level:
                 dev.set_level(level)
 
-    def reserve(self, host: Queue, take: bool = True) -> None:
+    def _reserve(self) -> None:
         """The decode instance reserves slots for waiting requests, FIFO, while they fit (SGLang's
         handshake: decode prepares the destination before prefill computes)."""
-        while take and host.waiting:
-            req = host.waiting[0]
+        s = self.scheduler
+        while s.waiting:
+            req = s.waiting[0]
             table = BlockTable()
             try:
                 self.decode.pool.admit(table, req.prompt_len, req.params.max_tokens, f"request {req.id}")
             except KVCapacityError:
                 return  # waits for decode requests to finish
             except EngineError as exc:
-                self._reject(host, req, exc)
+                s.waiting.popleft()
+                s.waiting_tokens -= req.prompt_len
+                s.reject(req, str(exc))
                 continue
-            host.waiting.popleft()
-            host.waiting_tokens -= req.prompt_len
+            s.waiting.popleft()
+            s.waiting_tokens -= req.prompt_len
             self.queue.append(_Reserved(req, table, self.device.now()))
 
-    def _reject(self, host: Queue, req: Request, exc: EngineError) -> None:
-        host.waiting.popleft()
-        host.waiting_tokens -= req.prompt_len
-        req.status, req.finish_reason, req.error = RequestStatus.FINISHED, "rejected", str(exc)
-        host.rejected.append(req)
-
-    def start_prefill(self, host: Queue) -> None:
+    def _start_prefill(self) -> None:
         """The prefill instance takes reserved requests into one batch, if it is idle."""
         if self.batch is not None or not self.queue:
             return
@@ -144,17 +161,16 @@ class DisaggPair(Generic[S]):
         while self.queue:
             item = self.queue[0]
             n = item.req.prompt_len
-            if items and total + n > self.max_prefill_tokens:
+            if items and total + n > self.scheduler.max_prefill_tokens:
                 break
             try:
-                self.prefill.admit_prompt(item.req)
+                self.prefill.admit(item.req, promise=False)
             except KVCapacityError:
                 break
             except EngineError as exc:  # the model cannot take it: its reservation goes back
                 self.queue.popleft()
                 self.decode.pool.release(item.table)
-                item.req.status, item.req.finish_reason, item.req.error = RequestStatus.FINISHED, "rejected", str(exc)
-                host.rejected.append(item.req)
+                self.scheduler.reject(item.req, str(exc))
                 continue
             self.queue.popleft()
             item.req.status = RequestStatus.PREFILLING
@@ -164,11 +180,11 @@ class DisaggPair(Generic[S]):
             return
         reqs = [i.req for i in items]
         state = self.prefill.prefill_begin(reqs)
-        work: Work[object] = self.prefill.prefill(state, reqs, 0, self.prefill.cfg.num_layers)
+        work: Work[object] = self.prefill.prefill_work(state, reqs, 0, self.prefill.cfg.num_layers)
         self.device.submit_prefill(work)
         self.batch = _Batch(items, state, work, total, self.device.now())
 
-    def collect(self, block: bool = False) -> None:
+    def _collect(self, stats: RoundStats, block: bool = False) -> None:
         """A finished prefill batch's requests onto the link (first tokens sampled), and its round."""
         b = self.batch
         if b is None or not self.device.collect_prefill(1, block):
@@ -176,11 +192,11 @@ class DisaggPair(Generic[S]):
         self.batch = None
         ended = self.device.prefill_ended()
         per_token = self.decode.cfg.kv_bytes_per_token(self.decode.dtype_bytes)
-        for item, token in zip(b.items, self.prefill.finish_prefill(b.state), strict=True):
+        for item, token in zip(b.items, self.prefill.prefill_finish(b.state), strict=True):
             req, n = item.req, item.req.prompt_len
             t = Transfer(req, token, item.table, n * per_token, item.at, ended)
             self.link.send(t, functools.partial(self.decode.copy_kv_from, self.prefill, req.table, item.table, n))
-        self.rounds.append(self._round(b, ended))
+        stats.side.append(self._round(b, ended))
 
     def _round(self, b: _Batch[S], ended: float) -> RoundRecord:
         """The prefill instance's round: one whole-prompt batch, priced on its own units and pool (its
@@ -196,44 +212,26 @@ class DisaggPair(Generic[S]):
         self.round_index += 1
         return record
 
-    def drain(self) -> list[RoundRecord | KvTransfer]:
-        """The prefill instance's rounds and the transfers ended since the last call, in time order."""
-        out: list[RoundRecord | KvTransfer] = sorted([*self.rounds, *self.finished], key=lambda r: r.time)
-        self.rounds.clear()
-        self.finished.clear()
-        return out
-
-    def wait(self) -> None:
+    def _wait(self) -> None:
         """Nothing to decode: let time pass until a transfer or the prefill in flight ends."""
         end = self.link.next_end()
         if end is not None:
             self.device.idle(max(0.0, end - self.device.now()))
         elif self.link.queue:
             self.link.wait()
-        # else: the caller blocks on the prefill (`collect(block=True)`)
+        # else: the caller blocks on the prefill (`_collect(block=True)`)
 
-    def arrived(self) -> list[Transfer]:
+    def _arrived(self, stats: RoundStats) -> list[Transfer]:
         """Transfers ended: each request's prefill blocks freed, its decode slots now its table."""
         out = self.link.done(self.device.now())
         for t in out:
-            self.prefill.release(t.req)
+            self.prefill.free(t.req)
             t.req.table = t.table
-            self.finished.append(KvTransfer(t.end, t.req.id, t.nbytes, t.reserved, t.start, t.end, self.link.name))
+            stats.side.append(KvTransfer(t.end, t.req.id, t.nbytes, t.reserved, t.start, t.end, self.link.name))
         return out
-
-    def progress(self) -> list[PrefillProgress]:
-        b = self.batch
-        if b is None:
-            return []
-        L = self.prefill.cfg.num_layers
-        done = min(L, int(L * self.device.prefill_progress()))
-        return [PrefillProgress([i.req.id for i in b.items], b.tokens, done, L, 0)]  # one whole-prompt forward
 
     def state(self, reserving: int) -> DisaggState:
         used, capacity = self.prefill.kv_usage()
         p_units = self.device.units if self.device.virtual else self.device.split[0]
         return DisaggState(reserving, len(self.queue), len(self.batch.items) if self.batch else 0, used, capacity,
                            len(self.link.queue), self.link.bytes_in_flight, self.link.name, p_units, 2)
-
-    def close(self) -> None:
-        self.link.close()

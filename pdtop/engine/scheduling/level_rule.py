@@ -165,19 +165,18 @@ class DecodeStepModel:
 @dataclass
 class PrefillPace:
     """The in-flight prefill's pace: prefill unit-seconds per layer done (rounds it was in, each
-    round's seconds times the prefill units it had)."""
+    round's seconds times the prefill units it had). pdmux tells it after each round."""
 
-    key: tuple[object, ...] = ()
+    key: tuple[object, ...] = ()  # which prefill: its requests, the chunk's first token (None: whole), tokens
     unit_s: float = 0.0
     layers: int = 0
 
-    def add(self, record: RoundRecord) -> None:
-        p = record.prefills[0]
-        key = (tuple(p.request_ids), p.tokens_done, p.tokens)
+    def add(self, key: tuple[object, ...], unit_s: float, layers: int) -> None:
+        """A round of prefill `key`: `unit_s` unit-seconds, after which `layers` of its layers are done."""
         if key != self.key:
             self.key, self.unit_s = key, 0.0
-        self.unit_s += record.round_s * record.prefill_units
-        self.layers = p.layers_done
+        self.unit_s += unit_s
+        self.layers = layers
 
     def layer_s(self, prefill_units: int) -> float | None:
         return self.unit_s / self.layers / prefill_units if self.layers > 0 and prefill_units > 0 else None
@@ -202,16 +201,15 @@ class SloRule:
         return min(MAX_MARGIN, max(MIN_MARGIN, float(np.percentile(self.errors, ERROR_PERCENTILE)) - 1.0))
 
     def learn(self, record: RoundRecord, config: PdmuxConfig, table: SplitTable) -> None:
-        """After each round: under level_rule slo the model's prediction for it is checked and the
-        prefill's pace kept; the model learns from it, and under level_rule slo the record gets the
-        model's step per level (`RoundRecord.predicted_steps_s`)."""
+        """After each round: under level_rule slo the model's prediction for it is checked (the prefill's
+        pace is kept by pdmux, `PrefillPace`); the model learns from it, and under level_rule slo the
+        record gets the model's step per level (`RoundRecord.predicted_steps_s`)."""
         self.chosen = None  # a choice holds for the slice submitted in its own round
-        if config.level_rule == "slo" and record.policy == "pdmux" and record.prefills and record.prefill_units:
-            self.pace.add(record)
-            if record.decode_bs and record.decode_step_s > 0:
-                p, own = self.model.predict(record.decode_units, record.decode_bs, round_context(record))
-                if own and p > 0:
-                    self.errors.append(record.decode_step_s / p)
+        if config.level_rule == "slo" and record.policy == "pdmux" and record.prefills and record.prefill_units \
+                and record.decode_bs and record.decode_step_s > 0:
+            p, own = self.model.predict(record.decode_units, record.decode_bs, round_context(record))
+            if own and p > 0:
+                self.errors.append(record.decode_step_s / p)
         self.model.observe(record)
         record.predicted_steps_s = self.predicted(config, table)
 

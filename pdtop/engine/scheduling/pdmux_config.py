@@ -5,7 +5,7 @@ SGLang's fields, in its order: `sm_group_num`, `manual_divisions` (a list of
 `max_split_forward_layers`, `decode_bs_divisor`, `overlap_decode_full_sm`; the latest release
 (`SGLANG_RELEASE`, 0.5.23) reads four of them (`RELEASE_KEYS`), newer SGLang (`SGLANG_MAIN`) all six.
 pdtop adds `chunk_size` for its chunked-prefill policy, `chunked_prefill_size`, SGLang's server flag
-`--chunked-prefill-size` (which pdmux follows in newer SGLang: `pdmux_prefill.py`), and
+`--chunked-prefill-size` (which pdmux follows in newer SGLang: `pdmux.py`), and
 `level_rule` (`sglang`, or `slo`: the fewest decode units that meet `slo_itl_ms`,
 `level_rule.py`). Every value passes `validate`, whether it comes from a file, the constructor,
 or a live override through `PdmuxConfig.replace`, and the fields together pass `_check_together`.
@@ -90,8 +90,8 @@ def _slo_itl_ms(value: Any) -> float | None:
 _VALIDATORS = {
     "sm_group_num": lambda v: check_int("sm_group_num", v, 3),
     "manual_divisions": _manual_divisions,
-    # any integer: SGLang's slice is max(1, budget // tokens) layers, so 0 or less is 1 layer a slice
-    "split_forward_token_budget": lambda v: check_int("split_forward_token_budget", v, -INT_MAX),
+    # a file's 0 or less is read as 1 (`load_pdmux_config`); a live change must be at least 1
+    "split_forward_token_budget": lambda v: check_int("split_forward_token_budget", v, 1),
     "max_split_forward_layers": lambda v: check_int("max_split_forward_layers", v, 0),
     "decode_bs_divisor": lambda v: check_int("decode_bs_divisor", v, 1),
     "overlap_decode_full_sm": lambda v: _bool("overlap_decode_full_sm", v),
@@ -252,6 +252,12 @@ def load_pdmux_config(path: str, warn: Callable[[str], None] = warn_once) -> Pdm
         note(", ".join(unknown), f"unknown key{'s' if len(unknown) > 1 else ''}, ignored as SGLang {SGLANG_RELEASE} "
              "ignores keys it does not know")
     values: dict[str, Any] = {}
+    budget = raw.get("split_forward_token_budget")
+    if isinstance(budget, int) and not isinstance(budget, bool) and budget < 1:
+        # SGLang's slice is max(1, budget // tokens) layers: 0 or less is a layer a slice, as 1 is
+        raw = {**raw, "split_forward_token_budget": 1}
+        note("split_forward_token_budget", f"{budget} is read as 1 (one layer a slice), as SGLang {SGLANG_RELEASE}'s "
+             "max(1, budget // tokens) makes it")
     for key, value in ((str(k), v) for k, v in raw.items() if k not in unknown):
         try:
             values[key] = validate(key, value)

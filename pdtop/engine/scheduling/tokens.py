@@ -1,17 +1,14 @@
 """What a token means: `append_token`, the one place a token is appended and "finished" decided
 (nano-vllm's `Scheduler.postprocess`), and `generate`, one request alone through the same rule
-(`pdtop generate`, tests). The scheduler re-exports both.
+(`pdtop generate`, tests).
 """
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
 
 from pdtop.engine.request import Request, RequestStatus
-
-if TYPE_CHECKING:
-    from pdtop.engine.runtime.runner import ModelRunner
+from pdtop.engine.runtime.executor import Executor, S
 
 
 def append_token(req: Request, token: int, now: float, eos_ids: Sequence[int]) -> bool:
@@ -31,7 +28,7 @@ def append_token(req: Request, token: int, now: float, eos_ids: Sequence[int]) -
     return req.finished
 
 
-def generate(runner: ModelRunner, req: Request) -> Iterator[int]:
+def generate(runner: Executor[S], req: Request) -> Iterator[int]:
     """Run one new request alone: admit, prefill, decode until `append_token` finishes it.
 
     Yields each token once appended (the first right after the prefill); the request's
@@ -42,7 +39,7 @@ def generate(runner: ModelRunner, req: Request) -> Iterator[int]:
         req.status = RequestStatus.PREFILLING
         tokens = runner.prefill([req])
         while True:
-            finished = append_token(req, tokens[0], time.perf_counter(), runner.config.eos_ids)
+            finished = append_token(req, tokens[0], time.perf_counter(), runner.cfg.eos_ids)
             yield tokens[0]
             if finished:
                 return

@@ -92,7 +92,6 @@ class Workload:
     _next: float = field(init=False)
     _loop_next: float = field(init=False)
     _long_next: float = field(init=False)
-    _injected: list[Arrival] = field(default_factory=list, init=False)
 
     def __post_init__(self) -> None:
         self._rng = random.Random(self.spec.seed)
@@ -108,10 +107,10 @@ class Workload:
         return Arrival(time, prompt, self._rng.randint(*self.spec.output_tokens), kind)
 
     def due(self, now: float, in_flight: int = 0, long_waiting: bool = False) -> list[Arrival]:
-        """Arrivals up to `now` (none but injected ones while paused), in time order. `in_flight`: the
+        """Arrivals up to `now` (none while paused), in time order. `in_flight`: the
         closed loop's requests not finished yet; `long_waiting`: the last periodic long prompt has no
         first token yet."""
-        out, self._injected = self._injected, []
+        out: list[Arrival] = []
         if self.spec.paused:
             return out
         if self.spec.long_every_s > 0 and self._long_next <= now:
@@ -130,10 +129,12 @@ class Workload:
             self._next += self._gap()
         return sorted(out, key=lambda a: a.time)
 
-    def inject(self, now: float, prompt_tokens: int | None = None, max_tokens: int | None = None) -> None:
+    def inject(self, now: float, prompt_tokens: int | None = None, max_tokens: int | None = None) -> Arrival:
+        """An injected prompt arriving now (the `inject` control; paused or not): `prompt_tokens` or the
+        workload's long prompt, `max_tokens` or its longest output."""
         tokens = prompt_tokens or self.spec.long_prompt_tokens
         out = max_tokens or self.spec.output_tokens[1]
-        self._injected.append(Arrival(now, tokens, out, "inject"))
+        return Arrival(now, tokens, out, "inject")
 
     def set_rate(self, rate: float, now: float) -> None:
         self.spec.rate = rate

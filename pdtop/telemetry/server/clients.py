@@ -30,6 +30,7 @@ class Client:
     shed_base: int = 0  # the inbox's shed count when it connected: what was shed before is not its loss
     frames_sent: int = 0
     closing: bool = False  # being closed for not reading: its messages are no longer handled
+    waiting: int = 0  # its engine commands whose outcome the engine has not given yet
     messages: TokenBucket = field(default_factory=lambda: TokenBucket(CONTROL_RATE, CONTROL_BURST))
 
 

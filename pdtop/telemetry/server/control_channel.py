@@ -1,15 +1,22 @@
-"""One control frame from a client -> the `reply` event (docs/protocol.md, control).
+"""One control frame from a client -> its `reply` event (docs/protocol.md, control).
 
 The frame is parsed once into a command (`commands.parse_command`). The server's own commands
-(`Auth`, `RecordStart`, `RecordStop`) are handled here; the engine's go to `ControlTarget.control`,
-which checks them against the engine's state at once. Each connection may send `CONTROL_RATE`
-messages a second (bursts of `CONTROL_BURST`); beyond that a message is refused, changing nothing.
-Wrong tokens are counted per address, across connections (`TokenGate`). Nothing a client sends raises.
+(`Auth`, `RecordStart`, `RecordStop`) are answered here at once; the engine's go to
+`ControlTarget.control`, whose future the engine resolves at its next round boundary, once it
+has checked and applied the command: `Waiting.reply` awaits it without blocking the event loop
+and makes the one reply, which carries the change. Each connection may send `CONTROL_RATE`
+messages a second (bursts of `CONTROL_BURST`) and have `MAX_WAITING` engine commands waiting for
+their outcome; beyond that a message is refused, changing nothing. Wrong tokens are counted per
+address, across connections (`TokenGate`). Nothing a client sends raises.
 """
 from __future__ import annotations
 
+import asyncio
+from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any, Protocol
 
+from pdtop.engine.control import Change
 from pdtop.engine.errors import ControlError
 from pdtop.engine.scheduling.commands import EngineCommand
 from pdtop.quiet_log import QuietLog
@@ -20,6 +27,8 @@ from pdtop.telemetry.server.commands import Auth, RecordStart, RecordStop, parse
 from pdtop.telemetry.server.frames import FrameError, parse_control
 from pdtop.token_gate import TokenGate
 
+MAX_WAITING = 16  # engine commands of one connection waiting for the engine's outcome
+
 
 class ControlTarget(Protocol):
     """What a control channel acts on (the telemetry server)."""
@@ -27,16 +36,40 @@ class ControlTarget(Protocol):
     gate: TokenGate
     quiet: QuietLog
 
-    def control(self, command: EngineCommand, client: str) -> None:
-        """Check and queue an engine command (ControlError: refused, nothing changed)."""
+    def control(self, command: EngineCommand, client: str) -> Future[Change]:
+        """Queue an engine command; the future resolves with its change or a ControlError."""
 
     def start_recording(self, path: str) -> Recorder: ...
 
     def stop_recording(self) -> str | None: ...
 
 
-def handle_control(target: ControlTarget, client: Client, frame: str | bytes) -> dict[str, Any]:
-    """The `reply` event to one frame from `client`."""
+@dataclass(eq=False)
+class Waiting:
+    """An engine command on its way through the engine: its reply once the engine has given its outcome."""
+
+    target: ControlTarget
+    client: Client
+    msg_id: Any
+    future: Future[Change]
+
+    async def reply(self) -> dict[str, Any]:
+        """The reply: `ok` with the change, or the refusal. The command stays queued in the engine if
+        the connection goes meanwhile (`shield`): what a client asked is applied all the same."""
+        try:
+            change = await asyncio.shield(asyncio.wrap_future(self.future))
+        except ControlError as exc:
+            return reply_event(self.msg_id, False, exc.field, exc.reason)
+        except Exception as exc:  # the engine failed to apply it: report it, keep serving
+            self.target.quiet.warning("engine.control", "engine.control raised %r", exc)
+            return reply_event(self.msg_id, False, None, f"{type(exc).__name__}: {exc}")
+        finally:
+            self.client.waiting -= 1
+        return reply_event(self.msg_id, True, change=change.changes)
+
+
+def handle_control(target: ControlTarget, client: Client, frame: str | bytes) -> dict[str, Any] | Waiting:
+    """The `reply` event to one frame from `client`, or for an engine command the reply to wait for."""
     try:
         msg = parse_control(frame)
     except FrameError as exc:
@@ -74,14 +107,16 @@ def handle_control(target: ControlTarget, client: Client, frame: str | bytes) ->
             if stopped is None:
                 return reply_event(msg_id, False, "cmd", "not recording")
             return reply_event(msg_id, True, path=stopped)
+    if client.waiting >= MAX_WAITING:
+        return reply_event(msg_id, False, "cmd", f"too many commands waiting for the engine: at most {MAX_WAITING} "
+                                                 "on one connection; nothing was changed")
     try:
-        target.control(command, client.id)
-    except ControlError as exc:
-        return reply_event(msg_id, False, exc.field, exc.reason)
-    except Exception as exc:  # the engine failed to check it: report it, keep serving
+        future = target.control(command, client.id)
+    except Exception as exc:  # the engine could not queue it: report it, keep serving
         target.quiet.warning("engine.control", "engine.control(%.200r) raised %r", command, exc)
         return reply_event(msg_id, False, None, f"{type(exc).__name__}: {exc}")
-    return reply_event(msg_id, True)
+    client.waiting += 1
+    return Waiting(target, client, msg_id, future)
 
 
 def _read_only(msg_id: Any) -> dict[str, Any]:

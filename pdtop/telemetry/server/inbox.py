@@ -19,19 +19,19 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from pdtop.engine.description import EngineConfig
-from pdtop.engine.records import ConfigChange, ControlFailure, KvTransfer, RequestRecord, RoundRecord
+from pdtop.engine.records import ConfigChange, KvTransfer, RequestRecord, RoundRecord
 from pdtop.telemetry.encode import encode, encode_record
-from pdtop.telemetry.events import ConfigEvent, ErrorNotice, Event
+from pdtop.telemetry.events import ConfigEvent, Event
 
 _STREAM = frozenset((RoundRecord, RequestRecord, KvTransfer))
 
 
 class Outgoing(NamedTuple):
-    """One event on its way out, as JSON text. `lane` "config" and "notice" events reach every
-    client, never dropped; "stream" events join the stream, which a slow client may lose."""
+    """One event on its way out, as JSON text. `lane` "config" events reach every client, never
+    dropped; "stream" events join the stream, which a slow client may lose."""
 
     text: str
-    lane: str  # "stream" | "config" | "notice"
+    lane: str  # "stream" | "config"
 
 
 @dataclass(slots=True)
@@ -49,7 +49,7 @@ class Inbox:
         gate = _Gate()
         append = q.append
 
-        def sink(record: RoundRecord | RequestRecord | ConfigChange | ControlFailure | KvTransfer) -> None:
+        def sink(record: RoundRecord | RequestRecord | ConfigChange | KvTransfer) -> None:
             try:
                 if record.__class__ in _STREAM:  # most records: the cheapest test first
                     if gate.room > 0:
@@ -59,8 +59,6 @@ class Inbox:
                         gate.shed += 1
                 elif isinstance(record, ConfigChange):
                     append(Outgoing(encode(ConfigEvent.after(record, config())), "config"))
-                elif isinstance(record, ControlFailure):
-                    append(Outgoing(encode(ErrorNotice(record.field, f"not applied: {record.reason}")), "notice"))
             except Exception:  # never raise into the engine's loop
                 gate.shed += 1
 

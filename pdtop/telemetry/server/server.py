@@ -12,10 +12,11 @@ Hostile clients: handshakes from a browser page (an `Origin` not allowed) are re
 (HTTP 403), connections beyond `max_clients` too (HTTP 503). With a token, the last eighth
 of the slots (`reserved`) is kept for connections that give it: watchers without it cannot
 lock the operator out. Wrong tokens are counted per address across connections, and past a
-few each makes the address wait longer (`TokenGate`). A connection's replies are
-sent before its next message is read, so a client that floods without reading only
-stalls itself; control messages are rate-limited per connection, and problems a flood
-repeats are logged once with a count (`QuietLog`).
+few each makes the address wait longer (`TokenGate`). A connection's replies go out in the
+order of its messages, each engine command's once the engine has applied or refused it
+(`control_channel.Waiting`); at most `REPLIES_QUEUED` wait to be sent, then its next message
+is not read, so a client that floods without reading only stalls itself. Control messages are
+rate-limited per connection, and problems a flood repeats are logged once with a count (`QuietLog`).
 """
 from __future__ import annotations
 
@@ -45,17 +46,21 @@ from pdtop.telemetry.recording.recorder import Recorder, RecordingError
 from pdtop.telemetry.server.client_queue import ClientQueue, QueueOverflow
 from pdtop.telemetry.server.clients import Client, fan_out
 from pdtop.telemetry.server.config_merge import merge_configs
-from pdtop.telemetry.server.control_channel import handle_control
+from pdtop.telemetry.server.control_channel import Waiting, handle_control
 from pdtop.telemetry.server.frames import WIRE_MAX_SIZE
 from pdtop.telemetry.server.inbox import Inbox
 from pdtop.token_gate import NO_TOKEN, GuessBudget, Refusal, TokenGate
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
+    from pdtop.engine.control import Change
     from pdtop.engine.description import EngineConfig, EngineDescription
     from pdtop.engine.scheduling.commands import EngineCommand
     from pdtop.engine.sinks import Sink
 
 log = logging.getLogger("pdtop.telemetry.server.server")
+REPLIES_QUEUED = 64  # replies of one connection waiting to be sent before its next message is read
 
 
 def is_loopback(host: str) -> bool:
@@ -78,7 +83,7 @@ class Served(Protocol):
 
     def remove_sink(self, sink: Sink) -> None: ...
 
-    def control(self, command: EngineCommand, client: str | None = None) -> object: ...
+    def control(self, command: EngineCommand, client: str | None = None) -> Future[Change]: ...
 
 
 class TelemetryServer:
@@ -131,9 +136,9 @@ class TelemetryServer:
         self._loop_handler: Any = None  # the event loop's exception handler before ours
         self._hooked = False  # the inbox's sink is registered with the engine
 
-    def control(self, command: EngineCommand, client: str) -> None:
-        """A client's engine command, checked and queued by the engine (ControlError: refused)."""
-        self.engine.control(command, client=client)
+    def control(self, command: EngineCommand, client: str) -> Future[Change]:
+        """A client's engine command, queued for the engine's next round boundary."""
+        return self.engine.control(command, client=client)
 
     def publish(self, event: Event) -> None:
         """Queue a ready-made event (the hardware sampler's); thread-safe, never blocks."""
@@ -292,9 +297,6 @@ class TelemetryServer:
             self._record(item.text)
             if item.lane == "config":
                 configs.append(item.text)
-            elif item.lane == "notice":
-                for client in clients:
-                    self._send_priority(client, item.text)
         if configs:  # a config event is never dropped: every client must see it; one a tick is enough
             merged = merge_configs(configs)
             for client in clients:
@@ -351,6 +353,7 @@ class TelemetryServer:
         client = Client(client_id, ws, ClientQueue(self.queue_size), authorized,
                         batch=query.get("batch") in ("1", "true", "yes"), host=_host(ws))
         writer: asyncio.Task[None] | None = None
+        replier: asyncio.Task[None] | None = None
         try:
             await ws.send(encode(self._hello(client_id, not authorized)))  # before any other frame
             if refusal is not None and refusal is not NO_TOKEN:
@@ -360,22 +363,38 @@ class TelemetryServer:
             self._inbox.refill(max(0, int(self._budget)))
             client.shed_base = self._inbox.shed_total
             writer = asyncio.create_task(self._write(client), name=f"pdtop-writer-{client_id}")
+            replies: asyncio.Queue[dict[str, Any] | Waiting] = asyncio.Queue(REPLIES_QUEUED)
+            replier = asyncio.create_task(self._reply(client, replies), name=f"pdtop-replies-{client_id}")
             async for message in ws:
                 if client.closing:
                     break
                 try:
-                    reply = handle_control(self, client, message)
+                    answer = handle_control(self, client, message)
                 except Exception as exc:  # no input may crash the server
                     self.quiet.warning("control", "control message from %s", client_id, exc_info=True)
-                    reply = reply_event(None, False, None, f"internal error: {type(exc).__name__}")
-                # sent before the next message is read: a client that does not read its replies stalls itself
-                await ws.send(encode(reply))
+                    answer = reply_event(None, False, None, f"internal error: {type(exc).__name__}")
+                await replies.put(answer)  # full: the next message waits (a client not reading stalls itself)
         except ConnectionClosed:
             pass
         finally:
             self.clients.pop(client_id, None)
-            if writer is not None:
-                writer.cancel()
+            for task in (writer, replier):
+                if task is not None:
+                    task.cancel()
+
+    async def _reply(self, client: Client, replies: asyncio.Queue[dict[str, Any] | Waiting]) -> None:
+        """Each reply in the order of the messages, an engine command's once the engine has given its outcome."""
+        try:
+            while True:
+                answer = await replies.get()
+                await client.ws.send(encode(await answer.reply() if isinstance(answer, Waiting) else answer))
+        except ConnectionClosed:
+            pass
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            self.quiet.warning("replies", "replies to %s", client.id, exc_info=True)
+            await client.ws.close(1011, "server error")
 
     async def _write(self, client: Client) -> None:
         q, ws = client.queue, client.ws

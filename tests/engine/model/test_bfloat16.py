@@ -32,7 +32,7 @@ from pdtop.engine.model.linear import packing_available
 from pdtop.engine.model.loader import load_model
 from pdtop.engine.request import Request, SamplingParams
 from pdtop.engine.runtime.runner import ModelRunner
-from pdtop.engine.scheduling.scheduler import append_token
+from pdtop.engine.scheduling.tokens import append_token
 
 PROMPTS = ("What is the capital of France?", "Name three colours of the rainbow.",
            "Write a haiku about the sea.", "How many legs does a spider have?",

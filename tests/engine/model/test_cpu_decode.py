@@ -14,7 +14,7 @@ from pdtop.engine.model.llama import ForwardBatch
 from pdtop.engine.model.loader import load_model
 from pdtop.engine.request import Request, SamplingParams
 from pdtop.engine.runtime.runner import ModelRunner
-from pdtop.engine.scheduling.scheduler import append_token
+from pdtop.engine.scheduling.tokens import append_token
 
 
 @pytest.fixture(scope="module")
@@ -68,9 +68,8 @@ def test_fast_path_gives_the_layers_logits_bit_for_bit(model, tokenizer, prompts
 
 def test_it_runs_decode_batches_and_declines_the_rest(model, tokenizer):
     runner, reqs = decoding(model, tokenizer, ["What is the capital of France?", "What is 12 times 7?"])
-    ids, pos, slots, groups = runner._decode_batch(reqs)
-    batch = ForwardBatch(kv=runner.kv, positions=torch.tensor(pos), slots=torch.tensor(slots),
-                         num_decode=len(reqs), decode_groups=groups)
+    ids, batch = runner._batch(reqs, [])
+    groups = batch.decode_groups
     with torch.inference_mode():
         h = model.embed(torch.tensor(ids))
         rot = batch.rope(model)

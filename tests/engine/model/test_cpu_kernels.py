@@ -15,7 +15,7 @@ import torch
 
 from pdtop.engine.model import cpu_kernels
 from pdtop.engine.request import Request, SamplingParams
-from pdtop.engine.scheduling.scheduler import append_token
+from pdtop.engine.scheduling.tokens import append_token
 
 pytestmark = pytest.mark.skipif(not (shutil.which("gcc") or shutil.which("cc")), reason="no C compiler")
 

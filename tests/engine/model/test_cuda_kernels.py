@@ -75,7 +75,7 @@ from pdtop.engine.model.paged_attention import PagedDecode
 from pdtop.engine.request import Request, RequestStatus, SamplingParams
 from pdtop.engine.runtime.cuda_graphs import DecodeInputs
 from pdtop.engine.runtime.runner import ModelRunner
-from pdtop.engine.scheduling.scheduler import append_token
+from pdtop.engine.scheduling.tokens import append_token
 from warm_start import prefill_to_decoding
 
 runner = ModelRunner(load_model(None, dtype="float32"), kv_capacity_tokens=1024)
@@ -114,8 +114,9 @@ def test_decode_inputs_point_at_each_rows_blocks(runner):
         q.status = RequestStatus.DECODING
     r._grow(reqs)
     inp = DecodeInputs.of(r.kv, reqs)
-    _, _, slots, _ = r._decode_batch(reqs)
-    assert inp.slots.tolist() == slots.tolist() and inp.context_lens.tolist() == [4, 17, 41]
+    bs = r.kv.block_size  # each row's new K/V goes to the slot of its position in its own blocks
+    slots = [q.table.blocks[q.num_cached // bs] * bs + q.num_cached % bs for q in reqs]
+    assert inp.slots.tolist() == slots and inp.context_lens.tolist() == [4, 17, 41]
     assert inp.positions.tolist() == [3, 16, 40] and inp.ids.tolist() == [7, 7, 7]
     for row, q in enumerate(reqs):
         n = -(-int(inp.context_lens[row]) // r.kv.block_size)

@@ -13,7 +13,7 @@ from pdtop.engine.errors import EngineError, ModelFileError, UnsupportedModelErr
 from pdtop.engine.model.loader import default_model_path, load_gguf, load_model, read_config, supported_types
 from pdtop.engine.request import Request, SamplingParams
 from pdtop.engine.runtime.runner import ModelRunner
-from pdtop.engine.scheduling.scheduler import generate
+from pdtop.engine.scheduling.tokens import generate
 
 Q = gguf.GGMLQuantizationType
 TINY1 = replace(TINY["llama"], layers=1)

@@ -15,7 +15,7 @@ from pdtop.engine.model.llama import REFINE_TOP, ForwardBatch, Segment
 from pdtop.engine.model.synthetic import synthetic_model
 from pdtop.engine.request import Request, SamplingParams
 from pdtop.engine.runtime.runner import ModelRunner
-from pdtop.engine.scheduling.scheduler import append_token, generate
+from pdtop.engine.scheduling.tokens import append_token, generate
 
 # Batched and lone runs use different matmul row counts, so oneDNN may sum in another order:
 # logits (magnitude ~10-30) may differ by float32 rounding, never by more than this.

@@ -76,7 +76,7 @@ def test_bfloat16_and_a_short_generation(tiny):
     _, t, _, path, _ = tiny
     from pdtop.engine.request import Request, SamplingParams
     from pdtop.engine.runtime.runner import ModelRunner
-    from pdtop.engine.scheduling.scheduler import generate
+    from pdtop.engine.scheduling.tokens import generate
 
     m = load_model(path, dtype="bfloat16", num_layers=1)
     assert m.num_layers == 1 and m.dtype == torch.bfloat16

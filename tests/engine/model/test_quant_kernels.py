@@ -18,7 +18,7 @@ from pdtop.engine.model.loader import load_model
 from pdtop.engine.model.quant_linear import QuantLinear, QuantWeight, fused_blocks
 from pdtop.engine.request import Request, SamplingParams
 from pdtop.engine.runtime.runner import ModelRunner
-from pdtop.engine.scheduling.scheduler import generate
+from pdtop.engine.scheduling.tokens import generate
 
 TYPES = sorted(t for t in quant_kernels.QUANT_TYPES if quant_kernels.block_len(t) == 32)  # K types: test_quant_k
 

@@ -174,7 +174,7 @@ def _long_prompt_ttft(dev: SimDevice) -> float:
     sched.add(long)
     while not long.output_ids:
         sched.step()
-    assert long.num_cached == 8192 and sched.prefill is None and len(sched.running) == 17
+    assert long.num_cached == 8192 and not sched.prefill_in_flight and len(sched.running) == 17
     return long.token_times[0] - long.arrival
 
 

@@ -12,7 +12,7 @@ import torch
 from pdtop.engine.errors import KVCapacityError, PromptError
 from pdtop.engine.request import Request, RequestStatus, SamplingParams
 from pdtop.engine.runtime.runner import length_groups
-from pdtop.engine.scheduling.scheduler import append_token, generate
+from pdtop.engine.scheduling.tokens import append_token, generate
 
 # See test_model.LOGIT_ATOL: different row counts may change float32 summation order.
 LOGIT_ATOL = 1e-3

@@ -40,10 +40,10 @@ def test_no_transfer_starts_before_decode_reserved_its_slots():
     pair = None
     for _ in range(200):
         engine.step()
-        pair = engine.scheduler.pair
+        pair = engine.scheduler.active
         if first.output_ids:
             break
-    assert pair is not None and first.output_ids
+    assert pair.name == "disagg" and first.output_ids
     for _ in range(50):  # first decodes; second waits for decode slots, and so never reaches prefill
         rec = engine.step()
         assert second.status.value == "waiting" and not second.table.blocks
@@ -82,9 +82,9 @@ def test_cpu_kv_really_moves_and_text_equals_generate(model_fp32, tokenizer):
         other = engine.submit(tokenizer.encode("The history of"), 20, ignore_eos=True)
         req = engine.submit(list(prompt), 12)
         engine.run_until_idle()
-        pair = engine.scheduler.pair
-        assert pair is not None
-        a, b = pair.prefill.runner.kv.data, engine.executor.runner.kv.data  # type: ignore[attr-defined]
+        pair = engine.scheduler.active
+        assert pair.name == "disagg"
+        a, b = pair.prefill.kv.data, engine.executor.kv.data  # type: ignore[attr-defined]
         assert a.data_ptr() != b.data_ptr()  # two pools
         assert req.output_ids == want and tokenizer.decode(want).startswith("The capital of France is Paris")
         assert len(other.output_ids) == 20
@@ -116,9 +116,12 @@ def test_live_switch_to_and_from_disagg():
     policies = set()
     for _ in range(60):
         policies.add(engine.step().policy)
-    assert "disagg" in policies and engine.scheduler.pair is not None and late.output_ids
+    assert "disagg" in policies and "disagg" in engine.scheduler.made and late.output_ids
+    pinned = engine.control(PinLevel(1))
+    engine.step()
     with pytest.raises(ControlError, match="switch to pdmux to pin a level"):  # nothing to pin: changes nothing
-        engine.control(PinLevel(1))
+        pinned.result(0)
+    assert engine.config_record().pinned_level is None
     engine.control(Set({"policy": "chunked"}))
     engine.run_until_idle()
     assert engine.scheduler.policy == "chunked" and engine.device.instances == 1
@@ -147,8 +150,8 @@ def test_aborts_inside_the_pair_end_once_their_kv_lands_and_free_both_pools():
         engine.step()
     a, b, c = (engine.submit(engine.prompts.make(4000), 10, ignore_eos=True) for _ in range(3))
     engine.step()
-    pair = engine.scheduler.pair
-    assert pair is not None and pair.batch is not None and [i.req for i in pair.queue] == [c]
+    pair = engine.scheduler.active
+    assert pair.name == "disagg" and pair.batch is not None and [i.req for i in pair.queue] == [c]
     engine.abort(c)  # reserved, waiting for the prefill instance
     engine.abort(a)  # prefilling
     engine.run_until_idle()

@@ -111,9 +111,12 @@ def test_overlap_set_live_rebuilds_the_levels_and_is_refused_without_divisions()
         engine.step()
         assert engine.config_record().levels == [(132, 0), (104, 132), (0, 132)]
         assert engine.config_record().overlap_decode_full_sm is True
+        refused = engine.control(Set({"manual_divisions": []}))  # overlap needs them
+        engine.step()
         with pytest.raises(ControlError) as err:
-            engine.control(Set({"manual_divisions": []}))  # overlap needs them
+            refused.result(0)
         assert err.value.field == "overlap_decode_full_sm"
+        assert engine.config_record().levels == [(132, 0), (104, 132), (0, 132)]  # nothing changed
         engine.control(Set({"overlap_decode_full_sm": False}))
         engine.step()
         assert engine.config_record().levels == [(132, 0), (104, 28), (0, 132)]
@@ -121,8 +124,10 @@ def test_overlap_set_live_rebuilds_the_levels_and_is_refused_without_divisions()
         engine.close()
     plain = build_engine("sim:H100")
     try:
+        refused = plain.control(Set({"overlap_decode_full_sm": True}))
+        plain.step()
         with pytest.raises(ControlError) as err:
-            plain.control(Set({"overlap_decode_full_sm": True}))
+            refused.result(0)
         assert err.value.field == "overlap_decode_full_sm"
     finally:
         plain.close()

@@ -147,9 +147,11 @@ def test_the_rule_is_switched_live_and_back():
 
     engine = build_engine("sim:H100")
     try:
+        refused = engine.control(Set({"level_rule": "slo"}))
+        engine.step()
         with pytest.raises(ControlError, match="slo needs slo_itl_ms"):
-            engine.control(Set({"level_rule": "slo"}))
-            engine.step()
+            refused.result(0)
+        assert engine.config.level_rule == "sglang"
         engine.control(Set({"level_rule": "slo", "slo_itl_ms": 16.0}))
         engine.step()
         assert engine.config.level_rule == "slo" and engine.config.slo_itl_ms == 16.0
@@ -219,6 +221,7 @@ def pace(rule: SloRule, decode_units: int, config: PdmuxConfig, layers: int, rou
     for done in range(1, layers + 1):
         r = record(decode_units, 30, 50_000, True)
         r.prefills, r.round_s = [PrefillProgress([7], PROMPT, done, 36, 1)], round_s
+        rule.pace.add(((7,), None, PROMPT), round_s * r.prefill_units, done)  # as pdmux tells it after the round
         rule.learn(r, config, TABLE)
 
 

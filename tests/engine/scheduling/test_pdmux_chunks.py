@@ -11,8 +11,8 @@ from pdtop.engine.request import Request, SamplingParams
 from pdtop.engine.roofline import cost
 from pdtop.engine.scheduling.commands import Set
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig, dump_pdmux_config, load_pdmux_config
-from pdtop.engine.scheduling.scheduler import generate
 from pdtop.engine.scheduling.splits import prefill_layers_per_step
+from pdtop.engine.scheduling.tokens import generate
 
 TEXT = ("The river runs past the old mill, under the stone bridge and out across the fields towards "
         "the sea, where the fishing boats wait for the tide. ")
@@ -50,7 +50,8 @@ def test_chunked_layer_sliced_prefill_on_the_real_model_gives_generates_text(mod
         n = min(256, len(prompt) - done)
         mine = [p for p in shown if p.tokens_done == done]
         assert {p.layers_per_round for p in mine} == {prefill_layers_per_step(n, 30, 2048)}
-        assert any(0 < p.layers_done < 30 for p in mine)
+        before, after = 30 * done // len(prompt), 30 * (done + n) // len(prompt)  # the prompt's share, in layers
+        assert any(before < p.layers_done < after for p in mine)  # part way through this chunk's layers
     assert any(r.decode_bs and r.prefills and r.prefills[0].request_ids == [req.id] for r in rounds)
 
 
@@ -139,7 +140,8 @@ def test_an_abort_during_a_chunk_ends_it_at_the_next_round_boundary_and_frees_it
     engine.step()
     req = engine.submit(engine.prompts.make(8192), 10, ignore_eos=True)
     after = engine.submit(engine.prompts.make(300), 5, ignore_eos=True)
-    while engine.scheduler.prefill is None or engine.scheduler.prefill.span != (2048, 2048):
+    pdmux = engine.scheduler.active
+    while pdmux.batch is None or pdmux.batch.span != (2048, 2048):
         engine.step()
     engine.abort(req)  # in flight: its second chunk
     engine.step()
@@ -158,14 +160,14 @@ def test_an_abort_between_two_chunks_ends_it_at_once():
     engine.submit(engine.prompts.make(100), 200, ignore_eos=True)
     engine.step()
     req = engine.submit(engine.prompts.make(8192), 10, ignore_eos=True)
-    sched = engine.scheduler
-    while not (sched.prefill is None and sched.pdmux_chunk is req):  # its first chunk done, the next not begun
+    pdmux = engine.scheduler.active
+    while not (pdmux.batch is None and pdmux.chunked is req):  # its first chunk done, the next not begun
         engine.step()
     assert req.num_cached == 2048
     engine.abort(req)
     engine.step()
-    assert (req.finish_reason, req.num_cached) == ("abort", 2048) and sched.pdmux_chunk is None
-    assert sched.prefill is None or req not in sched.prefill.reqs
+    assert (req.finish_reason, req.num_cached) == ("abort", 2048) and pdmux.chunked is None
+    assert pdmux.batch is None or req not in pdmux.batch.reqs
 
 
 def test_once_nothing_decodes_the_layers_left_go_in_one_slice_on_a_gpu():

@@ -115,11 +115,14 @@ def test_out_of_range(tmp_path, text, field):
 @pytest.mark.parametrize("text,budget", [("sm_group_num: 3\nsplit_forward_token_budget: 0\n", 0),
                                          ("sm_group_num: 3\nsplit_forward_token_budget: -5\n", -5)])
 def test_a_budget_of_zero_or_less_is_one_layer_a_slice_as_in_the_release(tmp_path, text, budget):
-    """SGLang 0.5.23: forward_count = max(1, budget // extend_num_tokens): legal, one layer a slice."""
+    """SGLang 0.5.23: forward_count = max(1, budget // extend_num_tokens): legal, one layer a slice, read
+    as the budget 1 that means the same (a live change of the budget must be at least 1)."""
     from pdtop.engine.scheduling.splits import prefill_layers_per_step
 
-    config = load_pdmux_config(write(tmp_path, text))
-    assert config.split_forward_token_budget == budget
+    warned: list[str] = []
+    config = load_pdmux_config(write(tmp_path, text), warn=warned.append)
+    assert config.split_forward_token_budget == 1
+    assert len(warned) == 1 and f"{budget} is read as 1" in warned[0]
     assert prefill_layers_per_step(8192, 36, config.token_budget) == 1
 
 

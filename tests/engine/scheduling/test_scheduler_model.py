@@ -72,7 +72,8 @@ def test_cpu_prefill_advances_a_few_layers_a_round_by_default(model_fp32):
         assert engine.config_record().split_forward_token_budget == 4096
         req = engine.submit(engine.prompts.make(1024), 1, ignore_eos=True)
         engine.step()
-        assert engine.scheduler.prefill is not None and engine.scheduler.prefill.layers_per_round == 4
-        assert engine.scheduler.prefill.reqs == [req]
+        batch = engine.scheduler.active.batch
+        assert batch is not None and batch.layers_per_round == 4
+        assert batch.reqs == [req]
     finally:
         engine.close()

@@ -101,15 +101,19 @@ def test_control_applies_at_round_boundary_and_is_announced():
     engine = build_engine("sim:H100")
     seen: list = []
     engine.add_sink(seen.append)
-    engine.control(Set({"decode_bs_divisor": 24, "chunk_size": 256}), client="t")
-    assert engine.config.decode_bs_divisor == 36  # not before the boundary
+    applied = engine.control(Set({"decode_bs_divisor": 24, "chunk_size": 256}), client="t")
+    assert engine.config.decode_bs_divisor == 36 and not applied.done()  # not before the boundary
     engine.step()
     assert engine.config_record().decode_bs_divisor == 24 and engine.config.chunk_size == 256
     change = next(r for r in seen if isinstance(r, ConfigChange))
     assert change.changes["decode_bs_divisor"] == {"old": 36, "new": 24} and change.client == "t"
-    engine.control(PinLevel(3))
+    assert applied.result(0).changes == change.changes == {"decode_bs_divisor": {"old": 36, "new": 24},
+                                                           "chunk_size": {"old": 512, "new": 256}}
+    pinned = engine.control(PinLevel(3))
     rec = engine.step()
-    assert rec.pinned and rec.level == 3
+    assert rec.pinned and rec.level == 3 and pinned.result(0).changes == {"pinned_level": {"old": None, "new": 3}}
+    again = engine.control(PinLevel(3))
+    assert engine.step().pinned and again.result(0).changes == {}  # pinned already: nothing changed
     engine.control(AutoLevel())
     assert not engine.step().pinned
     engine.control(Set({"manual_divisions": [[112, 20, 0], [96, 36, 16]]}))
@@ -138,11 +142,23 @@ def test_control_applies_at_round_boundary_and_is_announced():
 def test_bad_control_is_rejected_and_changes_nothing(msg, field):
     engine = build_engine("sim:H100", workload=WorkloadSpec(rate=5))
     before = engine.config_record()
-    with pytest.raises(ControlError) as err:  # as the wire object, or as the command made of it
-        engine.control(parse_command(msg))
-    assert err.value.field == field and err.value.reason
+    err = _refusal(engine, msg)
+    assert err.field == field and err.reason
     engine.step()
     assert engine.config_record() == before
+
+
+def _refusal(engine, msg: dict) -> ControlError:
+    """`msg` refused: when the command is made of the wire object (its form), or by the engine at the
+    next round boundary (what depends on its state: the levels, the context)."""
+    try:
+        future = engine.control(parse_command(msg))
+    except ControlError as exc:
+        return exc
+    engine.step()
+    refused = future.exception(0)
+    assert isinstance(refused, ControlError)
+    return refused
 
 
 def test_policy_switch_waits_for_in_flight_prefill():
@@ -151,13 +167,19 @@ def test_policy_switch_waits_for_in_flight_prefill():
     engine.step()
     engine.submit(engine.prompts.make(8192), 3, ignore_eos=True)
     engine.step()
-    assert engine.scheduler.prefill is not None
-    engine.control(Set({"policy": "chunked"}))
+    assert engine.scheduler.active.batch is not None
+    switched = engine.control(Set({"policy": "chunked"}))
+    pinned = engine.control(PinLevel(2))  # asked after it: applied after it
+    late = engine.submit(engine.prompts.make(100), 3, ignore_eos=True)
     engine.step()
     assert engine.scheduler.policy == "pdmux"  # the prefill still owns the prefill side
+    assert not switched.done() and late.status is RequestStatus.WAITING  # pdmux takes no new request meanwhile
+    assert not pinned.done() and engine.scheduler.pinned is None
     engine.run_until_idle()
     engine.step()
-    assert engine.scheduler.policy == "chunked"
+    assert engine.scheduler.policy == "chunked" and late.finish_reason == "length"
+    assert switched.result(0).changes == {"policy": {"old": "pdmux", "new": "chunked"}}
+    assert pinned.result(0).changes == {"pinned_level": {"old": None, "new": 2}}
 
 
 def test_kv_admission_waits_for_room_and_rejects_what_can_never_fit():
@@ -219,7 +241,8 @@ def test_bad_policy_is_a_config_error():
 def test_pin_past_the_levels_queued_before_it_is_refused():
     engine = build_engine("sim:H100")
     engine.control(Set({"manual_divisions": [[112, 20, 0]]}))  # 3 levels from the next boundary
-    with pytest.raises(ControlError, match=r"level: must be in 0\.\.2, got 6"):
-        engine.control(PinLevel(6))  # valid against today's 8 levels, not the next
+    pinned = engine.control(PinLevel(6))  # valid against today's 8 levels, not the next
     rec = engine.step()
+    with pytest.raises(ControlError, match=r"level: must be in 0\.\.2, got 6"):
+        pinned.result(0)
     assert not rec.pinned and engine.describe().levels == [(132, 0), (112, 20), (0, 132)]

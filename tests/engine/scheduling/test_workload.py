@@ -29,8 +29,7 @@ def test_due_returns_each_arrival_once():
 def test_inject_pause_resume_and_rate():
     w = Workload(WorkloadSpec(rate=10.0, long_prompt_tokens=4096, seed=1))
     w.pause()
-    w.inject(1.0)
-    got = w.due(50.0)
+    got = [w.inject(1.0), *w.due(50.0)]  # an injection is not one of the workload's arrivals: pause leaves it
     assert len(got) == 1 and got[0].injected and got[0].prompt_tokens == 4096  # injection ignores pause
     w.resume(50.0)
     assert w.due(100.0)
