@@ -7,13 +7,17 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import TYPE_CHECKING
 
 from pdtop.sglang_plugin.settings import Settings, SettingsError
+
+if TYPE_CHECKING:
+    from pdtop.sglang_plugin.hooks import Plugin
 
 log = logging.getLogger("pdtop.sglang_plugin")
 
 # The process's plugin once registered (tests read it; SGLang loads plugins once per process).
-installed: object | None = None
+installed: Plugin | None = None
 
 
 def register() -> None:
