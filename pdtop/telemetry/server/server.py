@@ -30,7 +30,7 @@ import time
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 from websockets.asyncio.server import Server, ServerConnection, serve
@@ -55,8 +55,9 @@ if TYPE_CHECKING:
     from concurrent.futures import Future
 
     from pdtop.engine.control import Change
-    from pdtop.engine.engine import Engine
+    from pdtop.engine.description import EngineConfig, EngineDescription
     from pdtop.engine.scheduling.commands import EngineCommand
+    from pdtop.engine.sinks import Sink
 
 log = logging.getLogger("pdtop.telemetry.server.server")
 REPLIES_QUEUED = 64  # replies of one connection waiting to be sent before its next message is read
@@ -71,6 +72,20 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+class Served(Protocol):
+    """What the server serves: pdtop's `Engine`, or an SGLang scheduler (`pdtop.sglang_plugin.tap`)."""
+
+    def config_record(self) -> EngineConfig: ...
+
+    def describe(self) -> EngineDescription: ...
+
+    def add_sink(self, sink: Sink) -> None: ...
+
+    def remove_sink(self, sink: Sink) -> None: ...
+
+    def control(self, command: EngineCommand, client: str | None = None) -> Future[Change]: ...
+
+
 class TelemetryServer:
     """Serve `engine`'s events and control on ws://host:port. `start()` inside a running event
     loop, `stop()` to finish. Its sink is registered with the engine only while a client or the
@@ -81,7 +96,7 @@ class TelemetryServer:
     (default the working directory). `max_clients`: connections served at once. `guesses`: where
     wrong tokens are counted (`pdtop serve` shares one with its API)."""
 
-    def __init__(self, engine: Engine, host: str = "127.0.0.1", port: int = 8765, *, token: str | None = None,
+    def __init__(self, engine: Served, host: str = "127.0.0.1", port: int = 8765, *, token: str | None = None,
                  queue_size: int = 1024, tick: float = 0.05, max_event_rate: float = 1000.0,
                  record_path: str | None = None, allow_origins: Sequence[str] = (),
                  record_dir: str | Path | None = None, max_clients: int = 64,

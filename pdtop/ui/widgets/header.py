@@ -67,6 +67,8 @@ class HeaderBar(Static):
             items.append(([("read every ", "dim"), (every, "")], [(every, "dim")]))
             self._show(fitted(items, width, len(items) - 2))
             return
+        if info.server:  # pdtop's plugin inside another engine's scheduler
+            items.append(([("in ", "dim"), (info.server, "bold")], [(info.server.split(" ")[0], "bold")]))
         if state.server_version and state.server_version != __version__:
             items.append(([("engine ", "dim"), (state.server_version, "")], [(state.server_version, "dim")]))
         units = f" · {info.units} {info.unit_name}" if f"{info.units} " not in info.device else ""

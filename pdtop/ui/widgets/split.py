@@ -44,8 +44,9 @@ class SplitPanel(Panel):
         mode = Text("pinned", "bold " + self.colour("warning")) if state.pinned else \
             Text("auto", self.colour("success"))
         split_on = state.policy in ("pdmux", "?")  # chunked and prefill-first run no split level
+        other = state.info.server.split(" ")[0]  # pdtop inside another engine: "SGLang"
         if not split_on:
-            mode = Text(state.policy, "bold")
+            mode = Text(f"{other}, no pdmux" if other else state.policy, "bold")
         head = Text.assemble(f"level {level}", (f"/{n - 1}" if n else "", "dim"), "  ", mode) if split_on else \
             Text.assemble(mode, ("  no split level: one forward at a time", "dim"))
         together = state.prefill_units == state.decode_units == state.info.units  # chunked: one forward
@@ -68,7 +69,7 @@ class SplitPanel(Panel):
                                    ("■ ", decode), f"decode {fmt.units(state.decode_units, unit)}")
         predicted = state.predicted_steps_s
         now = predicted[state.level] if predicted and state.level is not None and state.level < len(predicted) else None
-        knob_line = knobs(state.config, self.colour("warning"), now)
+        knob_line = knobs(state.config, self.colour("warning"), now, workload=not other)
         if height >= 9 or (height >= 7 and n <= 3):
             lines = [head, bar, legend, knob_line]
             self.border_subtitle = ""
@@ -88,6 +89,9 @@ class SplitPanel(Panel):
             self.border_subtitle = knob_line.plain.strip()
         if split_on:
             lines += self._table(state, width, max(0, height - len(lines)))
+        elif height > len(lines) and other:
+            note = f"{other} splits the {unit} only when started with --enable-pdmux"
+            lines.append(Text(note if len(note) <= width else "split: needs --enable-pdmux", "dim"))
         elif height > len(lines):
             note = f"the {n} split levels apply under pdmux (p: policy)"
             lines.append(Text(note if len(note) <= width else "split levels: under pdmux (p)", "dim"))
@@ -152,10 +156,12 @@ class SplitPanel(Panel):
         return cell
 
 
-def knobs(config: EngineConfig | None, warning: str, predicted_step_s: float | None = None) -> Text:
+def knobs(config: EngineConfig | None, warning: str, predicted_step_s: float | None = None,
+          workload: bool = True) -> Text:
     """The knobs of the policy in force, as one line (pdmux: the level rule when it is `slo`, with
     its SLO and the decode step its model predicts for this split; divisor and budget; chunked:
-    chunk size), the workload's rate and the manual divisions."""
+    chunk size when there is one), the workload's rate (not for another engine's scheduler: its
+    requests come from its clients) and the manual divisions."""
     text = Text()
     if config is None:
         return text
@@ -164,10 +170,11 @@ def knobs(config: EngineConfig | None, warning: str, predicted_step_s: float | N
         text.append_text(Text.assemble(("rule ", "dim"), f"slo<={config.slo_itl_ms:g} ms{pred}", "  "))
     knob_values = {"pdmux": (("divisor", str(config.decode_bs_divisor)),
                              ("budget", str(config.split_forward_token_budget))),
-                   "chunked": (("chunk", str(config.chunk_size)),)}.get(config.policy, ())
-    for label, shown in (*knob_values, ("rate", f"{config.workload_rate:g}/s")):
+                   "chunked": (("chunk", str(config.chunk_size)),) if config.chunk_size else ()}.get(config.policy, ())
+    rate = (("rate", f"{config.workload_rate:g}/s"),) if workload else ()
+    for label, shown in (*knob_values, *rate):
         text.append_text(Text.assemble((f"{label} ", "dim"), shown, "  "))
-    if config.workload_paused:
+    if config.workload_paused and workload:
         text.append("workload paused  ", "bold " + warning)
     if config.policy == "pdmux" and config.max_split_forward_layers:
         text.append_text(Text.assemble(("max layers ", "dim"), str(config.max_split_forward_layers), "  "))
