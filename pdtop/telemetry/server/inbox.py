@@ -10,13 +10,19 @@ the room once per tick (`refill`) and takes what was admitted (`take`). Config c
 are always admitted, encoded with the configuration captured right after them. An engine
 producing tens of thousands of rounds a second (an unpaced simulation) thus costs
 telemetry a fixed budget; at real-time pace nothing is shed.
+
+A client gets one `config` event per tick at most, however many changes the engine applied
+(`merge_configs`): the last event carries the whole configuration anyway, and the merged
+`changes` keep each field's first `old` and last `new`. So a burst of control messages cannot
+fill a reading client's never-dropped lane and get it closed for not reading.
 """
 from __future__ import annotations
 
+import json
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from pdtop.engine.description import EngineConfig
 from pdtop.engine.records import ConfigChange, KvTransfer, RequestRecord, RoundRecord
@@ -84,3 +90,17 @@ class Inbox:
         shed_total = self._gate.shed
         q = self._q
         return [q.popleft() for _ in range(len(q))], shed_total
+
+
+def merge_configs(texts: list[str]) -> str:
+    """Encoded `config` events, oldest first -> one encoded `config` event."""
+    if len(texts) == 1:
+        return texts[0]
+    events = [json.loads(t) for t in texts]
+    changes: dict[str, dict[str, Any]] = {}
+    for event in events:
+        for name, diff in event["changes"].items():
+            changes[name] = {"old": changes[name]["old"] if name in changes else diff["old"], "new": diff["new"]}
+    clients = {event["client"] for event in events}
+    merged = {**events[-1], "changes": changes, "client": clients.pop() if len(clients) == 1 else None}
+    return encode(merged)

@@ -43,12 +43,10 @@ from pdtop.telemetry.encode import encode, reply_event, wire
 from pdtop.telemetry.events import Dropped, ErrorNotice, Event, Hello
 from pdtop.telemetry.recording.record_dir import open_new_in, recordings_dir
 from pdtop.telemetry.recording.recorder import Recorder, RecordingError
-from pdtop.telemetry.server.client_queue import ClientQueue, QueueOverflow
-from pdtop.telemetry.server.clients import Client, fan_out
-from pdtop.telemetry.server.config_merge import merge_configs
+from pdtop.telemetry.server.clients import Client, ClientQueue, QueueOverflow, fan_out
 from pdtop.telemetry.server.control_channel import Waiting, handle_control
 from pdtop.telemetry.server.frames import WIRE_MAX_SIZE
-from pdtop.telemetry.server.inbox import Inbox
+from pdtop.telemetry.server.inbox import Inbox, merge_configs
 from pdtop.token_gate import NO_TOKEN, GuessBudget, Refusal, TokenGate
 
 if TYPE_CHECKING:
