@@ -41,7 +41,7 @@ def stream():
     engine.add_sink(records.append)
     for i in range(1500):
         if i == 500:
-            engine.control(Set({"decode_bs_divisor": 12}), client="c1")
+            engine.control(Set(decode_bs_divisor=12), client="c1")
         if i == 700:
             engine.control(Inject(16384))
         engine.step()
