@@ -42,7 +42,7 @@ def main() -> None:
             engine.step()
         for _ in range(args.rounds):
             for budget in budgets:
-                engine.control(Set({"split_forward_token_budget": budget}))
+                engine.control(Set(split_forward_token_budget=budget))
                 engine.step()
                 req = engine.submit(engine.prompts.make(args.prompt), 1, ignore_eos=True)
                 while not req.output_ids:

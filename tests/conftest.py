@@ -6,6 +6,7 @@ model: `runner()` or `runner(kv_capacity_tokens=256, block_size=16)`.
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -62,3 +63,12 @@ def mamba_gguf(tmp_path) -> Path:
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def yaml_bomb(levels: int = 6) -> str:
+    """A YAML "billion laughs" value on one line: nested aliases, 9**levels strings behind 250 bytes (issue
+    38's 382-byte `--config` had 9**7). Anything that walks it (a repr in an error message, say) expands it."""
+    names = "abcdefghij"[:levels]
+    parts = ['&a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    parts += [f"&{n} [{','.join([f'*{p}'] * 9)}]" for p, n in itertools.pairwise(names)]
+    return "[" + ", ".join(parts) + "]"

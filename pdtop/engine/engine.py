@@ -45,7 +45,7 @@ from pdtop.engine.scheduling.commands import (
     Set,
 )
 from pdtop.engine.scheduling.disagg import check_disagg
-from pdtop.engine.scheduling.pdmux_config import PdmuxConfig, check_int
+from pdtop.engine.scheduling.pdmux_config import PdmuxConfig, in_range
 from pdtop.engine.scheduling.scheduler import Scheduler
 from pdtop.engine.scheduling.splits import SplitTable
 from pdtop.engine.scheduling.workload import LONG_PROMPT_TOKENS, Arrival, PromptMaker, Workload
@@ -194,7 +194,7 @@ class Engine(Generic[S]):
                 if s.policy == "disagg":
                     raise ControlError("level", "under disagg each instance keeps its own units: switch to pdmux "
                                                 "to pin a level")
-                s.pin_level(check_int("level", level, 0, len(s.table.groups) - 1))
+                s.pin_level(in_range("level", level, 0, len(s.table.groups) - 1))
             case AutoLevel():
                 s.pin_level(None)
             case Inject():
@@ -208,10 +208,8 @@ class Engine(Generic[S]):
         return True
 
     def _set(self, command: Set) -> bool:
-        s, knobs, values = self.scheduler, command.pdmux(), command.values
-        policy: str | None = values.get("policy")
-        switch = policy if policy != s.policy else None
-        rate: float | None = values.get("workload_rate")
+        s, knobs, rate = self.scheduler, command.knobs(), command.workload_rate
+        switch = command.policy if command.policy != s.policy else None
         workload = self._workload() if rate is not None else None
         if switch == "disagg":
             check_disagg(self.device)
@@ -238,7 +236,7 @@ class Engine(Generic[S]):
     def _inject(self, command: Inject, now: float) -> None:
         """A long prompt arrives now, through the waiting-queue caps (over them: ControlError)."""
         if command.prompt_tokens is not None:
-            check_int("prompt_tokens", command.prompt_tokens, 1, self.max_prompt)
+            in_range("prompt_tokens", command.prompt_tokens, 1, self.max_prompt)
         w = self.workload
         arrival = w.inject(now, command.prompt_tokens, command.max_tokens) if w is not None else Arrival(
             now, command.prompt_tokens or LONG_PROMPT_TOKENS, command.max_tokens or INJECT_MAX_TOKENS, "inject")

@@ -98,7 +98,7 @@ class RequestRecord:
     itls_s: list[float] = field(default_factory=list)  # set on finish: gaps between consecutive tokens
     # on finish: "eos" | "length" | "stop" (a stop string) | "abort" (its client left) | "rejected" (never ran)
     finish_reason: str | None = None
-    source: str | None = "workload"  # "workload" | "inject" | "api" (null in recordings made before it existed)
+    source: str | None = None  # "workload" | "inject" | "api" (null in recordings made before it existed)
 
 
 @dataclass

@@ -39,7 +39,10 @@ def decode_event(obj: Any) -> Event:
         event: Event = decode_as(cls, obj, kind)
     except DecodeError as exc:
         raise EventError(str(exc), exc.field, exc.reason) from None
-    if isinstance(event, Hello) and event.engine is None and event.scrape is None and event.fleet is None:
-        raise EventError("hello: 'engine', 'scrape' and 'fleet' are all null; one of them says what the events "
-                         "come from")
+    if isinstance(event, Hello):
+        if "pdtop" not in obj:  # its default is the writer's version, which a reader must not claim
+            raise EventError("hello.pdtop: missing", "pdtop", "missing")
+        if event.engine is None and event.scrape is None and event.fleet is None:
+            raise EventError("hello: 'engine', 'scrape' and 'fleet' are all null; one of them says what the events "
+                             "come from")
     return event

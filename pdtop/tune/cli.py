@@ -39,6 +39,8 @@ from pdtop.bench.datasets import add_dataset_arguments, dataset_options, dataset
 from pdtop.commands.common import INPUT_ERRORS, cuda_missing, fail, json_text, positive_number
 from pdtop.engine.errors import DeviceError, EngineError, FieldError
 from pdtop.engine.scheduling.pdmux_config import SGLANG_MAIN, SGLANG_RELEASE, SGLANG_TARGETS
+from pdtop.plain_yaml import YamlError, read_yaml
+from pdtop.typed_json import show, show_key
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -451,16 +453,15 @@ def parse_workload(text: str, base: Scenario) -> Scenario:
         what = "is a directory, not a workload file" if os.path.isdir(text) else "no such workload file"
         raise FieldError(text, f"{what} (a YAML mapping of {', '.join(WORKLOAD_KEYS)}, or KEY=VALUE,...)", "workload ")
     if "=" not in text and os.path.isfile(text):
-        import yaml
-
-        with open(text, encoding="utf-8") as f:
-            try:
-                raw = yaml.safe_load(f) or {}
-            except yaml.YAMLError:
-                raise FieldError(text, "not valid YAML", "workload ") from None
+        try:
+            raw = read_yaml(text) or {}
+        except OSError as exc:
+            raise FieldError(text, f"cannot read it ({exc.strerror or exc})", "workload ") from None
+        except YamlError as exc:
+            raise FieldError(text, str(exc), "workload ") from None
         if not isinstance(raw, dict):
             raise FieldError(text, "must be a mapping of " + ", ".join(WORKLOAD_KEYS), "workload ")
-        items = [(str(k), v) for k, v in raw.items()]
+        items = [(show_key(k), v) for k, v in raw.items()]
     else:
         items = []
         for part in filter(None, (p.strip() for p in text.split(","))):
@@ -471,13 +472,13 @@ def parse_workload(text: str, base: Scenario) -> Scenario:
     values: dict[str, int] = {}
     for key, value in items:
         if key not in WORKLOAD_KEYS:
-            raise FieldError(key, f"unknown; known: {', '.join(WORKLOAD_KEYS)}", "workload ")
+            raise FieldError(show_key(key), f"unknown; known: {', '.join(WORKLOAD_KEYS)}", "workload ")
         try:
             number = int(value) if not isinstance(value, bool) else None
         except (TypeError, ValueError):
             number = None
         low = 0 if key == "settle_rounds" else 1
         if number is None or number < low:
-            raise FieldError(key, f"must be an integer >= {low}, got {value!r}", "workload ")
+            raise FieldError(key, f"must be an integer >= {low}, got {show(value)}", "workload ")
         values[key] = number
     return dataclasses.replace(base, **values)

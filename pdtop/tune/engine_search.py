@@ -77,12 +77,12 @@ def measure(engine: Engine, sc: Scenario, slo: Slo, config: PdmuxConfig, deadlin
     """Run the scenario on a fresh `engine` with `config` and `policy` applied after the warm-up (see the
     module doc). Past `deadline` (time.monotonic) no further long prompt is sent: the window ends with
     those measured."""
-    engine.control(Set({"policy": "prefill-first"}))
+    engine.control(Set(policy="prefill-first"))
     decoders = [engine.submit(engine.prompts.make(sc.decode_prompt), decode_max_tokens(engine, sc), ignore_eos=True)
                 for _ in range(sc.decode_bs)]
     step_until_first_tokens(engine, decoders)
     steps = [rec.decode_step_s for rec in (engine.step() for _ in range(WARMUP_ROUNDS)) if rec.decode_bs]
-    applied = engine.control(Set({"policy": policy, **changes_to(engine, config)}))
+    applied = engine.control(Set(policy=policy, **changes_to(engine, config)))
     engine.step()  # applied at this round's start
     if applied.done():
         applied.result()  # ControlError (an EngineError) naming what the engine refused
@@ -112,7 +112,7 @@ def measure(engine: Engine, sc: Scenario, slo: Slo, config: PdmuxConfig, deadlin
 def decode_only_itl_s(engine: Engine, sc: Scenario) -> float:
     """The scenario's decode requests alone on the whole device: the median step of the warm-up's rounds
     (what `measure` reports as `decode_only_itl_s`), on a fresh engine it leaves busy."""
-    engine.control(Set({"policy": "prefill-first"}))
+    engine.control(Set(policy="prefill-first"))
     decoders = [engine.submit(engine.prompts.make(sc.decode_prompt), decode_max_tokens(engine, sc), ignore_eos=True)
                 for _ in range(sc.decode_bs)]
     step_until_first_tokens(engine, decoders)

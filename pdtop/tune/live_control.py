@@ -16,6 +16,8 @@ from typing import Any
 from websockets.exceptions import ConnectionClosed
 
 from pdtop.engine.errors import EngineError
+from pdtop.engine.scheduling.commands import Set
+from pdtop.telemetry.server.commands import to_wire
 
 # Knobs that change without a restart: SGLang's scheduler reads them at each switch (the plugin takes
 # these; pdtop's engine takes them all live).
@@ -89,7 +91,7 @@ class LiveControl:
             return
         self._id += 1
         ident = f"tune-{self._id}"
-        self.ws.send(json.dumps({"cmd": "set", "id": ident, **todo}))
+        self.ws.send(json.dumps(to_wire(Set(**todo), ident)))
         reply = self._next(lambda e: e.get("type") == "reply" and e.get("id") == ident, "reply")
         if not reply.get("ok"):
             error = reply.get("error") or {}

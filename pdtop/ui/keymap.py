@@ -183,7 +183,7 @@ def _level_step(delta: int) -> Build:
 def _set(key: str) -> Build:
     def build(_state: DashboardState, value: Any) -> Command:
         try:
-            return Set({key: value})
+            return Set(**{key: value})
         except ControlError as exc:
             raise ValueError(exc.reason) from None
 
@@ -192,7 +192,7 @@ def _set(key: str) -> Build:
 
 def _set_many(values: dict[str, Any]) -> Command:
     try:
-        return Set(values)
+        return Set(**values)
     except ControlError as exc:
         raise ValueError(exc.reason) from None
 
@@ -206,7 +206,10 @@ def _record_toggle(state: DashboardState, value: Any) -> Command:
     """Stop if recording, else start into `value` or a timestamped file in the server's directory."""
     if state.recording:
         return RecordStop()
-    return RecordStart(value or time.strftime("pdtop-%Y%m%d-%H%M%S.ndjson"))
+    try:
+        return RecordStart(value or time.strftime("pdtop-%Y%m%d-%H%M%S.ndjson"))
+    except ControlError as exc:
+        raise ValueError(exc.reason) from None
 
 
 def _config_default(key: str, fallback: str = "") -> Callable[[DashboardState], str]:

@@ -169,7 +169,7 @@ class LiveTune:
         progress()
         changes = self._changes(config)
         if changes:
-            await self.send(Set(changes))
+            await self.send(Set(**changes))
             await self._until(lambda: self._applied is not None, "configuration change")
         else:
             seen = self.rounds  # nothing to apply: the window starts at the next round, on the engine's clock
@@ -222,5 +222,5 @@ class LiveTune:
         """Set every knob and wait for the engine's configuration event that shows them in force (a
         set that changes nothing is not reported, so nothing is awaited when they already are)."""
         values = config.to_dict()
-        await self.send(Set({k: values[k] for k in SGLANG_KEYS}))
+        await self.send(Set(**{k: values[k] for k in SGLANG_KEYS}))
         await self._until(lambda: not self._changes(config), "configuration change")

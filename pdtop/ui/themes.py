@@ -13,8 +13,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-import yaml
 from textual.theme import Theme
+
+from pdtop.plain_yaml import YamlError, read_yaml
+from pdtop.typed_json import show, show_key
 
 DEFAULT_THEME = "pdtop-dark"
 
@@ -56,17 +58,19 @@ def theme_dirs() -> list[Path]:
 def theme_from_mapping(data: Any, source: str = "<theme>") -> Theme:
     """Build a Theme from a parsed theme file; unknown keys and missing colours are errors."""
     if not isinstance(data, dict):
-        raise ThemeError(f"{source}: a theme file must be a mapping, got {type(data).__name__}")
+        raise ThemeError(f"{source}: a theme file must be a mapping, got {show(data)}")
     data = dict(data)
     colours = data.pop("pdtop", {}) or {}
     if not isinstance(colours, dict):
         raise ThemeError(f"{source}: `pdtop` must be a mapping of colours")
-    unknown = set(data) - _THEME_FIELDS
+    if not isinstance(data.get("variables") or {}, dict):
+        raise ThemeError(f"{source}: `variables` must be a mapping of CSS variables")
+    unknown = [k for k in data if k not in _THEME_FIELDS]
     if unknown:
-        raise ThemeError(f"{source}: unknown keys {sorted(unknown)}; allowed: {sorted(_THEME_FIELDS | {'pdtop'})}")
-    bad = set(colours) - set(PDTOP_COLOURS)
+        raise ThemeError(f"{source}: unknown keys {_names(unknown)}; allowed: {sorted(_THEME_FIELDS | {'pdtop'})}")
+    bad = [k for k in colours if k not in PDTOP_COLOURS]
     if bad:
-        raise ThemeError(f"{source}: unknown pdtop colours {sorted(bad)}; allowed: {sorted(PDTOP_COLOURS)}")
+        raise ThemeError(f"{source}: unknown pdtop colours {_names(bad)}; allowed: {sorted(PDTOP_COLOURS)}")
     for key in ("name", "primary"):
         if not data.get(key):
             raise ThemeError(f"{source}: `{key}` is required")
@@ -78,11 +82,19 @@ def theme_from_mapping(data: Any, source: str = "<theme>") -> Theme:
         raise ThemeError(f"{source}: {exc}") from exc
 
 
+def _names(keys: list[Any]) -> str:
+    """Keys from a file, as an error line names them: each shortened, at most five."""
+    shown = [show_key(k) for k in keys[:5]]
+    return f"[{', '.join(shown)}{f', and {len(keys) - 5} more' if len(keys) > 5 else ''}]"
+
+
 def load_theme_file(path: Path) -> Theme:
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
-        raise ThemeError(f"{path}: {exc}") from exc
+        data = read_yaml(path)
+    except OSError as exc:
+        raise ThemeError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    except YamlError as exc:
+        raise ThemeError(f"{path}: {exc}") from None
     return theme_from_mapping(data, str(path))
 
 

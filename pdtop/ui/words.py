@@ -64,9 +64,9 @@ def asked(command: Command, state: DashboardState) -> str:
             return f"pinned {level_words(state, level)}"
         case Inject(prompt_tokens=tokens):
             return f"injected a prompt of {tokens:,} tokens" if tokens is not None else "injected a long prompt"
-        case Set(values=values):
+        case Set():
             config, parts = state.config, []
-            for name, new in values.items():
+            for name, new in command.given().items():
                 old = getattr(config, name, None) if config is not None else None
                 text = _setting(name, old, new)
                 if name == "policy" and state.prefills and new != old:

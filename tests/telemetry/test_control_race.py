@@ -14,9 +14,10 @@ from conftest import Raw, make_engine, queued, steps
 from pdtop.commands import serve
 from pdtop.engine.errors import ControlError
 from pdtop.engine.records import ConfigChange
-from pdtop.engine.scheduling.commands import PinLevel, parse_command
+from pdtop.engine.scheduling.commands import PinLevel
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
 from pdtop.engine.scheduling.splits import SplitTable
+from pdtop.telemetry.server.commands import parse_command
 
 
 async def test_pin_after_fewer_levels_is_refused_naming_the_field(engine, server):

@@ -31,7 +31,7 @@ async def test_stream_and_control(engine, server):
     await steps(engine, 40)
     rounds = [(await next_of(pump, "round"))["index"] for _ in range(40)]
     assert rounds == list(range(40))  # batch frames come out one event at a time
-    reply = await stepping(engine, src.send(Set({"decode_bs_divisor": 18})))  # once applied
+    reply = await stepping(engine, src.send(Set(decode_bs_divisor=18)))  # once applied
     assert isinstance(reply, Reply) and reply.ok is True and reply.error is None
     assert reply.change == {"decode_bs_divisor": {"old": 36, "new": 18}}
     with pytest.raises(ControlRefused) as refused:

@@ -30,7 +30,7 @@ async def test_2000_config_changes_in_one_tick_leave_every_reading_client_connec
     for c in clients:
         await c.wait(lambda c: c.events)
     for i in range(2000):  # as many clients' changes as the engine may apply at one boundary
-        engine.control(Set({"decode_bs_divisor": 1 + i % 50, "chunk_size": 100 + i}), client=f"c{i % 7}")
+        engine.control(Set(decode_bs_divisor=1 + i % 50, chunk_size=100 + i), client=f"c{i % 7}")
     await steps(engine, 3)
     for c in clients:
         await c.wait(lambda c: c.of("config"))

@@ -86,6 +86,15 @@ async def test_record_start_never_overwrites_nor_follows_symlinks(recorded, tmp_
     assert server.recorder is None
 
 
+async def test_record_start_refuses_a_name_with_control_characters(recorded):
+    """Issue 38 item 16: `a\nb`, ESC and BEL made files whose names rewrite a terminal that lists them."""
+    server, client, inside = recorded
+    for path in ("a\nb.ndjson", "\x1b[2J.ndjson", "bell\x07.ndjson"):
+        reply = await client.request({"cmd": "record_start", "path": path})
+        assert reply["ok"] is False and reply["error"]["field"] == "path" and "control" in reply["error"]["reason"]
+    assert server.recorder is None and list(inside.iterdir()) == []
+
+
 async def test_record_start_inside_the_directory_works(recorded, engine):
     _, client, inside = recorded
     (inside / "runs").mkdir()

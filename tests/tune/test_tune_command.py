@@ -150,6 +150,19 @@ def test_bad_input_is_one_line_and_exit_2(capsys, args, words):
     assert len(lines) == 1 and lines[0].startswith("pdtop tune: error: ") and words in lines[0], lines
 
 
+def test_a_workload_file_is_plain_yaml_and_its_errors_are_short(tmp_path, capsys):
+    """Issue 38 item 8, for `--workload FILE`: nested aliases are refused, a bad value is named short."""
+    from tests.conftest import yaml_bomb
+
+    for text, words in [(f"decode_bs: {yaml_bomb(6)}\n", "an anchor (&a)"),
+                        (f"decode_bs: [{'1, ' * 20000}1]\n", "got a list"), (f"decode_bs: {'x' * 9999}\n", "...")]:
+        path = tmp_path / "w.yaml"
+        path.write_text(text)
+        assert main(["tune", "--slo-itl-ms", "10", "--workload", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and words in err and len(err) < 400, err[:500]
+
+
 def test_workload_file(tmp_path):
     path = tmp_path / "w.yaml"
     path.write_text("decode_bs: 16\nlong_tokens: 2048\n")

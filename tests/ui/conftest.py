@@ -21,11 +21,12 @@ import pytest
 from pdtop.engine.build import build_engine
 from pdtop.engine.description import EngineConfig
 from pdtop.engine.records import ConfigChange, PrefillProgress, RequestRecord, RoundRecord
-from pdtop.engine.scheduling.commands import Inject, Set, parse_command
+from pdtop.engine.scheduling.commands import Inject, Set
 from pdtop.engine.scheduling.workload import WorkloadSpec
 from pdtop.telemetry.encode import encode, wire
 from pdtop.telemetry.events import ConfigEvent, Hello
 from pdtop.telemetry.recording.recorder import Recorder
+from pdtop.telemetry.server.commands import parse_command
 from pdtop.telemetry.server.server import TelemetryServer
 
 TOKEN = "test-token"
@@ -190,12 +191,12 @@ async def play_busy(pilot: Any, app: Any, engine: Any) -> None:
     a prompt injected every 400 rounds, decode_bs_divisor 8 from round 1000, and a last one still in
     prefill at the end. Waits until the dashboard has every round."""
     await _until(pilot, lambda: app.connection == "live", "connected")
-    engine.control(Set({"split_forward_token_budget": 16384}))
+    engine.control(Set(split_forward_token_budget=16384))
     for batch in range(40):
         if batch % 8 == 3 or batch == 39:
             engine.control(Inject(8192))
         if batch == 20:
-            engine.control(Set({"decode_bs_divisor": 8}))
+            engine.control(Set(decode_bs_divisor=8))
         for _ in range(50 if batch < 39 else 8):
             engine.step()
         target = engine.scheduler.round_index - 1

@@ -21,7 +21,7 @@ async def test_chunked_shows_chunk_progress_and_no_split_level(stepped, until, s
     app = PdtopApp(LiveSource(stepped.url, token=stepped.token))
     async with app.run_test(size=size) as pilot:
         await until(pilot, lambda: app.connection == "live", "live")
-        engine.control(Set({"policy": "chunked", "chunk_size": 512}))
+        engine.control(Set(policy="chunked", chunk_size=512))
         for _ in range(5):
             engine.step()
         engine.control(Inject(8192))
@@ -39,7 +39,7 @@ async def test_chunked_shows_chunk_progress_and_no_split_level(stepped, until, s
         assert all(t.cell_len <= panel.content_size.width for t in panel._last_texts), split  # nothing cut
         assert "layers" not in prefill and "ETA        –" not in prefill and "ETA –" not in prefill, prefill
         assert app.state.prefills[0].eta_s is not None and app.state.prefills[0].eta_s > 0
-        engine.control(Set({"policy": "pdmux"}))
+        engine.control(Set(policy="pdmux"))
         while app.state.policy != "pdmux" or engine.scheduler.active.progress():
             engine.step()
             await pilot.pause(0)

@@ -43,8 +43,8 @@ def test_policy_is_chosen_from_every_policy():
 
 def test_set_builders_and_toggles(state_at):
     s = state_at()
-    assert BY_ID["decode_bs_divisor"].build(s, 24) == Set({"decode_bs_divisor": 24})
-    assert BY_ID["budget"].build(s, 4096) == Set({"split_forward_token_budget": 4096})
+    assert BY_ID["decode_bs_divisor"].build(s, 24) == Set(decode_bs_divisor=24)
+    assert BY_ID["budget"].build(s, 4096) == Set(split_forward_token_budget=4096)
     assert BY_ID["workload_toggle"].build(s, None) == PauseWorkload()
     s.config = dataclasses.replace(s.config, workload_paused=True)
     assert BY_ID["workload_toggle"].build(s, None) == ResumeWorkload()

@@ -40,5 +40,5 @@ async def test_the_split_panel_shows_the_slo_rule_and_its_prediction(served, unt
         assert re.search(r"ITL p50 +pred", table)  # the level table: predicted beside measured, per level
         panel = app.query_one("SplitPanel")
         assert all(t.cell_len <= panel.inner_width for t in panel.render_state(app.state).renderables)
-        served.engine.control(Set({"level_rule": "sglang"}))  # and back, as any knob
+        served.engine.control(Set(level_rule="sglang"))  # and back, as any knob
         await until(pilot, lambda: "rule slo" not in split_text(app), "SGLang's rule again")

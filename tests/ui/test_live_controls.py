@@ -211,7 +211,7 @@ async def test_without_a_workload_w_says_there_is_none(until):
     from .conftest import EngineServer
 
     engine = build_engine("sim:H100", workload=None)
-    for command in (PauseWorkload(), Set({"workload_rate": 2.0})):
+    for command in (PauseWorkload(), Set(workload_rate=2.0)):
         outcome = engine.control(command)
         engine.step()
         exc = outcome.exception(0)

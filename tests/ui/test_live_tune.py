@@ -55,7 +55,7 @@ async def _with_previous_config(served, pilot, until) -> dict:
     """A configuration of the operator's (divisor 24, level 3 pinned) in force; the engine's view of it."""
     app, engine = pilot.app, served.engine
     await until(pilot, lambda: app.state.rounds_seen > 5 and app.connection == "live", "live rounds")
-    engine.control(Set({"decode_bs_divisor": 24}))
+    engine.control(Set(decode_bs_divisor=24))
     engine.control(PinLevel(3))
     await until(pilot, lambda: app.state.config.decode_bs_divisor == 24 and app.state.config.pinned_level == 3,
                 "the dashboard sees the operator's configuration")

@@ -39,6 +39,20 @@ def test_bad_theme_files_are_clear_errors(tmp_path):
     assert check_theme("pdtop-amber") is None and check_theme("nord") is None
 
 
+def test_a_theme_file_is_plain_yaml_and_its_errors_are_short(tmp_path):
+    """Issue 38 item 8, for themes: a file of nested aliases is refused in one line; a key is named short."""
+    from tests.conftest import yaml_bomb
+
+    (tmp_path / "bomb.yaml").write_text(f"name: bomb\nprimary: {yaml_bomb(6)}\n")
+    with pytest.raises(ThemeError) as refused:
+        load_themes([tmp_path])
+    assert "an anchor (&a)" in str(refused.value) and len(str(refused.value)) < 300
+    with pytest.raises(ThemeError) as refused:
+        theme_from_mapping({"name": "x", "primary": "#000000", 1: 2, "\x1b]0;pwned\x07" + "z" * 9999: 3}, "x.yaml")
+    line = str(refused.value)
+    assert line.startswith("x.yaml: unknown keys [1, '\\x1b]0;pwned") and "\x1b" not in line and len(line) < 400
+
+
 async def test_theme_from_option_key_and_palette(recording):
     app = PdtopApp(ReplaySource(recording), theme="pdtop-light")
     async with app.run_test(size=(130, 40)) as pilot:

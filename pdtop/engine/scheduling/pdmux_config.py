@@ -8,7 +8,9 @@ pdtop adds `chunk_size` for its chunked-prefill policy, `chunked_prefill_size`, 
 `--chunked-prefill-size` (which pdmux follows in newer SGLang: `pdmux.py`), and
 `level_rule` (`sglang`, or `slo`: the fewest decode units that meet `slo_itl_ms`,
 `level_rule.py`). Every value passes `validate`, whether it comes from a file, the constructor,
-or a live override through `PdmuxConfig.replace`, and the fields together pass `_check_together`.
+or a live override through `PdmuxConfig.replace`: its type through pdtop's one decoder
+(`pdtop.typed_json.decode_field`, from the field's type hint), then `check_value`'s range; and
+the fields together pass `_check_together`. A live `set` command checks its values the same way.
 
 A file is read as the release reads it (`load_pdmux_config`): it refuses only what the release
 refuses, and says in one warning line each where newer SGLang reads it otherwise or where the
@@ -23,45 +25,31 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pdtop.engine.errors import ConfigError
+from pdtop.plain_yaml import YamlError, read_yaml
+from pdtop.typed_json import DecodeError, decode_field, show, show_key
 
 INT_MAX = 2**31 - 1
 
 
-def check_int(name: str, value: Any, minimum: int, maximum: int = INT_MAX) -> int:
-    """`value` if it is an integer (not a bool) in `minimum..maximum`, else ConfigError naming `name`."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(name, f"must be an integer, got {value!r}")
+def in_range(name: str, value: int, minimum: int, maximum: int = INT_MAX) -> int:
+    """`value` (an integer: the decoder checked its type) if in `minimum..maximum`, else ConfigError naming
+    `name`."""
     if not minimum <= value <= maximum:
         raise ConfigError(name, f"must be in {minimum}..{maximum}, got {value}")
     return value
 
 
-def _bool(name: str, value: Any) -> bool:
-    """`value` if it is a YAML/JSON boolean, else ConfigError (SGLang takes any truthy value: the
-    string "false" would switch it on)."""
-    if not isinstance(value, bool):
-        raise ConfigError(name, f"must be true or false, got {value!r}")
-    return value
-
-
-def _manual_divisions(value: Any) -> list[list[int]]:
-    """Rows of three integers, SM counts non-negative; thresholds any integer, in any order: SGLang takes
-    the last row whose threshold the decode batch reaches (equal, zero or negative thresholds are legal)."""
+def _manual_divisions(rows: list[list[int]]) -> list[list[int]]:
+    """Rows of three, SM counts non-negative; thresholds any integer, in any order: SGLang takes the last
+    row whose threshold the decode batch reaches (equal, zero or negative thresholds are legal)."""
     name = "manual_divisions"
-    if value is None:
-        return []
-    if not isinstance(value, (list, tuple)):
-        raise ConfigError(name, f"must be a list of [prefill_sm, decode_sm, decode_bs_threshold], got {value!r}")
-    out: list[list[int]] = []
-    for i, entry in enumerate(value):
-        if not isinstance(entry, (list, tuple)) or len(entry) != 3:
-            raise ConfigError(name, f"entry {i} must be [prefill_sm, decode_sm, decode_bs_threshold], got {entry!r}")
-        if any(isinstance(x, bool) or not isinstance(x, int) for x in entry):
-            raise ConfigError(name, f"entry {i} must hold integers, got {list(entry)!r}")
-        if entry[0] < 0 or entry[1] < 0:
-            raise ConfigError(name, f"entry {i} must have non-negative SM counts, got {list(entry)!r}")
-        out.append([int(x) for x in entry])
-    return out
+    for i, row in enumerate(rows):
+        if len(row) != 3:
+            raise ConfigError(name, f"entry {i} must be [prefill_sm, decode_sm, decode_bs_threshold], got "
+                                    f"{len(row)} number{'s' if len(row) != 1 else ''}")
+        if row[0] < 0 or row[1] < 0:
+            raise ConfigError(name, f"entry {i} must have non-negative SM counts, got {row}")
+    return rows
 
 
 SGLANG_TOKEN_BUDGET = 65536
@@ -73,41 +61,65 @@ DEVICE_TOKEN_BUDGET = {"cpu": 4096}
 LEVEL_RULES = ("sglang", "slo")
 
 
-def _level_rule(value: Any) -> str:
+def _level_rule(value: str) -> str:
     if value not in LEVEL_RULES:
-        raise ConfigError("level_rule", f"must be one of {', '.join(LEVEL_RULES)}, got {value!r}")
-    return str(value)
+        raise ConfigError("level_rule", f"must be one of {', '.join(LEVEL_RULES)}, got {show(value)}")
+    return value
 
 
-def _slo_itl_ms(value: Any) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e6:
-        raise ConfigError("slo_itl_ms", f"must be a number of milliseconds > 0, got {value!r}")
-    return float(value)
+def _slo_itl_ms(value: float | None) -> float | None:
+    if value is not None and not 0 < value < 1e6:
+        raise ConfigError("slo_itl_ms", f"must be a number of milliseconds > 0, got {value}")
+    return value
 
 
-_VALIDATORS = {
-    "sm_group_num": lambda v: check_int("sm_group_num", v, 3),
-    "manual_divisions": _manual_divisions,
+def _budget(value: int | None) -> int:
     # a file's 0 or less is read as 1 (`load_pdmux_config`); a live change must be at least 1
-    "split_forward_token_budget": lambda v: check_int("split_forward_token_budget", v, 1),
-    "max_split_forward_layers": lambda v: check_int("max_split_forward_layers", v, 0),
-    "decode_bs_divisor": lambda v: check_int("decode_bs_divisor", v, 1),
-    "overlap_decode_full_sm": lambda v: _bool("overlap_decode_full_sm", v),
-    "chunk_size": lambda v: check_int("chunk_size", v, 1),
+    if value is None:
+        raise ConfigError("split_forward_token_budget", "unset only by leaving it out (the device's default)")
+    return in_range("split_forward_token_budget", value, 1)
+
+
+# Each field's value check, once the decoder has checked its type (an int is an int, a bool a bool: SGLang
+# takes any truthy value, so the string "false" would switch overlap on).
+_VALUES: dict[str, Callable[[Any], Any]] = {
+    "sm_group_num": lambda v: in_range("sm_group_num", v, 3),
+    "manual_divisions": _manual_divisions,
+    "split_forward_token_budget": _budget,
+    "max_split_forward_layers": lambda v: in_range("max_split_forward_layers", v, 0),
+    "decode_bs_divisor": lambda v: in_range("decode_bs_divisor", v, 1),
+    "overlap_decode_full_sm": lambda v: v,
+    "chunk_size": lambda v: in_range("chunk_size", v, 1),
     "level_rule": _level_rule,
     "slo_itl_ms": _slo_itl_ms,
-    "chunked_prefill_size": lambda v: max(0, check_int("chunked_prefill_size", v, -1)),  # SGLang's -1: off
+    "chunked_prefill_size": lambda v: max(0, in_range("chunked_prefill_size", v, -1)),  # SGLang's -1: off
 }
-FIELDS: tuple[str, ...] = tuple(_VALIDATORS)
+FIELDS: tuple[str, ...] = tuple(_VALUES)
+
+
+def typed(name: str, value: Any) -> Any:
+    """`value` as field `name`'s type (pdtop's decoder, from `PdmuxConfig`'s type hint); ConfigError naming
+    the field otherwise. A null `manual_divisions` (YAML's key with nothing after it) is none."""
+    if name not in _VALUES:
+        raise ConfigError(name, f"unknown field; known: {', '.join(FIELDS)}")
+    if name == "manual_divisions" and value is None:
+        return []
+    try:
+        return decode_field(PdmuxConfig, name, value)
+    except DecodeError as exc:
+        inside = (exc.field or name).removeprefix(name)  # `[0][2]` within manual_divisions
+        raise ConfigError(name, f"at {inside}: {exc.reason}" if inside else exc.reason) from None
+
+
+def check_value(name: str, value: Any) -> Any:
+    """A typed value of field `name` checked (its range) and normalized; ConfigError names the field."""
+    return _VALUES[name](value)
 
 
 def validate(name: str, value: Any) -> Any:
-    """Check one field's value and return it normalized; ConfigError names the field otherwise."""
-    if name not in _VALIDATORS:
-        raise ConfigError(name, f"unknown field; known: {', '.join(FIELDS)}")
-    return _VALIDATORS[name](value)
+    """Check one field's value, its type then its range, and return it normalized; ConfigError names the
+    field otherwise."""
+    return check_value(name, typed(name, value))
 
 
 @dataclass(frozen=True)
@@ -222,23 +234,16 @@ def load_pdmux_config(path: str, warn: Callable[[str], None] = warn_once) -> Pdm
     `warn` gets one line for each place where newer SGLang reads the file otherwise, or where the
     release would fail at run time (a first threshold above 1).
     """
-    import yaml
-
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        raw = read_yaml(path)
     except OSError as exc:
         raise ConfigError("file", f"cannot read it ({exc.strerror or exc})", path) from None
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError("file", f"not valid YAML{at}", path) from None
+    except YamlError as exc:
+        raise ConfigError("file", str(exc), path) from None
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        raise ConfigError("file", f"must be a YAML mapping of fields, got {type(raw).__name__}", path)
+        raise ConfigError("file", f"must be a YAML mapping of fields, got {show(raw)}", path)
     notes: list[str] = []
 
     def note(field_name: str, what: str) -> None:
@@ -247,20 +252,22 @@ def load_pdmux_config(path: str, warn: Callable[[str], None] = warn_once) -> Pdm
     if any(k in SGLANG_KEYS for k in raw) and "sm_group_num" not in raw:
         raise ConfigError("sm_group_num", f"missing: SGLang {SGLANG_RELEASE} refuses a file without it "
                           "(\"Missing required field\"); with manual_divisions it is their count + 2", path)
-    unknown = [str(k) for k in raw if k not in _VALIDATORS]
+    unknown = [k for k in raw if k not in _VALUES]
     if unknown:
-        note(", ".join(unknown), f"unknown key{'s' if len(unknown) > 1 else ''}, ignored as SGLang {SGLANG_RELEASE} "
+        named = ", ".join(show_key(k) for k in unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5
+                                                                 else "")
+        note(named, f"unknown key{'s' if len(unknown) > 1 else ''}, ignored as SGLang {SGLANG_RELEASE} "
              "ignores keys it does not know")
     values: dict[str, Any] = {}
-    budget = raw.get("split_forward_token_budget")
-    if isinstance(budget, int) and not isinstance(budget, bool) and budget < 1:
-        # SGLang's slice is max(1, budget // tokens) layers: 0 or less is a layer a slice, as 1 is
-        raw = {**raw, "split_forward_token_budget": 1}
-        note("split_forward_token_budget", f"{budget} is read as 1 (one layer a slice), as SGLang {SGLANG_RELEASE}'s "
-             "max(1, budget // tokens) makes it")
-    for key, value in ((str(k), v) for k, v in raw.items() if k not in unknown):
+    for key, value in ((k, v) for k, v in raw.items() if k in _VALUES):
         try:
-            values[key] = validate(key, value)
+            value = typed(key, value)
+            if key == "split_forward_token_budget" and value is not None and value < 1:
+                # SGLang's slice is max(1, budget // tokens) layers: 0 or less is a layer a slice, as 1 is
+                note(key, f"{value} is read as 1 (one layer a slice), as SGLang {SGLANG_RELEASE}'s "
+                     "max(1, budget // tokens) makes it")
+                value = 1
+            values[key] = check_value(key, value)
         except ConfigError as exc:
             if key in NEWER_KEYS:
                 note(key, f"{exc.reason}: {SGLANG_MAIN_NAME} refuses the file, SGLang {SGLANG_RELEASE} skips the "

@@ -111,7 +111,7 @@ def test_live_switch_to_and_from_disagg():
     reqs = [engine.submit(engine.prompts.make(1000), 200, ignore_eos=True) for _ in range(4)]
     for _ in range(5):
         engine.step()
-    engine.control(Set({"policy": "disagg"}))
+    engine.control(Set(policy="disagg"))
     late = engine.submit(engine.prompts.make(3000), 8, ignore_eos=True)
     policies = set()
     for _ in range(60):
@@ -122,7 +122,7 @@ def test_live_switch_to_and_from_disagg():
     with pytest.raises(ControlError, match="switch to pdmux to pin a level"):  # nothing to pin: changes nothing
         pinned.result(0)
     assert engine.config_record().pinned_level is None
-    engine.control(Set({"policy": "chunked"}))
+    engine.control(Set(policy="chunked"))
     engine.run_until_idle()
     assert engine.scheduler.policy == "chunked" and engine.device.instances == 1
     assert all(len(r.output_ids) == 200 for r in reqs) and len(late.output_ids) == 8

@@ -69,7 +69,7 @@ def test_the_cap_from_sglangs_file_and_set_live():
     config = load_pdmux_config(str(DATA / "layer_cap.yaml"))  # budget 8192, cap 2
     assert prefill_layers_per_step(LONG, 36, config.token_budget) == 1
     engine = engine_with(config.replace(split_forward_token_budget=65536))
-    engine.control(Set({"max_split_forward_layers": 3}))
+    engine.control(Set(max_split_forward_layers=3))
     engine.step()
     assert engine.config.max_split_forward_layers == 3
     rounds = long_prefill_rounds(engine)
@@ -107,24 +107,24 @@ def test_overlap_set_live_rebuilds_the_levels_and_is_refused_without_divisions()
 
     engine = build_engine("sim:H100", config=PdmuxConfig(sm_group_num=3, manual_divisions=[[104, 28, 1]]))
     try:
-        engine.control(Set({"overlap_decode_full_sm": True}))
+        engine.control(Set(overlap_decode_full_sm=True))
         engine.step()
         assert engine.config_record().levels == [(132, 0), (104, 132), (0, 132)]
         assert engine.config_record().overlap_decode_full_sm is True
-        refused = engine.control(Set({"manual_divisions": []}))  # overlap needs them
+        refused = engine.control(Set(manual_divisions=[]))  # overlap needs them
         engine.step()
         with pytest.raises(ControlError) as err:
             refused.result(0)
         assert err.value.field == "overlap_decode_full_sm"
         assert engine.config_record().levels == [(132, 0), (104, 132), (0, 132)]  # nothing changed
-        engine.control(Set({"overlap_decode_full_sm": False}))
+        engine.control(Set(overlap_decode_full_sm=False))
         engine.step()
         assert engine.config_record().levels == [(132, 0), (104, 28), (0, 132)]
     finally:
         engine.close()
     plain = build_engine("sim:H100")
     try:
-        refused = plain.control(Set({"overlap_decode_full_sm": True}))
+        refused = plain.control(Set(overlap_decode_full_sm=True))
         plain.step()
         with pytest.raises(ControlError) as err:
             refused.result(0)

@@ -147,12 +147,12 @@ def test_the_rule_is_switched_live_and_back():
 
     engine = build_engine("sim:H100")
     try:
-        refused = engine.control(Set({"level_rule": "slo"}))
+        refused = engine.control(Set(level_rule="slo"))
         engine.step()
         with pytest.raises(ControlError, match="slo needs slo_itl_ms"):
             refused.result(0)
         assert engine.config.level_rule == "sglang"
-        engine.control(Set({"level_rule": "slo", "slo_itl_ms": 16.0}))
+        engine.control(Set(level_rule="slo", slo_itl_ms=16.0))
         engine.step()
         assert engine.config.level_rule == "slo" and engine.config.slo_itl_ms == 16.0
         engine.submit(engine.prompts.make(2048), 64, ignore_eos=True)
@@ -164,7 +164,7 @@ def test_the_rule_is_switched_live_and_back():
         for _ in range(3):
             engine.step()
         assert engine.scheduler.levels.status.startswith("slo: level ")  # 20 decode-only rounds: a baseline
-        engine.control(Set({"level_rule": "sglang"}))
+        engine.control(Set(level_rule="sglang"))
         for _ in range(5):
             engine.step()
         assert engine.config.level_rule == "sglang"
@@ -182,7 +182,7 @@ def test_bench_and_serve_refuse_the_rule_without_an_slo_in_one_line(capsys):
     assert main(["bench", "--device", "sim:H100", "--policy", "pdmux", "--quick", "--level-rule", "slo"]) == 0
     assert "ITL p99 <= 20 ms" in capsys.readouterr().out
     assert main(["serve", "--device", "sim:H100", "--level-rule", "slo", "--slo-itl-ms", "nan"]) == 2
-    assert "slo_itl_ms: must be a number of milliseconds > 0" in capsys.readouterr().err
+    assert "slo_itl_ms: not a finite number: nan" in capsys.readouterr().err  # the decoder's words (was ours)
 
 
 def taught_rule() -> SloRule:

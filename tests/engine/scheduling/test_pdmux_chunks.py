@@ -124,7 +124,7 @@ def test_the_file_key_round_trips_and_a_prompt_that_fits_goes_whole(tmp_path):
 
 def test_set_live_takes_effect_for_the_next_prompt():
     engine = build_engine("sim:H100")
-    engine.control(Set({"chunked_prefill_size": 1024}))
+    engine.control(Set(chunked_prefill_size=1024))
     engine.step()
     assert engine.config.chunked_prefill_size == 1024
     req = engine.submit(engine.prompts.make(3000), 2, ignore_eos=True)

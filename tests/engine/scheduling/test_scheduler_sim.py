@@ -15,9 +15,10 @@ from pdtop.engine.model.config import synthetic_config
 from pdtop.engine.records import ConfigChange, RequestRecord, RoundRecord
 from pdtop.engine.request import RequestStatus
 from pdtop.engine.roofline.gpu_specs import parse_gpu
-from pdtop.engine.scheduling.commands import AutoLevel, PinLevel, Set, parse_command
+from pdtop.engine.scheduling.commands import AutoLevel, PinLevel, Set
 from pdtop.engine.scheduling.splits import choose, prefill_layers_per_step, stream_groups
 from pdtop.engine.scheduling.workload import WorkloadSpec
+from pdtop.telemetry.server.commands import parse_command
 
 
 def _records(seed: int, rounds: int = 400) -> list:
@@ -101,7 +102,7 @@ def test_control_applies_at_round_boundary_and_is_announced():
     engine = build_engine("sim:H100")
     seen: list = []
     engine.add_sink(seen.append)
-    applied = engine.control(Set({"decode_bs_divisor": 24, "chunk_size": 256}), client="t")
+    applied = engine.control(Set(decode_bs_divisor=24, chunk_size=256), client="t")
     assert engine.config.decode_bs_divisor == 36 and not applied.done()  # not before the boundary
     engine.step()
     assert engine.config_record().decode_bs_divisor == 24 and engine.config.chunk_size == 256
@@ -116,7 +117,7 @@ def test_control_applies_at_round_boundary_and_is_announced():
     assert engine.step().pinned and again.result(0).changes == {}  # pinned already: nothing changed
     engine.control(AutoLevel())
     assert not engine.step().pinned
-    engine.control(Set({"manual_divisions": [[112, 20, 0], [96, 36, 16]]}))
+    engine.control(Set(manual_divisions=[[112, 20, 0], [96, 36, 16]]))
     engine.step()
     assert engine.describe().levels == [(132, 0), (112, 20), (96, 36), (0, 132)]
 
@@ -168,7 +169,7 @@ def test_policy_switch_waits_for_in_flight_prefill():
     engine.submit(engine.prompts.make(8192), 3, ignore_eos=True)
     engine.step()
     assert engine.scheduler.active.batch is not None
-    switched = engine.control(Set({"policy": "chunked"}))
+    switched = engine.control(Set(policy="chunked"))
     pinned = engine.control(PinLevel(2))  # asked after it: applied after it
     late = engine.submit(engine.prompts.make(100), 3, ignore_eos=True)
     engine.step()
@@ -210,7 +211,7 @@ def test_pin_dropped_by_new_levels_is_announced():
     engine.add_sink(seen.append)
     engine.control(PinLevel(6))
     engine.step()
-    engine.control(Set({"manual_divisions": [[112, 20, 0]]}))
+    engine.control(Set(manual_divisions=[[112, 20, 0]]))
     rec = engine.step()
     change = [r for r in seen if isinstance(r, ConfigChange)][-1]
     assert not rec.pinned and engine.config_record().pinned_level is None
@@ -240,7 +241,7 @@ def test_bad_policy_is_a_config_error():
 
 def test_pin_past_the_levels_queued_before_it_is_refused():
     engine = build_engine("sim:H100")
-    engine.control(Set({"manual_divisions": [[112, 20, 0]]}))  # 3 levels from the next boundary
+    engine.control(Set(manual_divisions=[[112, 20, 0]]))  # 3 levels from the next boundary
     pinned = engine.control(PinLevel(6))  # valid against today's 8 levels, not the next
     rec = engine.step()
     with pytest.raises(ControlError, match=r"level: must be in 0\.\.2, got 6"):

@@ -212,6 +212,28 @@ def test_the_cli_refuses_in_one_line_with_exit_2(tmp_path, capsys, text):
     assert len(err.strip().splitlines()) == 1 and err.startswith("pdtop levels: error: ") and str(path) in err
 
 
+def test_a_yaml_bomb_in_config_is_refused_in_one_short_line(tmp_path, capsys):
+    """Issue 38 item 8: the error repr'd the value, expanding every alias (a 382-byte file: 28.7 s, 1.76 GB,
+    350 MB of error text). SGLang's files hold no anchor or alias: pdtop refuses them, at the first."""
+    from tests.conftest import yaml_bomb
+
+    path = tmp_path / "bomb.yaml"
+    path.write_text(f"sm_group_num: {yaml_bomb(6)}\n")
+    assert main(["levels", "--gpu", "H100", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and len(err) < 400 and "an anchor (&a)" in err and "SGLang's pdmux files" in err
+
+
+def test_every_error_shows_a_value_short(tmp_path):
+    """Without aliases a value is no larger than the file, and an error still names it in a few words."""
+    path = tmp_path / "long.yaml"
+    path.write_text(f"sm_group_num: {'7' * 3000}x\nmanual_divisions: [{'[1, 2, 3], ' * 3000}[1, 2]]\n"
+                    f"{'k' * 1000}: 1\n")  # PyYAML's simple keys end at 1024 characters
+    with pytest.raises(ConfigError) as err:
+        load_pdmux_config(str(path), lambda line: None)
+    assert err.value.field == "sm_group_num" and len(str(err.value)) < 300
+
+
 def test_the_cli_refuses_an_oversubscribed_division_in_one_line(capsys):
     assert main(["levels", "--gpu", "H100", "--config", data("oversubscribed_exclusive.yaml")]) == 2
     err = capsys.readouterr().err
