@@ -32,7 +32,7 @@ def _subparsers() -> dict[str, argparse.ArgumentParser]:
 
 def examples() -> list[tuple[str, str]]:
     """(command, example line) for each example in each command's help: lines starting `pdtop`, with
-    backslash continuations joined, several on a line split at `;`, a trailing `(comment)` dropped."""
+    backslash continuations joined, several on a line split at `;`, a trailing `(comment)` or `# comment` dropped."""
     out = []
     for name, parser in _subparsers().items():
         text = parser.format_help().replace("\\\n", " ")
@@ -41,7 +41,7 @@ def examples() -> list[tuple[str, str]]:
             if not line.startswith("pdtop") or line.startswith(("pdtop:", "pdtop-")):
                 continue
             for part in (p.strip() for p in line.split(";  ")):
-                out.append((name, re.sub(r"\s{2,}\(.*\)$", "", part)))
+                out.append((name, re.sub(r"\s{2,}(\(.*\)|#.*)$", "", part)))
     return out
 
 

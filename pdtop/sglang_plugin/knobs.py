@@ -93,7 +93,7 @@ def check(command: EngineCommand, levels: list[tuple[int, int]], pdmux: bool) ->
 
 
 def _set(command: Set, levels: list[tuple[int, int]]) -> KnobChange:
-    values = command.values
+    values = command.given()
     for key in values:
         if key in FIXED_AT_START:
             raise ControlError(key, FIXED_AT_START[key])

@@ -41,7 +41,7 @@ def test_commands_become_changes() -> None:
     assert check(PinLevel(3), LEVELS, True) == KnobChange(pinned_level=3)
     assert check(AutoLevel(), LEVELS, True) == KnobChange(pinned_level=AUTO)
     rows = [[p, d, t] for (p, d), t in zip(LEVELS[1:-1], [1, 2, 4, 8, 16, 32], strict=True)]
-    change = check(Set({"manual_divisions": rows, "decode_bs_divisor": 9}), LEVELS, True)
+    change = check(Set(manual_divisions=rows, decode_bs_divisor=9), LEVELS, True)
     assert change == KnobChange(decode_bs_divisor=9, thresholds=(1, 2, 4, 8, 16, 32))
     knobs = Knobs(None, 36, 65536, ()).after(change).after(check(PinLevel(2), LEVELS, True))
     assert knobs == Knobs(2, 9, 65536, (1, 2, 4, 8, 16, 32))
@@ -50,8 +50,8 @@ def test_commands_become_changes() -> None:
 
 @pytest.mark.parametrize(("command", "field"), [
     (PinLevel(0), "level"), (PinLevel(7), "level"), (PinLevel(-1), "level"),
-    (Set({"sm_group_num": 5}), "sm_group_num"), (Set({"policy": "chunked"}), "policy"),
-    (Set({"manual_divisions": [[100, 32, 1]]}), "manual_divisions"), (Inject(100), "cmd"),
+    (Set(sm_group_num=5), "sm_group_num"), (Set(policy="chunked"), "policy"),
+    (Set(manual_divisions=[[100, 32, 1]]), "manual_divisions"), (Inject(100), "cmd"),
 ])
 def test_what_sglang_cannot_take_live_is_one_line(command: object, field: str) -> None:
     with pytest.raises(ControlError) as err:

@@ -110,7 +110,7 @@ async def test_an_unreadable_event_is_skipped_and_shown_once(tmp_path, ev, until
         await until(pilot, lambda: app.state.rounds_seen == 1, "the good round")
         assert app.state.invalid == 3 and app.state.round_index == 3
         shown = [n for n in app.notices if n[1] == "unreadable event skipped"]
-        assert [n[2] for n in shown] == ["round: missing field 'kv_used_tokens'"]
+        assert [n[2] for n in shown] == ["round.kv_used_tokens: missing"]
 
 
 async def test_a_repaint_queued_as_the_app_shuts_down_does_nothing(recording, until):
