@@ -61,7 +61,8 @@ class DashboardState:
     server_version: str | None = None
     info: EngineInfo = field(default_factory=EngineInfo)
     config: EngineConfig | None = None  # the whole configuration, from hello, config and seek events
-    recording: str | None = None  # path this dashboard asked the server to record to
+    recording: str | None = None  # the file the server records to (hello.recording, or this dashboard's R)
+    recording_known: bool = False  # false: the server does not say (one before hello.recording)
     api: str | None = None  # the server's OpenAI-compatible API (hello.api)
     scrape: ScrapeView | None = None  # a scraped /metrics page (hello.scrape): the panels show it instead
     fleet: FleetView | None = None  # several pages (hello.fleet): `scrape` is the selected server's
@@ -146,6 +147,8 @@ class DashboardState:
         self.readonly = hello.readonly
         self.server_version = hello.pdtop
         self.api = hello.api
+        self.recording_known = hello.recording is not None
+        self.recording = hello.recording.path if hello.recording is not None else None
         self.fleet = FleetView(hello.fleet) if hello.fleet is not None else None
         if hello.engine is None and hello.fleet is not None:
             self.scrape, self.config, self.policy = None, None, "?"

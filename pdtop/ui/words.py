@@ -1,6 +1,7 @@
 """Control commands and config changes in plain words, for notifications and chart marks."""
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from pdtop.engine.scheduling.commands import Inject, PinLevel, Set
@@ -100,3 +101,17 @@ def change_mark(changes: dict[str, Any]) -> str:
         if name in MARKS:
             return MARKS[name]
     return "*"
+
+
+def api_words(api: str | None, token: str | None, readonly: bool) -> str:
+    """How to call the server's OpenAI-compatible API (`hello.api`), for the help: its address and the
+    `Authorization` header it wants. The server checks the same token on both ports, so a connection
+    that may control (with a token, or to a server without one) knows; `$PDTOP_TOKEN` is named, not shown."""
+    if not api:
+        return ""
+    if readonly:
+        return f"OpenAI-compatible API: {api}  ·  it takes the server's token: -H 'Authorization: Bearer TOKEN'"
+    if not token:
+        return f"OpenAI-compatible API: {api}  ·  the server has no token: curl {api}/models"
+    shown = "$PDTOP_TOKEN" if token == os.environ.get("PDTOP_TOKEN") else token
+    return f"OpenAI-compatible API: {api}  ·  curl -H \"Authorization: Bearer {shown}\" {api}/models"

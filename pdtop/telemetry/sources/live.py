@@ -22,7 +22,7 @@ from websockets.client import process_exception
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from pdtop.telemetry.decode import EventError, decode_event
-from pdtop.telemetry.events import Batch, Hello, Reply
+from pdtop.telemetry.events import Batch, ErrorNotice, Hello, Reply
 from pdtop.telemetry.server.commands import Command, to_wire
 from pdtop.telemetry.server.frames import WIRE_MAX_SIZE
 from pdtop.telemetry.sources.source import ControlRefused
@@ -53,6 +53,8 @@ class LiveSource:
         if not url.startswith(("ws://", "wss://")):
             raise ValueError(f"not a websocket URL (ws://HOST:PORT): {url!r}")
         self.url = url
+        self.token = token  # also the server's API token (`pdtop serve` checks the same one on both ports)
+        self.token_refused: str | None = None  # the server's reason when it refused the token ("wrong token")
         # batch=1: one frame per server tick; events() hands them out one by one
         self._connect_url = with_query(url, token=token, batch="1")
         self.want_readonly = readonly
@@ -123,9 +125,12 @@ class LiveSource:
         if isinstance(typed, Hello):
             self.hello = typed
             self.readonly = self.want_readonly or typed.readonly
+            self.token_refused = None
             self.state = "live"
             self.connections += 1
             self.last_error = self.retry_at = None
+        elif isinstance(typed, ErrorNotice) and typed.field == "token":  # sent right after hello
+            self.token_refused = typed.reason.split(";")[0]
         elif isinstance(typed, Reply):
             future = self._pending.pop(str(typed.id), None)
             if future is not None and not future.done():
@@ -136,7 +141,12 @@ class LiveSource:
     def readonly_reason(self) -> str | None:
         if self.want_readonly:
             return "attached with --readonly"
-        return "no control token: attach with --token TOKEN or set $PDTOP_TOKEN" if self.readonly else None
+        if not self.readonly:
+            return None
+        if self.token:  # given, and refused
+            return (f"the server refused the token ({self.token_refused or 'wrong token'}): attach with the "
+                    "server's --token TOKEN or $PDTOP_TOKEN")
+        return "no control token: attach with --token TOKEN or set $PDTOP_TOKEN"
 
     @property
     def transport(self) -> None:

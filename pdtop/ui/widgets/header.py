@@ -87,8 +87,10 @@ class HeaderBar(Static):
             if state.recording:
                 rec_style = "bold " + colours.get("error", "")
                 items.append(([("◉ REC ", rec_style), (state.recording, "")], [("◉ REC", rec_style)]))
-            else:
+            elif state.recording_known:
                 items.append(([("○ not recording", "dim")], [("○ no rec", "dim")]))
+            else:  # a server that does not say (before hello.recording)
+                items.append(([("recording: unknown", "dim")], [("rec ?", "dim")]))
         dropped_style = colours.get("warning", "") if state.dropped else "dim"
         items.append(([("dropped ", "dim"), (str(state.dropped), dropped_style)],
                       [("dropped ", "dim"), (str(state.dropped), dropped_style)]))
