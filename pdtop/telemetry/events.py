@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pdtop import __version__
-from pdtop.engine.description import ABSENT, IF_SET, EngineConfig, EngineDescription
+from pdtop.engine.description import ABSENT, IF_SET, EngineConfig, EngineDescription, Totals
 from pdtop.engine.records import ConfigChange, KvTransfer, RequestRecord, RoundRecord
 
 PROTOCOL_VERSION = 1
@@ -146,10 +146,14 @@ class Batch:
 @dataclass
 class Seek:
     """Replay only: playback moved to `position` (recording seconds); `config` is in force there
-    (null in a recording of a scraped `/metrics` page, which has no configuration)."""
+    (null in a recording of a scraped `/metrics` page, which has no configuration). `totals` and
+    `dropped` are the request counts and the events lost as the replayed window before `position`
+    starts, so counts go on from there as when the recording played through."""
 
     position: float
     config: EngineConfig | None
+    totals: Totals | None = field(default=None, metadata=IF_SET)
+    dropped: int | None = field(default=None, metadata=IF_SET)
 
 
 @dataclass
