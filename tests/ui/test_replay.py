@@ -1,14 +1,21 @@
 """Replay: play/pause, step, seek, speed and go-to move through a real recording; the engine is out of reach."""
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
+from scrape.disagg_servers import SglangPdMetrics, serve
 from textual.widgets import Input
 
 from pdtop.telemetry.decode import decode_event
 from pdtop.telemetry.events import Seek
 from pdtop.telemetry.recording.reader import read_recording
 from pdtop.telemetry.sources.replay import ReplaySource
+from pdtop.ui import format as fmt
 from pdtop.ui.app import PdtopApp
+from pdtop.ui.screens.fleet import FleetScreen
+from pdtop.ui.widgets.replay_bar import ReplayBar
 
 SIZE = (130, 40)
 
@@ -255,3 +262,31 @@ async def test_counts_after_a_seek_are_those_of_the_recording_played_to_there(re
             s = app.state
             assert (s.arrivals, s.first_tokens) == (arrived, first), position
             assert s.arrivals >= s.first_tokens >= s.finished and s.counts_since == "engine start"
+
+
+async def test_a_replayed_fleet_says_it_is_a_replay_with_its_position_and_keys(tmp_path, until):
+    """Issue 42 item 4: a replayed fleet looked live ("2 live · read every 1.0 s") with no play state,
+    position or bar until Enter on a server."""
+    prefill, decode = serve(SglangPdMetrics("prefill")), serve(SglangPdMetrics("decode"))
+    path = tmp_path / "fleet.ndjson"
+    try:
+        done = subprocess.run([sys.executable, "-m", "pdtop", "record", "--prefill", prefill.server.url,
+                               "--decode", decode.server.url, "-o", str(path), "--interval", "0.1", "--duration",
+                               "2"], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+    finally:
+        prefill.server.close()
+        decode.server.close()
+    src = ReplaySource(path)
+    app = PdtopApp(src)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await until(pilot, lambda: isinstance(app.screen, FleetScreen) and app.state.fleet.servers, "the fleet")
+        await pilot.press("space")
+        assert src.paused
+        await pilot.pause(0.4)
+        head = str(app.screen.query_one("#fleet-head").render())
+        bar = str(app.screen.query_one(ReplayBar).render())
+        assert "replay" in head and "live when recorded" in head, head
+        assert "paused" in bar and f"/ {fmt.clock(src.duration)}" in bar, bar
+        await pilot.press("right")
+        assert src.position == pytest.approx(src.duration)  # the keys seek from the fleet's table too

@@ -3,11 +3,12 @@
 Events come out at their recorded times scaled by `speed`. `pause`, `resume`, `step`
 (release everything up to and including the next `round`), `seek(t)` and the `speed`
 setter may be called at any time from the event loop's thread. After a seek the next
-event is `{"type": "seek", "v": 1, "position": t, "config": {...}, "totals": {...}, "dropped": n}` (the
-configuration in force at `t`, as this pdtop reads it, and the request counts and lost events as the
-window below starts: `CountsBefore`), so a consumer can reset what it accumulated; then, at once and paused or not, the events of the `lookback_s` seconds before `t`
-(`catching_up` is true while they come), so the figures over a window are there at the seek
-point, not only once playback has run that long.
+event is `{"type": "seek", "v": 1, "position": t, "config": {...}, "totals": {...}, "dropped": n}`
+(the configuration in force at `t`, as this pdtop reads it, and the request counts and lost events
+as the window below starts: `CountsBefore`), so a consumer can reset what it accumulated; then, at
+once and paused or not, the events of the `lookback_s` seconds before `t` (`catching_up` is true
+while they come), so the figures over a window are there at the seek point, not only once playback
+has run that long.
 """
 from __future__ import annotations
 
