@@ -111,7 +111,7 @@ class FleetScreen(Screen[None]):
     @property
     def transport(self) -> Transport | None:
         """The replay's controls (a recorded fleet), else None."""
-        return self.app.source.transport  # type: ignore[attr-defined, no-any-return]  # the pdtop app's
+        return self.app.source.transport  # type: ignore[attr-defined]  # the pdtop app's
 
     def compose(self) -> ComposeResult:
         yield Static(id="fleet-head")
