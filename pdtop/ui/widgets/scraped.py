@@ -85,8 +85,11 @@ def requests(panel: Panel, view: ScrapeView, width: int, height: int) -> Group:
 
     if m is None:
         return Group(Text(f"waiting for the first read of {view.target.url}", "dim"))
-    load = Text.assemble(("running ", "dim"), (f"{gauge('running', m.running):<6}", "bold"), ("waiting ", "dim"),
-                         (gauge("waiting", m.waiting), "bold"))
+    if not view.exposed("running") and not view.exposed("waiting"):  # said once, not run together
+        load = Text.assemble(("running, waiting ", "dim"), (NOT_EXPOSED, "dim italic"))
+    else:
+        load = Text.assemble(("running ", "dim"), (f"{gauge('running', m.running):<5}", "bold"), ("  waiting ", "dim"),
+                             (gauge("waiting", m.waiting), "bold"))
     kv = number(m.kv_usage)
     if view.exposed("kv_usage"):
         kv_colour = panel.colour("error") if kv is not None and kv > 0.9 else panel.colour("decode")
