@@ -60,3 +60,24 @@ async def test_scraped_panels_keep_their_words_apart(until):
                         re.search(r"running not exposed by this engine +waiting \d", load), load
         finally:
             server.close()
+
+
+async def test_a_batch_larger_than_running_reads_as_the_last_rounds(tmp_path, ev, until):
+    """Item 10: `running 49 waiting 0 decode batch 50`: running is counted after the round's finishes, the
+    batch is the round's own. The panel says the batch is what the last round decoded."""
+    rec = Recorder(tmp_path / "finishing.ndjson", ev.hello)
+    for i in range(5):
+        event = ev.round(i, 0.01 * (i + 1), bs=50)
+        event["running"] = 49 if i == 4 else 50  # the last round finished one of its 50
+        rec.write_event(event, t=0.01 * i)
+    rec.close()
+    for size in ((160, 48), (120, 30), (80, 24)):
+        app = PdtopApp(ReplaySource(tmp_path / "finishing.ndjson", speed=16))
+        async with app.run_test(size=size) as pilot:
+            await until(pilot, lambda app=app: app.state.round_index == 4, "the rounds")
+            app.repaint()
+            panel = app.query_one("RequestsPanel")
+            load = panel._last_texts[0].plain
+            assert "decoded 50" in load and "batch" not in load and "49" in load, load
+            assert size == (80, 24) or "decoded 50 last round" in load, load
+            assert len(load) <= panel.content_size.width, load
