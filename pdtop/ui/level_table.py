@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from rich.text import Text
 
-from pdtop.ui import format as fmt
+from pdtop import format as fmt
 from pdtop.ui.chart import split_bar
 
 if TYPE_CHECKING:

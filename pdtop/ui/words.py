@@ -5,8 +5,8 @@ import os
 from typing import Any
 
 from pdtop.engine.scheduling.commands import Inject, PinLevel, Set
+from pdtop.format import count, units
 from pdtop.telemetry.server.commands import Command
-from pdtop.ui.format import units
 from pdtop.ui.state import DashboardState
 
 # one letter per setting, for the marks on the step-time chart (docs/dashboard.md lists them)
@@ -64,7 +64,7 @@ def asked(command: Command, state: DashboardState) -> str:
         case PinLevel(level=level):
             return f"pinned {level_words(state, level)}"
         case Inject(prompt_tokens=tokens):
-            return f"injected a prompt of {tokens:,} tokens" if tokens is not None else "injected a long prompt"
+            return f"injected a prompt of {count(tokens)} tokens" if tokens is not None else "injected a long prompt"
         case Set(values=values):
             config, parts = state.config, []
             for name, new in values.items():
@@ -85,7 +85,8 @@ def change_words(changes: dict[str, dict[str, Any]], state: DashboardState) -> s
         if name == "pinned_level":
             parts.append(f"pinned {level_words(state, new)}" if new is not None else "automatic level choice")
         elif name == "inject":
-            parts.append(f"injected a prompt of {new:,} tokens" if isinstance(new, int) else "injected a long prompt")
+            parts.append(f"injected a prompt of {count(new)} tokens" if isinstance(new, int)
+                         else "injected a long prompt")
         elif name == "workload_paused":
             parts.append("workload paused" if new else "workload resumed")
         elif name == "levels":

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from pdtop import format as fmt
 from pdtop.engine.scheduling.commands import Inject, Set
 from pdtop.telemetry.sources.live import LiveSource
-from pdtop.ui import format as fmt
 from pdtop.ui.app import PdtopApp
 
 

@@ -6,12 +6,17 @@ from __future__ import annotations
 import re
 
 from scrape.servers import PageServer, VllmMetrics
+from textual.widgets import Input
 
+from pdtop import format as fmt
+from pdtop.engine.scheduling.commands import Set
 from pdtop.telemetry.recording.recorder import Recorder
+from pdtop.telemetry.sources.live import LiveSource
 from pdtop.telemetry.sources.prometheus import PrometheusSource
 from pdtop.telemetry.sources.replay import ReplaySource
 from pdtop.ui.app import PdtopApp
 from pdtop.ui.scrape_view import NOT_EXPOSED
+from pdtop.ui.screens.tune import TuneScreen
 
 
 def _drawn(panel) -> list[str]:
@@ -81,3 +86,67 @@ async def test_a_batch_larger_than_running_reads_as_the_last_rounds(tmp_path, ev
             assert "decoded 50" in load and "batch" not in load and "49" in load, load
             assert size == (80, 24) or "decoded 50 last round" in load, load
             assert len(load) <= panel.content_size.width, load
+
+
+async def test_an_empty_chart_labels_no_scale(recording, until):
+    """Item 14: with nothing drawn, the step chart and the timeline labelled their scale "1.00 ms"."""
+    src = ReplaySource(recording)
+    src.pause()
+    app = PdtopApp(src)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await until(pilot, lambda: app.state.hello, "the hello")
+        app.repaint()
+        for panel in ("StepTimePanel", "TimelinePanel"):
+            lines = [t.plain for t in app.query_one(panel)._last_texts]
+            assert not any(" ms" in line for line in lines), (panel, lines)
+
+
+async def test_a_figure_reads_the_same_in_every_panel(served, until):
+    """Item 14: `348.8 ms` beside `349 ms`, `15,709` beside `5.6k`: the knobs line's prediction is written as
+    the level table writes it, and an injected prompt's size as the prefill panel writes a prompt's tokens
+    (`fmt.count`)."""
+    app = PdtopApp(LiveSource(served.url, token=served.token))
+    async with app.run_test(size=(160, 48)) as pilot:
+        await until(pilot, lambda: app.state.rounds_seen > 5 and app.connection == "live", "live rounds")
+        served.engine.control(Set({"level_rule": "slo", "slo_itl_ms": 16.0}))
+        await until(pilot, lambda: app.state.predicted_steps_s is not None and app.state.level is not None
+                    and app.state.predicted_steps_s[app.state.level] is not None, "a prediction", timeout=30)
+        app.repaint()
+        panel = app.query_one("SplitPanel")
+        text = "\n".join(t.plain for t in panel._last_texts) + "\n" + str(panel.border_subtitle)
+        said = re.search(r"pred (\d[\d.]* ms)", text).group(1)
+        cell = re.search(r"▶ +\d+ +\S+ +\d+/\d+ +(?:\d+%|–) +(?:[\d.]+ ms|–) +([\d.]+ ms|–)", text)
+        assert cell and cell.group(1) == said, (said, text)  # the current level's pred column: the same text
+        app.notices.clear()
+        await pilot.press("i")
+        await until(pilot, lambda: len(app.screen_stack) == 2, "the inject prompt")
+        app.screen.query_one(Input).value = "15709"
+        await pilot.press("enter")
+        await until(pilot, lambda: any(n[1] == "applied" for n in app.notices), "the inject applied")
+        told = next(n[2] for n in app.notices if n[1] == "applied")
+        assert f"a prompt of {fmt.count(15709)} tokens" in told, told  # as the prefill panel writes its tokens
+
+
+async def test_the_tuning_table_writes_unmeasured_figures_as_the_panels_do(until):
+    """Item 14: the live-tuning table wrote `- ms` where every panel writes `–`."""
+    from pdtop.engine.build import build_engine
+
+    from .conftest import EngineServer
+
+    es = EngineServer(build_engine("sim:H100", workload=None)).start()  # nothing decodes: nothing is measured
+    try:
+        app = PdtopApp(LiveSource(es.url, token=es.token))
+        async with app.run_test(size=(160, 48)) as pilot:
+            await until(pilot, lambda: app.state.rounds_seen > 2 and app.connection == "live", "live rounds")
+            await pilot.press("u")
+            await until(pilot, lambda: len(app.screen_stack) == 2, "the tune prompt")
+            app.screen.query_one(Input).value = "50 0.2"
+            await pilot.press("enter")
+            await until(pilot, lambda: isinstance(app.screen, TuneScreen), "the tune panel")
+            screen = app.screen
+            await until(pilot, lambda: not screen.running, "the tune to finish", timeout=60)
+            table = str(screen.query_one("#tune-table").render())
+            assert "- ms" not in table and " -/s" not in table and f"{fmt.MISSING}" in table, table
+            await pilot.press("r")
+    finally:
+        es.close()

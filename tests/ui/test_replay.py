@@ -8,11 +8,11 @@ import pytest
 from scrape.disagg_servers import SglangPdMetrics, serve
 from textual.widgets import Input
 
+from pdtop import format as fmt
 from pdtop.telemetry.decode import decode_event
 from pdtop.telemetry.events import Seek
 from pdtop.telemetry.recording.reader import read_recording
 from pdtop.telemetry.sources.replay import ReplaySource
-from pdtop.ui import format as fmt
 from pdtop.ui.app import PdtopApp
 from pdtop.ui.screens.fleet import FleetScreen
 from pdtop.ui.widgets.replay_bar import ReplayBar

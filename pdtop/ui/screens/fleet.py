@@ -11,9 +11,9 @@ from textual.binding import Binding, BindingType
 from textual.screen import Screen
 from textual.widgets import Label, Static
 
+from pdtop import format as fmt
 from pdtop.telemetry.events import FleetServer, Metrics
 from pdtop.telemetry.sources.source import Transport
-from pdtop.ui import format as fmt
 from pdtop.ui.fleet_view import FleetView, show_server
 from pdtop.ui.scrape_view import number
 from pdtop.ui.state import DashboardState

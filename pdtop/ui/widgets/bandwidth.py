@@ -6,8 +6,8 @@ import textwrap
 from rich.console import Group
 from rich.text import Text
 
+from pdtop import format as fmt
 from pdtop.telemetry.events import Hw
-from pdtop.ui import format as fmt
 from pdtop.ui.chart import block_chart
 from pdtop.ui.state import DashboardState
 from pdtop.ui.widgets import scraped

@@ -13,7 +13,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from pdtop import __version__
-from pdtop.ui.format import fit
+from pdtop.format import fit
 from pdtop.ui.state import DashboardState
 
 CONNECTION = {

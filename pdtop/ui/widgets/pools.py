@@ -8,8 +8,8 @@ import statistics
 from rich import filesize
 from rich.text import Text
 
+from pdtop import format as fmt
 from pdtop.engine.records import DisaggState
-from pdtop.ui import format as fmt
 from pdtop.ui.chart import fill_bar
 from pdtop.ui.state import DashboardState
 from pdtop.ui.widgets.base import Panel

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 from rich.console import Group
 from rich.text import Text
 
+from pdtop import format as fmt
 from pdtop.telemetry.events import Quantiles
-from pdtop.ui import format as fmt
 from pdtop.ui.chart import block_chart, fill_bar, split_bar
 from pdtop.ui.scrape_view import NOT_EXPOSED, ScrapeView, number
 from pdtop.ui.widgets import scraped_split
@@ -142,6 +142,7 @@ def latency_chart(panel: Panel, view: ScrapeView, slo: float | None, width: int,
         top = max([v for v in values if v is not None] + [line * 1.25 if line else 0.0, 1e-3])
         rows = block_chart(values, rows_n, top, panel.colour("chart"), line, panel.colour("slo"), panel.colour("idle"))
         for i, row in enumerate(rows):
-            name = label if i == 0 else fmt.duration(top) if i == 1 else ""
+            drawn = line is not None or any(v is not None for v in values)  # nothing drawn: no scale to label
+            name = label if i == 0 else fmt.duration(top) if i == 1 and drawn else ""
             lines.append(Text.assemble((f"{name:>{axis - 1}} ", "dim"), row))
     return Group(*lines)

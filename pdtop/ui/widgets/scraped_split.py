@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 from rich.console import Group
 from rich.text import Text
 
+from pdtop import format as fmt
 from pdtop.telemetry.events import ScrapedSplit
-from pdtop.ui import format as fmt
 from pdtop.ui.chart import split_band, split_bar
 from pdtop.ui.level_table import LevelRow, level_table
 from pdtop.ui.scrape_view import ScrapeView

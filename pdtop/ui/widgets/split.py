@@ -5,8 +5,8 @@ from __future__ import annotations
 from rich.console import Group
 from rich.text import Text
 
+from pdtop import format as fmt
 from pdtop.engine.description import EngineConfig
-from pdtop.ui import format as fmt
 from pdtop.ui.chart import split_bar
 from pdtop.ui.level_table import LevelRow, level_table
 from pdtop.ui.state import DashboardState
@@ -113,7 +113,7 @@ def knobs(config: EngineConfig | None, warning: str, predicted_step_s: float | N
     if config is None:
         return text
     if config.policy == "pdmux" and config.level_rule == "slo" and config.slo_itl_ms is not None:
-        pred = "" if predicted_step_s is None else f" pred {predicted_step_s * 1e3:.1f} ms"
+        pred = "" if predicted_step_s is None else f" pred {fmt.ms(predicted_step_s)}"
         text.append_text(Text.assemble(("rule ", "dim"), f"slo<={config.slo_itl_ms:g} ms{pred}", "  "))
     knob_values = {"pdmux": (("divisor", str(config.decode_bs_divisor)),
                              ("budget", str(config.split_forward_token_budget))),

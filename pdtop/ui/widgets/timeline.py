@@ -7,7 +7,7 @@ from __future__ import annotations
 from rich.console import Group
 from rich.text import Text
 
-from pdtop.ui import format as fmt
+from pdtop import format as fmt
 from pdtop.ui.chart import block_chart, split_band
 from pdtop.ui.state import DashboardState
 from pdtop.ui.widgets import scraped, scraped_split
@@ -49,8 +49,9 @@ class TimelinePanel(Panel):
         top = max([v for v in steps if v is not None] + [1e-3])
         chart = block_chart(steps, decode_rows, top, self.colour("decode"), slo if slo and slo <= top else None,
                             self.colour("slo"), self.colour("idle"))
+        shown = any(v is not None for v in steps)  # an empty lane has no scale to label
         for i, row in enumerate(chart):
-            label = "decode" if i == 0 else fmt.ms(top) if i == 1 else ""
+            label = "decode" if i == 0 else fmt.ms(top) if i == 1 and shown else ""
             lines.append(Text.assemble((f"{label:<{LABEL}}", "dim"), row))
 
         if any(r is not None and r.transfer_bytes for r in cols) or state.policy == "disagg":
