@@ -173,7 +173,7 @@ class PdtopApp(ReplayActions):
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a source that fails is shown, not swallowed
-            self.source_error = f"{type(exc).__name__}: {exc}"
+            self.source_error = self.source.last_error or f"{type(exc).__name__}: {exc}"  # the source's words
             self.notify(self.source_error, title="event source failed", severity="error", timeout=30)
         self.repaint_soon()
 

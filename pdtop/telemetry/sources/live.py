@@ -19,7 +19,8 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.client import process_exception
-from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidMessage, InvalidStatus, InvalidURI
+from websockets.uri import parse_uri
 
 from pdtop.telemetry.decode import EventError, decode_event
 from pdtop.telemetry.events import Batch, ErrorNotice, Hello, Reply
@@ -50,8 +51,8 @@ class LiveSource:
 
     def __init__(self, url: str, token: str | None = None, readonly: bool = False, *,
                  reply_timeout: float = 10.0, open_timeout: float = 5.0) -> None:
-        if not url.startswith(("ws://", "wss://")):
-            raise ValueError(f"not a websocket URL (ws://HOST:PORT): {url!r}")
+        """ValueError (one line naming the URL as given) for a URL that is no ws:// or wss:// address."""
+        check_ws_url(url)
         self.url = url
         self.token = token  # also the server's API token (`pdtop serve` checks the same one on both ports)
         self.token_refused: str | None = None  # the server's reason when it refused the token ("wrong token")
@@ -190,6 +191,23 @@ class LiveSource:
             await self._ws.close()
 
 
+def check_ws_url(url: str) -> None:
+    """ValueError, in one line naming `url` as given, unless it is a websocket address with a host and a port
+    websockets can dial (checked before the query this source adds, so none of it shows)."""
+    if not url.startswith(("ws://", "wss://")):
+        raise ValueError(f"not a websocket URL (ws://HOST:PORT): {url!r}")
+    try:
+        parse_uri(url)
+        port = urlsplit(url).port
+    except InvalidURI as exc:
+        raise ValueError(f"not a websocket address: {url!r} ({str(exc).rsplit(': ', 1)[-1]}; ws://HOST:PORT)") \
+            from None
+    except ValueError:
+        raise ValueError(f"not a websocket address: {url!r} (the port must be a number from 1 to 65535)") from None
+    if port == 0:
+        raise ValueError(f"not a websocket address: {url!r} (the port must be a number from 1 to 65535)")
+
+
 def why_not_connected(exc: BaseException, open_timeout: float) -> str:
     """A failed connection attempt in words: `connection refused`, `no answer within 5 s`, ..."""
     if isinstance(exc, ConnectionRefusedError):
@@ -199,7 +217,11 @@ def why_not_connected(exc: BaseException, open_timeout: float) -> str:
     if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
         return f"no answer within {open_timeout:g} s"
     if isinstance(exc, InvalidStatus):
-        return f"the server answered HTTP {exc.response.status_code}, not a websocket"
+        return (f"the server answered HTTP {exc.response.status_code}, not a websocket (a /metrics page is read with "
+                "http://HOST:PORT)")
+    if isinstance(exc, InvalidMessage):  # an HTTP/1.0 server, or something else: no websocket handshake
+        return ("the server did not answer as a websocket server (`pdtop serve` prints its ws:// address; a "
+                "/metrics page is read with http://HOST:PORT)")
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror[0].lower() + exc.strerror[1:]
     return str(exc) or type(exc).__name__
