@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pdtop.ui.format import units
+from pdtop.format import units
 
 if TYPE_CHECKING:
     from pdtop.engine.engine import Engine

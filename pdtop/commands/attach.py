@@ -2,7 +2,9 @@
 any serving engine's Prometheus `/metrics` page: vLLM, SGLang (with --enable-metrics) or `pdtop serve
 --api-port`.
 
-The URL is the one `pdtop serve` prints (ws://HOST:PORT). Without the server's token,
+The URL is the one `pdtop serve` prints (ws://HOST:PORT); one without a host or with a bad port is
+refused in one line before anything starts, and a server that answers plain HTTP is named as such
+(http:// reads a /metrics page). Without the server's token,
 or with --readonly, the dashboard only watches: every control is hidden and refused.
 The connection is retried with backoff when the server goes away, and the header says so.
 

@@ -1,7 +1,9 @@
 """Start the embedded engine and watch it in the dashboard (what `pdtop` alone does).
 
-The engine runs as a `pdtop serve` child process on a free loopback port with a random
-control token; the dashboard attaches to it and quitting (q) stops it. The child is
+The engine runs as a `pdtop serve` child process on a free loopback port with a control token
+($PDTOP_TOKEN if set, else a random one); the dashboard attaches to it and quitting (q) stops it.
+The child also serves the OpenAI-compatible API on a free port (the header shows it, `api :PORT`),
+which takes the same token: the help (?) shows the address and the curl line. The child is
 tied to this process: it also stops if the dashboard crashes or is killed (Linux).
 Its log goes to a temporary file, named when something goes wrong.
 
@@ -212,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
         check_inputs(args)
     except INPUT_ERRORS as exc:
         return fail("dashboard", exc)
-    token = secrets.token_urlsafe(24)
+    token = os.environ.get("PDTOP_TOKEN") or secrets.token_urlsafe(24)  # yours, to call the API with
     log_file = tempfile.NamedTemporaryFile("w", prefix="pdtop-serve-", suffix=".log", delete=False)
     log_path = Path(log_file.name)
     print(f"pdtop: starting the engine (log: {log_path})", file=sys.stderr, flush=True)
@@ -247,8 +249,7 @@ def _watch(child: subprocess.Popen, url: str, token: str, args: argparse.Namespa
     from pdtop.telemetry.sources.live import LiveSource
     from pdtop.ui.launch import exit_code, make_app
 
-    # the protocol does not announce a recording the server started itself: the dashboard knows it asked
-    app = make_app(LiveSource(url, token=token), args, recording=args.record)
+    app = make_app(LiveSource(url, token=token), args)  # the server's hello says what it records
 
     def waiter() -> None:
         code = child.wait()

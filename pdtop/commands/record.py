@@ -70,6 +70,13 @@ def run(args: argparse.Namespace) -> int:
         return fail("record", exc)
     if args.url is not None and not args.url.startswith(("ws://", "wss://")) and not is_http(args.url):
         return fail("record", redacted(f"not a ws:// or http:// URL: {args.url!r}", args.url))
+    if not is_http(args.url):
+        from pdtop.telemetry.sources.live import check_ws_url
+
+        try:  # up front, as an http:// URL is: not once the recording waits for it
+            check_ws_url(args.url)
+        except ValueError as exc:
+            return fail("record", redacted(str(exc), args.url))
     if args.duration is not None and not args.duration > 0:
         return fail("record", f"--duration must be positive, got {args.duration:g}")
     problem = check_scrape_arguments(args)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pdtop import __version__
-from pdtop.engine.description import ABSENT, IF_SET, EngineConfig, EngineDescription
+from pdtop.engine.description import ABSENT, IF_SET, EngineConfig, EngineDescription, Totals
 from pdtop.engine.records import ConfigChange, KvTransfer, RequestRecord, RoundRecord
 
 PROTOCOL_VERSION = 1
@@ -44,6 +44,13 @@ class FleetTarget:
 
 
 @dataclass
+class ServerRecording:
+    """`hello.recording`: whether the server records its events, and where (a key only from servers that say)."""
+
+    path: str | None  # the file it records to; null: not recording
+
+
+@dataclass
 class Hello:
     """The first event on every connection, and the header of a recording. A pdtop server describes its
     engine; a scraped `/metrics` page has no engine description, and `scrape` says what is scraped."""
@@ -55,6 +62,9 @@ class Hello:
     api: str | None = None  # the OpenAI-compatible API's base URL (http://HOST:PORT/v1), when the server runs one
     scrape: ScrapeTarget | None = field(default=None, metadata=IF_SET)
     fleet: FleetTarget | None = field(default=None, metadata=IF_SET)
+    # what the server records as this connection starts; absent from servers before it, and for the
+    # recorder's own header (the file is the recording)
+    recording: ServerRecording | None = field(default=None, metadata=IF_SET)
 
 
 @dataclass
@@ -136,10 +146,14 @@ class Batch:
 @dataclass
 class Seek:
     """Replay only: playback moved to `position` (recording seconds); `config` is in force there
-    (null in a recording of a scraped `/metrics` page, which has no configuration)."""
+    (null in a recording of a scraped `/metrics` page, which has no configuration). `totals` and
+    `dropped` are the request counts and the events lost as the replayed window before `position`
+    starts, so counts go on from there as when the recording played through."""
 
     position: float
     config: EngineConfig | None
+    totals: Totals | None = field(default=None, metadata=IF_SET)
+    dropped: int | None = field(default=None, metadata=IF_SET)
 
 
 @dataclass

@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pdtop import format as fmt
 from pdtop.engine.scheduling.pdmux_config import (
     SGLANG_KEYS,
     SGLANG_MAIN,
@@ -82,10 +83,6 @@ def best_yaml(report: TuneReport, device: str, kind: str, itl: str = "ITL p99", 
     return dump_pdmux_config(report.best.config.for_device(kind), comment, sglang)
 
 
-def _num(value: float, fmt: str) -> str:
-    return "-" if math.isnan(value) else format(value, fmt)
-
-
 def trial_table(trials: list[Trial], slo: Slo, marks: dict[int, str] | None = None, itl: str = "ITL p99"
                 ) -> list[str]:
     """One row per trial: ITL p99, TTFT p99, prefill tokens/s, goodput, whether it meets the SLOs."""
@@ -94,8 +91,8 @@ def trial_table(trials: list[Trial], slo: Slo, marks: dict[int, str] | None = No
     for t in trials:
         r = t.result
         mark = marks.get(id(t), "")
-        lines.append(f"{mark:<2}{_num(r.itl_p99_s * 1e3, '.2f'):>6} ms {_num(r.ttft_p99_s * 1e3, '.0f'):>6} ms "
-                     f"{_num(r.prefill_tok_s, ',.0f'):>14} {_num(r.goodput_rps, '.2f'):>7}/s  "
+        lines.append(f"{mark:<2}{fmt.ms(r.itl_p99_s):>9} {fmt.duration(r.ttft_p99_s):>9} "
+                     f"{fmt.count(r.prefill_tok_s):>14} {fmt.per_s(r.goodput_rps):>9}  "
                      f"{'yes' if slo.met(r) else 'no':<4} {describe_config(t.config)}")
     return lines
 
@@ -143,7 +140,7 @@ def learned(report: TuneReport) -> list[str]:
 def front_plot(report: TuneReport, width: int = 64, height: int = 14, itl: str = "ITL p99") -> list[str]:
     """ITL p99 (up) against prefill tokens/s (right): `o` the front, `.` other measured configurations,
     `D` SGLang's default, `*` the chosen one; the dashed row is the ITL SLO. ITLs above twice the SLO
-    are drawn on the top row."""
+    are drawn on the top row, whose label then reads `≥` and a line under the plot says how many."""
     trials = [t for t in report.trials if not math.isnan(t.result.itl_p99_s + t.result.prefill_tok_s)]
     if not trials:
         return []
@@ -169,14 +166,20 @@ def front_plot(report: TuneReport, width: int = 64, height: int = 14, itl: str =
             row, col = cell(t.result.prefill_tok_s, t.result.itl_p99_s * 1e3)
             grid[row][col] = mark
     label = 11
-    lines = [f"{itl} (ms)"]
+    above = [y for y in ys if y > y1]  # drawn on the top row, not at their height
+    top = f"≥ {fmt.ms(y1 / 1e3)}" if above else fmt.ms(y1 / 1e3)
+    lines = [itl]
+    labels = {0: top, height - 1: fmt.ms(y0 / 1e3), slo_row: f"SLO {fmt.ms(slo_ms / 1e3)}"}
     for i, cells in enumerate(grid):
-        text = f"SLO {slo_ms:g}" if i == slo_row else f"{y1:.1f}" if i == 0 else f"{y0:.1f}" if i == height - 1 else ""
+        text = labels.get(i, "")
         lines.append(f"{text:>{label - 1}} │{''.join(cells)}")
     lines.append(" " * label + "└" + "─" * width)
-    left, right = f"{x0:,.0f}", f"{x1:,.0f} prefill tok/s"
+    left, right = fmt.count(x0), f"{fmt.count(x1)} prefill tok/s"
     lines.append(" " * (label + 1) + left + right.rjust(width - len(left)))
     lines.append(" " * (label + 1) + "o front   . measured   D SGLang default   * chosen   ╌ ITL SLO")
+    if above:
+        lines.append(" " * (label + 1) + f"{len(above)} of {len(trials)} configurations above {fmt.ms(y1 / 1e3)} "
+                                         f"(up to {fmt.ms(max(above) / 1e3)}) are drawn on the top row")
     return lines
 
 
@@ -186,8 +189,8 @@ def comparison(report: TuneReport, itl: str = "ITL p99") -> list[str]:
     rows = [("SGLang default", report.default.result), ("chosen", report.best.result)]
     lines = [f"{'':<16}{itl:>10}{'TTFT p99':>10}{'prefill tok/s':>15}{'goodput':>10}"]
     for name, r in rows:
-        lines.append(f"{name:<16}{_num(r.itl_p99_s * 1e3, '.2f'):>7} ms{_num(r.ttft_p99_s * 1e3, '.0f'):>7} ms"
-                     f"{_num(r.prefill_tok_s, ',.0f'):>15}{_num(r.goodput_rps, '.2f'):>8}/s")
+        lines.append(f"{name:<16}{fmt.ms(r.itl_p99_s):>10}{fmt.duration(r.ttft_p99_s):>10}"
+                     f"{fmt.count(r.prefill_tok_s):>15}{fmt.per_s(r.goodput_rps):>10}")
     d, b = report.default.result, report.best.result
     ratios = [ratio(b.itl_p99_s, d.itl_p99_s), ratio(b.ttft_p99_s, d.ttft_p99_s),
               ratio(b.prefill_tok_s, d.prefill_tok_s), ratio(b.goodput_rps, d.goodput_rps)]
@@ -219,7 +222,7 @@ def front_and_choice(report: TuneReport, out: str | None, itl: str = "ITL p99", 
 
 def ratio(a: float, b: float) -> str:
     if math.isnan(a) or math.isnan(b):
-        return "-"
+        return fmt.MISSING
     return f"x{a / b:.2f}" if b else ("x1.00" if a == 0 else "inf")
 
 

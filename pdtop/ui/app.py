@@ -52,8 +52,7 @@ class PdtopApp(ReplayActions):
     ENABLE_COMMAND_PALETTE = True
 
     def __init__(self, source: Source, *, theme: str | None = None, interval_s: float = 0.1,
-                 slo_ms: float | None = None, themes_dirs: list[Path] | None = None,
-                 recording: str | None = None) -> None:
+                 slo_ms: float | None = None, themes_dirs: list[Path] | None = None) -> None:
         self.interval_s = interval_s
         self.frozen: DashboardState | None = None  # the state on screen while the screen is frozen
         self.pdtop_themes = load_themes(themes_dirs)
@@ -66,7 +65,6 @@ class PdtopApp(ReplayActions):
         self.notices: deque[tuple[str, str, str]] = deque(maxlen=100)  # (severity, title, message) shown
         self.event_listeners: list[Callable[[Any], None]] = []  # also given every decoded event (live tuning)
         super().__init__(source)
-        self.state.recording = recording  # a recording the server was started with (no event announces it)
         if slo_ms:
             self.state.itl_slo_s = slo_ms / 1e3
         for t in self.pdtop_themes.values():
@@ -175,7 +173,7 @@ class PdtopApp(ReplayActions):
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a source that fails is shown, not swallowed
-            self.source_error = f"{type(exc).__name__}: {exc}"
+            self.source_error = self.source.last_error or f"{type(exc).__name__}: {exc}"  # the source's words
             self.notify(self.source_error, title="event source failed", severity="error", timeout=30)
         self.repaint_soon()
 
@@ -205,12 +203,13 @@ class PdtopApp(ReplayActions):
         transport = self.source.transport
         replay = replay_state(transport) if transport is not None else ()
         key = (view.version, self.connection, self.readonly, replay, self.state.itl_slo_s, self.frozen is None,
-               self.state.recording)
+               self.state.recording, self.state.recording_known)
         if key == self._painted and not self._force_paint:
             return
         force, self._painted, self._force_paint = self._force_paint, key, False
         self.repaints += 1
-        view.itl_slo_s, view.recording = self.state.itl_slo_s, self.state.recording
+        view.itl_slo_s, view.recording, view.recording_known = (self.state.itl_slo_s, self.state.recording,
+                                                                 self.state.recording_known)
         header.paint(view, self.connection, self.readonly, frozen=self.frozen is not None, address=self.source.url)
         for panel in main.query(Panel):
             panel.paint(view, force)

@@ -5,6 +5,7 @@ on every repaint.
 """
 from __future__ import annotations
 
+from collections.abc import Collection
 from itertools import groupby
 
 from rich.text import Text
@@ -111,14 +112,18 @@ def fill_bar(fraction: float | None, width: int, colour: str, empty_colour: str 
 
 
 def split_band(decode_shares: list[float | None], prefill_colour: str, decode_colour: str,
-               idle_colour: str = "grey30") -> Text:
+               idle_colour: str = "grey30", one_step: Collection[int] = ()) -> Text:
     """One row, a cell per round: decode's share of the units as an eighth block in the decode
-    colour over the prefill colour (full block: all decode, blank: all prefill); None is idle (·)."""
+    colour over the prefill colour (full block: all decode, blank: all prefill); None is idle (·);
+    the rounds in `one_step` (their indices) ran prefill and decode in one forward on every unit, no
+    split: `─`."""
     cells: list[tuple[str, str]] = []
     on = f"{decode_colour} on {prefill_colour}"
-    for share in decode_shares:
+    for i, share in enumerate(decode_shares):
         if share is None:
             cells.append(("·", idle_colour))
+        elif i in one_step:
+            cells.append(("─", idle_colour))
         else:
             cells.append((EIGHTHS[max(0, min(8, round(share * 8)))], on))
     return merge_cells(cells)

@@ -5,6 +5,7 @@ command sent and what the operator is told of its reply, and the command palette
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from functools import partial
 from typing import Any
@@ -16,14 +17,16 @@ from textual.screen import Screen
 
 from pdtop.engine.scheduling.commands import ENGINE_COMMANDS, PinLevel
 from pdtop.telemetry.server.commands import Command, RecordStart, RecordStop
+from pdtop.telemetry.sources.live import LiveSource
 from pdtop.telemetry.sources.source import ControlRefused, Source
 from pdtop.ui.keymap import BY_ID, KEYMAP, KeyCommand
 from pdtop.ui.screens.choice import ChoiceScreen
 from pdtop.ui.screens.help import HelpScreen
 from pdtop.ui.screens.prompt import PromptScreen
 from pdtop.ui.state import DashboardState
-from pdtop.ui.words import asked, change_words, shared_side
+from pdtop.ui.words import api_words, asked, change_words, shared_side
 
+ALREADY_RECORDING = re.compile(r"already recording to (['\"])(.*)\1$")  # the server's refusal of a second start
 QUEUED_S = 30.0  # how long "queued" may stay on the status line: its outcome replaces it
 
 
@@ -134,6 +137,7 @@ class DispatchApp(App[None]):
         except ControlRefused as exc:
             field = f"{exc.field}: " if exc.field else ""
             self.notify(f"{said}: {field}{exc.reason}", title="refused", severity="error", timeout=8)
+            self._learn_recording(command, exc.reason)
             return
         except Exception as exc:
             self.notify(f"{said}: {type(exc).__name__}: {exc}", title="not sent", severity="error", timeout=8)
@@ -141,15 +145,23 @@ class DispatchApp(App[None]):
         done = said if reply.change is None else change_words(reply.change, self.state) or f"{said} (already so)"
         match command:
             case RecordStart(path=path):
-                self.state.recording = reply.path or path
+                self.state.recording, self.state.recording_known = reply.path or path, True
                 self.notify(f"recording to {self.state.recording}", title="recording")
             case RecordStop():
-                self.state.recording = None
+                self.state.recording, self.state.recording_known = None, True
                 self.notify(f"saved {reply.path or ''}", title="recording stopped")
             case PinLevel(level=level) if why := shared_side(self.state, level):
                 self.notify(f"{done}; {why}", title="applied", severity="warning", timeout=8)
             case _:
                 self.notify(done, title="applied", timeout=4)
+        self.state.version += 1
+
+    def _learn_recording(self, command: Command, reason: str) -> None:
+        """A refused start or stop says what the server records (someone else started or stopped it)."""
+        if isinstance(command, RecordStart) and (m := ALREADY_RECORDING.match(reason)):
+            self.state.recording, self.state.recording_known = m.group(2), True
+        elif isinstance(command, RecordStop) and reason == "not recording":
+            self.state.recording, self.state.recording_known = None, True
         self.state.version += 1
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
@@ -172,4 +184,5 @@ class DispatchApp(App[None]):
             note = "read-only connection: engine controls are hidden"
         else:
             note = ""
-        self.push_screen(HelpScreen(offered, note))
+        token = self.source.token if isinstance(self.source, LiveSource) else None
+        self.push_screen(HelpScreen(offered, note, api_words(self.state.api, token, self.state.readonly)))

@@ -36,10 +36,10 @@ def check_ui_options(args: argparse.Namespace) -> str | None:
     return check_theme(args.theme)
 
 
-def make_app(source: Source, args: argparse.Namespace, recording: str | None = None) -> PdtopApp:
+def make_app(source: Source, args: argparse.Namespace) -> PdtopApp:
     from pdtop.ui.app import PdtopApp
 
-    return PdtopApp(source, theme=args.theme, slo_ms=args.slo_ms, interval_s=args.interval, recording=recording)
+    return PdtopApp(source, theme=args.theme, slo_ms=args.slo_ms, interval_s=args.interval)
 
 
 def exit_code(app: PdtopApp, prog: str) -> int:

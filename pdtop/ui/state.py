@@ -16,6 +16,7 @@ The metrics are named and defined as in vLLM's serving benchmark:
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import math
 from collections import deque
@@ -61,7 +62,8 @@ class DashboardState:
     server_version: str | None = None
     info: EngineInfo = field(default_factory=EngineInfo)
     config: EngineConfig | None = None  # the whole configuration, from hello, config and seek events
-    recording: str | None = None  # path this dashboard asked the server to record to
+    recording: str | None = None  # the file the server records to (hello.recording, or this dashboard's R)
+    recording_known: bool = False  # false: the server does not say (one before hello.recording)
     api: str | None = None  # the server's OpenAI-compatible API (hello.api)
     scrape: ScrapeView | None = None  # a scraped /metrics page (hello.scrape): the panels show it instead
     fleet: FleetView | None = None  # several pages (hello.fleet): `scrape` is the selected server's
@@ -146,6 +148,8 @@ class DashboardState:
         self.readonly = hello.readonly
         self.server_version = hello.pdtop
         self.api = hello.api
+        self.recording_known = hello.recording is not None
+        self.recording = hello.recording.path if hello.recording is not None else None
         self.fleet = FleetView(hello.fleet) if hello.fleet is not None else None
         if hello.engine is None and hello.fleet is not None:
             self.scrape, self.config, self.policy = None, None, "?"
@@ -266,12 +270,20 @@ class DashboardState:
         self.errors.append(error)
 
     def _on_seek(self, seek: Seek) -> None:
-        """A replay moved: drop what was accumulated, take the configuration in force there."""
+        """A replay moved: forget everything of the position before (what a fresh replay at the new one has
+        not seen), take the configuration in force there and the counts as the window replayed next starts."""
         self.reset_series()
         self.config_changes.clear()
+        for f in _AT_A_POSITION:
+            setattr(self, f.name, f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
         if seek.config is not None:
             self._set_config(seek.config)
-        self._set_counts(0, 0, 0, 0, "seek")
+        if seek.totals is not None:  # the recording's hello's totals on: the label it gave them stays
+            t = seek.totals
+            self._set_counts(t.arrived, t.first_token, t.finished, t.rejected, self.counts_since)
+        else:
+            self._set_counts(0, 0, 0, 0, "seek")
+        self.dropped = seek.dropped or 0
 
     def _on_metrics(self, m: Metrics) -> None:
         if self.scrape is not None:  # (a metrics event without its hello is ignored)
@@ -376,6 +388,11 @@ class DashboardState:
         """The device's split levels (prefill units, decode units); index = level."""
         return self.config.levels if self.config is not None else []
 
+
+# what the latest round (and sample) set: a seek forgets it, as a fresh replay has not seen it
+_AT_A_POSITION = [f for f in dataclasses.fields(DashboardState) if f.name in (
+    "round_index", "time", "level", "pinned", "prefill_units", "decode_units", "predicted_steps_s", "decode_bs",
+    "waiting", "running", "idle", "kv_used", "kv_capacity", "prefills", "disagg", "hw", "shown_level")]
 
 _HANDLERS: dict[type, Callable[[DashboardState, Any], None]] = {
     Hello: DashboardState._on_hello,

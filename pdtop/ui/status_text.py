@@ -43,15 +43,20 @@ def status_text(state: DashboardState, source: Source, shown: Shown) -> Text:
     if shown.frozen:
         parts.append(Text("frozen: f follows the engine again (events are still taken)", "bold " + shown.warning))
     elif not replay and shown.readonly and not source.want_readonly:
-        parts.append(Text.assemble(("read-only: ", shown.warning), "no control token; to control the engine, "
-                                   "attach with --token TOKEN or set $PDTOP_TOKEN"))
+        parts.append(Text.assemble(("read-only: ", shown.warning), source.readonly_reason or "no control token"))
     if shown.hint:
         parts.append(Text(shown.hint, "dim"))
     workload = state.info.workload
+    paused = state.config is not None and state.config.workload_paused
     for short in (False, True):  # narrow: the workload without its details, then without the help hint
         if workload and short:
             workload = re.sub(r" \([^)]*\)", "", workload)
-        line = [*parts, Text.assemble(("workload ", "dim"), workload)] if workload else list(parts)
+        if workload and paused:  # described as it runs, it would read as running
+            told = Text.assemble(("workload ", "dim"), ("paused", "bold " + shown.warning),
+                                 ": nothing arrives but injected and API requests (w resumes)" if not short else "")
+        else:
+            told = Text.assemble(("workload ", "dim"), workload or "")
+        line = [*parts, told] if workload else list(parts)
         text = Text("  ·  ", "dim").join([*line, Text("? help  ctrl+p commands", "dim")])
         if text.cell_len <= shown.width - 2:
             return text

@@ -1,11 +1,12 @@
 """Control commands and config changes in plain words, for notifications and chart marks."""
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from pdtop.engine.scheduling.commands import Inject, PinLevel, Set
+from pdtop.format import count, units
 from pdtop.telemetry.server.commands import Command
-from pdtop.ui.format import units
 from pdtop.ui.state import DashboardState
 
 # one letter per setting, for the marks on the step-time chart (docs/dashboard.md lists them)
@@ -63,7 +64,7 @@ def asked(command: Command, state: DashboardState) -> str:
         case PinLevel(level=level):
             return f"pinned {level_words(state, level)}"
         case Inject(prompt_tokens=tokens):
-            return f"injected a prompt of {tokens:,} tokens" if tokens is not None else "injected a long prompt"
+            return f"injected a prompt of {count(tokens)} tokens" if tokens is not None else "injected a long prompt"
         case Set():
             config, parts = state.config, []
             for name, new in command.given().items():
@@ -84,7 +85,8 @@ def change_words(changes: dict[str, dict[str, Any]], state: DashboardState) -> s
         if name == "pinned_level":
             parts.append(f"pinned {level_words(state, new)}" if new is not None else "automatic level choice")
         elif name == "inject":
-            parts.append(f"injected a prompt of {new:,} tokens" if isinstance(new, int) else "injected a long prompt")
+            parts.append(f"injected a prompt of {count(new)} tokens" if isinstance(new, int)
+                         else "injected a long prompt")
         elif name == "workload_paused":
             parts.append("workload paused" if new else "workload resumed")
         elif name == "levels":
@@ -100,3 +102,17 @@ def change_mark(changes: dict[str, Any]) -> str:
         if name in MARKS:
             return MARKS[name]
     return "*"
+
+
+def api_words(api: str | None, token: str | None, readonly: bool) -> str:
+    """How to call the server's OpenAI-compatible API (`hello.api`), for the help: its address and the
+    `Authorization` header it wants. The server checks the same token on both ports, so a connection
+    that may control (with a token, or to a server without one) knows; `$PDTOP_TOKEN` is named, not shown."""
+    if not api:
+        return ""
+    if readonly:
+        return f"OpenAI-compatible API: {api}  ·  it takes the server's token: -H 'Authorization: Bearer TOKEN'"
+    if not token:
+        return f"OpenAI-compatible API: {api}  ·  the server has no token: curl {api}/models"
+    shown = "$PDTOP_TOKEN" if token == os.environ.get("PDTOP_TOKEN") else token
+    return f"OpenAI-compatible API: {api}  ·  curl -H \"Authorization: Bearer {shown}\" {api}/models"

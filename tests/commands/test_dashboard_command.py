@@ -96,3 +96,27 @@ def test_the_device_choice_is_explained():
     else:
         assert said.startswith("no CUDA device (") and ": using cpu, " in said and said.endswith(("core", "cores"))
     assert device_choice("sim:H100") == "using sim:H100 (a simulated H100), 132 SMs"
+
+
+def test_the_api_the_header_shows_takes_the_token_in_pdtop_token(tmp_path):
+    """Issue 42 item 2: `pdtop dashboard` showed `api :PORT` while every call got 401 (its token was random and
+    shown nowhere). With $PDTOP_TOKEN set, that is the token: the API answers it."""
+    import httpx
+
+    env = {**os.environ, "PDTOP_TOKEN": "mine-1234", "TEXTUAL_DRIVER": "textual.drivers.headless_driver:HeadlessDriver"}
+    proc = subprocess.Popen([sys.executable, "-m", "pdtop", "--device", "sim:H100"], env=env, cwd=tmp_path,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        first = proc.stderr.readline()
+        log = first.split("(log: ", 1)[1].rstrip().rstrip(")")
+        deadline, api = time.monotonic() + 60, None
+        while api is None and time.monotonic() < deadline and proc.poll() is None:
+            said = [line for line in open(log).read().splitlines() if line.startswith("pdtop serve: api on ")]
+            api = said[0].rsplit(" ", 1)[1] if said else None
+            time.sleep(0.2)
+        assert api is not None, "the child's API address"
+        assert httpx.get(f"{api}/models", headers={"Authorization": "Bearer mine-1234"}).status_code == 200
+        assert httpx.get(f"{api}/models", headers={"Authorization": "Bearer other"}).status_code == 401
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)

@@ -8,9 +8,9 @@ import socket
 
 from prometheus_client import generate_latest
 
+from pdtop import format as fmt
 from pdtop.telemetry.sources.prometheus import PrometheusSource
 from pdtop.telemetry.sources.replay import ReplaySource
-from pdtop.ui import format as fmt
 from pdtop.ui.app import PdtopApp
 from pdtop.ui.scrape_view import NOT_EXPOSED
 

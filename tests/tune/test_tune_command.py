@@ -83,7 +83,7 @@ def test_text_output_has_the_front_plot_and_comparison(capsys):
     assert main(["tune", "--slo-itl-ms", "14", "--workload", SMALL]) == 0
     out = capsys.readouterr().out
     assert "Pareto front (ITL p99 against prefill throughput)" in out
-    assert "prefill tok/s" in out and "SLO 14 │" in out and "└" in out
+    assert "prefill tok/s" in out and "SLO 14.0 ms │" in out and "└" in out
     lines = out.splitlines()
     row = next(i for i, line in enumerate(lines) if line.startswith("SGLang default"))
     assert lines[row + 1].startswith("chosen") and lines[row + 2].startswith("chosen/default")

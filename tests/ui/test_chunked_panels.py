@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from pdtop import format as fmt
 from pdtop.engine.scheduling.commands import Inject, Set
 from pdtop.telemetry.sources.live import LiveSource
-from pdtop.ui import format as fmt
 from pdtop.ui.app import PdtopApp
 
 
@@ -44,3 +44,23 @@ async def test_chunked_shows_chunk_progress_and_no_split_level(stepped, until, s
             engine.step()
             await pilot.pause(0)
         await until(pilot, lambda: "level " in _text(app, "SplitPanel"), "the split level back under pdmux")
+
+
+async def test_the_timeline_draws_no_split_under_chunked(stepped, until):
+    """Issue 42 item 5: under chunked the rounds report prefill 132 / decode 132 (one forward on every SM), and
+    the timeline's split lane drew that as a 50/50 split while the split panel said "no split level"."""
+    engine = stepped.engine
+    app = PdtopApp(LiveSource(stepped.url, token=stepped.token))
+    async with app.run_test(size=(160, 48)) as pilot:
+        await until(pilot, lambda: app.connection == "live", "live")
+        engine.control(Set({"policy": "chunked"}))
+        engine.control(Inject(8192))
+        for _ in range(200):  # more than the lane shows
+            engine.step()
+        target = engine.scheduler.round_index - 1
+        await until(pilot, lambda: app.state.round_index >= target, "the chunked rounds on screen")
+        app.repaint()
+        lane = next(t.plain for t in app.query_one("TimelinePanel")._last_texts if t.plain.startswith(("split",
+                                                                                                         "no split")))
+        cells = lane[8:]
+        assert lane.startswith("no split") and set(cells) <= {"─", "·"}, lane

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from pdtop.analysis.metrics import percentile
-from pdtop.ui.format import rate_bytes
+from pdtop.format import rate_bytes
 from pdtop.ui.stats import bucket_max, summary
 
 

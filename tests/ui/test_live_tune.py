@@ -191,3 +191,28 @@ def test_the_knobs_in_force_keep_sglangs_newer_ones():
         assert pdmux_of(engine.config_record()) == engine.config == config
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("size", [(160, 48), (80, 24)])
+async def test_the_tuning_panel_leaves_the_timeline_in_view(served, until, size):
+    """Issue 42 item 6: with its candidates listed at 160x48 the panel covered the whole timeline, whose lanes
+    show each candidate's split as it runs. It sits above it, and lists every candidate that fits."""
+    app = PdtopApp(LiveSource(served.url, token=served.token))
+    async with app.run_test(size=size) as pilot:
+        await until(pilot, lambda: app.state.rounds_seen > 5 and app.connection == "live", "live rounds")
+        screen = await _start_tune(pilot, until, "50 0.2")
+        await until(pilot, lambda: not screen.running, "the tune to finish", timeout=60)
+        await pilot.pause(0.1)
+        box = screen.query_one("Vertical").region
+        timeline = app.screen_stack[0].query_one("#timeline").region
+        header = app.screen_stack[0].query_one("#header").region
+        assert not box.overlaps(timeline) and not box.overlaps(header), (box, timeline)
+        table = str(screen.query_one("#tune-table").render()).splitlines()
+        trials = screen.tuner.trials
+        if size == (160, 48):
+            assert len(table) == 1 + len(trials), table  # every candidate listed
+        else:  # what does not fit is said, the best stays listed
+            listed = len(table) - 1 - ("earlier candidates not listed" in table[-1])
+            assert listed == len(trials) or "earlier candidates not listed" in table[-1], table
+            assert screen.tuner.best is None or any(line.startswith("*") for line in table), table
+        await pilot.press("r")

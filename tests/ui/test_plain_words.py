@@ -9,9 +9,9 @@ import pytest
 
 from pdtop.engine.build import build_engine
 from pdtop.engine.scheduling.workload import WorkloadSpec
+from pdtop.format import units
 from pdtop.telemetry.sources.live import LiveSource
 from pdtop.ui.app import PdtopApp
-from pdtop.ui.format import units
 from pdtop.ui.state import DashboardState
 from pdtop.ui.words import shared_side
 

@@ -1,11 +1,21 @@
 """Replay: play/pause, step, seek, speed and go-to move through a real recording; the engine is out of reach."""
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
+from scrape.disagg_servers import SglangPdMetrics, serve
 from textual.widgets import Input
 
+from pdtop import format as fmt
+from pdtop.telemetry.decode import decode_event
+from pdtop.telemetry.events import Seek
+from pdtop.telemetry.recording.reader import read_recording
 from pdtop.telemetry.sources.replay import ReplaySource
 from pdtop.ui.app import PdtopApp
+from pdtop.ui.screens.fleet import FleetScreen
+from pdtop.ui.widgets.replay_bar import ReplayBar
 
 SIZE = (130, 40)
 
@@ -183,3 +193,100 @@ async def test_a_seek_shows_the_figures_of_the_window_before_it(recording, until
         # the decode_bs_divisor change at round 1200 (about 7.7 s) is in the window: on the chart, not told again
         assert any("decode_bs_divisor" in c.changes for c in app.state.config_changes)
         assert not [n for n in app.notices if n[1] == "changed"], app.notices
+
+
+def _panels(app) -> dict[str, list[str]]:
+    """What every panel shows now, line by line."""
+    app.repaint()
+    return {panel.id: [t.plain for t in panel._last_texts] for panel in app.query("Panel")}
+
+
+async def _seek(pilot, until, app, src, position: float) -> None:
+    """Seek and wait until the window before the position has been replayed."""
+    seen: list = []
+    app.event_listeners.append(seen.append)
+    app.action_replay_seek(position)
+    await until(pilot, lambda: any(isinstance(e, Seek) and e.position == position for e in seen)
+                and not src.catching_up and src._cursor >= src._catch_up_to, f"the seek to {position}")
+    app.event_listeners.remove(seen.append)
+    await pilot.pause(0.05)
+
+
+async def _fresh_at(recording, position: float, size, until) -> dict[str, list[str]]:
+    """The panels of a fresh replay, paused, taken to `position` (none: left at the start)."""
+    src = ReplaySource(recording)
+    src.pause()
+    app = PdtopApp(src)
+    async with app.run_test(size=size) as pilot:
+        await until(pilot, lambda: app.state.hello, "the recording's hello")
+        if position:
+            await _seek(pilot, until, app, src, position)
+        return _panels(app)
+
+
+async def test_a_seek_either_way_shows_what_a_fresh_replay_there_shows(recording, until):
+    """Issue 42 item 3: a seek back to 0:00 left the 0:20 values (level, running, decode batch, KV)."""
+    size = (160, 48)
+    at_start, at_10 = await _fresh_at(recording, 0.0, size, until), await _fresh_at(recording, 10.0, size, until)
+    src = ReplaySource(recording)
+    app = PdtopApp(src)
+    async with app.run_test(size=size) as pilot:
+        await until(pilot, lambda: app.state.rounds_seen > 3, "replayed rounds")
+        await pilot.press("space")
+        await _seek(pilot, until, app, src, 15.0)
+        assert app.state.level is not None and app.state.running
+        await _seek(pilot, until, app, src, 10.0)  # back
+        assert _panels(app) == at_10
+        await _seek(pilot, until, app, src, 0.0)  # back to the start
+        assert app.state.level is None and not app.state.running and not app.state.kv_capacity
+        assert _panels(app) == at_start
+        await _seek(pilot, until, app, src, 10.0)  # and forward
+        assert _panels(app) == at_10
+
+
+async def test_counts_after_a_seek_are_those_of_the_recording_played_to_there(recording, until):
+    """Issue 42 item 11: after a seek the counts started from the window's events ("arrived 2 first token 6")."""
+    rec = read_recording(recording)
+    hello = decode_event(rec.hello)
+    src = ReplaySource(recording)
+    src.lookback_s = 3.0  # a window shorter than the file: requests arrived before it finish in it
+    app = PdtopApp(src)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await until(pilot, lambda: app.state.rounds_seen > 3, "replayed rounds")
+        await pilot.press("space")
+        for position in (15.0, 4.0, 12.0):
+            await _seek(pilot, until, app, src, position)
+            kinds = [e for t, e in rec if t < position and e["type"] == "request"]
+            arrived = hello.engine.totals.arrived + sum(e["kind"] == "arrival" for e in kinds)
+            first = hello.engine.totals.first_token + sum(e["kind"] == "first_token" for e in kinds)
+            s = app.state
+            assert (s.arrivals, s.first_tokens) == (arrived, first), position
+            assert s.arrivals >= s.first_tokens >= s.finished and s.counts_since == "engine start"
+
+
+async def test_a_replayed_fleet_says_it_is_a_replay_with_its_position_and_keys(tmp_path, until):
+    """Issue 42 item 4: a replayed fleet looked live ("2 live · read every 1.0 s") with no play state,
+    position or bar until Enter on a server."""
+    prefill, decode = serve(SglangPdMetrics("prefill")), serve(SglangPdMetrics("decode"))
+    path = tmp_path / "fleet.ndjson"
+    try:
+        done = subprocess.run([sys.executable, "-m", "pdtop", "record", "--prefill", prefill.server.url,
+                               "--decode", decode.server.url, "-o", str(path), "--interval", "0.1", "--duration",
+                               "2"], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+    finally:
+        prefill.server.close()
+        decode.server.close()
+    src = ReplaySource(path)
+    app = PdtopApp(src)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await until(pilot, lambda: isinstance(app.screen, FleetScreen) and app.state.fleet.servers, "the fleet")
+        await pilot.press("space")
+        assert src.paused
+        await pilot.pause(0.4)
+        head = str(app.screen.query_one("#fleet-head").render())
+        bar = str(app.screen.query_one(ReplayBar).render())
+        assert "replay" in head and "live when recorded" in head, head
+        assert "paused" in bar and f"/ {fmt.clock(src.duration)}" in bar, bar
+        await pilot.press("right")
+        assert src.position == pytest.approx(src.duration)  # the keys seek from the fleet's table too

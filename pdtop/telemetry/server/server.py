@@ -40,7 +40,7 @@ from websockets.typing import Origin
 
 from pdtop.quiet_log import QuietLog
 from pdtop.telemetry.encode import encode, reply_event, wire
-from pdtop.telemetry.events import Dropped, ErrorNotice, Event, Hello
+from pdtop.telemetry.events import Dropped, ErrorNotice, Event, Hello, ServerRecording
 from pdtop.telemetry.recording.record_dir import open_new_in, recordings_dir
 from pdtop.telemetry.recording.recorder import Recorder, RecordingError
 from pdtop.telemetry.server.clients import Client, ClientQueue, QueueOverflow, fan_out
@@ -209,7 +209,7 @@ class TelemetryServer:
         `confined=False` any file, created or overwritten (the operator's `--record`)."""
         if self.recorder is not None:
             raise RecordingError(f"already recording to {str(self.recorder.path)!r}")
-        hello = wire(self._hello("recorder", True))
+        hello = wire(self._hello("recorder", True, recording=False))
         if confined:
             real, file = open_new_in(self.record_dir, path)
             try:
@@ -317,8 +317,11 @@ class TelemetryServer:
             task.add_done_callback(self._closing.discard)
 
     # -- one connection --------------------------------------------------------------
-    def _hello(self, client_id: str, readonly: bool) -> Hello:
-        return Hello(client_id=client_id, readonly=readonly, engine=self.engine.describe(), api=self.api_url)
+    def _hello(self, client_id: str, readonly: bool, recording: bool = True) -> Hello:
+        """`recording`: say what the server records (not in the recorder's own header: the file is the recording)."""
+        now = ServerRecording(str(self.recorder.path) if self.recorder is not None else None) if recording else None
+        return Hello(client_id=client_id, readonly=readonly, engine=self.engine.describe(), api=self.api_url,
+                     recording=now)
 
     def _admit(self, ws: ServerConnection, request: Request) -> Response | None:
         """Before the handshake completes: check the URL's token, and refuse a connection over `max_clients`,

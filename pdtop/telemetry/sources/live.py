@@ -19,10 +19,11 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.client import process_exception
-from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidMessage, InvalidStatus, InvalidURI
+from websockets.uri import parse_uri
 
 from pdtop.telemetry.decode import EventError, decode_event
-from pdtop.telemetry.events import Batch, Hello, Reply
+from pdtop.telemetry.events import Batch, ErrorNotice, Hello, Reply
 from pdtop.telemetry.server.commands import Command, to_wire
 from pdtop.telemetry.server.frames import WIRE_MAX_SIZE
 from pdtop.telemetry.sources.source import ControlRefused
@@ -50,9 +51,11 @@ class LiveSource:
 
     def __init__(self, url: str, token: str | None = None, readonly: bool = False, *,
                  reply_timeout: float = 10.0, open_timeout: float = 5.0) -> None:
-        if not url.startswith(("ws://", "wss://")):
-            raise ValueError(f"not a websocket URL (ws://HOST:PORT): {url!r}")
+        """ValueError (one line naming the URL as given) for a URL that is no ws:// or wss:// address."""
+        check_ws_url(url)
         self.url = url
+        self.token = token  # also the server's API token (`pdtop serve` checks the same one on both ports)
+        self.token_refused: str | None = None  # the server's reason when it refused the token ("wrong token")
         # batch=1: one frame per server tick; events() hands them out one by one
         self._connect_url = with_query(url, token=token, batch="1")
         self.want_readonly = readonly
@@ -123,9 +126,12 @@ class LiveSource:
         if isinstance(typed, Hello):
             self.hello = typed
             self.readonly = self.want_readonly or typed.readonly
+            self.token_refused = None
             self.state = "live"
             self.connections += 1
             self.last_error = self.retry_at = None
+        elif isinstance(typed, ErrorNotice) and typed.field == "token":  # sent right after hello
+            self.token_refused = typed.reason.split(";")[0]
         elif isinstance(typed, Reply):
             future = self._pending.pop(str(typed.id), None)
             if future is not None and not future.done():
@@ -136,7 +142,12 @@ class LiveSource:
     def readonly_reason(self) -> str | None:
         if self.want_readonly:
             return "attached with --readonly"
-        return "no control token: attach with --token TOKEN or set $PDTOP_TOKEN" if self.readonly else None
+        if not self.readonly:
+            return None
+        if self.token:  # given, and refused
+            return (f"the server refused the token ({self.token_refused or 'wrong token'}): attach with the "
+                    "server's --token TOKEN or $PDTOP_TOKEN")
+        return "no control token: attach with --token TOKEN or set $PDTOP_TOKEN"
 
     @property
     def transport(self) -> None:
@@ -180,6 +191,23 @@ class LiveSource:
             await self._ws.close()
 
 
+def check_ws_url(url: str) -> None:
+    """ValueError, in one line naming `url` as given, unless it is a websocket address with a host and a port
+    websockets can dial (checked before the query this source adds, so none of it shows)."""
+    if not url.startswith(("ws://", "wss://")):
+        raise ValueError(f"not a websocket URL (ws://HOST:PORT): {url!r}")
+    try:
+        parse_uri(url)
+        port = urlsplit(url).port
+    except InvalidURI as exc:
+        raise ValueError(f"not a websocket address: {url!r} ({str(exc).rsplit(': ', 1)[-1]}; ws://HOST:PORT)") \
+            from None
+    except ValueError:
+        raise ValueError(f"not a websocket address: {url!r} (the port must be a number from 1 to 65535)") from None
+    if port == 0:
+        raise ValueError(f"not a websocket address: {url!r} (the port must be a number from 1 to 65535)")
+
+
 def why_not_connected(exc: BaseException, open_timeout: float) -> str:
     """A failed connection attempt in words: `connection refused`, `no answer within 5 s`, ..."""
     if isinstance(exc, ConnectionRefusedError):
@@ -189,7 +217,11 @@ def why_not_connected(exc: BaseException, open_timeout: float) -> str:
     if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
         return f"no answer within {open_timeout:g} s"
     if isinstance(exc, InvalidStatus):
-        return f"the server answered HTTP {exc.response.status_code}, not a websocket"
+        return (f"the server answered HTTP {exc.response.status_code}, not a websocket (a /metrics page is read with "
+                "http://HOST:PORT)")
+    if isinstance(exc, InvalidMessage):  # an HTTP/1.0 server, or something else: no websocket handshake
+        return ("the server did not answer as a websocket server (`pdtop serve` prints its ws:// address; a "
+                "/metrics page is read with http://HOST:PORT)")
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror[0].lower() + exc.strerror[1:]
     return str(exc) or type(exc).__name__

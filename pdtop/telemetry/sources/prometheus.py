@@ -207,6 +207,8 @@ class PrometheusSource(ReadOnlySource):
         code = f"HTTP {status} {visible(reason, 100)}".strip()
         if status in (401, 403):
             return f"{code}: " + ("the token was refused" if self.token else "the server wants a token (--token)")
+        if status == 426:  # a websocket server: `pdtop serve`'s port, not its --api-port
+            return f"{code}: a websocket server (pdtop serve?): attach ws://{urlsplit(self.url).netloc} to watch it"
         if status == 404:
             return f"{code}: no /metrics at this address (SGLang serves it with --enable-metrics)"
         if status in (301, 302, 303, 307, 308) and "location" in headers:

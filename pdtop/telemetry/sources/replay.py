@@ -3,25 +3,28 @@
 Events come out at their recorded times scaled by `speed`. `pause`, `resume`, `step`
 (release everything up to and including the next `round`), `seek(t)` and the `speed`
 setter may be called at any time from the event loop's thread. After a seek the next
-event is `{"type": "seek", "v": 1, "position": t, "config": {...}}` (the configuration
-in force at `t`, as this pdtop reads it), so a consumer can reset what it
-accumulated; then, at once and paused or not, the events of the `lookback_s` seconds before `t`
-(`catching_up` is true while they come), so the figures over a window are there at the seek
-point, not only once playback has run that long.
+event is `{"type": "seek", "v": 1, "position": t, "config": {...}, "totals": {...}, "dropped": n}`
+(the configuration in force at `t`, as this pdtop reads it, and the request counts and lost events
+as the window below starts: `CountsBefore`), so a consumer can reset what it accumulated; then, at
+once and paused or not, the events of the `lookback_s` seconds before `t` (`catching_up` is true
+while they come), so the figures over a window are there at the seek point, not only once playback
+has run that long.
 """
 from __future__ import annotations
 
 import asyncio
 import bisect
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-from pdtop.engine.description import EngineConfig
+from pdtop.engine.description import EngineConfig, Totals
+from pdtop.engine.records import RequestRecord
 from pdtop.telemetry.decode import EventError, decode_event
 from pdtop.telemetry.encode import wire
-from pdtop.telemetry.events import ConfigEvent, Hello, Reply, Seek
+from pdtop.telemetry.events import ConfigEvent, Dropped, Hello, Reply, Seek
 from pdtop.telemetry.recording.reader import Recording, read_recording
 from pdtop.telemetry.server.commands import Command
 from pdtop.telemetry.sources.source import ControlRefused
@@ -57,6 +60,7 @@ class ReplaySource:
         self._closed = False
         self._changed = asyncio.Event()
         self._config_idx = [i for i, t in enumerate(self.recording.types) if t == "config"]
+        self._counts = CountsBefore(self.recording)
 
     # -- what the dashboard shows ------------------------------------------------------
     @property
@@ -127,11 +131,12 @@ class ReplaySource:
         self._catch_up_to = self._cursor = bisect.bisect_left(times, t)
         config = self._config_at()
         self._cursor = bisect.bisect_left(times, t - self.lookback_s)
+        totals, dropped = self._counts.before(self._cursor)
         self._pos = t
         if self._anchor is not None:
             self._anchor = self._clock()
         self._step_to = None
-        self._seek_marker = wire(Seek(t, config))
+        self._seek_marker = wire(Seek(t, config, totals, dropped))
         self._changed.set()
 
     @property
@@ -216,6 +221,53 @@ class ReplaySource:
                 return event.config
         hello = decode_event(self.recording.hello)  # the reader has checked that it decodes
         return hello.engine.config if isinstance(hello, Hello) and hello.engine else None
+
+
+class CountsBefore:
+    """The request counts (`Totals`, as a dashboard counts them from the `request` events) and the events
+    lost (`dropped`) before an event of a recording: the hello's totals (zeros without them) plus what the
+    events before it add. Counted once per stretch of `EVERY` events, so seeks about a long file stay cheap."""
+
+    EVERY = 4096
+
+    def __init__(self, recording: Recording) -> None:
+        self.recording = recording
+        hello = decode_event(recording.hello)  # the reader has checked that it decodes
+        start = hello.engine.totals if isinstance(hello, Hello) and hello.engine else None
+        base = start or Totals(0, 0, 0, 0)
+        self._marks: list[tuple[Totals, int]] = [(base, 0)]  # the counts before event k * EVERY
+
+    def before(self, end: int) -> tuple[Totals, int]:
+        end = max(0, min(end, len(self.recording)))
+        while len(self._marks) <= end // self.EVERY:
+            k = len(self._marks) - 1
+            self._marks.append(self._count(*self._marks[k], k * self.EVERY, (k + 1) * self.EVERY))
+        k = end // self.EVERY
+        return self._count(*self._marks[k], k * self.EVERY, end)
+
+    def _count(self, totals: Totals, dropped: int, start: int, end: int) -> tuple[Totals, int]:
+        t = dataclasses.replace(totals)
+        types = self.recording.types
+        for i in range(start, end):
+            if types[i] not in ("request", "dropped"):
+                continue
+            try:
+                event = decode_event(self.recording.event(i))
+            except EventError:  # the dashboard refuses it too: it counts nothing
+                continue
+            if isinstance(event, Dropped):
+                dropped += event.count
+            elif isinstance(event, RequestRecord):
+                if event.kind == "arrival":
+                    t.arrived += 1
+                elif event.kind == "first_token":
+                    t.first_token += 1
+                elif event.kind == "finish":
+                    if event.finish_reason == "rejected":
+                        t.rejected += 1
+                    else:
+                        t.finished += 1
+        return t, dropped
 
 
 def _check_speed(value: float) -> float:

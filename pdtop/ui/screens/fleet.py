@@ -11,12 +11,14 @@ from textual.binding import Binding, BindingType
 from textual.screen import Screen
 from textual.widgets import Label, Static
 
+from pdtop import format as fmt
 from pdtop.telemetry.events import FleetServer, Metrics
-from pdtop.ui import format as fmt
+from pdtop.telemetry.sources.source import Transport
 from pdtop.ui.fleet_view import FleetView, show_server
 from pdtop.ui.scrape_view import number
 from pdtop.ui.state import DashboardState
 from pdtop.ui.widgets.fleet_table import FleetTable
+from pdtop.ui.widgets.replay_bar import ReplayBar
 from pdtop.visible import visible
 
 WIDE = 120  # columns from which the table has every column
@@ -96,6 +98,7 @@ class FleetScreen(Screen[None]):
     FleetScreen #fleet-kv { height: auto; max-height: 8; border: round $accent; padding: 0 1; }
     FleetScreen #fleet-balance { height: auto; padding: 0 1; }
     FleetScreen .hint { height: 1; padding: 0 1; color: $text-muted; }
+    FleetScreen #fleet-replay-bar { height: 1; padding: 0 1; background: $panel; }
     """
 
     def __init__(self) -> None:
@@ -107,13 +110,23 @@ class FleetScreen(Screen[None]):
     def dashboard(self) -> DashboardState:
         return self.app.state  # type: ignore[attr-defined]  # the pdtop app's
 
+    @property
+    def transport(self) -> Transport | None:
+        """The replay's controls (a recorded fleet), else None."""
+        return self.app.source.transport  # type: ignore[attr-defined]  # the pdtop app's
+
     def compose(self) -> ComposeResult:
         yield Static(id="fleet-head")
         yield Static(id="fleet-columns")
         yield FleetTable(id="fleet-table")
         yield Static(id="fleet-kv")
         yield Static(id="fleet-balance")
-        yield Label("↑↓ choose · enter: that server's view (escape there: back here) · q: quit", classes="hint")
+        if self.transport is not None:  # a recorded fleet: where in the recording, and its keys
+            yield ReplayBar(id="fleet-replay-bar")
+            yield Label("↑↓ choose · enter: that server's view · space play/pause · ←→ seek 5 s · . step · "
+                        "q: quit", classes="hint")
+        else:
+            yield Label("↑↓ choose · enter: that server's view (escape there: back here) · q: quit", classes="hint")
 
     def on_mount(self) -> None:
         self.query_one("#fleet-kv", Static).border_title = "KV transfer"
@@ -125,6 +138,8 @@ class FleetScreen(Screen[None]):
         self.paint()
 
     def paint(self) -> None:
+        if (transport := self.transport) is not None:
+            self.query_one(ReplayBar).paint(transport)
         fleet = self.dashboard.fleet
         if fleet is None:
             return
@@ -149,7 +164,10 @@ class FleetScreen(Screen[None]):
         live = sum(s.state == "live" for s in fleet.servers)
         stale = sum(s.state == "stale" for s in fleet.servers)
         shown = ", ".join(f"{n} {r}" for r, n in roles.items() if n)
-        head = Text.assemble(("fleet ", "bold"), f"{len(fleet.servers)} servers ({shown}) · ", (f"{live} live", "bold"))
+        replay = self.transport is not None  # the rows are as recorded, not live
+        head = Text.assemble(("▶ replay · ", "bold " + self.app.theme_variables.get("primary", "")) if replay else "",
+                             ("fleet ", "bold"), f"{len(fleet.servers)} servers ({shown}) · ", (f"{live} live", "bold"),
+                             (" when recorded", "dim") if replay else "")
         if stale:
             head.append(f" · {stale} stale", "bold " + self.app.theme_variables.get("error", "red"))
         head.append(f" · read every {fmt.duration(fleet.target.interval_s)}", "dim")

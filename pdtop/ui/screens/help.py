@@ -1,4 +1,4 @@
-"""Help: every command available here, from the command table, with its key."""
+"""Help: every command available here, from the command table, with its key; and how to call the server's API."""
 from __future__ import annotations
 
 from typing import ClassVar
@@ -29,9 +29,10 @@ class HelpScreen(ModalScreen[None]):
     HelpScreen Static { width: 100%; height: auto; }
     """
 
-    def __init__(self, commands: list[KeyCommand], note: str = "") -> None:
+    def __init__(self, commands: list[KeyCommand], note: str = "", api_text: str = "") -> None:
+        """`api_text`: how to call the server's OpenAI-compatible API (its address and token), when it runs one."""
         super().__init__()
-        self.commands, self.note = commands, note
+        self.commands, self.note, self.api_text = commands, note, api_text
 
     def compose(self) -> ComposeResult:
         table = Table(box=None, show_header=True, header_style="bold", pad_edge=False)
@@ -47,6 +48,8 @@ class HelpScreen(ModalScreen[None]):
             if self.note:
                 yield Static(Text(self.note, "italic"))
             yield Static(table)
+            if self.api_text:
+                yield Static(Text(self.api_text, "dim"))
 
     def action_close(self) -> None:
         self.dismiss(None)

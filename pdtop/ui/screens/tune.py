@@ -1,7 +1,10 @@
 """Live tuning on the dashboard: the candidates as they are measured, then keep the best or roll back.
 
-The panel sits at the bottom, so the ITL chart above it shows each candidate's change as it is
-applied. `k` keeps the best, `r` (or escape, also mid-run) restores what was in force before.
+The panel sits at the top, over the split and requests panels and never over the timeline: the
+timeline's lanes (the split band, the decode steps) and the step chart below show each candidate's
+change as it is applied. Where the candidates do not all fit, the latest and the best are listed and a
+line says how many earlier ones are not. `k` keeps the best, `r` (or escape, also mid-run) restores
+what was in force before.
 """
 from __future__ import annotations
 
@@ -13,11 +16,15 @@ from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Vertical
+from textual.css.query import NoMatches
 from textual.screen import ModalScreen
 from textual.widgets import Label, Static
 
 from pdtop.tune.report import describe_config, trial_table
+from pdtop.tune.search import Trial
 from pdtop.ui.live_tune import LiveTune, NotMeasured
+
+BOX_TOP = 2  # the header and the status line stay in view
 
 
 class TuneScreen(ModalScreen[str]):
@@ -30,9 +37,9 @@ class TuneScreen(ModalScreen[str]):
         Binding("escape", "rollback", "stop, roll back", id="tune.escape"),
     ]
     DEFAULT_CSS = """
-    TuneScreen { align: center bottom; background: $background 20%; }
+    TuneScreen { align: center top; background: $background 20%; }
     TuneScreen > Vertical {
-        width: 100%; height: auto; max-height: 60%; padding: 0 1;
+        width: 100%; height: auto; margin-top: 2; padding: 0 1;
         border: round $accent; background: $surface;
     }
     TuneScreen Static { width: 100%; height: auto; }
@@ -56,7 +63,25 @@ class TuneScreen(ModalScreen[str]):
 
     def on_mount(self) -> None:
         self._run_task = asyncio.create_task(self._run())
+        self._fit()
         self.refresh_view()
+
+    def on_resize(self) -> None:
+        self._fit()
+        self.refresh_view()
+
+    @property
+    def room(self) -> int:
+        """Rows the panel may take: from under the header and the status line down to the timeline."""
+        main = self.app.screen_stack[0]
+        try:
+            top = main.query_one("#timeline").region.y
+        except NoMatches:
+            top = self.size.height
+        return max(6, top - BOX_TOP)
+
+    def _fit(self) -> None:
+        self.query_one(Vertical).styles.max_height = self.room
 
     def on_unmount(self) -> None:
         if not self._choosing:  # the app quit mid-run
@@ -82,7 +107,12 @@ class TuneScreen(ModalScreen[str]):
         t = self.tuner
         best = t.best
         marks = {id(best): "*"} if best is not None else {}
-        self.query_one("#tune-table", Static).update(Text("\n".join(trial_table(t.trials, t.slo, marks))))
+        rows = self.room - 5  # the border, the table's head, the status and the hint
+        shown = t.trials if len(t.trials) <= rows else _latest_and_best(t.trials, best, rows - 1)
+        lines = trial_table(shown, t.slo, marks)
+        if len(shown) < len(t.trials):
+            lines.append(f"  … {len(t.trials) - len(shown)} earlier candidates not listed (* the best is)")
+        self.query_one("#tune-table", Static).update(Text("\n".join(lines)))
         if self.error:
             status = f"stopped: {self.error}"
         elif self.running:
@@ -110,6 +140,15 @@ class TuneScreen(ModalScreen[str]):
 
     def action_rollback(self) -> None:
         self._choose(keep=False)
+
+
+def _latest_and_best(trials: list[Trial], best: Trial | None, rows: int) -> list[Trial]:
+    """The latest `rows` trials in order, with the best one among them (in place of the oldest)."""
+    rows = max(1, rows)
+    latest = trials[-rows:]
+    if best is None or any(t is best for t in latest):
+        return latest
+    return [best, *latest[1:]] if rows > 1 else [best]
 
 
 async def _apply_choice(app: App[None], tuner: LiveTune, keep: bool, run: asyncio.Task[None] | None,

@@ -6,8 +6,8 @@ import textwrap
 from rich.console import Group
 from rich.text import Text
 
+from pdtop import format as fmt
 from pdtop.telemetry.events import Hw
-from pdtop.ui import format as fmt
 from pdtop.ui.chart import block_chart
 from pdtop.ui.state import DashboardState
 from pdtop.ui.widgets import scraped
@@ -57,6 +57,16 @@ class BandwidthPanel(Panel):
         return Group(head, *chart, *hw_lines)
 
 
+def host_line(hw: Hw, width: int) -> Text:
+    """`host mem 18%  cpu 12% 40% …`: the memory first, then each core's use while they fit (`…` for the rest)."""
+    head = Text.assemble(("host mem ", "dim"), fmt.percent(hw.host_mem_percent / 100), ("  cpu", "dim"))
+    cores = [fmt.percent(c / 100) for c in hw.cpu_percent]
+    shown = len(cores)
+    while shown and head.cell_len + sum(len(c) + 1 for c in cores[:shown]) + (2 if shown < len(cores) else 0) > width:
+        shown -= 1
+    return head + Text(" " + " ".join(cores[:shown]) + (" …" if shown < len(cores) else ""))
+
+
 _GPU_FIELDS = (("dram_bw_util_pct", "DRAM bw", "%"), ("mem_busy_pct", "mem busy", "%"),
                ("sm_util_pct", "SM", "%"), ("gpu_util_pct", "util", "%"), ("power_w", "", " W"))
 NA = "n/a"
@@ -78,8 +88,7 @@ def hw_text(hw: Hw | None, width: int = 80, on_gpu: bool = True) -> list[Text]:
             reason = f"NVML n/a: {hw.gpu_reason}" if hw.gpu_reason else "NVML n/a"
             lines.extend(Text(line, "dim") for line in textwrap.wrap(reason, max(10, width)))
     if hw.cpu_percent:
-        lines.append(Text.assemble(("host cpu ", "dim"), " ".join(f"{c:.0f}%" for c in hw.cpu_percent[:16]),
-                                   ("  mem ", "dim"), f"{hw.host_mem_percent:.0f}%"))
+        lines.append(host_line(hw, width))
     for line in lines:
         line.no_wrap, line.overflow = True, "ellipsis"
     return lines

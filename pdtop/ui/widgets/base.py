@@ -128,7 +128,10 @@ def text_strip(text: Text, width: int, console: Any, base: Style) -> Strip:
     strip = Strip(segments)
     if strip.cell_length < width:
         return Strip([*segments, Segment(" " * (width - strip.cell_length), base)], width)
-    return strip.crop(0, width) if strip.cell_length > width else strip
+    if strip.cell_length > width > 0:  # cut, and said to be: never a figure that silently lost its end
+        cut = list(strip.crop(0, width - 1))
+        return Strip([*cut, Segment("…", cut[-1].style if cut else base)], width)
+    return strip
 
 
 def _style(console: Any, style: str | Style | None) -> Style:

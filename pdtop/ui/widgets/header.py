@@ -13,7 +13,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from pdtop import __version__
-from pdtop.ui.format import fit
+from pdtop.format import fit
 from pdtop.ui.state import DashboardState
 
 CONNECTION = {
@@ -90,8 +90,10 @@ class HeaderBar(Static):
             if state.recording:
                 rec_style = "bold " + colours.get("error", "")
                 items.append(([("◉ REC ", rec_style), (state.recording, "")], [("◉ REC", rec_style)]))
-            else:
+            elif state.recording_known:
                 items.append(([("○ not recording", "dim")], [("○ no rec", "dim")]))
+            else:  # a server that does not say (before hello.recording)
+                items.append(([("recording: unknown", "dim")], [("rec ?", "dim")]))
         dropped_style = colours.get("warning", "") if state.dropped else "dim"
         items.append(([("dropped ", "dim"), (str(state.dropped), dropped_style)],
                       [("dropped ", "dim"), (str(state.dropped), dropped_style)]))

@@ -8,8 +8,8 @@ import statistics
 from rich import filesize
 from rich.text import Text
 
+from pdtop import format as fmt
 from pdtop.engine.records import DisaggState
-from pdtop.ui import format as fmt
 from pdtop.ui.chart import fill_bar
 from pdtop.ui.state import DashboardState
 from pdtop.ui.widgets.base import Panel
@@ -58,10 +58,10 @@ def decode_lines(panel: Panel, state: DashboardState, width: int) -> list[Text]:
     colour, idle = panel.colour("decode"), panel.colour("idle")
     unit = state.info.unit_name
     head = Text.assemble(("■ ", colour), ("decode instance", "bold"), f" · {fmt.units(state.decode_units, unit)}")
-    batch = Text.assemble(("batch ", "dim"), f"{state.decode_bs} · {state.running} running · ITL p50 ",
+    batch = Text.assemble(("decoded ", "dim"), f"{state.decode_bs} last round · {state.running} running · ITL p50 ",
                           (fmt.ms(_itl_p50(state)), "bold"))
     if batch.cell_len > width:
-        batch = Text.assemble(("batch ", "dim"), f"{state.decode_bs} · ITL p50 ", (fmt.ms(_itl_p50(state)), "bold"))
+        batch = Text.assemble(("decoded ", "dim"), f"{state.decode_bs} · ITL p50 ", (fmt.ms(_itl_p50(state)), "bold"))
     kv = _kv("KV", state.kv_used, state.kv_capacity, width, colour, idle)
     return [head, batch, Text("never prefills: slots reserved first", "dim"), kv]
 

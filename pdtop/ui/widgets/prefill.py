@@ -4,7 +4,7 @@ from __future__ import annotations
 from rich.console import Group
 from rich.text import Text
 
-from pdtop.ui import format as fmt
+from pdtop import format as fmt
 from pdtop.ui.chart import fill_bar
 from pdtop.ui.state import DashboardState
 from pdtop.ui.widgets import scraped

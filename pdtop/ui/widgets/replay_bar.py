@@ -6,8 +6,8 @@ from typing import Any
 from rich.text import Text
 from textual.widgets import Static
 
+from pdtop import format as fmt
 from pdtop.telemetry.sources.source import Transport
-from pdtop.ui import format as fmt
 
 
 class ReplayBar(Static):

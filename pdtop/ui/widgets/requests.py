@@ -1,11 +1,12 @@
-"""Requests: running / waiting, KV usage, TTFT, ITL and TPOT (vLLM's definitions), output
-throughput and request counts. Lines are dropped or shortened, never cut, when the panel is small."""
+"""Requests: running / waiting (after the last round) and the requests its decode step decoded, KV usage,
+TTFT, ITL and TPOT (vLLM's definitions), output throughput and request counts. Lines are dropped or
+shortened, never cut, when the panel is small."""
 from __future__ import annotations
 
 from rich.console import Group
 from rich.text import Text
 
-from pdtop.ui import format as fmt
+from pdtop import format as fmt
 from pdtop.ui.chart import fill_bar
 from pdtop.ui.state import DashboardState
 from pdtop.ui.widgets import scraped
@@ -31,12 +32,7 @@ class RequestsPanel(Panel):
         wide = width >= 46
         kv = state.kv_usage
         kv_colour = self.colour("error") if kv is not None and kv > 0.9 else self.colour("decode")
-        if wide:
-            load = Text.assemble(("running ", "dim"), (f"{state.running:<5}", "bold"), ("waiting ", "dim"),
-                                 (f"{state.waiting:<5}", "bold"), ("decode batch ", "dim"), str(state.decode_bs))
-        else:
-            load = Text.assemble(("run ", "dim"), (f"{state.running:<4}", "bold"), ("wait ", "dim"),
-                                 (f"{state.waiting:<4}", "bold"), ("batch ", "dim"), str(state.decode_bs))
+        load = _load(state.running, state.waiting, state.decode_bs, width)
         kv_text = f" {fmt.percent(kv)} "
         kv_line = Text.assemble(("KV ", "dim"), fill_bar(kv, max(4, width - 20), kv_colour, self.colour("idle")),
                                 kv_text, (f"{fmt.count(state.kv_used)}/{fmt.count(state.kv_capacity)}"
@@ -68,11 +64,24 @@ class RequestsPanel(Panel):
         return Group(*lines[:height])
 
 
-def _load_with_kv(running: int, waiting: int, batch: int, kv: str, width: int) -> Text:
-    """`run 11 wait 0 batch 11 KV 31%`, with `bs` for `batch` where even that is wider than the panel."""
-    for batch_label, gap in (("batch ", "  "), ("batch ", " "), ("bs ", " ")):
+def _load(running: int, waiting: int, decoded: int, width: int) -> Text:
+    """`running 49   waiting 0    decoded 50 last round`: running and waiting are counted after the round, the
+    decode batch is the round's own (a request that finished in it is no longer running), so the batch is
+    said as what the last round did, not beside running as if both were now."""
+    for run, wait, done, pad in (("running ", "waiting ", " last round", 5), ("run ", "wait ", " last round", 4),
+                                 ("run ", "wait ", "", 4)):
+        text = Text.assemble((run, "dim"), (f"{running:<{pad}}", "bold"), (wait, "dim"), (f"{waiting:<{pad}}", "bold"),
+                             ("decoded ", "dim"), str(decoded), (done, "dim"))
+        if text.cell_len <= width:
+            break
+    return text
+
+
+def _load_with_kv(running: int, waiting: int, decoded: int, kv: str, width: int) -> Text:
+    """`run 11 wait 0 decoded 11 KV 31%`, with `dec` where even that is wider than the panel."""
+    for decoded_label, gap in (("decoded ", "  "), ("decoded ", " "), ("dec ", " ")):
         text = Text.assemble(("run ", "dim"), (str(running), "bold"), (f"{gap}wait ", "dim"), (str(waiting), "bold"),
-                             (f"{gap}{batch_label}", "dim"), str(batch), (f"{gap}KV ", "dim"), kv)
+                             (f"{gap}{decoded_label}", "dim"), str(decoded), (f"{gap}KV ", "dim"), kv)
         if text.cell_len <= width:
             break
     return text

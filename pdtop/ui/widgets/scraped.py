@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 from rich.console import Group
 from rich.text import Text
 
+from pdtop import format as fmt
 from pdtop.telemetry.events import Metrics, Quantiles
-from pdtop.ui import format as fmt
 from pdtop.ui.chart import block_chart, fill_bar, split_bar
 from pdtop.ui.scrape_view import NOT_EXPOSED, ScrapeView, number
 from pdtop.ui.widgets import scraped_split
@@ -88,8 +88,11 @@ def requests(panel: Panel, view: ScrapeView, width: int, height: int) -> Group:
 
     if m is None:
         return Group(Text(f"waiting for the first read of {view.target.url}", "dim"))
-    load = Text.assemble(("running ", "dim"), (f"{gauge('running', m.running):<6}", "bold"), ("waiting ", "dim"),
-                         (gauge("waiting", m.waiting), "bold"))
+    if not view.exposed("running") and not view.exposed("waiting"):  # said once, not run together
+        load = Text.assemble(("running, waiting ", "dim"), (NOT_EXPOSED, "dim italic"))
+    else:
+        load = Text.assemble(("running ", "dim"), (f"{gauge('running', m.running):<5}", "bold"), ("  waiting ", "dim"),
+                             (gauge("waiting", m.waiting), "bold"))
     kv = number(m.kv_usage)
     if view.exposed("kv_usage"):
         kv_colour = panel.colour("error") if kv is not None and kv > 0.9 else panel.colour("decode")
@@ -168,7 +171,8 @@ def latency_chart(panel: Panel, view: ScrapeView, slo: float | None, width: int,
         top = max([v for v in values if v is not None] + [line * 1.25 if line else 0.0, 1e-3])
         rows = block_chart(values, rows_n, top, panel.colour("chart"), line, panel.colour("slo"), panel.colour("idle"))
         for i, row in enumerate(rows):
+            drawn = line is not None or any(v is not None for v in values)  # nothing drawn: no scale to label
             shown = itl_label(m) if label == "ITL" else label
-            name = shown if i == 0 else fmt.duration(top) if i == 1 else ""
+            name = shown if i == 0 else fmt.duration(top) if i == 1 and drawn else ""
             lines.append(Text.assemble((f"{name:>{axis - 1}} ", "dim"), row))
     return Group(*lines)

@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING
 from rich.console import Group
 from rich.text import Text
 
+from pdtop import format as fmt
 from pdtop.telemetry.events import ScrapedSplit
-from pdtop.ui import format as fmt
 from pdtop.ui.chart import split_band, split_bar
+from pdtop.ui.level_table import LevelRow, level_table
 from pdtop.ui.scrape_view import ScrapeView
 
 if TYPE_CHECKING:
@@ -92,27 +93,8 @@ def render(panel: Panel, view: ScrapeView, split: ScrapedSplit, width: int, heig
 
 def _table(panel: Panel, view: ScrapeView, split: ScrapedSplit, width: int, rows: int) -> list[Text]:
     shares, itls = level_figures(view, len(split.levels))
-    entries = list(enumerate(split.levels))
-    if len(entries) > rows - 1:  # keep the level in force and where the time went
-        ranked = sorted(entries, key=lambda e: (e[0] != split.level, -(shares[e[0]] or 0.0)))
-        keep = {i for i, _ in ranked[:rows - 1]}
-        entries = [e for e in entries if e[0] in keep]
-    mini = max(3, min(16, width - 30))
-    lines = [Text(f" lvl  {'':{mini}} {'P/D':>7} {'time':>5} {'ITL p50':>8}", "dim")]
-    for i, (p, d) in entries:
-        current = i == split.level
-        style = "bold" if current else "dim"
-        cell = Text.assemble(("▶" if current else " ", "bold " + panel.colour("accent") if current else ""),
-                             (f"{i:>3}  ", style),
-                             split_bar(p, d, mini, panel.colour("prefill"), panel.colour("decode"),
-                                       panel.colour("idle")),
-                             (f" {f'{p}/{d}':>7}", style),
-                             (f" {fmt.percent(shares[i]) if shares[i] is not None else '–':>5}",
-                              "bold" if current else ""),
-                             f" {fmt.ms(itls[i]) if itls[i] is not None else '–':>8}")
-        lines.append(cell)
-    return lines
-
+    table = [LevelRow(i, p, d, shares[i], itls[i], i == split.level) for i, (p, d) in enumerate(split.levels)]
+    return level_table(panel, table, width, rows)
 
 
 LABEL = 8

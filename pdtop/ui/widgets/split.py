@@ -5,17 +5,15 @@ from __future__ import annotations
 from rich.console import Group
 from rich.text import Text
 
+from pdtop import format as fmt
 from pdtop.engine.description import EngineConfig
-from pdtop.ui import format as fmt
 from pdtop.ui.chart import split_bar
+from pdtop.ui.level_table import LevelRow, level_table
 from pdtop.ui.state import DashboardState
 from pdtop.ui.widgets import scraped
 from pdtop.ui.widgets.base import Panel
 from pdtop.ui.widgets.pools import pool_lines
-from pdtop.ui.window_figures import LevelStat, level_rows
-
-CELL_MIN = 30  # a table cell's width without its bar
-PRED_W = 8  # the `pred` column (level_rule slo)
+from pdtop.ui.window_figures import level_rows
 
 
 class SplitPanel(Panel):
@@ -100,60 +98,15 @@ class SplitPanel(Panel):
         return Group(*lines)
 
     def _table(self, state: DashboardState, width: int, rows: int) -> list[Text]:
-        """The level table in `rows` lines (one of them the column names), in one or two columns."""
-        if rows < 2 or not state.levels:
-            return []
-        rows_in_force = level_rows(state.levels, state.window(), state.levels_since)
-        entries: list[tuple[int | None, int, int]] = [(level, p, d) for level, p, d, _ in rows_in_force]
-        stats = {level: stat for level, _, _, stat in rows_in_force if stat is not None}
-        columns = 2 if width >= 2 * CELL_MIN + 2 and len(entries) > rows - 1 else 1
-        capacity = (rows - 1) * columns
-        if len(entries) > capacity:  # keep the current level and where the time went
-            ranked = sorted(entries, key=lambda e: (e[0] != state.level, -(stats[e[0]].share if e[0] in stats else 0)))
-            keep = {e[0] for e in ranked[:capacity]}
-            entries = [e for e in entries if e[0] in keep]
-        col_w = width // columns
-        pred = PRED_W if state.predicted_steps_s is not None else 0  # level_rule slo: the model's step
-        mini = max(3, min(16, col_w - CELL_MIN - pred))
-        cells = [self._cell(e, stats.get(e[0]), state, mini, col_w) for e in entries]
-        header = Text()
-        for _ in range(columns):
-            pred_head = f" {'pred':>{PRED_W - 1}}" if pred else ""
-            cell = Text(f" lvl  {'':{mini}} {'P/D':>7} {'time':>5} {'ITL p50':>8}{pred_head}", "dim")
-            cell.pad_right(max(0, col_w - cell.cell_len))
-            header.append_text(cell)
-        lines = [header]
-        per_column = (len(cells) + columns - 1) // columns
-        for r in range(per_column):
-            row = Text()
-            for c in range(columns):
-                if r + c * per_column < len(cells):
-                    row.append_text(cells[r + c * per_column])
-            lines.append(row)
-        return lines
-
-    def _cell(self, entry: tuple[int | None, int, int], stat: LevelStat | None, state: DashboardState, mini: int,
-              col_w: int) -> Text:
-        level, p, d = entry
-        current = level == state.level and not state.idle if level is not None else state.idle
-        style = "bold" if current else "dim"
-        marker = ("▶" if current else " ", "bold " + self.colour("accent") if current else "")
-        share = fmt.percent(stat.share) if stat is not None else "–"
-        itl = fmt.ms(stat.itl_p50_s) if stat is not None else "–"
-        if level is None:
-            cell = Text.assemble(marker, (f"{'idle':>4} ", style), " " * mini, (f" {'':>7}", style))
-        else:
-            cell = Text.assemble(marker, (f"{level:>3}  ", style),
-                                 split_bar(p, d, mini, self.colour("prefill"), self.colour("decode"),
-                                           self.colour("idle")),
-                                 (f" {f'{p}/{d}':>7}", style))
-        cell.append_text(Text.assemble((f" {share:>5}", "bold" if current else ""), f" {itl:>8}"))
+        """The level table in `rows` lines: every level in force with its figures over the window, and idle."""
         predicted = state.predicted_steps_s
-        if predicted is not None:  # the model's step beside the measured ITL
-            p_s = predicted[level] if level is not None and level < len(predicted) else None
-            cell.append(f" {fmt.ms(p_s) if p_s is not None else '–':>{PRED_W - 1}}", "dim")
-        cell.pad_right(max(0, col_w - cell.cell_len))
-        return cell
+        table = []
+        for level, p, d, stat in level_rows(state.levels, state.window(), state.levels_since):
+            current = level == state.level and not state.idle if level is not None else state.idle
+            pred = predicted[level] if predicted is not None and level is not None and level < len(predicted) else None
+            table.append(LevelRow(level, p, d, stat.share if stat is not None else None,
+                                  stat.itl_p50_s if stat is not None else None, current, pred))
+        return level_table(self, table, width, rows, pred=predicted is not None)
 
 
 def knobs(config: EngineConfig | None, warning: str, predicted_step_s: float | None = None,
@@ -166,7 +119,7 @@ def knobs(config: EngineConfig | None, warning: str, predicted_step_s: float | N
     if config is None:
         return text
     if config.policy == "pdmux" and config.level_rule == "slo" and config.slo_itl_ms is not None:
-        pred = "" if predicted_step_s is None else f" pred {predicted_step_s * 1e3:.1f} ms"
+        pred = "" if predicted_step_s is None else f" pred {fmt.ms(predicted_step_s)}"
         text.append_text(Text.assemble(("rule ", "dim"), f"slo<={config.slo_itl_ms:g} ms{pred}", "  "))
     knob_values = {"pdmux": (("divisor", str(config.decode_bs_divisor)),
                              ("budget", str(config.split_forward_token_budget))),

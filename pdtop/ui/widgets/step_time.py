@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Group
 from rich.text import Text
 
-from pdtop.ui import format as fmt
+from pdtop import format as fmt
 from pdtop.ui.chart import block_chart
 from pdtop.ui.state import DashboardState
 from pdtop.ui.widgets import scraped
@@ -62,7 +62,7 @@ class StepTimePanel(Panel):
         top = max([*scale, slo * 1.25 if slo else 0.0, 0.001])
         rows = block_chart(values, height, top, self.colour("chart"), slo, self.colour("slo"), self.colour("idle"))
         for i, row in enumerate(rows):
-            label = fmt.ms(top) if i == 0 else ""
+            label = fmt.ms(top) if i == 0 and (scale or slo) else ""  # nothing drawn: no scale to label
             lines.append(Text.assemble((f"{label:>{axis - 1}} ", "dim"), row))
         lines.append(self._marks(state, rounds, width, axis))
         return Group(*lines)

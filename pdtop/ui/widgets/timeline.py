@@ -7,7 +7,7 @@ from __future__ import annotations
 from rich.console import Group
 from rich.text import Text
 
-from pdtop.ui import format as fmt
+from pdtop import format as fmt
 from pdtop.ui.chart import block_chart, split_band
 from pdtop.ui.state import DashboardState
 from pdtop.ui.widgets import scraped, scraped_split
@@ -49,19 +49,15 @@ class TimelinePanel(Panel):
         top = max([v for v in steps if v is not None] + [1e-3])
         chart = block_chart(steps, decode_rows, top, self.colour("decode"), slo if slo and slo <= top else None,
                             self.colour("slo"), self.colour("idle"))
+        shown = any(v is not None for v in steps)  # an empty lane has no scale to label
         for i, row in enumerate(chart):
-            label = "decode" if i == 0 else fmt.ms(top) if i == 1 else ""
+            label = "decode" if i == 0 else fmt.ms(top) if i == 1 and shown else ""
             lines.append(Text.assemble((f"{label:<{LABEL}}", "dim"), row))
 
         if any(r is not None and r.transfer_bytes for r in cols) or state.policy == "disagg":
             lines.append(self._link_lane(cols))  # disagg: the split is fixed, the link is what moves
         else:
-            shares = [None if r.idle else
-                      r.decode_units / (r.prefill_units + r.decode_units) if r.prefill_units + r.decode_units else 0.0
-                      for r in rounds]
-            lines.append(Text.assemble((f"{'split':<{LABEL}}", "dim"), " " * len(pad),
-                                       split_band(shares, self.colour("prefill"), self.colour("decode"),
-                                                  self.colour("idle"))))
+            lines.append(self._split_lane(rounds, len(pad), state.info.units))
         if id_rows:
             lines.append(Text.assemble((f"{'prefill':<{LABEL}}", "dim"), self._ids_row(cols, state)))
         ramp = [r.prefill_frac if r is not None and r.prefill_ids else None for r in cols]
@@ -70,6 +66,17 @@ class TimelinePanel(Panel):
             label = "prefill" if not id_rows and i == 0 else "layers" if i == ramp_rows - 1 else ""
             lines.append(Text.assemble((f"{label:<{LABEL}}", "dim"), row))
         return Group(*lines)
+
+    def _split_lane(self, rounds: list[RoundPoint], pad: int, units: int) -> Text:
+        """Decode's share of the units per round; `─` where prefill and decode ran in one forward on every
+        unit (chunked: no split), and the lane says `no split` when no round in view had one."""
+        together = {i for i, r in enumerate(rounds) if r.prefill_units == r.decode_units == units and not r.idle}
+        shares = [None if r.idle else
+                  r.decode_units / (r.prefill_units + r.decode_units) if r.prefill_units + r.decode_units else 0.0
+                  for r in rounds]
+        band = split_band(shares, self.colour("prefill"), self.colour("decode"), self.colour("idle"), together)
+        label = "no split" if rounds and len(together) + sum(r.idle for r in rounds) == len(rounds) else "split"
+        return Text.assemble((f"{label:<{LABEL}}", "dim"), " " * pad, band)
 
     def _link_lane(self, cols: list[RoundPoint | None]) -> Text:
         """The transfer lane: KV bytes on the link at the end of each round, against the most in view."""
