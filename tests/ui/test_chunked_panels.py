@@ -53,7 +53,7 @@ async def test_the_timeline_draws_no_split_under_chunked(stepped, until):
     app = PdtopApp(LiveSource(stepped.url, token=stepped.token))
     async with app.run_test(size=(160, 48)) as pilot:
         await until(pilot, lambda: app.connection == "live", "live")
-        engine.control(Set({"policy": "chunked"}))
+        engine.control(Set(policy="chunked"))
         engine.control(Inject(8192))
         for _ in range(200):  # more than the lane shows
             engine.step()

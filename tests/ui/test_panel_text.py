@@ -108,7 +108,7 @@ async def test_a_figure_reads_the_same_in_every_panel(served, until):
     app = PdtopApp(LiveSource(served.url, token=served.token))
     async with app.run_test(size=(160, 48)) as pilot:
         await until(pilot, lambda: app.state.rounds_seen > 5 and app.connection == "live", "live rounds")
-        served.engine.control(Set({"level_rule": "slo", "slo_itl_ms": 16.0}))
+        served.engine.control(Set(level_rule="slo", slo_itl_ms=16.0))
         await until(pilot, lambda: app.state.predicted_steps_s is not None and app.state.level is not None
                     and app.state.predicted_steps_s[app.state.level] is not None, "a prediction", timeout=30)
         app.repaint()

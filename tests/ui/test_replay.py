@@ -158,7 +158,7 @@ async def test_the_nvml_hint_is_only_for_a_gpu(tmp_path, ev, until, kind, hinted
         said = " ".join(lines) + (panel.hint_hidden or "") + app.status_text().plain
         assert ("NVML n/a" in said) == hinted, said
         if not hinted:  # the rows the hint took go to the chart and the host's line
-            assert any("host cpu" in line for line in lines), lines
+            assert any(line.startswith("host mem 25%") and "cpu 10% 20%" in line for line in lines), lines
 
 
 async def test_ctrl_c_quits(recording, until):

@@ -53,7 +53,7 @@ engine.add_sink(seen.append)
 engine.submit(engine.prompts.make(700), 6, ignore_eos=True)
 for i in range(12):
     if i == 3:
-        engine.control(Set({"decode_bs_divisor": 12}), client="c1")
+        engine.control(Set(decode_bs_divisor=12), client="c1")
     if i == 6:
         engine.control(PinLevel(2), client=None)
     engine.step()
