@@ -32,6 +32,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from pdtop.visible import visible
+
 if TYPE_CHECKING:  # httpx loads with the first request: `pdtop bench --help` stays fast
     import httpx
 
@@ -79,11 +81,6 @@ class ServerError(Exception):
     """The server's answer is not one pdtop can use (one line, shown safely)."""
 
 
-def shown(text: str) -> str:
-    """`text` with its control characters (ESC, newlines, bidi overrides, ...) written as escapes."""
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
-
-
 def server_base(url: str) -> str:
     """The server's base URL from `http://HOST:PORT`, `http://HOST:PORT/v1` or either with a path before:
     what vLLM's `--base-url` is (no `/v1`)."""
@@ -99,7 +96,7 @@ class RequestResult:
     ttft: float = 0.0
     latency: float = 0.0
     itls: list[float] = field(default_factory=list)
-    error: str = ""  # shown(): safe to print
+    error: str = ""  # visible(): safe to print
     text: str = ""  # the streamed output
     start_time: float = 0.0  # time.perf_counter() when the request was sent
     queue_time: float = 0.0  # seconds it waited for a --max-concurrency slot before that (vLLM's client_queue_time)
@@ -154,7 +151,7 @@ async def _head(r: httpx.Response, limit: int) -> bytes:
 async def _lines(r: httpx.Response) -> AsyncIterator[bytes]:
     """The body's lines (no line end), each at most MAX_LINE_BYTES."""
     if r.headers.get("content-encoding", "identity").lower() not in ("", "identity"):
-        raise ServerError(f"the server compressed its stream ({shown(r.headers['content-encoding'][:40])}) "
+        raise ServerError(f"the server compressed its stream ({visible(r.headers['content-encoding'][:40])}) "
                           "though asked not to")
     buf = bytearray()
     async for chunk in r.aiter_raw():
@@ -223,7 +220,7 @@ async def stream_request(client: httpx.AsyncClient, ep: Endpoint, text: str, max
             if r.status_code != 200:
                 deadline.move(min(give_up, loop.time() + ep.stall_s))
                 body = (await _head(r, ERROR_BODY_BYTES)).decode(errors="replace")
-                res.error = shown(f"HTTP {r.status_code}: {body[:SHOWN_CHARS]}")
+                res.error = visible(f"HTTP {r.status_code}: {body[:SHOWN_CHARS]}")
                 return res
             async for line in _lines(r):
                 if chunks:  # a started stream may not fall silent
@@ -243,7 +240,7 @@ async def stream_request(client: httpx.AsyncClient, ep: Endpoint, text: str, max
                 if "error" in data:
                     error = data["error"]
                     message = error.get("message", error) if isinstance(error, dict) else error
-                    res.error = shown(f"the server: {str(message)[:SHOWN_CHARS]}")
+                    res.error = visible(f"the server: {str(message)[:SHOWN_CHARS]}")
                     return res
                 if isinstance(usage := data.get("usage"), dict):
                     if (n := _count(usage, "prompt_tokens")) is not None:
@@ -286,7 +283,7 @@ async def stream_request(client: httpx.AsyncClient, ep: Endpoint, text: str, max
     except ServerError as exc:
         res.error = str(exc)
     except (httpx.HTTPError, ValueError) as exc:  # ValueError: an event that is not JSON
-        res.error = shown(f"{type(exc).__name__}: {exc}"[:SHOWN_CHARS])
+        res.error = visible(f"{type(exc).__name__}: {exc}"[:SHOWN_CHARS])
     finally:
         deadline.stop()
     return res
@@ -307,7 +304,7 @@ async def served_model(client: httpx.AsyncClient, base: str) -> tuple[str, str]:
     except asyncio.TimeoutError:
         raise ServerError(f"GET {url}: no answer within {MODELS_TIMEOUT_S:g} s") from None
     if status != 200:
-        raise ServerError(shown(f"GET {url}: HTTP {status}: {body[:SHOWN_CHARS].decode(errors='replace')}"))
+        raise ServerError(visible(f"GET {url}: HTTP {status}: {body[:SHOWN_CHARS].decode(errors='replace')}"))
     if encoding not in ("", "identity"):
         raise ServerError(f"GET {url}: the answer is compressed though asked not to be")
     if len(body) > MAX_BODY_BYTES:

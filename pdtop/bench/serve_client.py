@@ -29,9 +29,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from pdtop.bench.datasets import add_dataset_arguments, dataset_problem, dataset_prompts
-from pdtop.bench.openai_request import BACKENDS, STALL_S, server_base, shown
+from pdtop.bench.openai_request import BACKENDS, STALL_S, server_base
 from pdtop.bench.vllm_result import DEFAULT_PERCENTILE_METRICS, PERCENTILE_METRICS
 from pdtop.commands.common import INPUT_ERRORS, fail, json_text
+from pdtop.visible import visible
 
 if TYPE_CHECKING:
     from pdtop.bench.loadgen import LoadRun, LoadSpec, Prompt
@@ -124,7 +125,7 @@ def _pairs(items: list[str] | None, flag: str) -> tuple[list[tuple[str, str]], s
     for item in items or []:
         key, eq, value = item.partition("=")
         if not eq or not key.strip():
-            return [], f"{flag} takes KEY=VALUE, got {shown(item)!r}"
+            return [], f"{flag} takes KEY=VALUE, got {visible(item)!r}"
         pairs.append((key.strip(), value.strip()))
     return pairs, None
 
@@ -142,19 +143,19 @@ def _check_address(args: argparse.Namespace) -> str | None:
             parts = None
         if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or parts.query \
                 or parts.fragment:
-            return f"{named[0]} must be http://HOST:PORT (or .../v1), got {shown(url)!r}"
+            return f"{named[0]} must be http://HOST:PORT (or .../v1), got {visible(url)!r}"
     if args.port is not None and not 0 < args.port < 65536:
         return f"--port must be 1 to 65535, got {args.port}"
     if args.host is not None and (not args.host or not all(c.isalnum() or c in ".-:_[]%" for c in args.host)):
-        return f"--host must be a host name or address, got {shown(args.host)!r}"
+        return f"--host must be a host name or address, got {visible(args.host)!r}"
     if not args.endpoint.startswith("/"):
-        return f"--endpoint is a path starting with /, got {shown(args.endpoint)!r}"
+        return f"--endpoint is a path starting with /, got {visible(args.endpoint)!r}"
     if not args.endpoint.endswith(BACKENDS[args.backend]):  # vLLM 0.33's _validate_api_url
         return f"--backend {args.backend} sends to an --endpoint ending in {BACKENDS[args.backend]} (vLLM 0.33's rule)"
     headers, problem = _pairs(args.header, "--header")
     for key, value in headers:
         if not _TOKEN.fullmatch(key) or not all(" " <= c <= "~" for c in value):
-            return (f"--header {shown(key)}: a header name is letters, digits and !#$%&'*+-.^_`|~, "
+            return (f"--header {visible(key)}: a header name is letters, digits and !#$%&'*+-.^_`|~, "
                     "its value printable ASCII")
     return problem
 
@@ -166,16 +167,16 @@ def _check_goodput(items: list[str]) -> str | None:
     for item in items:
         parts = item.split(":")
         if len(parts) != 2:
-            return f"--goodput takes METRIC:MS, got {shown(item)!r}"
+            return f"--goodput takes METRIC:MS, got {visible(item)!r}"
         name, ms = parts
         if name not in SLO_METRICS:
-            return f"--goodput {shown(item)!r}: the metric must be one of {', '.join(SLO_METRICS)}"
+            return f"--goodput {visible(item)!r}: the metric must be one of {', '.join(SLO_METRICS)}"
         try:
             value = float(ms)
         except ValueError:
             value = math.nan
         if not value >= 0:
-            return f"--goodput {shown(item)!r}: the value must be a number of milliseconds >= 0"
+            return f"--goodput {visible(item)!r}: the value must be a number of milliseconds >= 0"
     return None
 
 
@@ -229,13 +230,13 @@ def check(args: argparse.Namespace) -> str | None:
     metrics = args.percentile_metrics.split(",")
     if not all(m in PERCENTILE_METRICS for m in metrics):
         return (f"--percentile-metrics takes names from {','.join(PERCENTILE_METRICS)}, "
-                f"got {shown(args.percentile_metrics)!r}")
+                f"got {visible(args.percentile_metrics)!r}")
     try:
         percentiles = [float(p) for p in args.metric_percentiles.split(",")]
     except ValueError:
         percentiles = [-1.0]
     if not all(0 < p <= 100 for p in percentiles):
-        return f"--metric-percentiles takes numbers in (0, 100], got {shown(args.metric_percentiles)!r}"
+        return f"--metric-percentiles takes numbers in (0, 100], got {visible(args.metric_percentiles)!r}"
     return _check_goodput(args.goodput)
 
 
@@ -291,13 +292,13 @@ def unwritable(path: str) -> str | None:
     except FileNotFoundError:
         st = None
     except (OSError, ValueError) as exc:
-        return f"cannot write the result to {shown(path)}: {getattr(exc, 'strerror', None) or exc}"
+        return f"cannot write the result to {visible(path)}: {getattr(exc, 'strerror', None) or exc}"
     if st is not None and (stat.S_ISFIFO(st.st_mode) or stat.S_ISSOCK(st.st_mode)):
-        return f"cannot write the result to {shown(path)}: not a regular file"
+        return f"cannot write the result to {visible(path)}: not a regular file"
     try:
         os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666))
     except (OSError, ValueError) as exc:  # ValueError: a NUL in the name
-        return f"cannot write the result to {shown(path)}: {getattr(exc, 'strerror', None) or exc}"
+        return f"cannot write the result to {visible(path)}: {getattr(exc, 'strerror', None) or exc}"
     if st is None:
         os.unlink(path)
     return None
@@ -312,7 +313,7 @@ def _save(path: str, result: dict, append: bool) -> None:
 
 
 def _fail(problem: str | BaseException) -> int:
-    return fail("bench", shown(str(problem)))
+    return fail("bench", visible(str(problem)))
 
 
 async def _served(spec: LoadSpec, headers: dict[str, str]) -> tuple[str, str]:

@@ -47,10 +47,15 @@ def with_query(url: str, **params: str | None) -> str:
 
 class LiveSource:
     """`token` goes in the URL query (`?token=`); without the server's token the connection
-    is read-only (hello says so) and `send` refuses locally, as it does with `readonly=True`."""
+    is read-only (hello says so) and `send` refuses locally, as it does with `readonly=True`.
+
+    The server answers every command once the engine has checked it at a round boundary, and a
+    policy switch waits there for the prefills in flight: on a CPU, tens of seconds. So `send` waits
+    up to `reply_timeout` (120 s) for that answer; a lost connection fails it at once (the
+    keepalive notices a dead one)."""
 
     def __init__(self, url: str, token: str | None = None, readonly: bool = False, *,
-                 reply_timeout: float = 10.0, open_timeout: float = 5.0) -> None:
+                 reply_timeout: float = 120.0, open_timeout: float = 5.0) -> None:
         """ValueError (one line naming the URL as given) for a URL that is no ws:// or wss:// address."""
         check_ws_url(url)
         self.url = url
@@ -170,7 +175,8 @@ class LiveSource:
         except ConnectionClosed:
             raise ControlRefused(None, "connection lost") from None
         except asyncio.TimeoutError:
-            raise ControlRefused(None, f"no reply within {self.reply_timeout:g} s") from None
+            raise ControlRefused(None, f"no reply within {self.reply_timeout:g} s (the engine may still apply it)"
+                                 ) from None
         finally:
             self._pending.pop(msg_id, None)
         if not reply.ok:
