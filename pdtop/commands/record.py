@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         return fail("record", exc)
     if args.url is not None and not args.url.startswith(("ws://", "wss://")) and not is_http(args.url):
         return fail("record", redacted(f"not a ws:// or http:// URL: {args.url!r}", args.url))
-    if not is_http(args.url):
+    if args.url is not None and not is_http(args.url):
         from pdtop.telemetry.sources.live import check_ws_url
 
         try:  # up front, as an http:// URL is: not once the recording waits for it
