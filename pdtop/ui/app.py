@@ -42,6 +42,9 @@ from pdtop.ui.widgets.split import SplitPanel
 from pdtop.ui.widgets.status_line import StatusLine
 from pdtop.ui.widgets.step_time import StepTimePanel
 from pdtop.ui.widgets.timeline import TimelinePanel
+from pdtop.visible import visible
+
+MAX_NOTICE_CHARS = 2000  # a line of a notice; the status line shows one line, cut to the width
 
 
 class PdtopApp(ReplayActions):
@@ -94,7 +97,10 @@ class PdtopApp(ReplayActions):
     def notify(self, message: str, *, title: str = "", severity: str = "information", timeout: float | None = None,
                **_kwargs: Any) -> None:
         """Show a message on the status line under the header (never over the panels), and keep it
-        in `notices` (the last 100)."""
+        in `notices` (the last 100). A message may quote a server or a file (an error's reason, a client's
+        name): each line is shown with its control characters visible, and cut to 2,000 characters."""
+        message = "\n".join(visible(line, MAX_NOTICE_CHARS) for line in message.splitlines())
+        title = visible(title, 200)
         self.notices.append((severity, title, message))
         try:
             status = self.screen_stack[0].query_one(StatusLine)

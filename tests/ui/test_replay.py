@@ -290,3 +290,24 @@ async def test_a_replayed_fleet_says_it_is_a_replay_with_its_position_and_keys(t
         assert "paused" in bar and f"/ {fmt.clock(src.duration)}" in bar, bar
         await pilot.press("right")
         assert src.position == pytest.approx(src.duration)  # the keys seek from the fleet's table too
+
+
+async def test_a_recorded_error_reason_is_shown_with_its_escapes_visible(tmp_path, ev, until):
+    """Issue 38 item 3: a server's (or a recording's) error reason is outside text: an OSC 52 clipboard
+    write, a title change and Rich markup reach the status line as visible characters, never obeyed."""
+    from pdtop.telemetry.recording.recorder import Recorder
+
+    rec = Recorder(tmp_path / "err.ndjson", ev.hello)
+    rec.write_event(ev.round(0, 0.01), t=0.0)
+    reason = "\x1b]52;c;cHduZWQ=\x07 [/] \x1b]0;title\x07\x1b[2J done"
+    rec.write_event({"type": "error", "v": 1, "field": None, "reason": reason}, t=0.01)
+    rec.write_event(ev.round(1, 0.02), t=0.02)
+    rec.close()
+    app = PdtopApp(ReplaySource(tmp_path / "err.ndjson", speed=16))
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: any(n[0] == "error" for n in app.notices), "the error notice")
+        message = next(n[2] for n in app.notices if n[0] == "error")
+        assert "\x1b" not in message and "\x07" not in message
+        assert message == "engine: \\x1b]52;c;cHduZWQ=\\x07 [/] \\x1b]0;title\\x07\\x1b[2J done"
+        await pilot.pause(0.1)
+        assert "\x1b" not in app.status_text().plain
