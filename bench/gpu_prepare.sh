@@ -2,7 +2,7 @@
 # Run on the development machine (it reaches PyPI) before `bench/gpu_run.sh` on a lent GPU machine
 # (which does not): downloads into .whl/ (ignored by git, sent with the run's `carry: [".whl"]`) the
 # Python 3.12 wheels the GPU machine lacks and the GPU tests need. gpu_check.py itself needs none:
-# only tests/telemetry/test_nvml_sampler.py does (its conftest imports the telemetry server: websockets
+# only tests/telemetry/hardware/test_nvml_sampler.py does (its conftest imports the telemetry server: websockets
 # and orjson). About 0.3 MB.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -67,7 +67,7 @@ rc=${PIPESTATUS[0]}; echo "gpu_run: gpu_check exit $rc$( [ "$rc" = 124 ] && echo
 # quickest first, `pdtop tune` (about 30 s) last: a test cut short by the timeout costs the least there
 tests="tests/engine/devices/test_cuda.py tests/engine/devices/test_cuda_gpu.py tests/engine/runtime/test_cuda_graphs_gpu.py tests/engine/model/test_model.py"
 if timeout -k 2 10 "$PY" -c "import websockets, orjson" 2>/dev/null; then  # tests/telemetry's conftest needs them
-  tests="$tests tests/telemetry/test_nvml_sampler.py"
+  tests="$tests tests/telemetry/hardware/test_nvml_sampler.py"
 fi
 tests="$tests tests/tune/test_tune_cuda.py"
 # the tests get whatever the check left of the total, at least their floor

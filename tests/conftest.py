@@ -2,7 +2,8 @@
 
 `gguf_path`, `model_fp32` and `tokenizer` are session-scoped; `runner` is a
 factory that builds a fresh `ModelRunner` (its own KV cache) around the shared
-model: `runner()` or `runner(kv_capacity_tokens=256, block_size=16)`.
+model: `runner()` or `runner(kv_capacity_tokens=256, block_size=16)`. `live` is that model served by the
+real engine and API on loopback, shared by the API tests and the bench tests that drive it.
 """
 from __future__ import annotations
 
@@ -46,6 +47,18 @@ def runner(model_fp32) -> Callable[..., ModelRunner]:
         return ModelRunner(model_fp32, kv_capacity_tokens=kv_capacity_tokens, block_size=block_size)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def live(model_fp32, tokenizer):
+    """The real SmolLM2 on the CPU device, no synthetic workload (tests compare record counts before and after)."""
+    from api.live_api import LiveApi  # tests/api's helper (tests/ is on the path, as for every conftest here)
+
+    from pdtop.engine.build import build_engine
+
+    server = LiveApi(build_engine("cpu", loaded_model=model_fp32), tokenizer)
+    yield server
+    server.close()
 
 
 @pytest.fixture

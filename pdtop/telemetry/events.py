@@ -20,6 +20,7 @@ from pdtop.engine.description import ABSENT, IF_SET, EngineConfig, EngineDescrip
 from pdtop.engine.records import ConfigChange, KvTransfer, RequestRecord, RoundRecord
 
 PROTOCOL_VERSION = 1
+WIRE_MAX_SIZE = 1024 * 1024  # larger frames close the connection, either way (websockets code 1009)
 
 
 @dataclass

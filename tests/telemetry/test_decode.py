@@ -6,7 +6,6 @@ import dataclasses
 import json
 
 import pytest
-from conftest import make_engine
 
 from pdtop.engine.description import IF_SET, DeviceDescription, EngineConfig, EngineDescription
 from pdtop.engine.records import ConfigChange, RequestRecord, RoundRecord
@@ -26,6 +25,8 @@ from pdtop.telemetry.events import (
     Seek,
 )
 from pdtop.telemetry.hardware.hw import HwSampler
+
+from .conftest import make_engine
 
 
 def wire(event) -> dict:

@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import Pump
-from test_protocol_doc import DOC, doc_tables
 
 from pdtop import __version__
 from pdtop.engine.build import build_engine
@@ -21,6 +19,9 @@ from pdtop.telemetry.decode import decode_event
 from pdtop.telemetry.events import ConfigEvent, Hello, Seek
 from pdtop.telemetry.recording.recorder import Recorder
 from pdtop.telemetry.sources.replay import ReplaySource
+
+from .conftest import Pump
+from .test_protocol_doc import DOC, doc_tables
 
 # Written by the engine before the typed records (describe() and config_dict() returning dicts), for
 # the engine below: `sim:H100`, synthetic qwen3-8b, 50 req/s seed 1, nothing run yet. A value changed

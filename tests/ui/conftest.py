@@ -17,6 +17,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from telemetry.conftest import sglang, vllm  # noqa: F401  (the loopback metrics pages, for the attached dashboard)
 
 from pdtop.engine.build import build_engine
 from pdtop.engine.description import EngineConfig

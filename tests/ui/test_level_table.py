@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 
-from scrape.servers import PageServer, SglangMetrics
-from scrape.sglang_lines import H100_LEVELS, adjust, decode_batch, start_up
+from telemetry.servers import PageServer, SglangMetrics
+from telemetry.sglang_lines import H100_LEVELS, adjust, decode_batch, start_up
 
 from pdtop.telemetry.sources.live import LiveSource
 from pdtop.telemetry.sources.log_follow import LogFollower

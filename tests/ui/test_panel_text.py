@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from scrape.servers import PageServer, VllmMetrics
+from telemetry.servers import PageServer, VllmMetrics
 from textual.widgets import Input
 
 from pdtop import format as fmt

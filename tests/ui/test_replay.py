@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 import pytest
-from scrape.disagg_servers import SglangPdMetrics, serve
+from telemetry.disagg_servers import SglangPdMetrics, serve
 from textual.widgets import Input
 
 from pdtop import format as fmt

@@ -1,6 +1,6 @@
 """What a control frame can ask: the server's own commands, the one table of every command, and the wire form.
 
-`parse_command` turns a frame's JSON object (`frames.parse_control`) into one command, once, by
+`parse_command` turns a frame's JSON object (`control_channel.parse_control`) into one command, once, by
 pdtop's one decoder (`typed_json.decode_as`, closed: a field the command does not take, or a null,
 is refused) over `COMMANDS`, the engine's commands (`pdtop.engine.scheduling.commands`) and the
 server's; `to_wire` is its inverse, for clients. A command checks itself when it is made

@@ -1,6 +1,7 @@
 """One control frame from a client -> its `reply` event (docs/protocol.md, control).
 
-The frame is parsed once into a command (`commands.parse_command`). The server's own commands
+The frame is checked (`parse_control`: a JSON text frame of at most `MAX_FRAME_BYTES` holding an object
+with a string `cmd`) and parsed once into a command (`commands.parse_command`). The server's own commands
 (`Auth`, `RecordStart`, `RecordStop`) are answered here at once; the engine's go to
 `ControlTarget.control`, whose future the engine resolves at its next round boundary, once it
 has checked and applied the command: `Waiting.reply` awaits it without blocking the event loop
@@ -12,6 +13,7 @@ address, across connections (`TokenGate`). Nothing a client sends raises.
 from __future__ import annotations
 
 import asyncio
+import json
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -24,10 +26,44 @@ from pdtop.telemetry.encode import reply_event
 from pdtop.telemetry.recording.recorder import Recorder, RecordingError
 from pdtop.telemetry.server.clients import Client
 from pdtop.telemetry.server.commands import Auth, RecordStart, RecordStop, parse_command
-from pdtop.telemetry.server.frames import FrameError, parse_control
 from pdtop.token_gate import TokenGate
 
+MAX_FRAME_BYTES = 64 * 1024  # larger control frames get an error reply
 MAX_WAITING = 16  # engine commands of one connection waiting for the engine's outcome
+
+
+class FrameError(Exception):
+    """A frame that is not a control message; `field` is None or the offending field."""
+
+    def __init__(self, reason: str, field: str | None = None, msg_id: Any = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.field = field
+        self.msg_id = msg_id
+
+
+def parse_control(frame: str | bytes, max_bytes: int = MAX_FRAME_BYTES) -> dict[str, Any]:
+    """A websocket frame -> a control message dict with a string `cmd`, or `FrameError`."""
+    if isinstance(frame, (bytes, bytearray, memoryview)):
+        raise FrameError("binary frames are not accepted; send a JSON text frame")
+    size = len(frame.encode("utf-8", errors="replace")) if len(frame) * 4 > max_bytes else len(frame)
+    if size > max_bytes:
+        raise FrameError(f"frame too large ({size} bytes; the limit is {max_bytes})")
+    try:
+        msg = json.loads(frame)
+    except ValueError:
+        raise FrameError("not JSON; a control message is a JSON object") from None
+    except RecursionError:
+        raise FrameError("nested too deeply; a control message is a flat JSON object") from None
+    if not isinstance(msg, dict):
+        raise FrameError(f"a control message is a JSON object, not {type(msg).__name__}")
+    msg_id = msg.get("id")
+    if isinstance(msg_id, (dict, list)):
+        raise FrameError("id must be a string, number or null", field="id")
+    cmd = msg.get("cmd")
+    if not isinstance(cmd, str) or not cmd:
+        raise FrameError("missing or not a string", field="cmd", msg_id=msg_id)
+    return msg
 
 
 class ControlTarget(Protocol):

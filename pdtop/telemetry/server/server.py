@@ -40,12 +40,11 @@ from websockets.typing import Origin
 
 from pdtop.quiet_log import QuietLog
 from pdtop.telemetry.encode import encode, reply_event, wire
-from pdtop.telemetry.events import Dropped, ErrorNotice, Event, Hello, ServerRecording
+from pdtop.telemetry.events import WIRE_MAX_SIZE, Dropped, ErrorNotice, Event, Hello, ServerRecording
 from pdtop.telemetry.recording.record_dir import open_new_in, recordings_dir
 from pdtop.telemetry.recording.recorder import Recorder, RecordingError
 from pdtop.telemetry.server.clients import Client, ClientQueue, QueueOverflow, fan_out
 from pdtop.telemetry.server.control_channel import Waiting, handle_control
-from pdtop.telemetry.server.frames import WIRE_MAX_SIZE
 from pdtop.telemetry.server.inbox import Inbox, merge_configs
 from pdtop.token_gate import NO_TOKEN, GuessBudget, Refusal, TokenGate
 

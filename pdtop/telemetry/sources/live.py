@@ -23,9 +23,8 @@ from websockets.exceptions import ConnectionClosed, InvalidMessage, InvalidStatu
 from websockets.uri import parse_uri
 
 from pdtop.telemetry.decode import EventError, decode_event
-from pdtop.telemetry.events import Batch, ErrorNotice, Hello, Reply
+from pdtop.telemetry.events import WIRE_MAX_SIZE, Batch, ErrorNotice, Hello, Reply
 from pdtop.telemetry.server.commands import Command, to_wire
-from pdtop.telemetry.server.frames import WIRE_MAX_SIZE
 from pdtop.telemetry.sources.source import ControlRefused
 
 

@@ -1,6 +1,6 @@
 """Writes `main.ndjson.gz`: what pdtop's encoder wrote before the wire was typed (issue 44), for events of
 every type, made by the real producers of the time from fixed inputs. Run against that tree (commit
-9f68b8e, `git worktree add ../base 9f68b8e`); it reads this tree's tests/scrape for the pages it scrapes:
+9f68b8e, `git worktree add ../base 9f68b8e`); it reads this tree's tests/telemetry for the pages it scrapes:
 
     cd /work/wt/base && PYTHONPATH=$PWD /work/main/.venv/bin/python \\
         /work/wt/h-wire/tests/telemetry/wire_v1/make_main.py | gzip -n \\
@@ -34,9 +34,9 @@ from pdtop.telemetry.sources.fleet import FleetSource
 from pdtop.telemetry.sources.prometheus import PrometheusSource
 from pdtop.telemetry.sources.sglang_split import SglangSplit
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/, for scrape's page makers
-from scrape.disagg_servers import SglangPdMetrics, VllmNixlMetrics
-from scrape.servers import LLAMA, SglangMetrics, VllmMetrics
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/, for the page makers in tests/telemetry
+from telemetry.disagg_servers import SglangPdMetrics, VllmNixlMetrics
+from telemetry.servers import LLAMA, SglangMetrics, VllmMetrics
 
 QWEN = "Qwen/Qwen2.5-7B-Instruct"
 out: list[dict] = []

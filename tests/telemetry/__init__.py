@@ -1,0 +1,2 @@
+"""Telemetry tests, mirroring pdtop/telemetry (a package, so its conftest does not shadow other
+directories' `conftest` modules)."""
