@@ -10,26 +10,12 @@ import sys
 
 import numpy as np
 import pytest
-from openai_stub import StubServer
 from sigint import interrupt
 
 from pdtop.bench.loadgen import arrival_offsets
 from pdtop.cli import main
 
 PDTOP = [sys.executable, "-m", "pdtop"]
-
-
-@pytest.fixture
-def stub():
-    servers: list[StubServer] = []
-
-    def make(**kw) -> StubServer:
-        servers.append(StubServer(**kw))
-        return servers[-1]
-
-    yield make
-    for s in servers:
-        s.close()
 
 
 def bench_url(url: str, tmp_path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:

@@ -9,23 +9,9 @@ import os
 
 import numpy as np
 import pytest
-from openai_stub import StubServer
 
 from pdtop.bench.loadgen import arrival_offsets
 from pdtop.cli import main
-
-
-@pytest.fixture
-def stub():
-    servers: list[StubServer] = []
-
-    def make(**kw) -> StubServer:
-        servers.append(StubServer(**kw))
-        return servers[-1]
-
-    yield make
-    for s in servers:
-        s.close()
 
 
 def bench(capsys, tmp_path, *args: str, detailed: bool = True) -> tuple[int, str, str, dict]:
