@@ -129,9 +129,9 @@ class RoundReader:
         with self._lock:
             self._rounds.clear()
 
-    def window(self, start: float, end: float, wait_s: float = CATCH_UP_S) -> RoundItls | None:
-        """ITLs of the rounds that ended between `start` and `end` (time.perf_counter()); None if none decoded.
-        Waits up to `wait_s` for the rounds up to `end` to arrive."""
+    def rounds_in(self, start: float, end: float, wait_s: float = CATCH_UP_S) -> list[SeenRound]:
+        """The rounds kept that ended between `start` and `end` (time.perf_counter()), waiting up to `wait_s`
+        for those up to `end` to arrive."""
         deadline = time.perf_counter() + wait_s
         while True:
             with self._lock:
@@ -140,9 +140,11 @@ class RoundReader:
             if (offset is not None and rounds[-1].time + offset >= end) or time.perf_counter() >= deadline:
                 break
             time.sleep(0.05)
-        if offset is None:
-            return None
-        return round_itls([r for r in rounds if start <= r.time + offset <= end])
+        return [] if offset is None else [r for r in rounds if start <= r.time + offset <= end]
+
+    def window(self, start: float, end: float) -> RoundItls | None:
+        """ITLs of the rounds that ended between `start` and `end`; None if no gap was seen."""
+        return round_itls(self.rounds_in(start, end))
 
     def close(self) -> None:
         if self._thread.is_alive():
