@@ -70,7 +70,7 @@ def round_itls(rounds: list[SeenRound]) -> RoundItls | None:
 
 class RoundReader:
     """Rounds from `ws://127.0.0.1:PORT/`, read-only; EngineError (one line) when no hello arrives within
-    `connect_timeout_s`."""
+    `connect_timeout_s`, or at once when the port refuses websockets for good (an HTTP error status)."""
 
     def __init__(self, port: int, token: str | None = None, connect_timeout_s: float = CONNECT_TIMEOUT_S,
                  max_rounds: int = MAX_ROUNDS) -> None:
@@ -82,10 +82,14 @@ class RoundReader:
         self._stopping = asyncio.Event()  # bound to the reader's loop on first use
         self._thread = threading.Thread(target=self._run, name=f"pdtop-tune-rounds-{port}", daemon=True)
         self._thread.start()
-        if not self._hello.wait(connect_timeout_s):
+        deadline = time.monotonic() + connect_timeout_s
+        while not self._hello.wait(0.05) and self._thread.is_alive() and time.monotonic() < deadline:
+            pass  # a server that refused the connection for good (an HTTP error) ends the reader at once
+        if not self._hello.is_set():
             why = self.source.last_error or "no hello"
+            when = f" within {connect_timeout_s:g} s" if self._thread.is_alive() else ""
             self.close()
-            raise EngineError(f"no pdtop protocol on control port {port} within {connect_timeout_s:g} s ({why})")
+            raise EngineError(f"no pdtop protocol on control port {port}{when}: {why}")
 
     def _run(self) -> None:
         try:

@@ -43,7 +43,7 @@ from pdtop.tune.http_workload import DatasetTraffic, run_dataset, run_http
 from pdtop.tune.live_control import LIVE_KEYS, ControlRefused, LiveControl
 from pdtop.tune.report import TuneReport
 from pdtop.tune.round_reader import RoundReader
-from pdtop.tune.score import ROUNDS, TPOT, HttpRun, HttpSample, Measurement, RoundItls, Slo, itl_kind, score_http
+from pdtop.tune.score import MIXED, ROUNDS, TPOT, HttpRun, HttpSample, Measurement, RoundItls, Slo, score_http
 from pdtop.tune.search import AdaptiveSearch, closest_trials, run_search
 from pdtop.tune.server_process import LaunchError, Server, free_port, substitute
 from pdtop.tune.space import TuneSpace, restart_key
@@ -374,26 +374,26 @@ def tune_launch(runner: LaunchRunner, guess: PdmuxConfig | None = None) -> Launc
                         [] if best is not None else closest_trials(trials, slo), run, space)
     failures = [o for o in runner.outcomes if o.run is None]
     return LaunchReport(report, noise, repeats, kept, failures, stored + runner.reused,
-                        sum(o.live for o in runner.outcomes), *itl_note(runner.outcomes, slo))
+                        sum(o.live for o in runner.outcomes), *itl_note(runner.outcomes))
 
 
-def itl_note(outcomes: list[Outcome], slo: Slo) -> tuple[str, str]:
+def itl_note(outcomes: list[Outcome]) -> tuple[str, str]:
     """What the ITL figures of the measured `outcomes` are (ROUNDS, TPOT or MIXED) and one line that says so,
-    with why TPOT stands in (the first reason, and how many candidates it covers)."""
+    with why TPOT stands in where it does (the first reason)."""
     runs = [o.run for o in outcomes if o.run is not None]
     if not runs:
         return TPOT, "no candidate was measured"
-    kind = itl_kind(score_http(r, slo) for r in runs)
     tpot = [r for r in runs if r.rounds is None]
+    kind = ROUNDS if not tpot else TPOT if len(tpot) == len(runs) else MIXED
     why = tpot[0].no_rounds if tpot else ""
     if kind == ROUNDS:
         line = ("ITL p99 from the server's decode rounds over each candidate's window (pdtop's protocol on "
                 "{control_port}), as pdtop's own engine counts ITL; goodput counts each request's TPOT")
     elif kind == TPOT:
-        line = f"ITL column: each request's TPOT p99 ({why})"
+        line = f"ITL column: each request's TPOT p99; {why}"
     else:
         line = (f"ITL/TPOT column: the server's decode rounds' ITL p99 for {len(runs) - len(tpot)} measurements, "
-                f"each request's TPOT p99 for {len(tpot)} ({why})")
+                f"each request's TPOT p99 for {len(tpot)}; {why}")
     return kind, line
 
 

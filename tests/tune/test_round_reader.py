@@ -94,7 +94,7 @@ def test_no_pdtop_protocol_on_the_port_is_one_line_within_the_timeout():
     with pytest.raises(EngineError) as err:
         RoundReader(port, connect_timeout_s=1.0)
     assert time.monotonic() - t0 < 5
-    assert str(err.value).startswith(f"no pdtop protocol on control port {port} within 1 s (")
+    assert str(err.value).startswith(f"no pdtop protocol on control port {port} within 1 s: ")
     assert "\n" not in str(err.value)
 
 

@@ -91,7 +91,7 @@ def test_without_control_port_the_itl_is_each_requests_tpot_and_the_report_says_
     captured = capsys.readouterr()
     lines, err = captured.out.splitlines(), captured.err.splitlines()
     why = "the command names no {control_port}, so the server's rounds cannot be read"
-    assert [x for x in lines if why in x] == [f"ITL column: each request's TPOT p99 ({why})"]
+    assert [x for x in lines if why in x] == [f"ITL column: each request's TPOT p99; {why}"]
     assert [x for x in err if why in x] == [f"pdtop tune: TPOT p99 stands in for ITL p99: {why}"]
     assert any(x.split()[:4] == ["TPOT", "p99", "TTFT", "p99"] for x in lines)
     assert not any("(rounds)" in x for x in lines)
@@ -442,3 +442,20 @@ def test_dataset_traffic_through_pdtop_serve(tmp_path, monkeypatch):
         assert r["ok"] and sorted(s["output_tokens"] for s in r["samples"]) == [o for _, o in rows]
         assert all(s["prompt_tokens"] > 0 for s in r["samples"])  # the chat template's, from the server's usage
     assert not processes_naming(str(tmp_path))
+
+
+def test_a_control_port_that_is_no_pdtop_protocol_falls_back_to_tpot_and_says_why(tmp_path, capsys):
+    """{control_port} named, but what listens there answers HTTP 404 to a websocket: no live changes, no
+    rounds, and the candidate is measured all the same, on TPOT, with the reason said once."""
+    command = standin(tmp_path, "--not-ws-port", "{control_port}")
+    argv = ["tune", "--launch", command, "--device", "cpu", "--slo-itl-ms", "50", "--workload", SMALL,
+            "--max-candidates", "1", "--results", str(tmp_path / "runs.jsonl")]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    err = [x for x in captured.err.splitlines() if "stands in" in x]
+    assert len(err) == 1 and err[0].startswith("pdtop tune: TPOT p99 stands in for ITL p99: no round read: no "
+                                               "pdtop protocol on control port ")
+    assert "404" in err[0]
+    recs = records(tmp_path)
+    assert recs and all(r["ok"] and r["no_rounds"] == err[0].split("ITL p99: ", 1)[1] for r in recs)
+    assert [x for x in captured.out.splitlines() if x.startswith("ITL column: each request's TPOT p99; no round")]
