@@ -56,7 +56,6 @@ if TYPE_CHECKING:
 
 SIM_BUDGET_S, REAL_BUDGET_S = 60.0, 300.0
 WORKLOAD_KEYS = ("decode_bs", "decode_prompt", "long_tokens", "long_prompts", "settle_rounds", "decode_tokens")
-TPOT = "TPOT p99"  # what the tables' ITL column holds under --launch
 BAD_INPUT: tuple[type[BaseException], ...] = (*INPUT_ERRORS, ValueError)  # ValueError: a bad --policies
 LAUNCH_HELP = """\
 --launch runs each candidate on a server started for it, as vLLM's benchmarks/auto_tune does, or
@@ -73,12 +72,16 @@ the dataset's requests as `pdtop bench --url` reads and sends them: --dataset-na
 each with ignore_eos), and is stopped (SIGTERM to the group, SIGKILL after 10 s, until the port is
 free). No server outlives pdtop: not on success, error, Ctrl+C or SIGTERM. A request is good, as
 `vllm bench serve --goodput ttft:MS tpot:MS` counts it, when its TTFT meets --slo-ttft-ms and its TPOT
-(not its p99 gap) meets --slo-itl-ms. --device and --model name what the server runs, for the search
-space; nothing is loaded here. --results remembers the workload (the scenario's keys, or the dataset
-file's SHA-256 and options): a resume with another one is refused; the search's study is kept beside
-it (FILE.optuna). SGLang 0.5.23 starts --enable-pdmux only with --chunked-prefill-size -1 and
---disable-overlap-schedule (and no pipeline parallelism or disaggregation): a command without them is
-refused before anything is launched.
+(not its p99 gap) meets --slo-itl-ms. With {control_port}, the server's decode rounds are also read over
+that port (read-only) during each candidate's window, and the configuration's ITL p99, which the SLO
+is held against, is theirs (each request's gap counted at each round that gave it a token, as pdtop's
+own engine counts ITL; the tables say "ITL p99 (rounds)"); without it, or where no round arrives, each
+request's TPOT p99 stands in ("TPOT p99", and the report says why once). --device and --model name what
+the server runs, for the search space; nothing is loaded here. --results remembers the workload (the
+scenario's keys, or the dataset file's SHA-256 and options): a resume with another one is refused; the
+search's study is kept beside it (FILE.optuna). SGLang 0.5.23 starts --enable-pdmux only with
+--chunked-prefill-size -1 and --disable-overlap-schedule (and no pipeline parallelism or
+disaggregation): a command without them is refused before anything is launched.
   pdtop tune --launch 'pdtop serve --device sim:H100 --workload none --port {control_port} --config {config} \\
              --api-port {port}' --device sim:H100 --slo-itl-ms 30 --max-candidates 3 --results runs.jsonl
   pdtop tune --launch 'PDTOP_SGLANG_PORT={control_port} python -m sglang.launch_server --model-path M \\
@@ -93,7 +96,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="sim:H100", help="sim:GPU, cpu or cuda (default: sim:H100)")
     p.add_argument("--model", default=None, help="GGUF path or synthetic:NAME (default: the device's default)")
     p.add_argument("--slo-itl-ms", required=True, metavar="MS",
-                   help="ITL p99 target, milliseconds (--launch: each request's TPOT)")
+                   help="ITL p99 target, milliseconds (--launch: the server's rounds with {control_port}, "
+                   "else each request's TPOT)")
     p.add_argument("--slo-ttft-ms", metavar="MS", help="TTFT p99 target of the long prompts, milliseconds")
     p.add_argument("--workload", metavar="K=V,...",
                    help=f"change the scenario: {', '.join(WORKLOAD_KEYS)} (or a YAML file of them)")
@@ -386,8 +390,12 @@ def _dataset(args: argparse.Namespace, tok: Tokenizer) -> DatasetTraffic | None:
 
 
 def _launch_progress(budget_s: float) -> Callable[[Outcome, Measurement, float], None]:
-    """One line per candidate on stderr: its figures, or why it failed."""
+    """One line per candidate on stderr: its figures, or why it failed; each new reason for TPOT standing in
+    for the rounds' ITL once."""
     from pdtop.tune.report import describe_config
+    from pdtop.tune.score import ITL_LABELS
+
+    said: set[str] = set()
 
     def show(o: Outcome, m: Measurement, elapsed: float) -> None:
         budget = "" if budget_s == math.inf else f"/{budget_s:.0f}"
@@ -398,7 +406,12 @@ def _launch_progress(budget_s: float) -> Callable[[Outcome, Measurement, float],
             print(f"{head}failed: {o.reason} (log {o.log}){': ' + tail[0][:120] if tail[0] else ''}",
                   file=sys.stderr, flush=True)
         else:
-            print(f"{head}{TPOT} {m.itl_p99_s * 1e3:.2f} ms  TTFT p99 {m.ttft_p99_s * 1e3:.0f} ms  "
+            if o.run.no_rounds and o.run.no_rounds not in said:
+                said.add(o.run.no_rounds)
+                print(f"pdtop tune: TPOT p99 stands in for ITL p99: {o.run.no_rounds}", file=sys.stderr, flush=True)
+            p50 = f" (p50 {o.run.rounds.itl_p50_s * 1e3:.2f})" if o.run.rounds else ""
+            print(f"{head}{ITL_LABELS[m.itl_from]} {m.itl_p99_s * 1e3:.2f} ms{p50}  "
+                  f"TTFT p99 {m.ttft_p99_s * 1e3:.0f} ms  "
                   f"prefill {m.prefill_tok_s:,.0f} tok/s  goodput {m.goodput_rps:.2f}/s ({m.good}/{m.requests} "
                   f"good) in {o.elapsed_s:.1f} s", file=sys.stderr, flush=True)
 
@@ -407,13 +420,14 @@ def _launch_progress(budget_s: float) -> Callable[[Outcome, Measurement, float],
 
 def _launch_report(args: argparse.Namespace, lr: LaunchReport, kind: str, log_dir: str,
                    dataset: DatasetTraffic | None) -> int:
-    from pdtop.tune.report import HTTP_WINDOW, best_yaml, front_and_choice, report_json
+    from pdtop.tune.report import best_yaml, front_and_choice, report_json
+    from pdtop.tune.score import ITL_LABELS
     from pdtop.tune.sglang_server import rules_line
 
-    report, load = lr.report, os.getloadavg()
+    report, load, itl = lr.report, os.getloadavg(), ITL_LABELS[lr.itl_from]
     if args.out and report.best is not None:
         with open(args.out, "w", encoding="utf-8") as f:
-            f.write(best_yaml(report, f"{args.device} (servers launched by --launch)", kind, TPOT, HTTP_WINDOW))
+            f.write(best_yaml(report, f"{args.device} (servers launched by --launch)", kind, itl, lr.itl_note))
     failures = [{"config": o.config.to_dict(), "reason": o.reason, "log": o.log, "log_tail": o.log_tail}
                 for o in lr.failures]
     if args.json:
@@ -421,7 +435,7 @@ def _launch_report(args: argparse.Namespace, lr: LaunchReport, kind: str, log_di
             "launch": {"command": args.launch, "log_dir": log_dir, "results": args.results, "reused": lr.reused,
                        "live": lr.live, "sglang_rules": rules_line(args.sglang_version),
                        "noise_goodput_rps": lr.noise_rps,
-                       "itl_p99_ms_is": "the p99 over requests of each request's TPOT",
+                       "itl_from": lr.itl_from, "itl_p99_ms_is": lr.itl_note,
                        "kept_default_within_noise": lr.kept_default,
                        "dataset": None if dataset is None else dataset.identity(),
                        "failures": failures},
@@ -434,13 +448,14 @@ def _launch_report(args: argparse.Namespace, lr: LaunchReport, kind: str, log_di
         f"{sc.decode_bs} streaming requests decoding ({sc.decode_prompt}-token prompts) while "
         f"{sc.long_prompts} prompts of {sc.long_tokens} tokens arrive")
     lines = [f"pdtop tune --launch for {args.device}: {traffic}",
-             f"SLO per request (vllm bench serve --goodput): TPOT <= {slo.itl_s * 1e3:g} ms{ttft}",
+             f"SLO per request (vllm bench serve --goodput): TPOT <= {slo.itl_s * 1e3:g} ms{ttft}; per "
+             f"configuration: {itl} <= {slo.itl_s * 1e3:g} ms",
              f"{run.measured} measurements of {len(report.trials)} configurations on {run.launches} servers "
              f"({lr.live} set live on a running one, {lr.reused} reused from --results, {len(lr.failures)} failed) "
              f"in {run.elapsed_s:.0f} s{'' if run.complete else ', stopped by --budget-s or --max-candidates'}; "
              f"noise (goodput between repeats) {lr.noise_rps:.2f}/s; load average {load[0]:.2f}",
-             rules_line(args.sglang_version), "",
-             *front_and_choice(report, args.out, TPOT, [f"failed: {o.reason} (log {o.log})" for o in lr.failures],
+             rules_line(args.sglang_version), lr.itl_note, "",
+             *front_and_choice(report, args.out, itl, [f"failed: {o.reason} (log {o.log})" for o in lr.failures],
                                lr.kept_default)]
     print("\n".join(lines))
     return 0 if report.best is not None else 1

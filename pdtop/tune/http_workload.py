@@ -129,7 +129,7 @@ async def _drive(url: str, sc: Scenario, rate: float, prompts: tuple[list[str], 
             await asyncio.gather(*decoders, return_exceptions=True)
     samples = [HttpSample(long, sent - start, r.ttft, r.latency, r.output_tokens, r.prompt_tokens, r.itls)
                for t, long, sent, r in done if start < t <= end]
-    return HttpRun(samples, end - start, sorted(errors))
+    return HttpRun(samples, end - start, sorted(errors), start)
 
 
 def run_http(url: str, sc: Scenario, rate: float, prompts: tuple[list[str], list[str]], seed: int = 0,
@@ -185,7 +185,7 @@ def run_dataset(url: str, traffic: DatasetTraffic, rate: float, seed: int = 0, t
     start = record.start or 0.0
     samples = [HttpSample(True, r.start_time - start, r.ttft, r.latency, r.output_tokens, r.prompt_tokens, r.itls)
                for r in results if r.ok]
-    return HttpRun(samples, window, sorted({r.error for r in results if not r.ok}))
+    return HttpRun(samples, window, sorted({r.error for r in results if not r.ok}), start)
 
 
 def _bounded(work: Coroutine[Any, Any, T], timeout_s: float) -> T:

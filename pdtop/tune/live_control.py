@@ -13,7 +13,7 @@ import json
 import time
 from typing import Any
 
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from pdtop.engine.errors import EngineError
 from pdtop.engine.scheduling.commands import Set
@@ -48,6 +48,8 @@ class LiveControl:
                 if time.monotonic() > deadline:
                     raise EngineError(f"no pdtop control port on {port}: {exc}") from None
                 time.sleep(0.25)
+            except InvalidHandshake as exc:  # something else listens there: it will not turn into pdtop
+                raise EngineError(f"no pdtop control port on {port}: {exc}") from None
         self.timeout_s, self._id = timeout_s, 0
         hello = self._next(lambda e: e.get("type") == "hello", "hello")
         engine = hello.get("engine") or {}

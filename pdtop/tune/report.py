@@ -60,7 +60,6 @@ def sglang_name(sglang: str) -> str:
 
 ENGINE_WINDOW = ("over tune's window, which the SLO is held against; pdtop bench --config runs the decode "
                  "requests longer before the long prompts and reads a little higher (docs/tune.md)")
-HTTP_WINDOW = "over the requests of the candidate's window, each request's TPOT against the ITL SLO"
 
 
 def best_yaml(report: TuneReport, device: str, kind: str, itl: str = "ITL p99", window: str = ENGINE_WINDOW) -> str:
@@ -86,12 +85,12 @@ def best_yaml(report: TuneReport, device: str, kind: str, itl: str = "ITL p99", 
 def trial_table(trials: list[Trial], slo: Slo, marks: dict[int, str] | None = None, itl: str = "ITL p99"
                 ) -> list[str]:
     """One row per trial: ITL p99, TTFT p99, prefill tokens/s, goodput, whether it meets the SLOs."""
-    marks = marks or {}
-    lines = [f"  {itl:>9} {'TTFT p99':>9} {'prefill tok/s':>14} {'goodput':>9}  {'SLO':<4} configuration"]
+    marks, w = marks or {}, max(9, len(itl))
+    lines = [f"  {itl:>{w}} {'TTFT p99':>9} {'prefill tok/s':>14} {'goodput':>9}  {'SLO':<4} configuration"]
     for t in trials:
         r = t.result
         mark = marks.get(id(t), "")
-        lines.append(f"{mark:<2}{fmt.ms(r.itl_p99_s):>9} {fmt.duration(r.ttft_p99_s):>9} "
+        lines.append(f"{mark:<2}{fmt.ms(r.itl_p99_s):>{w}} {fmt.duration(r.ttft_p99_s):>9} "
                      f"{fmt.count(r.prefill_tok_s):>14} {fmt.per_s(r.goodput_rps):>9}  "
                      f"{'yes' if slo.met(r) else 'no':<4} {describe_config(t.config)}")
     return lines
@@ -187,14 +186,15 @@ def comparison(report: TuneReport, itl: str = "ITL p99") -> list[str]:
     """The chosen configuration against SGLang's default, with the ratio of each figure."""
     assert report.best is not None
     rows = [("SGLang default", report.default.result), ("chosen", report.best.result)]
-    lines = [f"{'':<16}{itl:>10}{'TTFT p99':>10}{'prefill tok/s':>15}{'goodput':>10}"]
+    w = max(10, len(itl) + 1)
+    lines = [f"{'':<16}{itl:>{w}}{'TTFT p99':>10}{'prefill tok/s':>15}{'goodput':>10}"]
     for name, r in rows:
-        lines.append(f"{name:<16}{fmt.ms(r.itl_p99_s):>10}{fmt.duration(r.ttft_p99_s):>10}"
+        lines.append(f"{name:<16}{fmt.ms(r.itl_p99_s):>{w}}{fmt.duration(r.ttft_p99_s):>10}"
                      f"{fmt.count(r.prefill_tok_s):>15}{fmt.per_s(r.goodput_rps):>10}")
     d, b = report.default.result, report.best.result
     ratios = [ratio(b.itl_p99_s, d.itl_p99_s), ratio(b.ttft_p99_s, d.ttft_p99_s),
               ratio(b.prefill_tok_s, d.prefill_tok_s), ratio(b.goodput_rps, d.goodput_rps)]
-    lines.append(f"{'chosen/default':<16}{ratios[0]:>10}{ratios[1]:>10}{ratios[2]:>15}{ratios[3]:>10}")
+    lines.append(f"{'chosen/default':<16}{ratios[0]:>{w}}{ratios[1]:>10}{ratios[2]:>15}{ratios[3]:>10}")
     return lines
 
 

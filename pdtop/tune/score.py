@@ -8,6 +8,8 @@
   TPOT ((end - first token) / (tokens - 1), vLLM's `--goodput tpot:MS`) meets the ITL SLO. There
   `itl_p99_s` is the p99 over requests of their TPOT (so a configuration meets the ITL SLO when 99% of
   its requests do), and prefill throughput counts the long prompts' tokens over the time they waited.
+  Where the server's decode rounds were read over the window (`RoundItls`, `round_reader`), `itl_p99_s` is
+  their ITL p99 instead, as on an engine, and goodput still counts each request's TPOT.
 
 Goodput is good requests per second of the window.
 """
@@ -20,6 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pdtop.analysis.metrics import percentile
+
+ITL, ROUNDS, TPOT, MIXED = "itl", "rounds", "tpot", "mixed"
+ITL_LABELS = {ITL: "ITL p99", ROUNDS: "ITL p99 (rounds)", TPOT: "TPOT p99", MIXED: "ITL/TPOT p99"}
 
 
 @dataclass(frozen=True)
@@ -34,6 +39,7 @@ class Measurement:
     requests: int = 0
     window_s: float = 0.0
     decode_only_itl_s: float = math.nan  # median decode step with every unit to decode, nothing else
+    itl_from: str = ITL  # what itl_p99_s is: ITL (an engine's tokens), ROUNDS (a server's), TPOT, or MIXED
 
 
 @dataclass(frozen=True)
@@ -117,24 +123,54 @@ class HttpSample:
                    int(d["output_tokens"]), int(d["prompt_tokens"]), [float(x) for x in d["itls_s"]])
 
 
+@dataclass(frozen=True)
+class RoundItls:
+    """ITLs of the decode rounds a server reported over a candidate's window (`round_reader.round_itls`)."""
+
+    itl_p50_s: float
+    itl_p99_s: float
+    rounds: int  # rounds with a decode batch
+    gaps: int  # ITLs counted (a gap once per request in its batch)
+
+    def to_json(self) -> dict[str, float | int]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> RoundItls:
+        return cls(float(d["itl_p50_s"]), float(d["itl_p99_s"]), int(d["rounds"]), int(d["gaps"]))
+
+
 @dataclass
 class HttpRun:
-    """A candidate's window over HTTP: the requests that finished in it, and why others failed."""
+    """A candidate's window over HTTP: the requests that finished in it, and why others failed; the
+    server's decode rounds over it where they were read, else why not (`no_rounds`)."""
 
     samples: list[HttpSample]
     window_s: float
     errors: list[str]  # distinct errors of requests that failed (they are not samples)
+    start: float = math.nan  # time.perf_counter() at the window's start (not kept in --results)
+    rounds: RoundItls | None = None
+    no_rounds: str = ""
 
 
 def score_http(run: HttpRun, slo: Slo) -> Measurement:
-    """Figures of an HTTP window: TPOT p99 over its requests (as `itl_p99_s`), TTFT p99, the long prompts'
-    prefill throughput, and goodput counted per request as vLLM's `--goodput` counts it."""
+    """Figures of an HTTP window: the server's rounds' ITL p99 where they were read, else TPOT p99 over its
+    requests (as `itl_p99_s`), TTFT p99, the long prompts' prefill throughput, and goodput counted per
+    request as vLLM's `--goodput` counts it."""
     longs = [s for s in run.samples if s.long]
     good = sum(s.good(slo) for s in run.samples)
     waits = covered_s((s.sent_s, s.sent_s + s.ttft_s) for s in longs)
+    itl, kind = ((percentile([s.tpot_s for s in run.samples if s.output_tokens > 1], 99), TPOT)
+                 if run.rounds is None else (run.rounds.itl_p99_s, ROUNDS))
     return Measurement(
-        itl_p99_s=percentile([s.tpot_s for s in run.samples if s.output_tokens > 1], 99),
+        itl_p99_s=itl, itl_from=kind,
         ttft_p99_s=percentile([s.ttft_s for s in run.samples], 99),
         prefill_tok_s=sum(s.prompt_tokens for s in longs) / waits if waits > 0 else math.nan,
         goodput_rps=good / run.window_s if run.window_s > 0 else math.nan, good=good,
         requests=len(run.samples), window_s=run.window_s)
+
+
+def itl_kind(ms: Iterable[Measurement]) -> str:
+    """What the ITL figures of `ms` are: one kind, or MIXED."""
+    kinds = {m.itl_from for m in ms}
+    return kinds.pop() if len(kinds) == 1 else MIXED

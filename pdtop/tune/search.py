@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pdtop.engine.errors import ConfigError
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
-from pdtop.tune.score import Measurement, Slo
+from pdtop.tune.score import Measurement, Slo, itl_kind
 from pdtop.tune.space import restart_key
 
 if TYPE_CHECKING:
@@ -144,7 +144,7 @@ def mean(ms: list[Measurement]) -> Measurement:
     first = ms[0]
     return dataclasses.replace(first, itl_p99_s=avg("itl_p99_s"), ttft_p99_s=avg("ttft_p99_s"),
                                prefill_tok_s=avg("prefill_tok_s"), goodput_rps=avg("goodput_rps"),
-                               good=round(statistics.fmean(m.good for m in ms)))
+                               good=round(statistics.fmean(m.good for m in ms)), itl_from=itl_kind(ms))
 
 
 # ---- the search -------------------------------------------------------------------------------

@@ -6,6 +6,10 @@ loaded over HTTP (`http_workload`) and scored per request (`score.score_http`).
   serve, SGLang with pdtop's plugin) is kept running, and a candidate with its SM counts is measured
   on it after a live `set` of the knobs that need no restart (`live_control`); only a candidate with
   other SM counts (`space.restart_key`) starts a new server. Without it, every candidate gets its own.
+- With `{control_port}` in CMD the server's decode rounds are also read, over a read-only connection of
+  their own (`round_reader`), during each candidate's window: the ITL p99 the SLO is held against is
+  theirs, as on pdtop's own engine. Without it, or where no round arrived (no hello within its connect
+  timeout, or no decode round in the window), each request's TPOT stands in, and the report says so once.
 - Each candidate's YAML (`dump_pdmux_config`, what the target SGLang reads) and server log are kept in
   the log directory as `candidate-NNN.yaml` / `.log`.
 - Every measurement is appended to `--results` (JSON lines, per-request samples, so a new SLO
@@ -38,7 +42,8 @@ from pdtop.engine.scheduling.pdmux_config import SGLANG_RELEASE, PdmuxConfig, du
 from pdtop.tune.http_workload import DatasetTraffic, run_dataset, run_http
 from pdtop.tune.live_control import LIVE_KEYS, ControlRefused, LiveControl
 from pdtop.tune.report import TuneReport
-from pdtop.tune.score import HttpRun, HttpSample, Measurement, Slo, score_http
+from pdtop.tune.round_reader import RoundReader
+from pdtop.tune.score import MIXED, ROUNDS, TPOT, HttpRun, HttpSample, Measurement, RoundItls, Slo, score_http
 from pdtop.tune.search import AdaptiveSearch, closest_trials, run_search
 from pdtop.tune.server_process import LaunchError, Server, free_port, substitute
 from pdtop.tune.space import TuneSpace, restart_key
@@ -49,6 +54,7 @@ if TYPE_CHECKING:
 FAILED = Measurement(math.nan, math.nan, math.nan, math.nan)
 RESULTS_VERSION = 1
 FIRST_FAILURES = 4  # launches that all fail, from the first: the command itself is broken; stop
+NO_CONTROL_PORT = "the command names no {control_port}, so the server's rounds cannot be read"
 
 
 @dataclass
@@ -108,12 +114,16 @@ class Outcome:
         else:
             out |= {"window_s": self.run.window_s, "errors": self.run.errors,
                     "samples": [s.to_json() for s in self.run.samples]}
+            out |= ({"rounds": self.run.rounds.to_json()} if self.run.rounds is not None else
+                    {"no_rounds": self.run.no_rounds})
         return out
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Outcome:
         config = PdmuxConfig(**d["config"])
-        run = (HttpRun([HttpSample.from_json(s) for s in d["samples"]], float(d["window_s"]), list(d["errors"]))
+        run = (HttpRun([HttpSample.from_json(s) for s in d["samples"]], float(d["window_s"]), list(d["errors"]),
+                       rounds=RoundItls.from_json(d["rounds"]) if d.get("rounds") else None,
+                       no_rounds=str(d.get("no_rounds", "measured before pdtop read rounds")))
                if d["ok"] else None)
         return cls(config, run, str(d.get("reason", "")), str(d.get("log_tail", "")), str(d.get("log", "")),
                    float(d.get("elapsed_s", 0.0)), bool(d.get("live", False)), int(d.get("launch", 0)))
@@ -164,6 +174,8 @@ class LaunchRunner:
     candidates: int = 0  # candidate numbers (files) used, this run's and earlier ones
     server: Server | None = None
     control: LiveControl | None = None
+    rounds: RoundReader | None = None  # the running server's rounds, where its control port speaks pdtop's protocol
+    no_rounds: str = ""  # else why not
     running: PdmuxConfig | None = None  # the configuration in force on `server`
     started: float = field(default_factory=time.monotonic)
     longest_s: float = 0.0  # the longest launch so far
@@ -249,6 +261,12 @@ class LaunchRunner:
                     self.control = LiveControl(control_port, os.environ.get("PDTOP_TOKEN"))
                 except EngineError:
                     self.control = None  # no live changes on this server: each candidate gets its own
+                try:
+                    self.rounds, self.no_rounds = RoundReader(control_port, os.environ.get("PDTOP_TOKEN")), ""
+                except EngineError as exc:  # measured all the same, on its requests' TPOT
+                    self.rounds, self.no_rounds = None, f"no round read: {exc}"
+            else:
+                self.no_rounds = NO_CONTROL_PORT
             outcome = self._measured(config, server, t0, live=False)
         except LaunchError as exc:
             outcome = Outcome(config, None, exc.reason, exc.log_tail, server.log_path, time.monotonic() - t0,
@@ -266,10 +284,15 @@ class LaunchRunner:
     def _measured(self, config: PdmuxConfig, server: Server, t0: float, live: bool) -> Outcome:
         plan = self.plan
         try:
+            if self.rounds is not None:
+                self.rounds.begin()
             run = (run_http(server.url, plan.scenario, plan.request_rate, self.prompts, plan.seed, plan.run_timeout_s)
                    if plan.dataset is None else
                    run_dataset(server.url, plan.dataset, plan.request_rate, plan.seed, plan.run_timeout_s))
             server.check_running("during the run")
+            run.rounds = self.rounds.window(run.start, run.start + run.window_s) if self.rounds is not None else None
+            run.no_rounds = "" if run.rounds is not None else (
+                self.no_rounds or "no decode round arrived from the control port in the window")
             if not run.samples:
                 raise server.fail("no request finished in the window" + (f": {run.errors[0]}" if run.errors else ""))
             return Outcome(config, run, log=server.log_path, elapsed_s=time.monotonic() - t0, live=live,
@@ -286,7 +309,10 @@ class LaunchRunner:
         if server is None or server is self.server:
             if self.control is not None:
                 self.control.close()
+            if self.rounds is not None:
+                self.rounds.close()
             server, self.server, self.control, self.running = server or self.server, None, None, None
+            self.rounds = None
         if server is not None:
             server.stop()
 
@@ -300,6 +326,8 @@ class LaunchReport:
     failures: list[Outcome]
     reused: int  # measurements of an earlier run (its study, or --results) used instead of measuring
     live: int  # candidates measured after a live change, without a new server
+    itl_from: str  # what the ITL figures are: ROUNDS, TPOT or MIXED (score.py)
+    itl_note: str  # one line: where they come from, and why TPOT stands in where it does
 
 
 Progress = Callable[[Outcome, Measurement, float], None]
@@ -346,7 +374,27 @@ def tune_launch(runner: LaunchRunner, guess: PdmuxConfig | None = None) -> Launc
                         [] if best is not None else closest_trials(trials, slo), run, space)
     failures = [o for o in runner.outcomes if o.run is None]
     return LaunchReport(report, noise, repeats, kept, failures, stored + runner.reused,
-                        sum(o.live for o in runner.outcomes))
+                        sum(o.live for o in runner.outcomes), *itl_note(runner.outcomes))
+
+
+def itl_note(outcomes: list[Outcome]) -> tuple[str, str]:
+    """What the ITL figures of the measured `outcomes` are (ROUNDS, TPOT or MIXED) and one line that says so,
+    with why TPOT stands in where it does (the first reason)."""
+    runs = [o.run for o in outcomes if o.run is not None]
+    if not runs:
+        return TPOT, "no candidate was measured"
+    tpot = [r for r in runs if r.rounds is None]
+    kind = ROUNDS if not tpot else TPOT if len(tpot) == len(runs) else MIXED
+    why = tpot[0].no_rounds if tpot else ""
+    if kind == ROUNDS:
+        line = ("ITL p99 from the server's decode rounds over each candidate's window (pdtop's protocol on "
+                "{control_port}), as pdtop's own engine counts ITL; goodput counts each request's TPOT")
+    elif kind == TPOT:
+        line = f"ITL column: each request's TPOT p99; {why}"
+    else:
+        line = (f"ITL/TPOT column: the server's decode rounds' ITL p99 for {len(runs) - len(tpot)} measurements, "
+                f"each request's TPOT p99 for {len(tpot)}; {why}")
+    return kind, line
 
 
 def _spread(values: list[float]) -> float:

@@ -1,6 +1,7 @@
 """A stand-in OpenAI-compatible server for `pdtop tune --launch` tests (stdlib only, starts at once).
 
     python standin_server.py --config FILE --port N [--pid-file F] [--faults F] [--child] [--gap-ms X]
+                             [--not-ws-port M]
 
 It reads the pdmux YAML it is given: each streamed token takes `--gap-ms` times
 `sm_group_num / 3` (so candidates differ), the first token a tenth of a millisecond per prompt
@@ -8,6 +9,8 @@ word more. `--pid-file` gets its pid (and its child's, with `--child`: a sleepin
 same group, as a real server's workers). `--faults` is a file of one mode a line; each start
 takes the first line off it: `ok`, `crash-start` (exit 3 at once), `never-healthy` (/health
 answers 503), `crash-mid` (exit 4 on the second completion request: the first is the warm-up).
+`--not-ws-port` serves the same HTTP on a second port, where a websocket client (the `{control_port}`
+of pdtop's protocol) gets 404: a control port that speaks something else.
 """
 from __future__ import annotations
 
@@ -39,6 +42,7 @@ def main() -> None:
     p.add_argument("--faults")
     p.add_argument("--child", action="store_true")
     p.add_argument("--gap-ms", type=float, default=2.0)
+    p.add_argument("--not-ws-port", type=int)
     args = p.parse_args()
     fault = take_fault(args.faults)
     pids = [os.getpid()]
@@ -109,6 +113,9 @@ def main() -> None:
             self.close_connection = True
 
     ThreadingHTTPServer.daemon_threads = True
+    if args.not_ws_port:
+        other = ThreadingHTTPServer(("127.0.0.1", args.not_ws_port), Handler)
+        threading.Thread(target=other.serve_forever, daemon=True).start()
     ThreadingHTTPServer(("127.0.0.1", args.port), Handler).serve_forever()
 
 

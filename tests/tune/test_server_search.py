@@ -7,6 +7,7 @@ import io
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from pdtop.cli import main
+from pdtop.tune.score import HttpRun, HttpSample, Slo, score_http
 
 STANDIN = Path(__file__).with_name("standin_server.py")
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,6 +80,24 @@ def test_candidates_are_launched_measured_and_stopped(tmp_path):
     assert len(logs) == 3 and "standin: fault ok" in logs[0].read_text()
     assert len(pids(tmp_path)) == 6  # each server and its child
     assert not [p for p in pids(tmp_path) if alive(p)]
+
+
+def test_without_control_port_the_itl_is_each_requests_tpot_and_the_report_says_so_once(tmp_path, capsys):
+    """No {control_port} in the command: no rounds to read, so the tables' column is TPOT p99 (each
+    request's TPOT, as the samples give it) and one line of the report says why; so does stderr, once."""
+    argv = ["tune", "--launch", standin(tmp_path), "--device", "cpu", "--slo-itl-ms", "50", "--workload", SMALL,
+            "--max-candidates", "2", "--results", str(tmp_path / "runs.jsonl"), "--out", str(tmp_path / "b.yaml")]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    lines, err = captured.out.splitlines(), captured.err.splitlines()
+    why = "the command names no {control_port}, so the server's rounds cannot be read"
+    assert [x for x in lines if why in x] == [f"ITL column: each request's TPOT p99; {why}"]
+    assert [x for x in err if why in x] == [f"pdtop tune: TPOT p99 stands in for ITL p99: {why}"]
+    assert any(x.split()[:4] == ["TPOT", "p99", "TTFT", "p99"] for x in lines)
+    assert not any("(rounds)" in x for x in lines)
+    recs = records(tmp_path)
+    assert len(recs) == 2 and all(r["no_rounds"] == why and "rounds" not in r for r in recs)
+    assert (tmp_path / "b.yaml").read_text().splitlines()[0].endswith("SLO TPOT p99 <= 50 ms")
 
 
 def test_a_crashed_or_unhealthy_candidate_is_recorded_and_the_search_goes_on(tmp_path):
@@ -231,7 +251,8 @@ def test_a_command_without_port_is_refused(capsys):
 
 def test_tune_launch_runs_pdtop_serve(tmp_path):
     """Real `pdtop serve` processes on a simulated H100: launched, loaded, stopped; the YAML written
-    is the chosen candidate's, which pdtop's loader reads back."""
+    is the chosen candidate's, which pdtop's loader reads back. Its rounds are read over {control_port}:
+    each candidate's ITL p99 is its rounds', not its requests' TPOT, and the report and YAML say so."""
     from pdtop.engine.scheduling.pdmux_config import load_pdmux_config
 
     command = (f"{sys.executable} -m pdtop serve --device sim:H100 --workload none --port {{control_port}} "
@@ -258,6 +279,24 @@ def test_tune_launch_runs_pdtop_serve(tmp_path):
     assert len({r["launch"] for r in recs}) == 2 and all(r["ok"] for r in recs)
     logs = sorted((tmp_path / "logs").glob("candidate-*.log"))
     assert len(logs) == 2 and all("api on http://" in p.read_text() for p in logs)
+    # the SLO held against the rounds' ITL p99 (round_reader; tests/tune/test_round_reader.py checks them
+    # against the requests' own token gaps): every measurement read rounds, and a candidate's figure is
+    # the mean of its measurements' rounds' p99, where its requests' TPOT p99 would be another figure
+    assert out["launch"]["itl_from"] == "rounds" and "decode rounds" in out["launch"]["itl_p99_ms_is"]
+    assert all(r["rounds"]["rounds"] > 0 and r["rounds"]["gaps"] > 0 for r in recs)
+    checked = 0
+    for c in out["candidates"]:  # those whose every measurement is of this configuration (not one alike)
+        mine = [r for r in recs if all(r["config"][k] == v for k, v in c["config"].items())]
+        if len(mine) == c["measured"]:
+            checked += 1
+            assert c["itl_p99_ms"] == pytest.approx(statistics.fmean(r["rounds"]["itl_p99_s"] for r in mine) * 1e3)
+    assert checked >= 2
+    tpots = [score_http(HttpRun([HttpSample.from_json(x) for x in r["samples"]], r["window_s"], []), Slo(1.0))
+             for r in recs]
+    assert all(m.itl_from == "tpot" for m in tpots)
+    assert any(m.itl_p99_s != pytest.approx(r["rounds"]["itl_p99_s"]) for m, r in zip(tpots, recs, strict=True))
+    head = (tmp_path / "best.yaml").read_text().splitlines()[:3]
+    assert head[0].endswith("SLO ITL p99 (rounds) <= 40 ms") and "decode rounds" in head[2]
     best = load_pdmux_config(str(tmp_path / "best.yaml"))
     yamls = [load_pdmux_config(str(p)) for p in sorted((tmp_path / "logs").glob("candidate-*.yaml"))]
     assert len(yamls) == len(recs) and best in yamls
@@ -403,3 +442,20 @@ def test_dataset_traffic_through_pdtop_serve(tmp_path, monkeypatch):
         assert r["ok"] and sorted(s["output_tokens"] for s in r["samples"]) == [o for _, o in rows]
         assert all(s["prompt_tokens"] > 0 for s in r["samples"])  # the chat template's, from the server's usage
     assert not processes_naming(str(tmp_path))
+
+
+def test_a_control_port_that_is_no_pdtop_protocol_falls_back_to_tpot_and_says_why(tmp_path, capsys):
+    """{control_port} named, but what listens there answers HTTP 404 to a websocket: no live changes, no
+    rounds, and the candidate is measured all the same, on TPOT, with the reason said once."""
+    command = standin(tmp_path, "--not-ws-port", "{control_port}")
+    argv = ["tune", "--launch", command, "--device", "cpu", "--slo-itl-ms", "50", "--workload", SMALL,
+            "--max-candidates", "1", "--results", str(tmp_path / "runs.jsonl")]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    err = [x for x in captured.err.splitlines() if "stands in" in x]
+    assert len(err) == 1 and err[0].startswith("pdtop tune: TPOT p99 stands in for ITL p99: no round read: no "
+                                               "pdtop protocol on control port ")
+    assert "404" in err[0]
+    recs = records(tmp_path)
+    assert recs and all(r["ok"] and r["no_rounds"] == err[0].split("ITL p99: ", 1)[1] for r in recs)
+    assert [x for x in captured.out.splitlines() if x.startswith("ITL column: each request's TPOT p99; no round")]
