@@ -3,9 +3,12 @@
 Checked with pydantic in strict mode (no "5" for 5, no NaN or infinities); the first problem
 is a 400 naming its field. A body is first counted (`body_shape`): one that would take long to
 parse is refused before it is. Fields of OpenAI's API that pdtop does not implement are accepted
-only at their default value (`n: 1`, no logprobs, no tools, ...), so a client never silently
-gets less than it asked for; fields OpenAI does not have are ignored, as vLLM does (except
-vLLM's `ignore_eos`, which pdtop implements).
+only at their default value (`n: 1`, no top logprobs, no tools, ...), so a client never silently
+gets less than it asked for; fields OpenAI does not have are ignored, as vLLM does, except vLLM's
+sampling extensions, which pdtop implements with vLLM 0.33's meaning and range: `ignore_eos`,
+`top_k`, `min_p`, `repetition_penalty`, `min_tokens`, `stop_token_ids`,
+`include_stop_str_in_output`. A completion's `logprobs: 0` gives each sampled token's
+log-probability, as vLLM 0.33 does.
 """
 from __future__ import annotations
 
@@ -21,6 +24,11 @@ from pdtop.api.errors import bad_request
 MAX_BODY_BYTES = 8 << 20  # a whole 128K-token prompt as token ids fits
 MAX_STOP = 16  # stop strings per request
 MAX_STOP_CHARS = 256
+MAX_STOP_TOKEN_IDS = 1024  # stop_token_ids per request (vLLM has no bound; pdtop bounds what a body costs)
+
+VLLM_FIELDS = frozenset(("ignore_eos", "top_k", "min_p", "repetition_penalty", "min_tokens", "stop_token_ids",
+                         "include_stop_str_in_output"))  # vLLM's extensions: their 400s say whose rule
+VLLM_RULE = "as vLLM 0.33 takes it"
 
 # OpenAI fields pdtop does not implement -> the values that mean "not used" (type and value must match)
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
@@ -65,7 +73,14 @@ class _Common(_Strict):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    ignore_eos: bool = False  # vLLM's extension: generate max_tokens whatever the model says
+    # vLLM's extensions, with vLLM 0.33's meaning and range (`SamplingParams` in pdtop/engine/request.py)
+    ignore_eos: bool = False  # generate max_tokens whatever the model says
+    top_k: int | None = Field(None, ge=-1)  # 0 or -1: off
+    min_p: float | None = Field(None, ge=0, le=1)
+    repetition_penalty: float | None = Field(None, gt=0)
+    min_tokens: int = Field(0, ge=0)
+    stop_token_ids: list[int] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
+    include_stop_str_in_output: bool = False
 
     @property
     def stops(self) -> list[str]:
@@ -83,6 +98,11 @@ class ChatRequest(_Common):
 
 class CompletionRequest(_Common):
     prompt: str | list[int] | list[str] | list[list[int]]  # the lists of prompts: of one (prompts.py)
+    logprobs: bool | int | None = None  # 0: each sampled token's; more than 0 is refused (`UNSUPPORTED`)
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return type(self.logprobs) is int
 
 
 Body = TypeVar("Body", ChatRequest, CompletionRequest)
@@ -115,7 +135,8 @@ def parse_body(raw: bytes, content_type: str | None, model: type[Body]) -> Body:
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         param = _param(first["loc"])
-        raise bad_request(param, first["msg"]) from None
+        where = (param or "").split(".")[0]
+        raise bad_request(param, first["msg"] + (f" ({where} {VLLM_RULE})" if where in VLLM_FIELDS else "")) from None
     stops = body.stops
     if len(stops) > MAX_STOP or any(not s or len(s) > MAX_STOP_CHARS for s in stops):
         raise bad_request("stop", f"at most {MAX_STOP} strings of 1..{MAX_STOP_CHARS} characters")
