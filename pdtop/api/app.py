@@ -25,7 +25,7 @@ from pdtop.api.answers import answer
 from pdtop.api.errors import APIError, bad_request
 from pdtop.api.metrics import EngineMetrics
 from pdtop.api.prompts import chat_prompt, completion_prompts
-from pdtop.api.schemas import MAX_BODY_BYTES, VLLM_RULE, Body, ChatRequest, CompletionRequest, parse_body
+from pdtop.api.schemas import MAX_BODY_BYTES, VLLM, VLLM_FIELDS, Body, ChatRequest, CompletionRequest, parse_body
 from pdtop.api.streams import Chunk, Completion, Mailbox
 from pdtop.engine.errors import PromptError, QueueFullError
 from pdtop.engine.request import SamplingParams
@@ -71,13 +71,13 @@ class Served:
             raise bad_request(name, f"{max_tokens} + {prompt_tokens} prompt tokens exceed the model's context of "
                                     f"{self.context} tokens")
         if body.min_tokens > max_tokens:
-            raise bad_request("min_tokens", f"min_tokens must be less than or equal to max_tokens={max_tokens}, got "
-                                            f"{body.min_tokens} ({VLLM_RULE})")
+            raise bad_request("min_tokens", f"{body.min_tokens} is over max_tokens={max_tokens} "
+                                            f"({VLLM} takes {VLLM_FIELDS['min_tokens']})")
         vocab = self.engine.executor.cfg.vocab
         stop_ids = frozenset(body.stop_token_ids or ())
         if bad := sorted(t for t in stop_ids if not 0 <= t < vocab)[:8]:
-            raise bad_request("stop_token_ids", f"token id(s) {bad} in stop_token_ids are outside the vocabulary "
-                                                f"(size {vocab}) ({VLLM_RULE})")
+            raise bad_request("stop_token_ids", f"token id(s) {bad} outside the vocabulary of {vocab} "
+                                                f"({VLLM} takes {VLLM_FIELDS['stop_token_ids']})")
         seed = body.seed if body.seed is not None else secrets.randbits(63)
         params = SamplingParams(temperature=body.temperature, top_p=body.top_p, seed=seed, max_tokens=max_tokens,
                                 ignore_eos=body.ignore_eos, top_k=body.top_k or 0, min_p=body.min_p or 0.0,

@@ -26,9 +26,13 @@ MAX_STOP = 16  # stop strings per request
 MAX_STOP_CHARS = 256
 MAX_STOP_TOKEN_IDS = 1024  # stop_token_ids per request (vLLM has no bound; pdtop bounds what a body costs)
 
-VLLM_FIELDS = frozenset(("ignore_eos", "top_k", "min_p", "repetition_penalty", "min_tokens", "stop_token_ids",
-                         "include_stop_str_in_output"))  # vLLM's extensions: their 400s say whose rule
-VLLM_RULE = "as vLLM 0.33 takes it"
+VLLM = "vLLM 0.33"  # whose meaning and ranges the extensions below follow; their 400s say so
+VLLM_FIELDS = {  # vLLM's extensions -> what vLLM 0.33 takes
+    "ignore_eos": "a boolean", "include_stop_str_in_output": "a boolean",
+    "top_k": "an integer, 0 or -1 (off) or at least 1", "min_p": "a number in [0, 1]",
+    "repetition_penalty": "a finite number above 0", "min_tokens": "an integer in [0, max_tokens]",
+    "stop_token_ids": "a list of the model's token ids",
+}
 
 # OpenAI fields pdtop does not implement -> the values that mean "not used" (type and value must match)
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
@@ -79,7 +83,7 @@ class _Common(_Strict):
     min_p: float | None = Field(None, ge=0, le=1)
     repetition_penalty: float | None = Field(None, gt=0)
     min_tokens: int = Field(0, ge=0)
-    stop_token_ids: list[int] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
+    stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
 
     @property
@@ -135,11 +139,14 @@ def parse_body(raw: bytes, content_type: str | None, model: type[Body]) -> Body:
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         param = _param(first["loc"])
-        where = (param or "").split(".")[0]
-        raise bad_request(param, first["msg"] + (f" ({where} {VLLM_RULE})" if where in VLLM_FIELDS else "")) from None
+        takes = VLLM_FIELDS.get((param or "").split(".")[0])
+        raise bad_request(param, first["msg"] + (f" ({VLLM} takes {takes})" if takes else "")) from None
     stops = body.stops
     if len(stops) > MAX_STOP or any(not s or len(s) > MAX_STOP_CHARS for s in stops):
         raise bad_request("stop", f"at most {MAX_STOP} strings of 1..{MAX_STOP_CHARS} characters")
+    if len(body.stop_token_ids or ()) > MAX_STOP_TOKEN_IDS:
+        raise bad_request("stop_token_ids", f"at most {MAX_STOP_TOKEN_IDS} ids (pdtop's bound on what a request "
+                                            f"costs; {VLLM} has none)")
     return body
 
 
