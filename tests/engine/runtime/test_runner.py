@@ -367,6 +367,8 @@ def test_penalty_min_tokens_and_stop_tokens_in_the_sampler_and_the_stop_rule():
     assert append_token(held, 1, 0.0, eos) and held.finish_reason == "eos"  # a stop token ends it
     ignoring = Request(4, [1], SamplingParams(ignore_eos=True, stop_token_ids=frozenset({2})))
     assert not append_token(ignoring, 0, 0.0, eos) and append_token(ignoring, 2, 0.0, eos)
+    early = Request(5, [1], SamplingParams(min_tokens=1, stop_token_ids=frozenset({2})))  # as a simulator's token
+    assert not append_token(early, 2, 0.0, eos) and append_token(early, 2, 0.0, eos)
 
 
 def test_top_p_keeps_only_the_nucleus():
