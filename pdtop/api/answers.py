@@ -21,7 +21,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from pdtop.api.errors import APIError
-from pdtop.api.streams import Chunk, Completion
+from pdtop.api.streams import Chunk, Completion, TokenLogprobs
 
 if TYPE_CHECKING:  # annotations only
     from pdtop.api.schemas import ChatRequest, CompletionRequest
@@ -38,12 +38,15 @@ async def answer(request: Request, model_id: str, abort: Callable[[Completion], 
         return StreamingResponse(_events(abort, choices, shape, prompt_tokens, body.include_usage),
                                  media_type="text/event-stream")
     texts: list[list[str]] = [[] for _ in choices]
+    logprobs: list[list[TokenLogprobs]] = [[] for _ in choices]
     lasts: dict[int, Chunk] = {}
 
     async def collect() -> None:
         while len(lasts) < len(choices):
             chunk = await choices[0].queue.get()
             texts[chunk.index].append(chunk.text)
+            if chunk.logprobs is not None:
+                logprobs[chunk.index].append(chunk.logprobs)
             if chunk.finish_reason is not None:
                 lasts[chunk.index] = chunk
 
@@ -55,7 +58,7 @@ async def answer(request: Request, model_id: str, abort: Callable[[Completion], 
     if error is not None:
         raise APIError(500, f"the engine rejected the request: {error}", type="server_error")
     return JSONResponse(shape.whole(["".join(t) for t in texts], [lasts[i] for i in range(len(choices))],
-                                    prompt_tokens))
+                                    prompt_tokens, [TokenLogprobs.joined(lp) if lp else None for lp in logprobs]))
 
 
 async def _events(abort: Callable[[Completion], None], choices: list[Completion], shape: _Shape, prompt_tokens: int,
@@ -80,7 +83,8 @@ async def _events(abort: Callable[[Completion], None], choices: list[Completion]
                     failed = True
                     break
                 content = {"content": chunk.text} if shape.chat else chunk.text
-                frames.append(_sse(shape.chunk(content, chunk.finish_reason, include_usage, chunk.index)))
+                frames.append(_sse(shape.chunk(content, chunk.finish_reason, include_usage, chunk.index,
+                                               chunk.logprobs)))
                 if not running or queue.empty():
                     break
                 chunk = queue.get_nowait()
@@ -130,8 +134,10 @@ class _Shape:
     def _head(self, obj: str) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def chunk(self, content: Any, finish_reason: str | None, include_usage: bool, index: int = 0) -> dict[str, Any]:
-        choice = {"index": index, ("delta" if self.chat else "text"): content, "logprobs": None,
+    def chunk(self, content: Any, finish_reason: str | None, include_usage: bool, index: int = 0,
+              logprobs: TokenLogprobs | None = None) -> dict[str, Any]:
+        choice = {"index": index, ("delta" if self.chat else "text"): content,
+                  "logprobs": None if logprobs is None else logprobs.openai(),
                   "finish_reason": finish_reason}
         out = {**self._head("chat.completion.chunk" if self.chat else "text_completion"), "choices": [choice]}
         if include_usage:
@@ -142,14 +148,15 @@ class _Shape:
         return {**self._head("chat.completion.chunk" if self.chat else "text_completion"), "choices": [],
                 "usage": _usage(prompt_tokens, completion_tokens)}
 
-    def whole(self, texts: list[str], lasts: list[Chunk], prompt_tokens: int) -> dict[str, Any]:
+    def whole(self, texts: list[str], lasts: list[Chunk], prompt_tokens: int,
+              logprobs: list[TokenLogprobs | None]) -> dict[str, Any]:
         choices = []
-        for i, (text, last) in enumerate(zip(texts, lasts, strict=True)):
+        for i, (text, last, lp) in enumerate(zip(texts, lasts, logprobs, strict=True)):
             if self.chat:
                 choice: dict[str, Any] = {"index": i, "message": {"role": "assistant", "content": text}}
             else:
                 choice = {"index": i, "text": text}
-            choice.update(logprobs=None, finish_reason=last.finish_reason)
+            choice.update(logprobs=None if lp is None else lp.openai(), finish_reason=last.finish_reason)
             choices.append(choice)
         return {**self._head(self.object), "choices": choices,
                 "usage": _usage(prompt_tokens, sum(last.completion_tokens for last in lasts))}

@@ -25,7 +25,7 @@ from pdtop.api.answers import answer
 from pdtop.api.errors import APIError, bad_request
 from pdtop.api.metrics import EngineMetrics
 from pdtop.api.prompts import chat_prompt, completion_prompts
-from pdtop.api.schemas import MAX_BODY_BYTES, Body, ChatRequest, CompletionRequest, parse_body
+from pdtop.api.schemas import MAX_BODY_BYTES, VLLM, VLLM_FIELDS, Body, ChatRequest, CompletionRequest, parse_body
 from pdtop.api.streams import Chunk, Completion, Mailbox
 from pdtop.engine.errors import PromptError, QueueFullError
 from pdtop.engine.request import SamplingParams
@@ -46,6 +46,7 @@ class Served:
     def __init__(self, engine: Engine, tokenizer: Tokenizer, metrics: EngineMetrics):
         self.engine, self.tokenizer, self.metrics = engine, tokenizer, metrics
         self.model_id: str = engine.model_name
+        self.root: str = engine.model_path  # vLLM's `root`: what the model was loaded from (its bench reads it)
         self.context: int = engine.executor.cfg.max_context
         self.created = int(time.time())
         self._mailbox: Mailbox | None = None  # made on the event loop, at the first request
@@ -69,9 +70,20 @@ class Served:
         elif max_tokens > room:
             raise bad_request(name, f"{max_tokens} + {prompt_tokens} prompt tokens exceed the model's context of "
                                     f"{self.context} tokens")
+        if body.min_tokens > max_tokens:
+            raise bad_request("min_tokens", f"{body.min_tokens} is over max_tokens={max_tokens} "
+                                            f"({VLLM} takes {VLLM_FIELDS['min_tokens']})")
+        vocab = self.engine.executor.cfg.vocab
+        stop_ids = frozenset(body.stop_token_ids or ())
+        if bad := sorted(t for t in stop_ids if not 0 <= t < vocab)[:8]:
+            raise bad_request("stop_token_ids", f"token id(s) {bad} outside the vocabulary of {vocab} "
+                                                f"({VLLM} takes {VLLM_FIELDS['stop_token_ids']})")
         seed = body.seed if body.seed is not None else secrets.randbits(63)
         params = SamplingParams(temperature=body.temperature, top_p=body.top_p, seed=seed, max_tokens=max_tokens,
-                                ignore_eos=body.ignore_eos)
+                                ignore_eos=body.ignore_eos, top_k=body.top_k or 0, min_p=body.min_p or 0.0,
+                                repetition_penalty=body.repetition_penalty or 1.0, min_tokens=body.min_tokens,
+                                stop_token_ids=stop_ids,
+                                logprobs=isinstance(body, CompletionRequest) and body.wants_logprobs)
         try:
             self.engine.executor.check_request(prompt_tokens, params)
         except PromptError as exc:
@@ -86,18 +98,20 @@ class Served:
         choices: list[Completion] = []
         try:
             for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
-                choices.append(self._start(prompt, p, body.stops, queue, i))
+                choices.append(self._start(prompt, p, body, queue, i))
         except APIError:
             for c in choices:
                 self.abort(c)
             raise
         return choices
 
-    def _start(self, prompt_ids: list[int], params: SamplingParams, stops: list[str], queue: asyncio.Queue[Chunk],
-               index: int) -> Completion:
+    def _start(self, prompt_ids: list[int], params: SamplingParams, body: ChatRequest | CompletionRequest,
+               queue: asyncio.Queue[Chunk], index: int) -> Completion:
         if self._mailbox is None:
             self._mailbox = Mailbox(asyncio.get_running_loop())
-        completion = Completion(self._mailbox, self.tokenizer, stops, queue, index)
+        completion = Completion(self._mailbox, self.tokenizer, body.stops, queue, index,
+                                include_stop=body.include_stop_str_in_output, min_tokens=params.min_tokens,
+                                logprobs=params.logprobs)
         self.answering.add(completion)
         try:
             completion.request = self.engine.enqueue(prompt_ids, params, source="api",
@@ -157,7 +171,8 @@ def create_app(served: Served, quiet: QuietLog | None = None) -> FastAPI:
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": served.model_id, "object": "model", "created": served.created,
-                                            "owned_by": "pdtop", "max_model_len": served.context}]}
+                                            "owned_by": "pdtop", "root": served.root, "parent": None,
+                                            "max_model_len": served.context}]}
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:

@@ -3,9 +3,12 @@
 Checked with pydantic in strict mode (no "5" for 5, no NaN or infinities); the first problem
 is a 400 naming its field. A body is first counted (`body_shape`): one that would take long to
 parse is refused before it is. Fields of OpenAI's API that pdtop does not implement are accepted
-only at their default value (`n: 1`, no logprobs, no tools, ...), so a client never silently
-gets less than it asked for; fields OpenAI does not have are ignored, as vLLM does (except
-vLLM's `ignore_eos`, which pdtop implements).
+only at their default value (`n: 1`, no top logprobs, no tools, ...), so a client never silently
+gets less than it asked for; fields OpenAI does not have are ignored, as vLLM does, except vLLM's
+sampling extensions, which pdtop implements with vLLM 0.33's meaning and range: `ignore_eos`,
+`top_k`, `min_p`, `repetition_penalty`, `min_tokens`, `stop_token_ids`,
+`include_stop_str_in_output`. A completion's `logprobs: 0` gives each sampled token's
+log-probability, as vLLM 0.33 does.
 """
 from __future__ import annotations
 
@@ -21,6 +24,15 @@ from pdtop.api.errors import bad_request
 MAX_BODY_BYTES = 8 << 20  # a whole 128K-token prompt as token ids fits
 MAX_STOP = 16  # stop strings per request
 MAX_STOP_CHARS = 256
+MAX_STOP_TOKEN_IDS = 1024  # stop_token_ids per request (vLLM has no bound; pdtop bounds what a body costs)
+
+VLLM = "vLLM 0.33"  # whose meaning and ranges the extensions below follow; their 400s say so
+VLLM_FIELDS = {  # vLLM's extensions -> what vLLM 0.33 takes
+    "ignore_eos": "a boolean", "include_stop_str_in_output": "a boolean",
+    "top_k": "an integer, 0 or -1 (off) or at least 1", "min_p": "a number in [0, 1]",
+    "repetition_penalty": "a finite number above 0", "min_tokens": "an integer in [0, max_tokens]",
+    "stop_token_ids": "a list of the model's token ids",
+}
 
 # OpenAI fields pdtop does not implement -> the values that mean "not used" (type and value must match)
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
@@ -65,7 +77,14 @@ class _Common(_Strict):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    ignore_eos: bool = False  # vLLM's extension: generate max_tokens whatever the model says
+    # vLLM's extensions, with vLLM 0.33's meaning and range (`SamplingParams` in pdtop/engine/request.py)
+    ignore_eos: bool = False  # generate max_tokens whatever the model says
+    top_k: int | None = Field(None, ge=-1)  # 0 or -1: off
+    min_p: float | None = Field(None, ge=0, le=1)
+    repetition_penalty: float | None = Field(None, gt=0)
+    min_tokens: int = Field(0, ge=0)
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
 
     @property
     def stops(self) -> list[str]:
@@ -83,6 +102,11 @@ class ChatRequest(_Common):
 
 class CompletionRequest(_Common):
     prompt: str | list[int] | list[str] | list[list[int]]  # the lists of prompts: of one (prompts.py)
+    logprobs: bool | int | None = None  # 0: each sampled token's; more than 0 is refused (`UNSUPPORTED`)
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return type(self.logprobs) is int
 
 
 Body = TypeVar("Body", ChatRequest, CompletionRequest)
@@ -115,10 +139,14 @@ def parse_body(raw: bytes, content_type: str | None, model: type[Body]) -> Body:
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         param = _param(first["loc"])
-        raise bad_request(param, first["msg"]) from None
+        takes = VLLM_FIELDS.get((param or "").split(".")[0])
+        raise bad_request(param, first["msg"] + (f" ({VLLM} takes {takes})" if takes else "")) from None
     stops = body.stops
     if len(stops) > MAX_STOP or any(not s or len(s) > MAX_STOP_CHARS for s in stops):
         raise bad_request("stop", f"at most {MAX_STOP} strings of 1..{MAX_STOP_CHARS} characters")
+    if len(body.stop_token_ids or ()) > MAX_STOP_TOKEN_IDS:
+        raise bad_request("stop_token_ids", f"at most {MAX_STOP_TOKEN_IDS} ids (pdtop's bound on what a request "
+                                            f"costs; {VLLM} has none)")
     return body
 
 

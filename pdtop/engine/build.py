@@ -108,7 +108,7 @@ def build_engine(device: str = "auto", model: str | None = None, config: PdmuxCo
         table = SplitTable.for_gpu(spec.sms, spec.cc_major, config)
         dev: Device = SimDevice(spec, table.groups)
         executor: SimExecutor | ModelRunner = SimExecutor(cfg, kv_capacity_tokens or 1 << 20)
-        prompts, name = PromptMaker(None, seed), cfg.name
+        prompts, name, path = PromptMaker(None, seed), cfg.name, model or "synthetic:qwen3-8b"
     else:
         from pdtop.engine.runtime.runner import ModelRunner
 
@@ -142,10 +142,10 @@ def build_engine(device: str = "auto", model: str | None = None, config: PdmuxCo
             dev.close()
             raise
         executor = runner
-        prompts, name = PromptMaker(tokenizer.encode if tokenizer else None, seed), runner.cfg.name
+        prompts, name, path = PromptMaker(tokenizer.encode if tokenizer else None, seed), runner.cfg.name, source
     wl = Workload(workload, start=dev.now()) if isinstance(workload, WorkloadSpec) else workload
     return Engine(device=dev, executor=executor, table=table, config=config, policy=policy, workload=wl,
-                  prompts=prompts, model_name=name, temperature=temperature, seed=seed, limits=limits,
+                  prompts=prompts, model_name=name, model_path=path, temperature=temperature, seed=seed, limits=limits,
                   tokenizer=tokenizer, link=link)
 
 

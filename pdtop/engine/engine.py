@@ -67,9 +67,10 @@ class Engine(Generic[S]):
 
     def __init__(self, *, device: Device, executor: Executor[S], table: SplitTable, config: PdmuxConfig,
                  policy: str, workload: Workload | None, prompts: PromptMaker, model_name: str,
-                 temperature: float = 0.0, seed: int = 0, limits: QueueLimits | None = None,
-                 tokenizer: Tokenizer | None = None, link: Link | None = None):
+                 model_path: str | None = None, temperature: float = 0.0, seed: int = 0,
+                 limits: QueueLimits | None = None, tokenizer: Tokenizer | None = None, link: Link | None = None):
         self.device, self.executor, self.model_name = device, executor, model_name
+        self.model_path = model_path or model_name  # what it was loaded from: a GGUF file, `synthetic:NAME`
         self.scheduler = Scheduler(device, executor, table, config, policy, link=link)
         self.workload = workload
         self.prompts = prompts

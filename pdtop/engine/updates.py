@@ -18,6 +18,7 @@ class TokenUpdate:
     tokens: list[int]
     finish_reason: str | None = None  # "eos" | "length" | "stop" | "abort" | "rejected" on the last update
     error: str | None = None  # why it was rejected
+    logprobs: list[float] | None = None  # each new token's, when the request asked (`SamplingParams.logprobs`)
 
 
 OnUpdate = Callable[[TokenUpdate], "bool | None"]  # True: end the request now, finish reason "stop"
@@ -50,7 +51,8 @@ class Watchers:
             req = w.req
             n = len(req.output_ids)
             if n > w.sent or req.finished:
-                update = TokenUpdate(req.output_ids[w.sent:n], req.finish_reason if req.finished else None, req.error)
+                update = TokenUpdate(req.output_ids[w.sent:n], req.finish_reason if req.finished else None, req.error,
+                                     req.logprobs[w.sent:n] if req.params.logprobs else None)
                 w.sent = n
                 try:
                     wants_stop = w.on_update(update)

@@ -7,6 +7,7 @@ import threading
 import httpx
 import pytest
 
+from pdtop.api.schemas import VLLM_FIELDS
 from pdtop.engine.build import build_engine
 from pdtop.engine.scheduling.admission import QueueLimits
 
@@ -41,6 +42,18 @@ CASES = [  # (path, body, the field the error names)
     ("/completions", {"prompt": "hi", "n": 2}, "n"),
     ("/completions", {"prompt": "hi", "logprobs": 3}, "logprobs"),
     ("/completions", {"prompt": "hi", "stop": [""]}, "stop"),
+    ("/completions", {"prompt": "hi", "logprobs": 1}, "logprobs"),
+    ("/completions", {"prompt": "hi", "top_k": -2}, "top_k"),
+    ("/completions", {"prompt": "hi", "top_k": 1.5}, "top_k"),
+    ("/completions", {"prompt": "hi", "min_p": 1.5}, "min_p"),
+    ("/completions", {"prompt": "hi", "repetition_penalty": 0}, "repetition_penalty"),
+    ("/completions", {"prompt": "hi", "min_tokens": -1}, "min_tokens"),
+    ("/completions", {"prompt": "hi", "max_tokens": 4, "min_tokens": 5}, "min_tokens"),
+    ("/completions", {"prompt": "hi", "stop_token_ids": [10**9]}, "stop_token_ids"),
+    ("/completions", {"prompt": "hi", "stop_token_ids": ["a"]}, "stop_token_ids.0"),
+    ("/completions", {"prompt": "hi", "stop_token_ids": [1] * 1025}, "stop_token_ids"),
+    ("/chat/completions", {**CHAT, "include_stop_str_in_output": "yes"}, "include_stop_str_in_output"),
+    ("/chat/completions", {**CHAT, "logprobs": True}, "logprobs"),
     ("/chat/completions", {"messages": "Hi"}, "messages"),
     ("/chat/completions", {"messages": [{"role": "wizard", "content": "Hi"}]}, "messages.0.role"),
     ("/chat/completions", {**CHAT, "max_completion_tokens": 0}, "max_completion_tokens"),
@@ -55,6 +68,8 @@ def test_bad_fields_are_400_naming_the_field(live, path, body, field):
     assert r.status_code == 400, r.text
     err = _error(r)
     assert err["param"] == field and err["message"].startswith(field + ":") and err["type"] == "invalid_request_error"
+    if field.split(".")[0] in VLLM_FIELDS:  # vLLM's extensions: the rule is vLLM 0.33's, and the error says so
+        assert "vLLM 0.33" in err["message"], err["message"]
 
 
 def test_malformed_json_wrong_content_type_and_unknown_model(live):

@@ -48,6 +48,10 @@ class Executor(ABC, Generic[S]):
         params.validate()
         if prompt_tokens < 1:
             raise PromptError("empty prompt: a request needs at least one token")
+        bad = [t for t in params.stop_token_ids if not 0 <= t < self.cfg.vocab]
+        if bad:  # vLLM 0.33's rule: they index the logits (`min_tokens` masks them)
+            raise PromptError(f"token id(s) {bad[:8]} in stop_token_ids are outside the vocabulary "
+                              f"(0..{self.cfg.vocab - 1})")
         context = self.cfg.max_context
         if prompt_tokens + params.max_tokens > context:
             raise PromptError(f"prompt of {prompt_tokens} tokens + max_tokens {params.max_tokens} exceeds the "

@@ -182,7 +182,7 @@ class ModelRunner(Executor[PrefillState]):
             b.data.index_copy_(3, bt, a.data.index_select(3, at).to(b.data.device))
 
     def _sample(self, logits: torch.Tensor, reqs: list[Request]) -> list[int]:
-        return sample(logits, [r.params for r in reqs], [r.generator for r in reqs])
+        return sample(logits, reqs, self.cfg.eos_ids)
 
     def _tensor(self, values: list[int] | np.ndarray) -> torch.Tensor:
         return torch.as_tensor(np.asarray(values, dtype=np.int64), device=self.model.device)
@@ -327,7 +327,7 @@ class ModelRunner(Executor[PrefillState]):
             state.reqs[0].num_cached = sum(state.span)
             return []
         assert state.logits is not None
-        tokens = sample(state.logits, [r.params for r in state.reqs], [r.generator for r in state.reqs], state.greedy)
+        tokens = sample(state.logits, state.reqs, self.cfg.eos_ids, state.greedy)
         for r in state.reqs:
             r.num_cached = r.prompt_len
         return tokens

@@ -15,11 +15,15 @@ def append_token(req: Request, token: int, now: float, eos_ids: Sequence[int]) -
     """Append one sampled token at time `now`; True when that finishes the request.
 
     The one place a request's status moves past prefill and "finished" is decided:
-    on an end-of-sequence token (unless `ignore_eos`) or at `max_tokens`.
+    on an end-of-sequence token (unless `ignore_eos`) or one of its `stop_token_ids` (both "eos",
+    as vLLM 0.33 stops on either before it looks at the length), or at `max_tokens`. The sampler
+    keeps `min_tokens` by masking those tokens; the simulator samples nothing, so here too none
+    of them ends a request before its `min_tokens`.
     """
     req.output_ids.append(token)
     req.token_times.append(now)
-    if not req.params.ignore_eos and token in eos_ids:
+    if ((not req.params.ignore_eos and token in eos_ids) or token in req.params.stop_token_ids) \
+            and len(req.output_ids) > req.params.min_tokens:
         req.status, req.finish_reason = RequestStatus.FINISHED, "eos"
     elif len(req.output_ids) >= req.params.max_tokens:
         req.status, req.finish_reason = RequestStatus.FINISHED, "length"

@@ -311,8 +311,11 @@ def test_prefill_on_one_thread_while_decode_runs_on_another(runner, prompts, alo
     assert [s.output_ids for s in dec + pre] == alone[1]
 
 
-def test_seeded_sampling_does_not_depend_on_batching(runner, prompts):
-    p = {"temperature": 0.9, "top_p": 0.95, "seed": 1234}
+@pytest.mark.parametrize("p", [{"temperature": 0.9, "top_p": 0.95, "seed": 1234},
+                               {"temperature": 0.9, "top_p": 0.95, "seed": 1234, "top_k": 20, "min_p": 0.05,
+                                "repetition_penalty": 1.3, "min_tokens": 6, "logprobs": True}],
+                         ids=["plain", "vLLM's extensions"])
+def test_seeded_sampling_does_not_depend_on_batching(runner, prompts, p):
     r = runner()
     lone = admit(r, prompts[1], params(12, **p))
     take(r, [lone], r.prefill([lone]))
@@ -325,8 +328,47 @@ def test_seeded_sampling_does_not_depend_on_batching(runner, prompts):
     take(r, batch, r.prefill(batch))
     finish(r, [*others, again])
     assert again.output_ids == lone.output_ids
+    assert len(again.logprobs) == (12 if p.get("logprobs") else 0)
+    assert again.logprobs == pytest.approx(lone.logprobs, abs=LOGIT_ATOL)
     seeds = {tuple(s.output_ids) for s in others}
     assert len(seeds) > 1
+
+
+def test_top_k_and_min_p_narrow_what_is_sampled():
+    from pdtop.engine.model.sampling import sample_one
+
+    logits = torch.tensor([5.0, 4.0, 3.9, -1.0, -2.0])  # p ~ 0.58, 0.21, 0.19, ...
+    gen = torch.Generator().manual_seed(0)
+
+    def seen(**kw) -> set[int]:
+        return {sample_one(logits, SamplingParams(temperature=1.0, **kw), gen) for _ in range(300)}
+
+    assert seen(top_k=2) == {0, 1} and seen(top_k=1) == {0}
+    assert seen(top_k=0) >= {0, 1, 2} and seen(top_k=-1) >= {0, 1, 2}  # off, as vLLM 0.33 reads 0 and -1
+    assert seen(min_p=0.3) == {0, 1, 2} and seen(min_p=1.0) == {0}
+    # vLLM's order: min_p, then top_k, then top_p over what is left (0.73 of it: tokens 0 and 1 of 0, 1, 2)
+    assert seen(top_k=3, top_p=0.7) == {0, 1}
+
+
+def test_penalty_min_tokens_and_stop_tokens_in_the_sampler_and_the_stop_rule():
+    from pdtop.engine.model.sampling import sample
+
+    logits = torch.tensor([[3.0, 2.0, -1.0, -1.5, 0.5]] * 3)
+    eos = (0,)
+    penalized = Request(1, [0, 3], SamplingParams(repetition_penalty=2.0))  # 3.0 -> 1.5, -1.5 -> -3.0
+    held = Request(2, [1], SamplingParams(min_tokens=2, stop_token_ids=frozenset({1}), logprobs=True))
+    plain = Request(3, [1], SamplingParams())
+    assert sample(logits, [penalized, held, plain], eos) == [1, 4, 0]  # held: 0 (eos) and 1 (stop) masked
+    assert held.logprobs == [pytest.approx(float(torch.log_softmax(logits[1], -1)[4]))]  # the raw logits'
+    append_token(held, 4, 0.0, eos)
+    assert sample(logits[:1], [held], eos) == [4]
+    append_token(held, 4, 0.0, eos)
+    assert sample(logits[:1], [held], eos) == [0]  # two tokens: no longer masked
+    assert append_token(held, 1, 0.0, eos) and held.finish_reason == "eos"  # a stop token ends it
+    ignoring = Request(4, [1], SamplingParams(ignore_eos=True, stop_token_ids=frozenset({2})))
+    assert not append_token(ignoring, 0, 0.0, eos) and append_token(ignoring, 2, 0.0, eos)
+    early = Request(5, [1], SamplingParams(min_tokens=1, stop_token_ids=frozenset({2})))  # as a simulator's token
+    assert not append_token(early, 2, 0.0, eos) and append_token(early, 2, 0.0, eos)
 
 
 def test_top_p_keeps_only_the_nucleus():
