@@ -141,6 +141,32 @@ def test_bad_arguments_exit_2_with_one_line(args, words, capsys):
     assert len(lines) == 1 and words in lines[0], err
 
 
+@pytest.mark.parametrize("command, args, words", [
+    # issue 42 item 19: each started and served, every workload request rejected or the dtype ignored
+    (["serve"], ["--kv-tokens", "100"], "the KV cache (96 tokens) cannot hold the workload's largest request "
+                                        "(8192-token prompt + 1024 output tokens): each would be rejected; "
+                                        "give --kv-tokens 9216 or more, or --workload none"),
+    (["serve"], ["--dtype", "gguf"], "dtype gguf (compute on the file's quantized blocks) runs on the CPU, "
+                                     "not a sim: device"),
+    (["serve"], ["--dtype", "float32"], "dtype float32 runs on cpu or cuda; a sim: device models bfloat16"),
+    ([], ["--dtype", "gguf"], "runs on the CPU, not a sim: device"),  # the dashboard, before its engine starts
+])
+def test_an_engine_that_could_not_do_what_is_asked_does_not_start(command, args, words):
+    port = ["--port", "0"] if command else []
+    out = subprocess.run([*PDTOP, *command, "--device", "sim:H100", *port, *args],
+                         capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    lines = out.stderr.splitlines()
+    assert out.returncode == 2 and out.stdout == "" and len(lines) == 1, out.stderr
+    assert lines[0].startswith(f"pdtop {command[0] if command else 'dashboard'}: error: ") and words in lines[0]
+
+
+def test_serve_with_a_small_cache_and_no_workload_starts(procs):
+    """`--workload none` sends nothing the cache must hold: API requests are checked one by one."""
+    serve = start("serve", "--device", "sim:H100", "--port", "0", "--kv-tokens", "100", "--workload", "none")
+    procs.append(serve)
+    url_of(serve)
+
+
 @pytest.mark.parametrize("flag", ["--port", "--api-port"])
 def test_a_port_in_use_is_reported_before_the_model_loads(flag):
     """Issue 25 item 20: on cpu it was reported only after the model loaded (seconds)."""
