@@ -116,6 +116,23 @@ def test_record_stops_after_duration_and_closes_the_file(tmp_path, procs):
     assert not rec.truncated and rec.hello["engine"]["policy"] == "chunked"
 
 
+@pytest.mark.parametrize("scheme", ["http", "ws"])
+def test_record_with_nothing_listening_says_nothing_was_recorded(scheme, tmp_path):
+    """Issue 42 item 19: `record http://...` with nothing listening exited 0 after --duration and wrote nothing."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"{scheme}://127.0.0.1:{s.getsockname()[1]}"
+    path = tmp_path / "never.ndjson"
+    out = subprocess.run([*PDTOP, "record", url, "-o", str(path), "--duration", "1"],
+                         capture_output=True, text=True, timeout=60)
+    last = out.stderr.splitlines()[-1]
+    assert out.returncode == 1 and not path.exists(), out.stderr
+    assert last.startswith(f"pdtop record: error: nothing recorded: {url}") and "never answered: connection refused" \
+        in last and last.endswith(f"; {path} was not written")
+
+
 @pytest.mark.parametrize("args, words", [
     (["serve", "--port", "70000"], "--port"),
     (["serve", "--host", "0.0.0.0"], "needs --token"),
