@@ -185,4 +185,5 @@ class DispatchApp(App[None]):
         else:
             note = ""
         token = self.source.token if isinstance(self.source, LiveSource) else None
-        self.push_screen(HelpScreen(offered, note, api_words(self.state.api, token, self.state.readonly)))
+        api = None if self.replay else self.state.api  # a recording's server is not there to call (as the header)
+        self.push_screen(HelpScreen(offered, note, api_words(api, token, self.state.readonly)))
