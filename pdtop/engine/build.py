@@ -78,15 +78,13 @@ def default_dtype(kind: str, model: str | None = None) -> str:
 
 
 def check_dtype(kind: str, dtype: str | None) -> None:
-    """DeviceError for a `dtype` the device kind cannot run: a sim: device models bfloat16 weights and KV
-    (its roofline's 2 bytes an element), and gguf's quantized kernels are the CPU's."""
-    if dtype is None or (kind == "sim" and dtype == "bfloat16") or kind not in ("sim", "cuda"):
+    """DeviceError for a `dtype` a sim: device cannot model: it prices bfloat16 weights and KV (its roofline's
+    2 bytes an element); gguf's quantized kernels are the CPU's (on cuda the loader says so)."""
+    if kind != "sim" or dtype in (None, "bfloat16"):
         return
     if dtype == "gguf":
-        raise DeviceError(f"dtype gguf (compute on the file's quantized blocks) runs on the CPU, not "
-                          f"{'a sim: device' if kind == 'sim' else kind}")
-    if kind == "sim":
-        raise DeviceError(f"dtype {dtype} runs on cpu or cuda; a sim: device models bfloat16 weights and KV cache")
+        raise DeviceError("dtype gguf (compute on the file's quantized blocks) runs on the CPU, not a sim: device")
+    raise DeviceError(f"dtype {dtype} runs on cpu or cuda; a sim: device models bfloat16 weights and KV cache")
 
 
 def check_workload(executor: SimExecutor | ModelRunner, workload: WorkloadSpec) -> None:
