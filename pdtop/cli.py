@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
         module = importlib.import_module(module_name)
         p = sub.add_parser(name, help=help_text, description=(module.__doc__ or help_text).strip())
         module.add_arguments(p)
-        p.set_defaults(_run=module.run)
+        p.set_defaults(_run=module.run, _parser=p)
     return parser
 
 
@@ -56,7 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     if (not argv or argv[0].startswith("-")) and not {"-h", "--help", "--version"} & set(argv):
         argv = ["dashboard", *argv]  # `pdtop --device sim:H100` means the dashboard
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # the subcommand's usage and name, not the top level's (`pdtop kv --bogus`)
+        args._parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return int(args._run(args) or 0)
     except KeyboardInterrupt:  # Ctrl+C: one line, then the shell's 128 + SIGINT

@@ -107,6 +107,31 @@ def disagg_row(spec: GpuSpec, cfg: ModelConfig, prompt: int, itl: float, link: L
                        gpus=2, transfer_ms=xfer * 1e3, kv_mb=kv / 1e6, link_gb_s=link.gb_s)
 
 
+def out_of_range(spec: GpuSpec, cfg: ModelConfig, decode_bs: int, context: int, prompt: int,
+                 s_sats: Sequence[float]) -> list[str]:
+    """What in these inputs is outside the range the estimate means anything in, one sentence each: an
+    S_SAT above the GPU's SMs, a context or prompt past the model's, KV the GPU cannot hold. The rows
+    are still priced (the roofline does not care); a person reading them should know."""
+    out = [f"S_SAT {_num(s)} is more than the {spec.name}'s {spec.sms} SMs: decode would never saturate its "
+           f"bandwidth, while the decode-only row has it do so on all {spec.sms}; S_SAT means something up to "
+           f"{spec.sms}" for s in dict.fromkeys(s_sats) if s > spec.sms]
+    for what, tokens in (("each decode request's context", context), ("the prompt", prompt)):
+        if tokens > cfg.max_context:
+            out.append(f"{what} ({tokens:,} tokens) is longer than {cfg.name}'s context ({cfg.max_context:,} tokens)")
+    if spec.mem_gib is not None:
+        memory = spec.mem_gib * 2**30
+        shown = f"the {spec.name}'s memory ({spec.mem_gib:g} GiB, {memory / 1e9:,.1f} GB)"
+        prompt_kv = float(kv_bytes(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, prompt, dtype_bytes=2))
+        resident = decode_bytes(cfg, [context] * decode_bs) + prompt_kv  # the weights and every request's KV
+        if prompt_kv > memory:
+            out.append(f"the prompt's KV ({prompt_kv / 1e9:,.1f} GB) is more than {shown}: no GPU of these "
+                       "could hold it, to prefill, send or receive")
+        elif resident > memory:
+            out.append(f"the weights, the decode batch's KV and the prompt's KV ({resident / 1e9:,.1f} GB) are more "
+                       f"than {shown}: every row assumes they fit on one GPU")
+    return out
+
+
 HEADINGS = ("approach", "decode ITL", "prefill time", "tokens per decode request during the prefill")
 
 

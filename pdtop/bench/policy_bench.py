@@ -30,7 +30,7 @@ from typing import Any
 from pdtop.analysis.metrics import gaps_since, percentile, summary_ms
 from pdtop.engine.devices.base import Work
 from pdtop.engine.engine import Engine
-from pdtop.engine.errors import EngineError
+from pdtop.engine.errors import EngineError, PromptError
 from pdtop.engine.records import RoundRecord
 from pdtop.engine.request import BlockTable, Request, RequestStatus
 
@@ -234,16 +234,37 @@ def _segment(engine: Engine, sc: Scenario, seg: int, obs: Observer) -> tuple[Req
     return req, steps, start
 
 
+def decode_max_tokens(engine: Engine, sc: Scenario) -> int:
+    """The decode requests' max_tokens: the scenario's, within the model's context."""
+    return min(engine.executor.cfg.max_context - sc.decode_prompt, sc.decode_tokens)
+
+
+def check_fits(engine: Engine, sc: Scenario) -> None:
+    """PromptError (one line) when the scenario's prompts do not fit the model's context or its requests
+    the KV cache, before any request is sent (`pdtop bench` and `pdtop tune` alike): a long prompt past
+    the context would be rejected mid-run, and requests the cache cannot hold would wait for KV forever."""
+    cfg, pool = engine.executor.cfg, engine.executor.pool
+    for what, tokens in (("decode prompt", sc.decode_prompt + 1), ("long prompt", sc.long_tokens + sc.long_max_tokens)):
+        if tokens > cfg.max_context:
+            raise PromptError(f"the workload's {what} ({tokens} tokens with its output) is longer than the model's "
+                              f"context ({cfg.max_context} tokens)")
+    # the long prompts come one after another, each done a few rounds after its first token: count those
+    # held at once (`Scenario.long_at_once`), not all of them
+    budget = decode_max_tokens(engine, sc)
+    need = sc.kv_tokens(budget, pool.block_size)
+    if need > pool.capacity_tokens:
+        raise PromptError(f"the workload does not fit the KV cache: the scenario needs {need:,} KV tokens "
+                          f"({sc.decode_bs} decode requests of {sc.decode_prompt}+{budget}, {sc.long_at_once} long "
+                          f"prompts at once of {sc.long_tokens}+{sc.long_max_tokens}); the cache holds "
+                          f"{pool.capacity_tokens:,}: raise --kv-tokens or --gpu-memory-fraction, or lower --decode-bs")
+
+
 def run_policy(engine: Engine, sc: Scenario, progress: Progress | None = None,
                observer: Observer | None = None) -> PolicyRun:
     say = progress or (lambda _: None)
     obs = observer or Observer()
-    budget = min(engine.executor.cfg.max_context - sc.decode_prompt, sc.decode_tokens)
-    need, capacity = sc.kv_tokens(budget, engine.executor.pool.block_size), engine.executor.kv_usage()[1]
-    if need > capacity:  # it would wait for KV forever: say so before starting
-        raise EngineError(f"the scenario needs {need:,} KV tokens ({sc.decode_bs} requests of {sc.decode_prompt}+"
-                          f"{budget}, {sc.long_at_once} of {sc.long_tokens} at once); the cache holds {capacity:,}: "
-                          "raise --kv-tokens or --gpu-memory-fraction, or lower --decode-bs")
+    check_fits(engine, sc)
+    budget = decode_max_tokens(engine, sc)
     decoders = [engine.submit(engine.prompts.make(sc.decode_prompt), budget, ignore_eos=True)
                 for _ in range(sc.decode_bs)]
     step_until_first_tokens(engine, decoders)

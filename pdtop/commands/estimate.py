@@ -10,21 +10,26 @@ A last row prices PD disaggregation 1P1D over --link: the prompt prefilled on a 
 whole GPU, then its KV (tokens x 2 x layers x kv_heads x head_dim x 2 bytes) sent to the
 decode GPU at the link's bandwidth; decode keeps the decode-only ITL. It costs twice the
 GPUs and the transfer on TTFT, and buys no interference at all.
+
+Inputs outside what the model means (an S_SAT above the GPU's SMs, a prompt or context longer
+than the model's, KV more than the GPU's memory) are said on stderr, one line each, and the
+table is printed all the same.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from pdtop.commands.common import fail, number_list, positive_int
+from pdtop.engine.roofline.gpu_specs import CUSTOM_HELP
 from pdtop.engine.roofline.kv import LINK_HELP
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--gpu", default="H100",
-                        help="H100 (SXM), H200, A100, H20, or custom:sms=132,cc=9.0,bw=3.35e12,flops=989e12"
-                        "[,bw_eff=0.85,mfu=0.5,name=X] (default: H100)")
+                        help=f"H100 (SXM), H200, A100, H20, or {CUSTOM_HELP} (default: H100)")
     parser.add_argument("--model", default="qwen3-8b",
                         help="synthetic model shapes: qwen3-8b, llama3.1-8b, smollm2-135m (default: qwen3-8b)")
     parser.add_argument("--decode-bs", default="32", help="requests in decode (default: 32)")
@@ -46,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pdtop.analysis.estimate import estimate, format_table, notes
+    from pdtop.analysis.estimate import estimate, format_table, notes, out_of_range
     from pdtop.engine.errors import EngineError
     from pdtop.engine.model.config import synthetic_config
     from pdtop.engine.roofline.gpu_specs import parse_gpu
@@ -66,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
         rows = estimate(spec, cfg, decode_bs, context, prompt, chunks, s_sats, config, link)
     except (ValueError, EngineError) as exc:  # ValueError: this command's own argument parsing
         return fail("estimate", exc)
+    for problem in out_of_range(spec, cfg, decode_bs, context, prompt, s_sats):
+        print(f"pdtop estimate: warning: {problem}", file=sys.stderr)
     if args.json:
         print(json.dumps({"rows": [r.to_dict() for r in rows]}))
         return 0

@@ -4,7 +4,9 @@ requests of each context fit in a memory size.
 A token needs 2 (K and V) x layers x KV heads x head_dim x bytes an element, in every
 layer; a request of S tokens S times that. The model's shape comes from a GGUF file's
 metadata (no weights are read), a synthetic: name, or --layers/--kv-heads/--head-dim.
-The KV cache's element type is --dtype, whatever the weights are stored in. Examples:
+The KV cache's element type is --dtype, whatever the weights are stored in: fp8 is vLLM's
+and SGLang's --kv-cache-dtype fp8 (one byte an element; their per-tensor scales are a few
+floats a layer, not counted). Examples:
   pdtop kv --layers 64 --kv-heads 8 --head-dim 128 --memory-gib 80   (Qwen2.5-32B, GQA)
   pdtop kv --model synthetic:llama3.1-8b --context 8192,131072 --json
 """
@@ -16,7 +18,14 @@ import math
 from typing import Any
 
 from pdtop.commands.common import INPUT_ERRORS, fail, number_list, positive_int
-from pdtop.engine.roofline.kv import DTYPE_BYTES, kv_bytes, kv_bytes_per_token, parse_dtype_bytes, requests_fit
+from pdtop.engine.roofline.kv import (
+    DTYPE_BYTES,
+    DTYPE_HELP,
+    kv_bytes,
+    kv_bytes_per_token,
+    parse_dtype_bytes,
+    requests_fit,
+)
 
 GIB = 1024**3
 SHAPE_FLAGS = ("--layers", "--kv-heads", "--head-dim")
@@ -32,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-heads", metavar="H", help="the shape without a model: KV heads (GQA/MQA share them)")
     parser.add_argument("--head-dim", metavar="D", help="the shape without a model: dimensions of a head")
     parser.add_argument("--dtype", default="bfloat16",
-                        help="the KV cache's element type: bfloat16, float32, or N bytes (2, 1) (default: bfloat16)")
+                        help=f"the KV cache's element type: {DTYPE_HELP} (default: bfloat16)")
     parser.add_argument("--context", default="8192,32768",
                         help="tokens of a request, comma-separated (default: 8192,32768)")
     parser.add_argument("--memory-gib", metavar="GIB",
@@ -116,7 +125,7 @@ def report(name: str | None, layers: int, kv_heads: int, head_dim: int, heads: i
     data = {"bytes_per_token": per_token, "contexts": rows}
 
     shape = f"{layers} layers x {kv_heads} KV heads x head_dim {head_dim}"
-    element = f"{dtype.strip().lower()} ({dtype_bytes} bytes)" if dtype.strip().lower() in DTYPE_BYTES \
+    element = f"{dtype.strip().lower()} ({_plural(dtype_bytes, 'byte')})" if dtype.strip().lower() in DTYPE_BYTES \
         else f"{_plural(dtype_bytes, 'byte')} an element"
     per = f"{per_token:,} bytes" + (f" ({size(per_token)})" if per_token >= 1024 else "")
     lines = [f"KV cache of {f'{name} ({shape})' if name else shape}, {element}:",

@@ -6,7 +6,8 @@ its time in seconds since the recording started. It is flushed at least once a s
 so a killed recorder loses at most the last second. If the connection drops, recording
 goes on after the reconnect (the new hello is written as an event). Replay it with
 `pdtop replay FILE`. Stops on Ctrl-C, or after --duration seconds. If the file cannot be
-written (a full disk), it says so in one line and exits 1; a token in the URL is never printed.
+written (a full disk), or it stops before the server ever answered (so there is nothing to
+write), it says so in one line and exits 1; a token in the URL is never printed.
 
 An http:// URL is a server's Prometheus /metrics (vLLM, SGLang with --enable-metrics, or
 `pdtop serve --api-port`): it is polled every --interval seconds and each scrape recorded as a
@@ -163,9 +164,14 @@ async def _record(args: argparse.Namespace, fleet: FleetSource | None = None) ->
         code = fail("record", redacted(f"{shown}: {exc}", args.url))
     finally:
         timer.cancel()
+        why = source.last_error
         await source.close()
         if not task.done():
             task.cancel()
+        if recorder is None and code == 0:  # stopped (--duration, Ctrl-C) before the server ever answered
+            said = f"never answered: {why}" if why else "sent no hello"
+            code = fail("record", redacted(f"nothing recorded: {shown} {said}; {args.output} was not written",
+                                           args.url), code=1)
         if recorder is not None:
             failed = recorder.closed  # a write failed and was reported above
             try:

@@ -122,14 +122,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check_inputs(args: argparse.Namespace) -> PdmuxConfig:
-    """The pdmux config, once the device (for cuda: that the GPU is there), --speed and the --config
+    """The pdmux config, once the device (for cuda: that the GPU is there), --dtype, --speed and the --config
     file are checked the way `serve` checks them (EngineError or OSError naming the problem). Cheap,
     and without torch for `auto`, so the dashboard calls it before its UI starts; the model is
     checked when the engine is built."""
-    from pdtop.engine.build import parse_device
+    from pdtop.engine.build import check_dtype, parse_device
 
     device = args.device or "auto"
     kind = "auto" if device == "auto" else parse_device(device).kind  # auto picks cuda or cpu, never sim
+    check_dtype(kind, getattr(args, "dtype", None))
     speed = getattr(args, "speed", None)
     if speed is not None:
         if kind != "sim":

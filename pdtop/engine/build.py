@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from pdtop.engine.devices.base import Device
 from pdtop.engine.engine import Engine
-from pdtop.engine.errors import DeviceError, EngineError
+from pdtop.engine.errors import DeviceError, EngineError, PromptError
 from pdtop.engine.roofline.gpu_specs import CUSTOM_HELP, SPECS, GpuSpec, parse_gpu
 from pdtop.engine.roofline.kv import Link
 from pdtop.engine.runtime.executor import SimExecutor
@@ -77,6 +77,29 @@ def default_dtype(kind: str, model: str | None = None) -> str:
     return "float32"
 
 
+def check_dtype(kind: str, dtype: str | None) -> None:
+    """DeviceError for a `dtype` a sim: device cannot model: it prices bfloat16 weights and KV (its roofline's
+    2 bytes an element); gguf's quantized kernels are the CPU's (on cuda the loader says so)."""
+    if kind != "sim" or dtype in (None, "bfloat16"):
+        return
+    if dtype == "gguf":
+        raise DeviceError("dtype gguf (compute on the file's quantized blocks) runs on the CPU, not a sim: device")
+    raise DeviceError(f"dtype {dtype} runs on cpu or cuda; a sim: device models bfloat16 weights and KV cache")
+
+
+def check_workload(executor: SimExecutor | ModelRunner, workload: WorkloadSpec) -> None:
+    """PromptError when the workload's largest request could never run on `executor` (past the model's
+    context, or more KV than the whole cache): every one would be rejected as it arrives."""
+    prompt, output = workload.largest_request()
+    need, context, pool = prompt + output, executor.cfg.max_context, executor.pool
+    what = f"the workload's largest request ({prompt}-token prompt + {output} output tokens)"
+    if need > context:
+        raise PromptError(f"{what} is longer than the model's context ({context} tokens)")
+    if pool.blocks_for(need) > pool.num_blocks:
+        raise PromptError(f"the KV cache ({pool.capacity_tokens} tokens) cannot hold {what}: each would be rejected; "
+                          f"give --kv-tokens {pool.blocks_for(need) * pool.block_size} or more, or --workload none")
+
+
 def build_engine(device: str = "auto", model: str | None = None, config: PdmuxConfig | None = None,
                  policy: str = DEFAULT_POLICY, workload: WorkloadSpec | Workload | None = None, seed: int = 0,
                  dtype: str | None = None, kv_capacity_tokens: int | None = None, temperature: float = 0.0,
@@ -97,6 +120,7 @@ def build_engine(device: str = "auto", model: str | None = None, config: PdmuxCo
     where = parse_device(device)
     if policy == "disagg" and where.kind == "cuda":
         raise DeviceError(DISAGG_ON_CUDA)
+    check_dtype(where.kind, dtype)
     tokenizer: Tokenizer | None = None  # the model file's; synthetic and simulated models have none
     if where.gpu is not None:  # sim:GPU
         from pdtop.engine.devices.sim import SimDevice
@@ -143,6 +167,12 @@ def build_engine(device: str = "auto", model: str | None = None, config: PdmuxCo
             raise
         executor = runner
         prompts, name, path = PromptMaker(tokenizer.encode if tokenizer else None, seed), runner.cfg.name, source
+    if isinstance(workload, WorkloadSpec):
+        try:
+            check_workload(executor, workload)
+        except PromptError:
+            dev.close()
+            raise
     wl = Workload(workload, start=dev.now()) if isinstance(workload, WorkloadSpec) else workload
     return Engine(device=dev, executor=executor, table=table, config=config, policy=policy, workload=wl,
                   prompts=prompts, model_name=name, model_path=path, temperature=temperature, seed=seed, limits=limits,

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from pdtop.analysis.metrics import percentile
-from pdtop.bench.policy_bench import Scenario, step_until_first_tokens
+from pdtop.bench.policy_bench import Scenario, check_fits, decode_max_tokens, step_until_first_tokens
 from pdtop.engine.engine import Engine
-from pdtop.engine.errors import EngineError, FieldError, PromptError
+from pdtop.engine.errors import EngineError, FieldError
 from pdtop.engine.request import Request
 from pdtop.engine.scheduling.commands import Set
 from pdtop.engine.scheduling.pdmux_config import SGLANG_RELEASE, PdmuxConfig
@@ -42,28 +42,6 @@ UNMEASURED = Measurement(math.nan, math.nan, math.nan, math.nan)
 
 class DecodeRanOut(EngineError):
     """The decode requests finished before the long prompts did: the window cannot be measured."""
-
-
-def decode_max_tokens(engine: Engine, sc: Scenario) -> int:
-    """The decode requests' max_tokens: the scenario's, within the model's context."""
-    return min(engine.executor.cfg.max_context - sc.decode_prompt, sc.decode_tokens)
-
-
-def check_fits(engine: Engine, sc: Scenario) -> None:
-    """PromptError (one line) when the scenario's prompts do not fit the context or its requests the KV cache."""
-    cfg, pool = engine.executor.cfg, engine.executor.pool
-    for what, tokens in (("decode prompt", sc.decode_prompt + 1), ("long prompt", sc.long_tokens + sc.long_max_tokens)):
-        if tokens > cfg.max_context:
-            raise PromptError(f"the workload's {what} ({tokens} tokens with its output) is longer than the model's "
-                              f"context ({cfg.max_context} tokens)")
-    # the long prompts come one after another, each done a few rounds after its first token: as
-    # `pdtop bench`, count those held at once (`Scenario.long_at_once`), not all of them
-    need = (sc.decode_bs * pool.blocks_for(sc.decode_prompt + decode_max_tokens(engine, sc))
-            + sc.long_at_once * pool.blocks_for(sc.long_tokens + sc.long_max_tokens))
-    if need > pool.num_blocks:
-        raise PromptError(f"the workload does not fit the KV cache: {sc.decode_bs} decode requests and "
-                          f"{sc.long_at_once} long prompts at once need {need * pool.block_size} tokens, the cache "
-                          f"holds {pool.capacity_tokens}")
 
 
 def changes_to(engine: Engine, config: PdmuxConfig) -> dict[str, Any]:

@@ -13,11 +13,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pdtop.bench.policy_bench import Scenario
+from pdtop.bench.policy_bench import Scenario, check_fits
 from pdtop.engine.engine import Engine
 from pdtop.engine.errors import EngineError
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
-from pdtop.tune.engine_search import check_fits, measure, tune
+from pdtop.tune.engine_search import measure, tune
 from pdtop.tune.report import describe_config
 from pdtop.tune.score import Measurement, Slo
 

@@ -220,6 +220,8 @@ class PdtopApp(ReplayActions):
         for panel in main.query(Panel):
             panel.paint(view, force)
         self.state.shown_level = view.level
+        if self.state.pending_level == view.level:  # the pin a press asked for is on screen
+            self.state.pending_level = None
         if transport is not None:
             main.query_one(ReplayBar).paint(transport)
 

@@ -15,7 +15,7 @@ from textual.app import App, SystemCommand
 from textual.binding import Binding, BindingType
 from textual.screen import Screen
 
-from pdtop.engine.scheduling.commands import ENGINE_COMMANDS, PinLevel
+from pdtop.engine.scheduling.commands import ENGINE_COMMANDS, AutoLevel, PinLevel
 from pdtop.telemetry.server.commands import Command, RecordStart, RecordStop
 from pdtop.telemetry.sources.live import LiveSource
 from pdtop.telemetry.sources.source import ControlRefused, Source
@@ -120,6 +120,8 @@ class DispatchApp(App[None]):
             except ValueError as exc:
                 self.notify(f"{key.description}: {exc}", title="not sent", severity="warning")
                 return
+            if isinstance(command, (PinLevel, AutoLevel)):
+                self.state.pending_level = command.level if isinstance(command, PinLevel) else None
             self.run_worker(self._send(command), group="control", exit_on_error=False)
         elif key.arg is not None:
             getattr(self, f"action_{key.action}")(value)
@@ -135,11 +137,13 @@ class DispatchApp(App[None]):
         try:
             reply = await self.source.send(command)
         except ControlRefused as exc:
+            self._not_pending(command)
             field = f"{exc.field}: " if exc.field else ""
             self.notify(f"{said}: {field}{exc.reason}", title="refused", severity="error", timeout=8)
             self._learn_recording(command, exc.reason)
             return
         except Exception as exc:
+            self._not_pending(command)
             self.notify(f"{said}: {type(exc).__name__}: {exc}", title="not sent", severity="error", timeout=8)
             return
         done = said if reply.change is None else change_words(reply.change, self.state) or f"{said} (already so)"
@@ -155,6 +159,11 @@ class DispatchApp(App[None]):
             case _:
                 self.notify(done, title="applied", timeout=4)
         self.state.version += 1
+
+    def _not_pending(self, command: Command) -> None:
+        """A pin that was not applied: + and - step from the screen again."""
+        if isinstance(command, PinLevel) and self.state.pending_level == command.level:
+            self.state.pending_level = None
 
     def _learn_recording(self, command: Command, reason: str) -> None:
         """A refused start or stop says what the server records (someone else started or stopped it)."""
@@ -185,4 +194,5 @@ class DispatchApp(App[None]):
         else:
             note = ""
         token = self.source.token if isinstance(self.source, LiveSource) else None
-        self.push_screen(HelpScreen(offered, note, api_words(self.state.api, token, self.state.readonly)))
+        api = None if self.replay else self.state.api  # a recording's server is not there to call (as the header)
+        self.push_screen(HelpScreen(offered, note, api_words(api, token, self.state.readonly)))

@@ -166,10 +166,10 @@ def parse_seconds(text: str) -> float:
 
 def _level_step(delta: int) -> Build:
     """Pin the level next to the one on screen (under auto the engine's own level moves each round:
-    the operator steps from what they see)."""
+    the operator steps from what they see), or next to the one a press just asked for."""
     def build(state: DashboardState, _value: Any) -> Command:
         n = len(state.levels)
-        level = state.shown_level if state.shown_level is not None else state.level
+        level = next((x for x in (state.pending_level, state.shown_level, state.level) if x is not None), None)
         if n == 0 or level is None:
             raise ValueError("no split level known yet")
         target = level + delta

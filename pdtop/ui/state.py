@@ -88,6 +88,9 @@ class DashboardState:
     disagg: DisaggState | None = None  # under disagg: the prefill instance and the link (the latest round's)
     transfers: deque[KvTransfer] = field(default_factory=lambda: deque(maxlen=256))  # the latest KV transfers
     shown_level: int | None = None  # the level on screen at the last repaint: what + and - step from
+    # the level + or - last pinned, until the screen shows it or it is refused: a second press before the
+    # engine's next round steps from it (three quick presses are three levels, not one)
+    pending_level: int | None = None
 
     rounds: deque[RoundPoint] = field(default_factory=deque)
     ttfts: deque[float] = field(default_factory=deque)

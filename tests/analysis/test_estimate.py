@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from pdtop.analysis.estimate import estimate, text_cells
+from pdtop.analysis.estimate import estimate, out_of_range, text_cells
 from pdtop.engine.model.config import synthetic_config
-from pdtop.engine.roofline.gpu_specs import SPECS
+from pdtop.engine.roofline.gpu_specs import SPECS, parse_gpu
 from pdtop.engine.scheduling.pdmux_config import PdmuxConfig
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,7 +63,7 @@ def run_cli(*args):
 
 def test_estimate_command_text_and_json():
     text = run_cli("--link", "none")  # the seed's table alone (the default adds a PD disaggregation row)
-    assert text.returncode == 0, text.stderr
+    assert text.returncode == 0 and text.stderr == "", text.stderr  # the seed's inputs are all in range
     body = text.stdout.splitlines()
     assert "approach" in body[1] and "decode ITL" in body[1] and "prefill time" in body[1]
     cells = [re.split(r"\s{2,}", line.strip()) for line in body[2:]]
@@ -94,3 +94,34 @@ def test_estimate_command_bad_values(args, word):
     assert out.returncode == 2 and out.stdout == ""
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and word in lines[0]
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--s-sat", "44,500"], ["S_SAT 500 is more than the H100's 132 SMs"]),
+    (["--prompt", "1000000"],  # 147 GB of KV: the seed's "an 80 GB GPU" cannot hold it
+     ["the prompt (1,000,000 tokens) is longer than synthetic:qwen3-8b's context (40,960 tokens)",
+      "the prompt's KV (147.5 GB) is more than the H100's memory (80 GiB, 85.9 GB)"]),
+    (["--decode-bs", "256", "--context", "8192"],
+     ["the weights, the decode batch's KV and the prompt's KV (325.6 GB) are more than the H100's memory"]),
+])
+def test_inputs_outside_the_physical_range_are_said_and_still_priced(args, words):
+    """Issue 42 item 19: `--s-sat 500` on 132 SMs and a 147 GB KV transfer on an 80 GB GPU passed without
+    a word. Each is a warning line on stderr; the table (or --json) is printed as before."""
+    for fmt in ([], ["--json"]):
+        out = run_cli(*args, *fmt)
+        lines = out.stderr.splitlines()
+        assert out.returncode == 0 and len(lines) == len(words), out.stderr
+        for line, w in zip(lines, words, strict=True):
+            assert line.startswith("pdtop estimate: warning: ") and w in line
+        assert (json.loads(out.stdout)["rows"] if fmt else "approach" in out.stdout)
+
+
+def test_a_custom_gpu_names_its_memory():
+    assert parse_gpu("custom:sms=132,cc=9.0,bw=3e12,flops=1e15,mem_gib=24").mem_gib == 24
+    assert parse_gpu("custom:sms=132,cc=9.0,bw=3e12,flops=1e15").mem_gib is None  # unknown: nothing is said
+    small = parse_gpu("custom:sms=132,cc=9.0,bw=3e12,flops=1e15,mem_gib=24,name=L4ish")
+    # 15.1 GB of weights, 9.7 GB for 32 x 2048 tokens, 1.2 GB for 8192 (147,456 bytes a token)
+    assert out_of_range(small, QWEN, 32, 2048, 8192, [44]) == [
+        "the weights, the decode batch's KV and the prompt's KV (26.0 GB) are more than the L4ish's memory "
+        "(24 GiB, 25.8 GB): every row assumes they fit on one GPU"]
+    assert out_of_range(H100, QWEN, 32, 2048, 8192, [44, 66, 88, 132]) == []

@@ -68,3 +68,18 @@ def test_divisions_that_do_not_fit_the_device_name_the_file(command, device, tmp
     where = ["--gpu", "H100"] if command[0] == "estimate" else ["--device", device]
     line = _one_error_line([*command, *where, "--config", str(path)], capsys)
     assert f"pdmux config {path}: manual_divisions: entry 0 [200, 10] uses 210" in line, line
+
+
+@pytest.mark.parametrize("args, command, unknown", [
+    (["kv", "--bogus"], "kv", "--bogus"),
+    (["estimate", "--s-sats", "44"], "estimate", "--s-sats 44"),
+    (["bench", "--device", "sim:H100", "extra"], "bench", "extra"),
+    (["--bogus"], "dashboard", "--bogus"),  # no subcommand: the dashboard's options
+])
+def test_an_unknown_option_gets_the_subcommands_usage(args, command, unknown):
+    """Issue 42 item 19: `pdtop kv --bogus` printed the top-level usage (`pdtop [-h] [--version] COMMAND`)."""
+    proc = subprocess.run([sys.executable, "-m", "pdtop", *args], capture_output=True, text=True, timeout=60)
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    assert lines[0].startswith(f"usage: pdtop {command} ") and "COMMAND" not in proc.stderr
+    assert lines[-1] == f"pdtop {command}: error: unrecognized arguments: {unknown}"

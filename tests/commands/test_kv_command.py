@@ -85,7 +85,8 @@ def test_the_default_model_is_read_without_its_weights(capsys, monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["qwen3-8b", "llama3.1-8b", "smollm2-135m"])
-@pytest.mark.parametrize("dtype,nbytes", [("bfloat16", 2), ("float32", 4), ("1", 1), ("2", 2)])
+@pytest.mark.parametrize("dtype,nbytes", [("bfloat16", 2), ("float32", 4), ("float16", 2), ("fp8", 1),
+                                          ("fp8_e5m2", 1), ("1", 1), ("2", 2)])
 def test_synthetic_models_and_dtypes(capsys, name, dtype, nbytes):
     cfg = synthetic_config(name)
     data = json.loads(kv(capsys, "--model", f"synthetic:{name}", "--dtype", dtype, "--context", "1,4096",
@@ -94,6 +95,13 @@ def test_synthetic_models_and_dtypes(capsys, name, dtype, nbytes):
     assert data["bytes_per_token"] == per_token
     assert data["contexts"] == [{"context": n, "bytes": n * per_token, "requests_fit": GIB // 2 // (n * per_token)}
                                 for n in (1, 4096)]
+
+
+def test_fp8_is_a_byte_an_element_as_vllm_and_sglang_store_it(capsys):
+    """Issue 42 item 19: `--dtype fp8` (vLLM's and SGLang's --kv-cache-dtype) was refused."""
+    lines = kv(capsys, *QWEN25_32B, "--dtype", "fp8", "--context", "8192", "--memory-gib", "80").splitlines()
+    assert lines[0] == "KV cache of 64 layers x 8 KV heads x head_dim 128, fp8 (1 byte):"
+    assert lines[2] == "  a request of 8,192 tokens needs 1 GiB (1,073,741,824 bytes); 80 fit in 80 GiB"
 
 
 def test_text_words(capsys):
@@ -108,7 +116,7 @@ def test_text_words(capsys):
     (["--layers", "64", "--kv-heads", "-8", "--head-dim", "128"], "--kv-heads"),
     (["--layers", "64", "--kv-heads", "8", "--head-dim", "12.5"], "--head-dim"),
     (["--layers", "64", "--kv-heads", "8"], "missing --head-dim"),
-    ([*QWEN25_32B, "--dtype", "fp8"], "unknown dtype 'fp8'"),
+    ([*QWEN25_32B, "--dtype", "fp4"], "unknown dtype 'fp4'; known: bfloat16 (bf16), float16 (fp16), float32, fp8"),
     ([*QWEN25_32B, "--dtype", "0"], "--dtype"),
     ([*QWEN25_32B, "--context", "8192,32k"], "--context"),
     ([*QWEN25_32B, "--context", "0"], "--context"),

@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from conftest import Pump
+from telemetry.conftest import Pump
 
 from pdtop.cli import main
 from pdtop.telemetry.recording.reader import read_recording
@@ -116,6 +116,23 @@ def test_record_stops_after_duration_and_closes_the_file(tmp_path, procs):
     assert not rec.truncated and rec.hello["engine"]["policy"] == "chunked"
 
 
+@pytest.mark.parametrize("scheme", ["http", "ws"])
+def test_record_with_nothing_listening_says_nothing_was_recorded(scheme, tmp_path):
+    """Issue 42 item 19: `record http://...` with nothing listening exited 0 after --duration and wrote nothing."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"{scheme}://127.0.0.1:{s.getsockname()[1]}"
+    path = tmp_path / "never.ndjson"
+    out = subprocess.run([*PDTOP, "record", url, "-o", str(path), "--duration", "1"],
+                         capture_output=True, text=True, timeout=60)
+    last = out.stderr.splitlines()[-1]
+    assert out.returncode == 1 and not path.exists(), out.stderr
+    assert last.startswith(f"pdtop record: error: nothing recorded: {url}") and "never answered: connection refused" \
+        in last and last.endswith(f"; {path} was not written")
+
+
 @pytest.mark.parametrize("args, words", [
     (["serve", "--port", "70000"], "--port"),
     (["serve", "--host", "0.0.0.0"], "needs --token"),
@@ -139,6 +156,32 @@ def test_bad_arguments_exit_2_with_one_line(args, words, capsys):
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if "error" in line]
     assert len(lines) == 1 and words in lines[0], err
+
+
+@pytest.mark.parametrize("command, args, words", [
+    # issue 42 item 19: each started and served, every workload request rejected or the dtype ignored
+    (["serve"], ["--kv-tokens", "100"], "the KV cache (96 tokens) cannot hold the workload's largest request "
+                                        "(8192-token prompt + 1024 output tokens): each would be rejected; "
+                                        "give --kv-tokens 9216 or more, or --workload none"),
+    (["serve"], ["--dtype", "gguf"], "dtype gguf (compute on the file's quantized blocks) runs on the CPU, "
+                                     "not a sim: device"),
+    (["serve"], ["--dtype", "float32"], "dtype float32 runs on cpu or cuda; a sim: device models bfloat16"),
+    ([], ["--dtype", "gguf"], "runs on the CPU, not a sim: device"),  # the dashboard, before its engine starts
+])
+def test_an_engine_that_could_not_do_what_is_asked_does_not_start(command, args, words):
+    port = ["--port", "0"] if command else []
+    out = subprocess.run([*PDTOP, *command, "--device", "sim:H100", *port, *args],
+                         capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    lines = out.stderr.splitlines()
+    assert out.returncode == 2 and out.stdout == "" and len(lines) == 1, out.stderr
+    assert lines[0].startswith(f"pdtop {command[0] if command else 'dashboard'}: error: ") and words in lines[0]
+
+
+def test_serve_with_a_small_cache_and_no_workload_starts(procs):
+    """`--workload none` sends nothing the cache must hold: API requests are checked one by one."""
+    serve = start("serve", "--device", "sim:H100", "--port", "0", "--kv-tokens", "100", "--workload", "none")
+    procs.append(serve)
+    url_of(serve)
 
 
 @pytest.mark.parametrize("flag", ["--port", "--api-port"])

@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pdtop.bench.policy_bench import SCENARIOS
+from pdtop.bench.policy_bench import SCENARIOS, check_fits
 from pdtop.cli import main
 from pdtop.engine.build import build_engine
 from pdtop.engine.errors import PromptError
 from pdtop.engine.scheduling.pdmux_config import RELEASE_KEYS, SGLANG_KEYS, PdmuxConfig, load_pdmux_config
 from pdtop.tune.cli import parse_workload
-from pdtop.tune.engine_search import check_fits, measure, tune
+from pdtop.tune.engine_search import measure, tune
 from pdtop.tune.report import best_yaml
 from pdtop.tune.score import Slo
 

@@ -117,6 +117,24 @@ async def test_under_auto_plus_steps_from_the_level_on_screen(stepped, until):
         await until(pilot, lambda: engine.config_record().pinned_level == want, f"level {want} pinned")
 
 
+async def test_quick_presses_each_step_a_level(stepped, until):
+    """The trial of issue 42: three quick presses of - (faster than the engine's next round) pinned one level
+    down, not three: each stepped from the level on screen, which had not moved yet."""
+    engine = stepped.engine
+    app = PdtopApp(LiveSource(stepped.url, token=stepped.token))
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.connection == "live", "live")
+        engine.control(PinLevel(5))
+        engine.step()
+        await until(pilot, lambda: app.state.shown_level == 5 and app.state.pinned, "level 5 pinned, on screen")
+        await pilot.press("minus", "minus", "minus")  # no round in between: the screen still shows 5
+        await stepping_until(pilot, engine, lambda: len(_accepted(app)) >= 3, "the three answers")
+        assert engine.config_record().pinned_level == 2
+        await until(pilot, lambda: app.state.shown_level == 2 and app.state.pending_level is None, "level 2 shown")
+        await pilot.press("plus")  # from the screen again
+        await stepping_until(pilot, engine, lambda: engine.config_record().pinned_level == 3, "level 3")
+
+
 async def test_pinning_a_side_to_no_units_warns(stepped, until):
     engine = stepped.engine
     app = PdtopApp(LiveSource(stepped.url, token=stepped.token))

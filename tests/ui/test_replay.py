@@ -224,6 +224,26 @@ async def _fresh_at(recording, position: float, size, until) -> dict[str, list[s
         return _panels(app)
 
 
+async def test_a_paused_replay_resized_shows_what_a_fresh_replay_at_that_size_shows(recording, until):
+    """The trial of issue 42: a paused replay taken from 160x48 to 80x24 kept the wide picture, cut ("level 5
+    pinned ■ prefill 80 ■ decode…", "SLO non"), until the next event; nothing repaints a paused replay."""
+    fresh = await _fresh_at(recording, 10.0, (80, 24), until)
+    src = ReplaySource(recording)
+    src.pause()
+    app = PdtopApp(src)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await until(pilot, lambda: app.state.hello, "the recording's hello")
+        await _seek(pilot, until, app, src, 10.0)
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause(0.2)
+        assert src.paused and src.position == pytest.approx(10.0)
+        shown = {panel.id: [t.plain for t in panel._last_texts] for panel in app.query("Panel")}  # no repaint asked
+        assert shown == fresh
+        assert len(app.query_one("HeaderBar").text) <= 80  # fitted again: tighter separators, short forms
+        bar = app.query_one(ReplayBar)
+        assert len(str(bar.content)) == bar.content_size.width < 80  # the bar spans the new width
+
+
 async def test_a_seek_either_way_shows_what_a_fresh_replay_there_shows(recording, until):
     """Issue 42 item 3: a seek back to 0:00 left the 0:20 values (level, running, decode batch, KV)."""
     size = (160, 48)

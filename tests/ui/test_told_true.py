@@ -110,3 +110,23 @@ async def test_help_says_how_to_call_the_api_the_header_shows(served, until):
         await until(pilot, lambda: type(app.screen).__name__ == "HelpScreen", "the help screen")
         said = app.screen.api_text
         assert "http://127.0.0.1:40381/v1" in said and f"Authorization: Bearer {served.token}" in said, said
+
+
+async def test_a_replay_does_not_offer_the_recorded_servers_api(tmp_path, ev, until):
+    """The trial of issue 42: a replay of `pdtop serve --api-port` told, in its help, to `curl` the recorded
+    server's API (long gone); the header already left the address out of a replay."""
+    from pdtop.telemetry.recording.recorder import Recorder
+    from pdtop.telemetry.sources.replay import ReplaySource
+
+    path = tmp_path / "with-api.ndjson"
+    rec = Recorder(path, {**ev.hello, "api": "http://127.0.0.1:40381/v1"})
+    for i in range(3):
+        rec.write_event(ev.round(i, 0.01 * (i + 1)), t=0.01 * i)
+    rec.close()
+    app = PdtopApp(ReplaySource(path, speed=16))
+    async with app.run_test(size=SIZE) as pilot:
+        await until(pilot, lambda: app.state.rounds_seen == 3, "the rounds")
+        assert app.state.api == "http://127.0.0.1:40381/v1" and "40381" not in header(app)
+        await pilot.press("question_mark")
+        await until(pilot, lambda: type(app.screen).__name__ == "HelpScreen", "the help screen")
+        assert app.screen.api_text == ""

@@ -23,6 +23,7 @@ class GpuSpec:
     bw_eff: float = 0.85
     mfu: float = 0.5
     s_sat: float = 66
+    mem_gib: float | None = None  # memory, GiB (the datasheet's "80GB" is nvidia-smi's 80 GiB); None: unknown
 
     @property
     def cc(self) -> str:
@@ -30,15 +31,15 @@ class GpuSpec:
 
 
 SPECS: dict[str, GpuSpec] = {
-    "H100": GpuSpec("H100", 132, 9, 0, 3.35e12, 989e12),  # SXM
-    "H200": GpuSpec("H200", 132, 9, 0, 4.8e12, 989e12),
-    "A100": GpuSpec("A100", 108, 8, 0, 2.039e12, 312e12),
-    "H20": GpuSpec("H20", 78, 9, 0, 4.0e12, 148e12),
+    "H100": GpuSpec("H100", 132, 9, 0, 3.35e12, 989e12, mem_gib=80),  # SXM
+    "H200": GpuSpec("H200", 132, 9, 0, 4.8e12, 989e12, mem_gib=141),
+    "A100": GpuSpec("A100", 108, 8, 0, 2.039e12, 312e12, mem_gib=80),  # SXM 80GB
+    "H20": GpuSpec("H20", 78, 9, 0, 4.0e12, 148e12, mem_gib=96),
 }
 
-_CUSTOM_KEYS = ("sms", "cc", "bw", "flops", "bw_eff", "mfu", "s_sat", "name")
+_CUSTOM_KEYS = ("sms", "cc", "bw", "flops", "bw_eff", "mfu", "s_sat", "mem_gib", "name")
 _REQUIRED = ("sms", "cc", "bw", "flops")
-CUSTOM_HELP = "custom:sms=132,cc=9.0,bw=3.35e12,flops=989e12[,bw_eff=0.85,mfu=0.5,s_sat=66,name=X]"
+CUSTOM_HELP = "custom:sms=132,cc=9.0,bw=3.35e12,flops=989e12[,bw_eff=0.85,mfu=0.5,s_sat=66,mem_gib=80,name=X]"
 
 
 def parse_cc(text: str) -> tuple[int, int]:
@@ -94,8 +95,9 @@ def parse_gpu(text: str) -> GpuSpec:
             extra[key] = _positive(key, fields[key], float)
             if extra[key] > 1:
                 raise DeviceError(f"custom GPU: {key} is a fraction in (0, 1], got {fields[key]}")
-    if "s_sat" in fields:
-        extra["s_sat"] = _positive("s_sat", fields["s_sat"], float)
+    for key in ("s_sat", "mem_gib"):
+        if key in fields:
+            extra[key] = _positive(key, fields[key], float)
     return GpuSpec(
         name=fields.get("name", "custom"),
         sms=int(_positive("sms", fields["sms"], int)),

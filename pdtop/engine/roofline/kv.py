@@ -14,8 +14,12 @@ from dataclasses import dataclass
 
 from pdtop.engine.errors import FieldError
 
-# KV cache element types by name; any other element size is given as its number of bytes.
-DTYPE_BYTES: dict[str, int] = {"bfloat16": 2, "float32": 4}
+# KV cache element types by name: pdtop's engine stores float32 or bfloat16; vLLM's and SGLang's
+# --kv-cache-dtype add float16 and the fp8 formats (fp8 is vLLM's name for fp8_e4m3; bf16 SGLang's for
+# bfloat16). Any other element size is given as its number of bytes.
+DTYPE_BYTES: dict[str, int] = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "float32": 4,
+                               "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
+DTYPE_HELP = "bfloat16 (bf16), float16 (fp16), float32, fp8 (fp8_e4m3, fp8_e5m2), or N bytes (2, 1)"
 
 # Link bandwidths, bytes/s one direction.
 LINKS: dict[str, float] = {
@@ -53,16 +57,15 @@ def requests_fit(memory_bytes: int, request_bytes: int) -> int:
 
 
 def parse_dtype_bytes(text: str, field: str = "dtype") -> int:
-    """`bfloat16`, `float32`, or a whole number of bytes (`2`, `1`) -> bytes per element;
-    FieldError naming `field` otherwise."""
+    """A name of `DTYPE_BYTES` (`bfloat16`, `fp8`, ...) or a whole number of bytes (`2`, `1`) -> bytes
+    per element; FieldError naming `field` otherwise."""
     key = text.strip().lower()
     if key in DTYPE_BYTES:
         return DTYPE_BYTES[key]
     try:
         value = int(key)
     except ValueError:
-        raise FieldError(field, f"unknown dtype {text!r}; known: {', '.join(DTYPE_BYTES)}, "
-                                "or a whole number of bytes (2, 1)") from None
+        raise FieldError(field, f"unknown dtype {text!r}; known: {DTYPE_HELP}") from None
     if value < 1:
         raise FieldError(field, f"bytes per element must be >= 1, got {text!r}")
     return value

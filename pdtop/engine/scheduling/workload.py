@@ -54,6 +54,13 @@ class WorkloadSpec:
         return f"{' + '.join(parts) or 'no arrivals'}; seed {self.seed}"
 
 
+    def largest_request(self) -> tuple[int, int]:
+        """(prompt tokens, max_tokens) of the largest request it sends: its longest prompt, periodic long
+        ones included, with its longest output."""
+        longest = max(self.prompt_tokens[1], self.long_prompt_tokens if self.long_every_s else 0)
+        return longest, self.output_tokens[1]
+
+
 # The default scenario per device kind: a steady decode batch, and long prompts arriving while
 # it runs, so PD multiplexing shows within seconds of start. On the CPU (SmolLM2-135M on a few
 # cores) the batch and prompts are smaller, so a long prompt's prefill takes seconds, not minutes.

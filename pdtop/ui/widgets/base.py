@@ -7,6 +7,7 @@ from rich.console import Group, RenderableType
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
+from textual import events
 from textual.geometry import Region
 from textual.strip import Strip
 from textual.widgets import Static
@@ -34,9 +35,16 @@ class Panel(Static):
         self._last_lines = -1
         self._last_texts: list[Any] = []
         self._strips: list[Strip] = []
+        self._last_state: DashboardState | None = None
 
     def on_mount(self) -> None:
         self.border_title = self.TITLE
+
+    def on_resize(self, _event: events.Resize) -> None:
+        """Paint what is shown again at the new size: the app's tick repaints on new events, and a paused
+        replay or a frozen screen has none (a narrower terminal kept the wide picture, cut)."""
+        if self._last_state is not None:
+            self.paint(self._last_state, force=True)
 
     def colour(self, key: str) -> str:
         """One of pdtop's theme colours ("prefill", "decode", "idle", "slo", "chart") or a Textual one."""
@@ -56,6 +64,7 @@ class Panel(Static):
         return state.version
 
     def paint(self, state: DashboardState, force: bool = False) -> None:
+        self._last_state = state
         key = (self.paint_key(state), self.content_size, self.app.theme)
         if key == self._last_key and not force:
             return

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from rich.text import Text
+from textual import events
 from textual.widgets import Static
 
 from pdtop import __version__
@@ -31,6 +32,12 @@ class HeaderBar(Static):
     """One line at the top of the screen."""
 
     _last: Text | None = None
+    _asked: tuple[DashboardState, str, bool, bool, str] | None = None  # the last paint's arguments
+
+    def on_resize(self, _event: events.Resize) -> None:
+        """Fit the same header to the new width (a paused replay or a frozen screen has no new event to)."""
+        if self._asked is not None:
+            self.paint(*self._asked)
 
     @property
     def text(self) -> str:
@@ -40,6 +47,7 @@ class HeaderBar(Static):
     def paint(self, state: DashboardState, connection: str, readonly: bool, frozen: bool = False,
               address: str = "") -> None:
         """`address`: where the source reads from, shown until the engine has described itself."""
+        self._asked = (state, connection, readonly, frozen, address)
         colours = self.app.theme_variables
         label, key = CONNECTION.get(connection, (connection, "warning"))
         info = state.info

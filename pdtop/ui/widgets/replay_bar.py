@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.text import Text
+from textual import events
 from textual.widgets import Static
 
 from pdtop import format as fmt
@@ -13,7 +14,15 @@ from pdtop.telemetry.sources.source import Transport
 class ReplayBar(Static):
     """One line above the footer, shown only when replaying."""
 
+    _source: Transport | None = None
+
+    def on_resize(self, _event: events.Resize) -> None:
+        """The bar fills the new width, paused or not."""
+        if self._source is not None:
+            self.paint(self._source)
+
     def paint(self, source: Transport) -> None:
+        self._source = source
         colours = self.app.theme_variables
         position, duration = source.position, source.duration
         if source.at_end:

@@ -62,7 +62,10 @@ def test_bad_shapes_are_value_errors(call):
 def test_parse_dtype_bytes():
     assert parse_dtype_bytes("bfloat16") == 2 and parse_dtype_bytes(" Float32 ") == 4
     assert parse_dtype_bytes("2") == 2 and parse_dtype_bytes("1") == 1
-    for bad in ("fp8", "1.5", "0", "-2", ""):
+    # vLLM's and SGLang's --kv-cache-dtype names (issue 42 item 19: fp8 and float16 were refused)
+    names = ("fp8", "FP8_E4M3", "fp8_e5m2", "float16", "fp16", "bf16")
+    assert [parse_dtype_bytes(n) for n in names] == [1, 1, 1, 2, 2, 2]
+    for bad in ("fp4", "int8", "1.5", "0", "-2", ""):
         with pytest.raises(FieldError, match="--dtype"):
             parse_dtype_bytes(bad, "--dtype")
 

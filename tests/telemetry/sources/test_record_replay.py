@@ -49,7 +49,8 @@ def test_record_scrapes_a_vllm_server_and_replay_plays_them(vllm, tmp_path):
 def test_record_says_why_it_waits_for_a_server_that_is_not_there(tmp_path):
     done = subprocess.run([sys.executable, "-m", "pdtop", "record", "http://127.0.0.1:9", "-o",
                            str(tmp_path / "r.ndjson"), "--duration", "1.2"], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0
+    assert done.returncode == 1  # nothing recorded is a failure, said in one line (issue 42 item 19)
     assert "pdtop record: http://127.0.0.1:9/metrics: connection refused (nothing listens there); retrying" \
         in done.stderr
+    assert done.stderr.splitlines()[-1].startswith("pdtop record: error: nothing recorded: ")
     assert not (tmp_path / "r.ndjson").exists()  # nothing to record before the first scrape
