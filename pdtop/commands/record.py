@@ -29,6 +29,7 @@ import asyncio
 import json
 import signal
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs, quote, urlsplit
 
@@ -172,6 +173,12 @@ async def _record(args: argparse.Namespace, fleet: FleetSource | None = None) ->
             said = f"never answered: {why}" if why else "sent no hello"
             code = fail("record", redacted(f"nothing recorded: {shown} {said}; {args.output} was not written",
                                            args.url), code=1)
+        if recorder is not None and fleet is not None and not fleet.answered and code == 0:
+            recorder.close()  # only the fleet's own hello and "connecting" rows: nothing was recorded
+            Path(args.output).unlink(missing_ok=True)
+            code = fail("record", f"nothing recorded: none of {shown} ever answered ({fleet.why_silent()}); "
+                                  f"{args.output} was not written", code=1)
+            recorder = None
         if recorder is not None:
             failed = recorder.closed  # a write failed and was reported above
             try:

@@ -133,6 +133,23 @@ def test_record_with_nothing_listening_says_nothing_was_recorded(scheme, tmp_pat
         in last and last.endswith(f"; {path} was not written")
 
 
+
+def test_record_of_a_fleet_that_never_answered_says_nothing_was_recorded(tmp_path):
+    """The fleet form of the case above: a recording of only 'connecting' rows is not a recording."""
+    import socket
+
+    with socket.socket() as a, socket.socket() as b:  # two ports nothing listens on
+        a.bind(("127.0.0.1", 0))
+        b.bind(("127.0.0.1", 0))
+        urls = [f"http://127.0.0.1:{s.getsockname()[1]}" for s in (a, b)]
+    path = tmp_path / "never.ndjson"
+    out = subprocess.run([*PDTOP, "record", "--prefill", urls[0], "8998", "--decode", urls[1], "-o", str(path),
+                          "--interval", "0.2", "--duration", "1.5"], capture_output=True, text=True, timeout=60)
+    last = out.stderr.splitlines()[-1]
+    assert out.returncode == 1 and not path.exists(), out.stderr
+    assert last.startswith("pdtop record: error: nothing recorded: none of 2 servers ever answered (") \
+        and "connection refused" in last and last.endswith(f"; {path} was not written")
+
 @pytest.mark.parametrize("args, words", [
     (["serve", "--port", "70000"], "--port"),
     (["serve", "--host", "0.0.0.0"], "needs --token"),

@@ -99,6 +99,7 @@ class FleetSource(ReadOnlySource):
         for url, role in servers:
             self._add(Worker(url, role), "option" if role else "default", token)
         self.url = self.router or f"{len(self.members)} servers"
+        self.answered = False  # whether any member has ever answered (a recording of none holds nothing)
 
     def _add(self, worker: Worker, role_from: str, token: str | None) -> Member | None:
         """A member for `worker` (None when the fleet has it); `token`: only for an address the user named."""
@@ -139,6 +140,11 @@ class FleetSource(ReadOnlySource):
         for m in self.members:
             await m.source.close()
 
+    def why_silent(self) -> str:
+        """Why no member answers, in the first member's words that say (or the router's)."""
+        return self.last_error or next((m.source.last_error for m in self.members if m.source.last_error),
+                                       "not answering")
+
     async def events(self) -> AsyncIterator[dict[str, Any]]:
         yield wire(Hello(client_id="fleet", readonly=True, engine=None,
                          fleet=FleetTarget(self.interval, self.window_s, self.router)))
@@ -153,7 +159,8 @@ class FleetSource(ReadOnlySource):
                     for m in self.members:
                         if m.task is None:
                             m.task = asyncio.create_task(self._follow(m), name=f"pdtop-fleet-{m.source.url}")
-                    self.state = "live" if any(m.source.state == "live" for m in self.members) else self.state
+                    if any(m.source.state == "live" for m in self.members):
+                        self.state, self.answered = "live", True
                     yield wire(Fleet(time.time(), [m.row() for m in self.members]))
                     self._wake.clear()
                     with contextlib.suppress(asyncio.TimeoutError):
