@@ -251,7 +251,8 @@ KEYMAP: list[KeyCommand] = [
     KeyCommand("policy", "p", "policy", "choose the scheduling policy", _set("policy"), needs_write=True,
                arg=Arg("scheduling policy", parse_policy, _config_default("policy", "pdmux"), POLICY_CHOICES)),
     # live: the workload
-    KeyCommand("inject", "i", "inject", "inject a long prompt", lambda s, v: Inject(v), needs_write=True,
+    KeyCommand("inject", "i", "inject", "inject a long prompt (asks its size)", lambda s, v: Inject(v),
+               needs_write=True,
                arg=Arg("prompt tokens of the injected request", parse_int, lambda s: str(LONG_PROMPT_TOKENS))),
     KeyCommand("workload_rate", "r", "rate", "set workload rate (requests/s)", _set("workload_rate"),
                needs_write=True, footer=False,
