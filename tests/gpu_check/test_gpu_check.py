@@ -260,7 +260,7 @@ def test_a_policies_process_that_aborts_keeps_what_it_saved_and_the_check_goes_o
 
 def test_why_a_process_died_is_read_from_its_stderr(gpu_check):
     """The first H100 run's log as the check's process wrote it: the C++ exception's `what():` line."""
-    log = (Path(__file__).resolve().parents[2] / "bench" / "results" / "gpu_check-h100.log").read_text()
+    log = (Path(__file__).resolve().parents[2] / "bench" / "results" / "h100-run1" / "gpu_check-h100.log").read_text()
     assert gpu_check._death(log) == "what(): CUDA error: context is destroyed"
     assert gpu_check._ended(-signal.SIGABRT) == "died of SIGABRT" and gpu_check._ended(1) == "exited 1"
     assert gpu_check._death('Traceback (most recent call last):\n  File "x.py", line 1\nValueError: bad\n') == (
