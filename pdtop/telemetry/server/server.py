@@ -355,13 +355,15 @@ class TelemetryServer:
         writer: asyncio.Task[None] | None = None
         replier: asyncio.Task[None] | None = None
         try:
-            await ws.send(encode(self._hello(client_id, not authorized)))  # before any other frame
-            if refusal is not None and refusal is not NO_TOKEN:
-                await ws.send(encode(ErrorNotice("token", f"{refusal.reason}; this connection is read-only")))
+            # listening before the hello goes out: a client that has its hello misses no event after it (the
+            # queue waits for the writer, which starts after the hello)
             self.clients[client_id] = client
             self._listen(True)
             self._inbox.refill(max(0, int(self._budget)))
             client.shed_base = self._inbox.shed_total
+            await ws.send(encode(self._hello(client_id, not authorized)))  # before any other frame
+            if refusal is not None and refusal is not NO_TOKEN:
+                await ws.send(encode(ErrorNotice("token", f"{refusal.reason}; this connection is read-only")))
             writer = asyncio.create_task(self._write(client), name=f"pdtop-writer-{client_id}")
             replies: asyncio.Queue[dict[str, Any] | Waiting] = asyncio.Queue(REPLIES_QUEUED)
             replier = asyncio.create_task(self._reply(client, replies), name=f"pdtop-replies-{client_id}")
