@@ -372,6 +372,20 @@ def decode_graphs(engine: Any, steps: list[Any], policy: str) -> dict[str, Any]:
     return {"decode_graphs": graphs and mixed == 0, "mixed_steps": mixed, "decode_graphs_note": CHUNKED_EAGER}
 
 
+def worst_rounds(steps: list[Any], n: int = 5) -> list[dict[str, Any]]:
+    """The `n` measured rounds with the longest ITL, each with what ran in it: a round's ITL counts once per
+    decoding request, so with 32 decoding one slow round is over 1% of the ITLs and sets the p99 alone."""
+    out = []
+    for s in sorted((s for s in steps if s.gaps), key=lambda s: max(s.gaps), reverse=True)[:n]:
+        r = s.record
+        out.append({"segment": s.segment, "round": r.index, "itl_ms": round(max(s.gaps) * 1e3, 2),
+                    "decode_step_ms": round(r.decode_step_s * 1e3, 2), "round_ms": round(r.round_s * 1e3, 2),
+                    "split": [r.prefill_units, r.decode_units], "decode_bs": r.decode_bs,
+                    "tokens_emitted": r.tokens_emitted,
+                    "prefills": [[p.layers_done, p.layers_total, p.layers_per_round, p.tokens] for p in r.prefills]})
+    return out
+
+
 def timed(dev: Any, runner: ModelRunner, reqs: list[Request], steps: int, feeder: PrefillFeeder | None = None,
           **kw: Any) -> dict[str, Any]:
     """`time_decode`'s figure with `graph_replayed`: every step it ran, warm-up included, replayed a
@@ -709,6 +723,10 @@ class Check:
                 res["chunk_size"] = config.chunk_size if policy == "chunked" else None
                 res["levels"] = [list(g) for g in engine.scheduler.table.groups]
                 res.update(decode_graphs(engine, run.steps, policy))
+                res["itl_max_ms_by_prompt"] = [round(max((g for st in run.steps if st.segment == seg
+                                                          for g in st.gaps), default=math.nan) * 1e3, 2)
+                                               for seg in range(sc.long_prompts)]
+                res["worst_rounds"] = worst_rounds(run.steps)
                 if key == "pdmux":
                     res["decode_only_itl_ms"] = self._decode_only(engine, 30 if self.smoke else 200)
                     itl["decode_only"] = res["decode_only_itl_ms"]["p99"]

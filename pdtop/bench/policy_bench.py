@@ -47,6 +47,9 @@ class Scenario:
     settle_rounds: int = 3  # decode rounds after a long prompt's first token before the next arrives
     decode_tokens: int = 4096  # decode requests' max_tokens: enough to keep decoding through the run
     warmup_rounds: int = 8  # decode-only rounds before the first segment (not measured)
+    # long prompts run before the measured ones (not measured): on a GPU the first use of each kernel in a
+    # process compiles or loads it on the host, inside whichever round makes it (a server warms up the same)
+    warmup_prompts: int = 0
     long_max_tokens: int = 4  # each long prompt decodes this many tokens (it joins the batch, then leaves)
     slo_itl_ms: float = 20.0  # goodput counts the tokens of requests whose ITL p99 (in the segments) meets this
     slo_ttft_ms: float = 1000.0  # and, for the long prompts, whose TTFT meets this
@@ -70,7 +73,7 @@ SCENARIOS = {
     # 8 long prompts: TTFT p50 and max are figures of their own, not one prompt read twice
     "cpu": Scenario(decode_bs=8, decode_prompt=64, long_tokens=1024, long_prompts=8, decode_tokens=1500,
                     slo_itl_ms=250.0, slo_ttft_ms=5000.0),
-    "cuda": Scenario(decode_bs=32, decode_prompt=2048, long_tokens=8192),
+    "cuda": Scenario(decode_bs=32, decode_prompt=2048, long_tokens=8192, warmup_prompts=1),
 }
 # `pdtop bench --quick`: about a minute for every policy on a 2-core cpu
 QUICK = {"sim": dataclasses.replace(SCENARIOS["sim"], long_prompts=2),
@@ -270,6 +273,7 @@ def run_policy(engine: Engine, sc: Scenario, progress: Progress | None = None,
     step_until_first_tokens(engine, decoders)
     for _ in range(sc.warmup_rounds):
         engine.step()
+    warm_itls = [g for _ in range(sc.warmup_prompts) for s in _segment(engine, sc, -1, obs)[1] for g in s.gaps]
     say(f"decoding: {len(decoders)} requests running")
     ttfts: list[float] = []
     steps: list[DecodeStep] = []
@@ -291,6 +295,8 @@ def run_policy(engine: Engine, sc: Scenario, progress: Progress | None = None,
     good = goodput_tok_s(decoders, longs, windows, sc)
     out.update({"devices": devices, "goodput_tok_s": good, "goodput_tok_s_per_device": good / devices,
                 "output_tok_s_per_device": out["output_tok_s"] / devices})
+    if sc.warmup_prompts:
+        out["warmup_itl_ms"] = {**summary_ms(warm_itls, (50,)), "prompts": sc.warmup_prompts}
     return PolicyRun(out, steps)
 
 

@@ -81,6 +81,11 @@ def test_gpu_check_smoke_runs_without_packages_the_gpu_machine_lacks(tmp_path):
     chunked = report["policies"]["chunked_32"]
     assert chunked["mixed_steps"] == 128 // 32 and chunked["decode_graphs"] is False and chunked["decode_graphs_note"]
     assert chunked["itl_ms"]["n"] > 0 and chunked["decode_steps"] is None  # the decoder's counts: CUDA only
+    # where the p99 comes from: the worst rounds, longest first, and each long prompt's worst ITL
+    worst = report["policies"]["pdmux"]["worst_rounds"]
+    assert 0 < len(worst) <= 5 and [w["itl_ms"] for w in worst] == sorted((w["itl_ms"] for w in worst), reverse=True)
+    assert abs(worst[0]["itl_ms"] - report["policies"]["pdmux"]["itl_ms"]["max"]) <= 0.01
+    assert max(report["policies"]["pdmux"]["itl_max_ms_by_prompt"]) == worst[0]["itl_ms"]
     # every target is there; what a CPU cannot measure is null and the table says so
     assert set(report["targets"]) == set(TARGETS) and report["targets"]["realized_equals_requested"] is None
     assert "target graphs_replayed_on_every_level: not measured (no levels in the report)" in r.stdout

@@ -1,6 +1,6 @@
 """`pdtop tune --device cuda` on real rounds, on a synthetic model: what the lent GPU machine runs
 (it lacks gguf and the model file). Here, not in tests/tune/test_tune_command.py, so it needs only
-torch, numpy, pyyaml, psutil and cuda-python."""
+torch, numpy, pyyaml, psutil, cuda-python and optuna (carried from bench/gpu_prepare.sh's wheels)."""
 from __future__ import annotations
 
 import importlib.util

@@ -295,8 +295,9 @@ class CudaDecoder:
         if not new:
             return
         t0, before = time.perf_counter(), torch.cuda.memory_reserved(self.device)
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
+        if not self._graphs:  # a pool whose graphs are all freed cannot take captures again (the caching
+            # allocator asserts its use count, as the H100 run showed): each fresh set of graphs takes a new one
+            self._pool, self.pool_bytes = torch.cuda.graph_pool_handle(), 0
         for key, stream in new.items():
             try:
                 self._graphs[key] = self._capture(stream)

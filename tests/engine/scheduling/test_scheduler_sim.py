@@ -1,6 +1,7 @@
 """The scheduler on the simulated GPU: deterministic, follows SGLang's level rule, matches the seed."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -247,3 +248,15 @@ def test_pin_past_the_levels_queued_before_it_is_refused():
     with pytest.raises(ControlError, match=r"level: must be in 0\.\.2, got 6"):
         pinned.result(0)
     assert not rec.pinned and engine.describe().levels == [(132, 0), (112, 20), (0, 132)]
+
+
+def test_a_warmup_prompt_runs_before_the_measured_ones_and_is_reported_apart():
+    """`Scenario.warmup_prompts` (the cuda scenario's 1): a long prompt before the measured ones, its ITLs
+    reported on their own, the measured figures over `long_prompts` prompts as without it."""
+    sc = dataclasses.replace(SCENARIOS["sim"], long_prompts=2)
+    plain = run_policy(build_engine("sim:H100"), sc).summary
+    warm = run_policy(build_engine("sim:H100"), dataclasses.replace(sc, warmup_prompts=1)).summary
+    assert "warmup_itl_ms" not in plain and warm["warmup_itl_ms"]["prompts"] == 1
+    assert warm["ttft_ms"]["n"] == plain["ttft_ms"]["n"] == 2
+    assert warm["warmup_itl_ms"]["max"] == pytest.approx(warm["itl_ms"]["max"], rel=0.1)  # the sim has no JIT
+    assert SCENARIOS["cuda"].warmup_prompts == 1 and SCENARIOS["sim"].warmup_prompts == 0
