@@ -39,12 +39,12 @@ from pdtop.commands.common import (
     add_level_rule_arguments,
     add_runtime_arguments,
     fail,
-    json_text,
     runtime_options,
     with_level_rule,
 )
 from pdtop.engine.devices.host import machine, machine_line
 from pdtop.engine.scheduling.policies import POLICIES
+from pdtop.json_text import json_text
 
 if TYPE_CHECKING:
     from pdtop.bench.policy_bench import PolicyRun, Scenario

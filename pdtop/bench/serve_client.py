@@ -31,7 +31,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from pdtop.bench.datasets import add_dataset_arguments, dataset_problem, dataset_prompts
 from pdtop.bench.openai_request import BACKENDS, STALL_S, server_base
 from pdtop.bench.vllm_result import DEFAULT_PERCENTILE_METRICS, PERCENTILE_METRICS
-from pdtop.commands.common import INPUT_ERRORS, fail, json_text
+from pdtop.commands.common import INPUT_ERRORS, fail
+from pdtop.json_text import json_text
 from pdtop.visible import visible
 
 if TYPE_CHECKING:

@@ -6,7 +6,6 @@ The commands live in `pdtop/commands/` and, for the features with modules of the
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from collections.abc import Callable
@@ -89,25 +88,6 @@ def cuda_missing(device: str | None) -> str | None:
 
     reason = cuda_unavailable_reason(parse_device(device).index)
     return f"cuda device unavailable: {reason}" if reason else None
-
-
-def json_text(value: object) -> str:
-    """A command's `--json` output: compact JSON, NaN and infinities (not JSON) as null, and anything
-    else JSON cannot hold as its `str`. The commands' own writer, not the telemetry wire's encoder."""
-    try:
-        return json.dumps(value, separators=(",", ":"), allow_nan=False)
-    except (ValueError, TypeError):  # non-finite floats, or a value JSON cannot hold
-        return json.dumps(_finite(value), separators=(",", ":"), allow_nan=False, default=str)
-
-
-def _finite(value: object) -> object:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {str(k): _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
 
 
 def fail(command: str, problem: str | BaseException, code: int = 2) -> int:

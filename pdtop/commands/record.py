@@ -116,14 +116,17 @@ async def _record(args: argparse.Namespace, fleet: FleetSource | None = None) ->
 
     async def consume() -> None:
         nonlocal recorder
+        announced = False
         async for event in source.events():
             if recorder is None:
                 if event.get("type") != "hello":
                     continue
                 recorder = Recorder(args.output, event)
+            else:
+                recorder.write(json.dumps(event, separators=(",", ":")))
+            if not announced and (fleet is None or fleet.answered):  # a fleet's own hello is not an answer
+                announced = True
                 print(f"pdtop record: recording to {args.output}", flush=True)
-                continue
-            recorder.write(json.dumps(event, separators=(",", ":")))
 
     failure: list[RecordingError] = []
 

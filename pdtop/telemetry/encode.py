@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
-import math
 from collections.abc import Callable
 from typing import Any
 
 from pdtop.engine.description import WIRE
 from pdtop.engine.records import KvTransfer, RequestRecord, RoundRecord
+from pdtop.json_text import json_text
 from pdtop.telemetry.events import EVENT_TYPES, PROTOCOL_VERSION, Event, Reply, ReplyError
 
 _dumps: Callable[[Any], bytes] | None
@@ -39,11 +38,7 @@ def wire(event: Event) -> dict[str, Any]:
 
 def encode(event: Event | dict[str, Any]) -> str:
     """An event (or an event's JSON object) as compact JSON; NaN and infinities (not JSON) become null."""
-    obj = event if isinstance(event, dict) else wire(event)
-    try:
-        return json.dumps(obj, separators=(",", ":"), allow_nan=False)
-    except (ValueError, TypeError):  # non-finite floats, or a value JSON cannot hold
-        return json.dumps(_finite(obj), separators=(",", ":"), allow_nan=False, default=str)
+    return json_text(event if isinstance(event, dict) else wire(event))
 
 
 def plain(value: Any) -> Any:
@@ -129,11 +124,3 @@ def reply_event(msg_id: Any, ok: bool, field: str | None = None, reason: str | N
     return wire(Reply(id=msg_id, ok=ok, error=error, **extra))
 
 
-def _finite(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {str(k): _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value

@@ -36,9 +36,10 @@ import time
 from typing import TYPE_CHECKING
 
 from pdtop.bench.datasets import add_dataset_arguments, dataset_options, dataset_problem, dataset_prompts
-from pdtop.commands.common import INPUT_ERRORS, cuda_missing, fail, json_text, positive_number
+from pdtop.commands.common import INPUT_ERRORS, cuda_missing, fail, positive_number
 from pdtop.engine.errors import DeviceError, EngineError, FieldError
 from pdtop.engine.scheduling.pdmux_config import SGLANG_MAIN, SGLANG_RELEASE, SGLANG_TARGETS
+from pdtop.json_text import json_text
 from pdtop.plain_yaml import YamlError, read_yaml
 from pdtop.typed_json import show, show_key
 

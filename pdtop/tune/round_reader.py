@@ -9,11 +9,9 @@ readings and gives `round_itls` of them. A round carries the server's clock; it 
 the smallest lag seen (received - round time, over the rounds kept: the frames come one per server tick,
 so some arrive at once), not by when it arrived, which a busy client delays.
 
-ITLs from rounds, as pdtop's own tune counts them from each request's token times: every request in a
-round's decode batch got a token at the round's end, so its gap is the time since the batch last got
-tokens (the previous round that decoded, or that a prefill joined it in), counted once per request in
-the batch. A missed round (an index skipped: the server dropped events for this slow client) breaks the
-chain; the gap over it is not counted.
+ITLs from rounds as the dashboard counts them (`pdtop.telemetry.round_gaps`), which is how pdtop's own tune
+counts them from each request's token times; a round missed here is one the server dropped for this slow
+client.
 """
 from __future__ import annotations
 
@@ -27,11 +25,11 @@ from pdtop.analysis.metrics import percentile
 from pdtop.engine.errors import EngineError
 from pdtop.engine.records import RoundRecord
 from pdtop.telemetry.decode import EventError, decode_event
+from pdtop.telemetry.round_gaps import RoundGaps
 from pdtop.telemetry.sources.live import LiveSource
 from pdtop.tune.score import RoundItls
 
 MAX_ROUNDS = 50_000  # rounds kept per candidate (the latest): 500 s of 10 ms rounds
-MAX_GAPS_PER_ROUND = 256  # a round's gap counted at most this often (its decode batch, capped)
 CONNECT_TIMEOUT_S = 10.0
 CATCH_UP_S = 2.0  # how long the rounds up to a window's end may take to arrive after it
 
@@ -48,21 +46,14 @@ class SeenRound:
 def round_itls(rounds: list[SeenRound]) -> RoundItls | None:
     """ITL p50/p99 of `rounds` (in index order; see the module doc); None when no gap was seen."""
     gaps: list[float] = []
-    decoded = 0
+    chain = RoundGaps()
     last_index: int | None = None
-    last_decode: float | None = None  # when the decode batch last got tokens
     for r in rounds:
-        if last_index is None or r.index != last_index + 1:
-            last_decode = None
+        gap = chain.after(last_index is not None and r.index == last_index + 1, r.time, r.decode_bs, r.running)
         last_index = r.index
-        if r.decode_bs > 0:
-            decoded += 1
-            if last_decode is not None:
-                gaps.extend([r.time - last_decode] * min(r.decode_bs, MAX_GAPS_PER_ROUND))
-        if r.running == 0:
-            last_decode = None
-        elif r.decode_bs > 0 or last_decode is None:
-            last_decode = r.time
+        if gap is not None:
+            gaps.extend([gap] * RoundGaps.repeats(r.decode_bs))
+    decoded = sum(1 for r in rounds if r.decode_bs > 0)
     if not gaps:
         return None
     return RoundItls(percentile(gaps, 50), percentile(gaps, 99), decoded, len(gaps))

@@ -38,14 +38,13 @@ from pdtop.telemetry.events import (
     Metrics,
     Seek,
 )
+from pdtop.telemetry.round_gaps import RoundGaps
 from pdtop.ui.engine_info import EngineInfo
 from pdtop.ui.fleet_view import FleetView, on_fleet
 from pdtop.ui.prefill_view import PrefillView, prefill_views
 from pdtop.ui.scrape_view import ScrapeView
 from pdtop.ui.stats import summary
 from pdtop.ui.window_figures import RoundPoint
-
-MAX_GAPS_PER_ROUND = 256  # a round's gap counted at most this often: bounded work per round
 
 
 @dataclass
@@ -115,7 +114,7 @@ class DashboardState:
     itl_slo_s: float | None = None  # the operator's ITL SLO line (a dashboard setting)
     levels_since: float = float("-inf")  # engine time the levels in force came in: the level table counts from it
     _prefill_first_seen: dict[tuple[int, ...], tuple[float, int]] = field(default_factory=dict, repr=False)
-    _last_decode_time: float | None = field(default=None, repr=False)  # when the decode batch last got tokens
+    _gaps: RoundGaps = field(default_factory=RoundGaps, repr=False)  # the decode batch's ITL, round by round
     _window_cache: tuple[int, list[RoundPoint]] = field(default=(-1, []), repr=False)
 
     def __post_init__(self) -> None:
@@ -214,17 +213,9 @@ class DashboardState:
         self.kv_used = r.kv_used_tokens
         self.kv_capacity = r.kv_capacity_tokens
         self.disagg = r.disagg
-        # ITL of the decode batch: from the last round that gave it tokens (or that a prefill joined it
-        # in) to this one; unknown after a gap in the rounds
-        if not follows:
-            self._last_decode_time = None
-        itl = t - self._last_decode_time if r.decode_bs > 0 and self._last_decode_time is not None else None
+        itl = self._gaps.after(follows, t, r.decode_bs, r.running)
         if itl is not None:  # every request in the batch waited this gap for its token
-            self.itls.extend(itertools.repeat(itl, min(r.decode_bs, MAX_GAPS_PER_ROUND)))
-        if r.running == 0:
-            self._last_decode_time = None
-        elif r.decode_bs > 0 or self._last_decode_time is None:
-            self._last_decode_time = t
+            self.itls.extend(itertools.repeat(itl, RoundGaps.repeats(r.decode_bs)))
         self._update_prefills(r.prefills, t)
         first = r.prefills[0] if r.prefills else None
         self.rounds.append(RoundPoint(
@@ -301,7 +292,7 @@ class DashboardState:
         self.transfers.clear()
         self.prefills = []
         self._prefill_first_seen = {}
-        self._last_decode_time = None
+        self._gaps = RoundGaps()
         self.levels_since = float("-inf")
         if self.scrape is not None:
             self.scrape.history.clear()
@@ -318,6 +309,7 @@ class DashboardState:
         twin.scrape = self.scrape.copy() if self.scrape is not None else None
         twin.fleet = self.fleet.copy() if self.fleet is not None else None
         twin._window_cache = (-1, [])
+        twin._gaps = dataclasses.replace(self._gaps)
         return twin
 
     # ---- derived figures (read on the tick) -------------------------------------------------
