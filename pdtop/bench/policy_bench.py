@@ -33,6 +33,7 @@ from pdtop.engine.engine import Engine
 from pdtop.engine.errors import EngineError, PromptError
 from pdtop.engine.records import RoundRecord
 from pdtop.engine.request import BlockTable, Request, RequestStatus
+from pdtop.engine.runtime.heap import frozen_heap
 
 Progress = Callable[[str], None]  # one message per stage: the decode batch running, then each long prompt
 BASELINE_SPAN = 2  # a step's baseline: median replay of its composition's steps within +-2 (same requests)
@@ -160,9 +161,10 @@ def decode_only_itls(engine: Engine, rounds: int) -> list[float]:
     to run: decode-only. Only gaps inside those rounds count (`gaps_since`), so whatever ran before
     (a policy run, its replayed baselines) does not reach the first gap of each request."""
     running = list(engine.scheduler.running)
-    start = engine.device.now()
-    for _ in range(rounds):
-        engine.step()
+    with frozen_heap():
+        start = engine.device.now()
+        for _ in range(rounds):
+            engine.step()
     return [g for r in running for g in gaps_since(r.token_times, start)]
 
 
@@ -264,6 +266,11 @@ def check_fits(engine: Engine, sc: Scenario) -> None:
 
 def run_policy(engine: Engine, sc: Scenario, progress: Progress | None = None,
                observer: Observer | None = None) -> PolicyRun:
+    with frozen_heap():  # as `pdtop serve` runs its rounds
+        return _run_policy(engine, sc, progress, observer)
+
+
+def _run_policy(engine: Engine, sc: Scenario, progress: Progress | None, observer: Observer | None) -> PolicyRun:
     say = progress or (lambda _: None)
     obs = observer or Observer()
     check_fits(engine, sc)

@@ -29,6 +29,7 @@ from pdtop.bench.policy_bench import Scenario, check_fits, decode_max_tokens, st
 from pdtop.engine.engine import Engine
 from pdtop.engine.errors import EngineError, FieldError
 from pdtop.engine.request import Request
+from pdtop.engine.runtime.heap import frozen_heap
 from pdtop.engine.scheduling.commands import Set
 from pdtop.engine.scheduling.pdmux_config import SGLANG_RELEASE, PdmuxConfig
 from pdtop.tune.report import TuneReport
@@ -54,7 +55,13 @@ def measure(engine: Engine, sc: Scenario, slo: Slo, config: PdmuxConfig, deadlin
             policy: str = "pdmux") -> Measurement:
     """Run the scenario on a fresh `engine` with `config` and `policy` applied after the warm-up (see the
     module doc). Past `deadline` (time.monotonic) no further long prompt is sent: the window ends with
-    those measured."""
+    those measured. The heap is frozen meanwhile, as `pdtop serve` runs its rounds."""
+    with frozen_heap():
+        return _measure(engine, sc, slo, config, deadline, policy)
+
+
+def _measure(engine: Engine, sc: Scenario, slo: Slo, config: PdmuxConfig, deadline: float | None,
+             policy: str) -> Measurement:
     engine.control(Set(policy="prefill-first"))
     decoders = [engine.submit(engine.prompts.make(sc.decode_prompt), decode_max_tokens(engine, sc), ignore_eos=True)
                 for _ in range(sc.decode_bs)]

@@ -1,7 +1,9 @@
 """The garbage collector and the rounds."""
 from __future__ import annotations
 
+import contextlib
 import gc
+from collections.abc import Iterator
 
 
 def freeze_startup_heap() -> None:
@@ -10,3 +12,19 @@ def freeze_startup_heap() -> None:
     120 ms here, a stall in whichever round it fell; after this it takes well under 1 ms."""
     gc.collect()
     gc.freeze()
+
+
+@contextlib.contextmanager
+def frozen_heap() -> Iterator[None]:
+    """Rounds driven one by one (a benchmark, a tune candidate) under the collector as `Engine.run` runs
+    them: what is alive at entry frozen, so no full collection over it lands in a round (the likeliest
+    cause of the H100 run's slowest policy rounds); unfrozen at exit, so what is freed after (a closed
+    engine's KV cache, in a cycle) is collected as before. A heap frozen already is left as it is."""
+    mine = gc.get_freeze_count() == 0
+    if mine:
+        freeze_startup_heap()
+    try:
+        yield
+    finally:
+        if mine:
+            gc.unfreeze()

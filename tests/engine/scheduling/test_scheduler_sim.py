@@ -260,3 +260,22 @@ def test_a_warmup_prompt_runs_before_the_measured_ones_and_is_reported_apart():
     assert warm["ttft_ms"]["n"] == plain["ttft_ms"]["n"] == 2
     assert warm["warmup_itl_ms"]["max"] == pytest.approx(warm["itl_ms"]["max"], rel=0.1)  # the sim has no JIT
     assert SCENARIOS["cuda"].warmup_prompts == 1 and SCENARIOS["sim"].warmup_prompts == 0
+
+
+def test_a_policy_run_freezes_the_heap_and_gives_it_back():
+    """The rounds of a benchmark run under a frozen heap, as `pdtop serve`'s (no full collection over the
+    model's objects lands in a round); what was frozen is collectable again after."""
+    import gc
+
+    engine = build_engine("sim:H100")
+    seen: list[int] = []
+    real = engine.step
+
+    def step():
+        seen.append(gc.get_freeze_count())
+        return real()
+
+    engine.step = step  # type: ignore[method-assign]
+    gc.unfreeze()  # what an in-process server's run froze earlier in this pytest process
+    run_policy(engine, dataclasses.replace(SCENARIOS["sim"], long_prompts=1))
+    assert min(seen) > 0 and gc.get_freeze_count() == 0
