@@ -13,6 +13,9 @@ from pdtop.ui.state import DashboardState
 MARKS = {"pinned_level": "L", "decode_bs_divisor": "d", "policy": "p", "manual_divisions": "m", "levels": "m",
          "split_forward_token_budget": "b", "chunk_size": "c", "workload_rate": "r", "workload_paused": "w",
          "inject": "i"}
+# each mark in a word, for the chart's legend where the latest change in words does not fit (80 columns)
+MARK_WORDS = {"L": "level", "d": "divisor", "p": "policy", "m": "divisions", "b": "budget", "c": "chunk", "r": "rate",
+              "w": "workload", "i": "inject", "*": "other"}
 _SETTINGS = {"decode_bs_divisor": "decode_bs_divisor", "split_forward_token_budget": "split_forward_token_budget",
              "chunk_size": "chunk size", "workload_rate": "workload rate", "policy": "policy"}
 

@@ -11,7 +11,7 @@ from pdtop.ui.state import DashboardState
 from pdtop.ui.widgets import scraped
 from pdtop.ui.widgets.base import Panel
 from pdtop.ui.window_figures import step_series, step_summary
-from pdtop.ui.words import change_mark, change_words
+from pdtop.ui.words import MARK_WORDS, change_mark, change_words
 
 WARMUP_ROUNDS = 8  # an engine's first rounds: warm-up, kept out of the chart's scale
 
@@ -82,11 +82,14 @@ class StepTimePanel(Panel):
         for is_mark, run in _runs(cells):
             row.append(run, accent if is_mark else None)
         if latest is not None:
-            note = f" {change_mark(latest.changes)}: {change_words(latest.changes, state)} "
             used = max((i for i, c in enumerate(cells) if c != " "), default=-1) + 1
-            if width - used > len(note) + 2:
-                row = row[:axis + width - len(note)]
-                row.append(note, "dim")
+            marks = dict.fromkeys(c for c in cells if c != " ")  # in order, once each
+            for note in (f" {change_mark(latest.changes)}: {change_words(latest.changes, state)} ",
+                         " " + "  ".join(f"{m}: {MARK_WORDS.get(m, '')}" for m in marks) + " "):  # a legend
+                if width - used > len(note) + 2:
+                    row = row[:axis + width - len(note)]
+                    row.append(note, "dim")
+                    break
         return row
 
 
