@@ -176,3 +176,23 @@ async def test_the_step_charts_marks_are_named_where_the_words_do_not_fit(tmp_pa
     assert "L: pinned level 1: prefill 112 SMs, decode 20" in wide, wide  # the latest change, in words
     assert narrow.rstrip().endswith("d: divisor  L: level"), narrow
     assert set(MARKS.values()) | {"*"} == set(MARK_WORDS)  # every letter has its word
+
+
+async def test_the_timelines_prefill_ids_are_never_cut(tmp_path, ev, until):
+    """Issue 42's trial: at 80x24 prefills in quick succession read `#123…#12…#1236`, a cut id reading as
+    another request. An id is whole (the first of a batch where `+N` does not fit) or a dot."""
+    rec = Recorder(tmp_path / "ids.ndjson", ev.hello)
+    ids = []
+    for i in range(90):
+        batch = [1200 + i // 6, 1300 + i // 6]  # a new prefill of two every sixth round: `#1200+1` is 7 wide
+        ids += batch
+        rec.write_event(ev.round(i, 0.01 * (i + 1), prefills=[ev.prefill(batch, 6 * (i % 6))]), t=0.01 * i)
+    rec.close()
+    app = PdtopApp(ReplaySource(tmp_path / "ids.ndjson", speed=16))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.state.rounds_seen >= 90, "the rounds")
+        app.repaint()
+        await pilot.pause()
+        row = next(t.plain for t in app.query_one("TimelinePanel")._last_texts if t.plain.startswith("prefill "))
+    shown = re.findall(r"#(\d+)", row)
+    assert shown and all(int(x) in ids for x in shown) and "…" not in row, row

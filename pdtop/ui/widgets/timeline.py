@@ -87,7 +87,8 @@ class TimelinePanel(Panel):
 
     def _ids_row(self, cols: list[RoundPoint | None], state: DashboardState) -> Text:
         """Each prefill's request ids where it starts (with its progress if it is still in flight), running
-        on over the columns after it that no other prefill uses; `•` where there is no room."""
+        on over the columns after it that no other prefill uses; shorter where there is less room (its first
+        id only), `•` where even that does not fit."""
         width = len(cols)
         starts = [i for i, r in enumerate(cols) if r is not None and r.prefill_ids
                   and (i == 0 or (prev := cols[i - 1]) is None or prev.prefill_ids != r.prefill_ids)]
@@ -105,7 +106,9 @@ class TimelinePanel(Panel):
                 label += f" {view.layers_done}/{view.layers_total} layers, ETA {fmt.duration(view.eta_s)}"
                 at = max(free, min(i, width - len(label) - 1))
                 i, room = at, width - at
-            label = label if len(label) < room else label[:room - 1] + "…" if room > 3 else "•"
+            # never a cut id (`#12…` reads as another request): the ids, else the first id whole, else a dot
+            label = next(x for x in (label, _ids(r.prefill_ids), f"#{r.prefill_ids[0]}", "•") if len(x) < room
+                         or x == "•")
             chars[i:i + len(label)] = label
             free = i + len(label) + 1
         return Text("".join(chars[:width]), self.colour("prefill"))
