@@ -155,17 +155,23 @@ async def test_the_tuning_table_writes_unmeasured_figures_as_the_panels_do(until
 
 async def test_the_step_charts_marks_are_named_where_the_words_do_not_fit(tmp_path, ev, until):
     """Issue 42's trial: at 80x24 the chart's one-letter marks had no legend (at 160 columns the latest
-    change is said in words); where the words do not fit, each letter shown is named in one word."""
-    rec = Recorder(tmp_path / "marks.ndjson", ev.hello)
-    for i in range(300):  # 30 s, the chart's window, with the changes early in it: room for words after them
-        rec.write_event(ev.round(i, 0.1 * (i + 1)), t=0.1 * i)
-        if i == 20:
-            rec.write_event(ev.config(2.05, i, decode_bs_divisor=24), t=2.05)
-        if i == 40:
-            rec.write_event(ev.config(4.05, i, pinned_level=1), t=4.05)
-    rec.close()
-    async def last_row(size: tuple[int, int]) -> str:
-        app = PdtopApp(ReplaySource(tmp_path / "marks.ndjson", speed=16))
+    change is said in words); where the words do not fit, each letter shown is named in one word. Changes
+    just made sit at the right edge: then the words go left of the marks."""
+    def record(name: str, at: tuple[int, int]) -> None:
+        rec = Recorder(tmp_path / name, ev.hello)
+        for i in range(300):  # 30 s, the chart's window
+            rec.write_event(ev.round(i, 0.1 * (i + 1)), t=0.1 * i)
+            if i == at[0]:
+                rec.write_event(ev.config(0.1 * i + 0.05, i, decode_bs_divisor=24), t=0.1 * i + 0.05)
+            if i == at[1]:
+                rec.write_event(ev.config(0.1 * i + 0.05, i, pinned_level=1), t=0.1 * i + 0.05)
+        rec.close()
+
+    record("marks.ndjson", (20, 40))  # early in the window: room for words after them
+    record("late.ndjson", (290, 296))  # just made
+
+    async def last_row(size: tuple[int, int], name: str = "marks.ndjson") -> str:
+        app = PdtopApp(ReplaySource(tmp_path / name, speed=16))
         async with app.run_test(size=size) as pilot:
             await until(pilot, lambda: len(app.state.config_changes) == 2 and app.state.rounds_seen >= 300, "changes")
             app.repaint()
@@ -175,6 +181,8 @@ async def test_the_step_charts_marks_are_named_where_the_words_do_not_fit(tmp_pa
     narrow, wide = await last_row((80, 24)), await last_row((160, 48))
     assert "L: pinned level 1: prefill 112 SMs, decode 20" in wide, wide  # the latest change, in words
     assert narrow.rstrip().endswith("d: divisor  L: level"), narrow
+    late = await last_row((160, 48), "late.ndjson")
+    assert "0  L: pinned level 1: prefill 112 SMs, decode 20" in late and late.rstrip().endswith("d L"), late
     assert set(MARKS.values()) | {"*"} == set(MARK_WORDS)  # every letter has its word
 
 

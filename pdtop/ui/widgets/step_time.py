@@ -69,7 +69,8 @@ class StepTimePanel(Panel):
 
     def _marks(self, state: DashboardState, rounds: list, width: int, axis: int) -> Text:
         """The bottom row: 0 on the axis, a letter under the slice where each config change happened,
-        and the latest change in words where there is room."""
+        and the latest change in words where there is room right of the marks or left of them (changes
+        just made sit at the right edge), else the letters shown named in a word each."""
         start, end = state.slices(width)
         cells = [" "] * width
         latest = None
@@ -77,28 +78,30 @@ class StepTimePanel(Panel):
             if start <= change.time < end:
                 cells[min(width - 1, int((change.time - start) / (end - start) * width))] = change_mark(change.changes)
                 latest = change
-        accent = "bold " + self.colour("accent")
-        row = Text.assemble((f"{'0':>{axis - 1}} ", "dim"))
-        for is_mark, run in _runs(cells):
-            row.append(run, accent if is_mark else None)
+        styles: list[str | None] = ["bold " + self.colour("accent") if c != " " else None for c in cells]
         if latest is not None:
-            used = max((i for i, c in enumerate(cells) if c != " "), default=-1) + 1
-            marks = dict.fromkeys(c for c in cells if c != " ")  # in order, once each
+            at = [i for i, c in enumerate(cells) if c != " "]
+            marks = dict.fromkeys(cells[i] for i in at)  # in order, once each
             for note in (f" {change_mark(latest.changes)}: {change_words(latest.changes, state)} ",
                          " " + "  ".join(f"{m}: {MARK_WORDS.get(m, '')}" for m in marks) + " "):  # a legend
-                if width - used > len(note) + 2:
-                    row = row[:axis + width - len(note)]
-                    row.append(note, "dim")
+                room_right, room_left = width - at[-1] - 1, at[0]
+                where = width - len(note) if room_right > len(note) + 2 else 0 if room_left > len(note) else None
+                if where is not None:
+                    cells[where:where + len(note)] = note
+                    styles[where:where + len(note)] = ["dim"] * len(note)
                     break
+        row = Text.assemble((f"{'0':>{axis - 1}} ", "dim"))
+        for style, run in _runs(cells, styles):
+            row.append(run, style)
         return row
 
 
-def _runs(cells: list[str]) -> list[tuple[bool, str]]:
-    out: list[tuple[bool, str]] = []
-    for c in cells:
-        mark = c != " "
-        if out and out[-1][0] == mark:
-            out[-1] = (mark, out[-1][1] + c)
+def _runs(cells: list[str], styles: list[str | None]) -> list[tuple[str | None, str]]:
+    """The row's characters grouped by style: few spans, cheap to render."""
+    out: list[tuple[str | None, str]] = []
+    for c, style in zip(cells, styles, strict=True):
+        if out and out[-1][0] == style:
+            out[-1] = (style, out[-1][1] + c)
         else:
-            out.append((mark, c))
+            out.append((style, c))
     return out
