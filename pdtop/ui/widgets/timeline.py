@@ -106,9 +106,12 @@ class TimelinePanel(Panel):
                 label += f" {view.layers_done}/{view.layers_total} layers, ETA {fmt.duration(view.eta_s)}"
                 at = max(free, min(i, width - len(label) - 1))
                 i, room = at, width - at
-            # never a cut id (`#12…` reads as another request): the ids, else the first id whole, else a dot
-            label = next(x for x in (label, _ids(r.prefill_ids), f"#{r.prefill_ids[0]}", "•") if len(x) < room
-                         or x == "•")
+            if len(label) >= room:  # never a cut id (`#12…` reads as another request)
+                ids = _ids(r.prefill_ids)
+                if len(label) > len(ids) and room > len(ids) + 4:  # in flight: its progress is cut, not its ids
+                    label = label[:room - 1] + "…"
+                else:  # the ids, else the first id, else a dot
+                    label = next((x for x in (ids, f"#{r.prefill_ids[0]}") if len(x) < room), "•")
             chars[i:i + len(label)] = label
             free = i + len(label) + 1
         return Text("".join(chars[:width]), self.colour("prefill"))
