@@ -17,9 +17,9 @@ def freeze_startup_heap() -> None:
 @contextlib.contextmanager
 def frozen_heap() -> Iterator[None]:
     """Rounds driven one by one (a benchmark, a tune candidate) under the collector as `Engine.run` runs
-    them: what is alive at entry frozen, so no full collection over it lands in a round (the likeliest
-    cause of the H100 run's slowest policy rounds); unfrozen at exit, so what is freed after (a closed
-    engine's KV cache, in a cycle) is collected as before. A heap frozen already is left as it is."""
+    them: what is alive at entry frozen, so no full collection over it lands in a round; unfrozen at exit,
+    so what is freed after (a closed engine's KV cache, in a cycle) is collected as before. A heap frozen
+    already is left as it is."""
     mine = gc.get_freeze_count() == 0
     if mine:
         freeze_startup_heap()
