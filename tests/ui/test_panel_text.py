@@ -169,6 +169,7 @@ async def test_the_step_charts_marks_are_named_where_the_words_do_not_fit(tmp_pa
 
     record("marks.ndjson", (20, 40))  # early in the window: room for words after them
     record("late.ndjson", (290, 296))  # just made
+    record("middle.ndjson", (140, 170))  # mid-window: little room either side at 80 columns
 
     async def last_row(size: tuple[int, int], name: str = "marks.ndjson") -> str:
         app = PdtopApp(ReplaySource(tmp_path / name, speed=16))
@@ -183,6 +184,8 @@ async def test_the_step_charts_marks_are_named_where_the_words_do_not_fit(tmp_pa
     assert narrow.rstrip().endswith("d: divisor  L: level"), narrow
     late = await last_row((160, 48), "late.ndjson")
     assert "0  L: pinned level 1: prefill 112 SMs, decode 20" in late and late.rstrip().endswith("d L"), late
+    middle = await last_row((80, 24), "middle.ndjson")  # no room for the legend of both: the latest mark's word
+    assert "L: level" in middle and "divisor" not in middle, middle
     assert set(MARKS.values()) | {"*"} == set(MARK_WORDS)  # every letter has its word
 
 

@@ -70,7 +70,7 @@ class StepTimePanel(Panel):
     def _marks(self, state: DashboardState, rounds: list, width: int, axis: int) -> Text:
         """The bottom row: 0 on the axis, a letter under the slice where each config change happened,
         and the latest change in words where there is room right of the marks or left of them (changes
-        just made sit at the right edge), else the letters shown named in a word each."""
+        just made sit at the right edge), else the letters shown named in a word each, else the latest one's."""
         start, end = state.slices(width)
         cells = [" "] * width
         latest = None
@@ -81,10 +81,12 @@ class StepTimePanel(Panel):
         styles: list[str | None] = ["bold " + self.colour("accent") if c != " " else None for c in cells]
         if latest is not None:
             at = [i for i, c in enumerate(cells) if c != " "]
+            room_right, room_left = width - at[-1] - 1, at[0]
             marks = dict.fromkeys(cells[i] for i in at)  # in order, once each
-            for note in (f" {change_mark(latest.changes)}: {change_words(latest.changes, state)} ",
-                         " " + "  ".join(f"{m}: {MARK_WORDS.get(m, '')}" for m in marks) + " "):  # a legend
-                room_right, room_left = width - at[-1] - 1, at[0]
+            last = change_mark(latest.changes)
+            for note in (f" {last}: {change_words(latest.changes, state)} ",
+                         " " + "  ".join(f"{m}: {MARK_WORDS.get(m, '')}" for m in marks) + " ",  # a legend
+                         f" {last}: {MARK_WORDS.get(last, '')} "):  # the latest mark's word alone
                 where = width - len(note) if room_right > len(note) + 2 else 0 if room_left > len(note) else None
                 if where is not None:
                     cells[where:where + len(note)] = note
