@@ -75,8 +75,13 @@ async def test_roles_disaggregation_figures_stale_and_back(pd):
         vllm.xfer_time.observe(0.004)
         vllm.bytes.observe(40e6)
         vllm.failed.inc(2)
+        # every figure observed above, in one read: a scrape served while they were made can hold the counter
+        # and not yet the histograms (prometheus_client reads them one by one; CI once read it so)
         rows = await until_rows(events, lambda r: r[prefill.server.url].metrics.disagg.transfer_failures == 1
-                                and r[vllm.server.url].metrics.disagg.transfer_failures == 2)
+                                and r[vllm.server.url].metrics.disagg.transfer_failures == 2
+                                and r[prefill.server.url].metrics.disagg.kv_transfer_speed_gb_s is not None
+                                and r[prefill.server.url].metrics.disagg.kv_transfer_latency_ms is not None
+                                and r[vllm.server.url].metrics.disagg.kv_transfer_speed_gb_s is not None)
         p, d, v = rows[prefill.server.url], rows[decode.server.url], rows[vllm.server.url]
         assert (p.role, p.role_from, d.role, d.role_from, v.role, v.role_from) == \
             ("prefill", "engine_type", "decode", "engine_type", "decode", "option")
